@@ -1,0 +1,1 @@
+"""Tardigrade operator: reconciles TrainingJobs into gangs of JAX trainer pods."""

@@ -1,0 +1,237 @@
+"""The contract between the operator and the trainer pods: one place, no third-party imports.
+
+The operator renders these environment variables into every trainer pod; the trainer reads
+them back with `TrainerEnvironment.from_env()`. Exit codes and the termination message tell
+the operator why a rank stopped. Both sides import this module, so a change here is a change
+of the wire format and must stay backward compatible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+# --- environment variables set by the operator on every rank ---------------------------------
+ENV_JOB_NAME = "TARDIGRADE_JOB_NAME"
+ENV_NAMESPACE = "TARDIGRADE_NAMESPACE"
+ENV_ATTEMPT = "TARDIGRADE_ATTEMPT"
+ENV_COORDINATOR_ADDRESS = "TARDIGRADE_COORDINATOR_ADDRESS"  # host:port of rank 0
+ENV_NUM_PROCESSES = "TARDIGRADE_NUM_PROCESSES"
+ENV_PROCESS_ID = "TARDIGRADE_PROCESS_ID"
+ENV_CHECKPOINT_PATH = "TARDIGRADE_CHECKPOINT_PATH"  # gs://bucket/prefix or an absolute path
+ENV_RESTORE_STEP = "TARDIGRADE_RESTORE_STEP"  # "latest", "none" or a step number
+ENV_CHECKPOINT_INTERVAL_STEPS = "TARDIGRADE_CHECKPOINT_INTERVAL_STEPS"
+ENV_CHECKPOINT_INTERVAL_SECONDS = "TARDIGRADE_CHECKPOINT_INTERVAL_SECONDS"
+ENV_CHECKPOINT_KEEP_LAST = "TARDIGRADE_CHECKPOINT_KEEP_LAST"
+ENV_CHECKPOINT_KEEP_EVERY = "TARDIGRADE_CHECKPOINT_KEEP_EVERY"
+ENV_SAVE_ON_PREEMPTION = "TARDIGRADE_SAVE_ON_PREEMPTION"
+ENV_PROGRESS_PORT = "TARDIGRADE_PROGRESS_PORT"
+ENV_TRAINER_CONFIG = "TARDIGRADE_TRAINER_CONFIG"  # JSON object: spec.trainer
+ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
+ENV_INIT_TIMEOUT_SECONDS = "TARDIGRADE_INIT_TIMEOUT_SECONDS"
+
+RESTORE_LATEST = "latest"
+RESTORE_NONE = "none"
+DEFAULT_COORDINATOR_PORT = 8476
+DEFAULT_PROGRESS_PORT = 8477
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# Kubernetes truncates termination messages beyond this many bytes.
+TERMINATION_MESSAGE_LIMIT = 4096
+
+# --- exit codes -------------------------------------------------------------------------------
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2  # the spec cannot run as written; retrying will not help
+EXIT_CHECKPOINT_IO_ERROR = 74  # storage unavailable; retryable
+EXIT_PREEMPTED_SAVED = 75  # stopped on SIGTERM after committing a checkpoint
+EXIT_PEER_TIMEOUT = 76  # a peer never joined the gang; retryable
+
+RETRYABLE_EXIT_CODES = frozenset({EXIT_CHECKPOINT_IO_ERROR, EXIT_PREEMPTED_SAVED, EXIT_PEER_TIMEOUT})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerEnvironment:
+    """Everything a trainer rank learns from the operator."""
+
+    job_name: str
+    namespace: str
+    attempt: int
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+    checkpoint_path: str
+    restore_step: str = RESTORE_LATEST
+    checkpoint_interval_steps: int | None = None
+    checkpoint_interval_seconds: float | None = None
+    checkpoint_keep_last: int | None = 3
+    checkpoint_keep_every: int | None = None
+    save_on_preemption: bool = True
+    progress_port: int | None = None
+    trainer_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    termination_log: str = DEFAULT_TERMINATION_LOG
+    init_timeout_seconds: float = 300.0
+
+    def to_env(self) -> dict[str, str]:
+        """Render as environment variables (unset optional values are left out)."""
+        env = {
+            ENV_JOB_NAME: self.job_name,
+            ENV_NAMESPACE: self.namespace,
+            ENV_ATTEMPT: str(self.attempt),
+            ENV_COORDINATOR_ADDRESS: self.coordinator_address,
+            ENV_NUM_PROCESSES: str(self.num_processes),
+            ENV_PROCESS_ID: str(self.process_id),
+            ENV_CHECKPOINT_PATH: self.checkpoint_path,
+            ENV_RESTORE_STEP: self.restore_step,
+            ENV_SAVE_ON_PREEMPTION: "true" if self.save_on_preemption else "false",
+            ENV_TRAINER_CONFIG: json.dumps(self.trainer_config, sort_keys=True),
+            ENV_TERMINATION_LOG: self.termination_log,
+            ENV_INIT_TIMEOUT_SECONDS: _format_number(self.init_timeout_seconds),
+        }
+        optional = {
+            ENV_CHECKPOINT_INTERVAL_STEPS: self.checkpoint_interval_steps,
+            ENV_CHECKPOINT_INTERVAL_SECONDS: self.checkpoint_interval_seconds,
+            ENV_CHECKPOINT_KEEP_LAST: self.checkpoint_keep_last,
+            ENV_CHECKPOINT_KEEP_EVERY: self.checkpoint_keep_every,
+            ENV_PROGRESS_PORT: self.progress_port,
+        }
+        env.update({k: _format_number(v) for k, v in optional.items() if v is not None})
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnvironment:
+        """Read the contract back; a missing or malformed variable raises `ContractError`."""
+        env = os.environ if environ is None else environ
+
+        def required(name: str) -> str:
+            value = env.get(name)
+            if value is None or value == "":
+                raise ContractError(f"environment variable {name} is not set")
+            return value
+
+        def integer(name: str, value: str) -> int:
+            try:
+                return int(value)
+            except ValueError:
+                raise ContractError(f"{name}={value!r} is not an integer") from None
+
+        def optional_int(name: str) -> int | None:
+            value = env.get(name)
+            return None if value in (None, "") else integer(name, value)
+
+        def optional_float(name: str) -> float | None:
+            value = env.get(name)
+            if value in (None, ""):
+                return None
+            try:
+                return float(value)
+            except ValueError:
+                raise ContractError(f"{name}={value!r} is not a number") from None
+
+        num_processes = integer(ENV_NUM_PROCESSES, required(ENV_NUM_PROCESSES))
+        process_id = integer(ENV_PROCESS_ID, required(ENV_PROCESS_ID))
+        if num_processes < 1:
+            raise ContractError(f"{ENV_NUM_PROCESSES} must be >= 1, got {num_processes}")
+        if not 0 <= process_id < num_processes:
+            raise ContractError(
+                f"{ENV_PROCESS_ID}={process_id} is outside 0..{num_processes - 1}"
+            )
+        restore_step = env.get(ENV_RESTORE_STEP) or RESTORE_LATEST
+        if restore_step not in (RESTORE_LATEST, RESTORE_NONE):
+            integer(ENV_RESTORE_STEP, restore_step)
+        try:
+            trainer_config = json.loads(env.get(ENV_TRAINER_CONFIG) or "{}")
+        except json.JSONDecodeError as err:
+            raise ContractError(f"{ENV_TRAINER_CONFIG} is not valid JSON: {err}") from None
+        if not isinstance(trainer_config, dict):
+            raise ContractError(f"{ENV_TRAINER_CONFIG} must be a JSON object")
+        save_flag = (env.get(ENV_SAVE_ON_PREEMPTION) or "true").lower()
+        return cls(
+            job_name=env.get(ENV_JOB_NAME) or "local",
+            namespace=env.get(ENV_NAMESPACE) or "default",
+            attempt=optional_int(ENV_ATTEMPT) or 0,
+            coordinator_address=env.get(ENV_COORDINATOR_ADDRESS)
+            or f"127.0.0.1:{DEFAULT_COORDINATOR_PORT}",
+            num_processes=num_processes,
+            process_id=process_id,
+            checkpoint_path=required(ENV_CHECKPOINT_PATH),
+            restore_step=restore_step,
+            checkpoint_interval_steps=optional_int(ENV_CHECKPOINT_INTERVAL_STEPS),
+            checkpoint_interval_seconds=optional_float(ENV_CHECKPOINT_INTERVAL_SECONDS),
+            checkpoint_keep_last=optional_int(ENV_CHECKPOINT_KEEP_LAST),
+            checkpoint_keep_every=optional_int(ENV_CHECKPOINT_KEEP_EVERY),
+            save_on_preemption=save_flag not in ("false", "0", "no"),
+            progress_port=optional_int(ENV_PROGRESS_PORT),
+            trainer_config=trainer_config,
+            termination_log=env.get(ENV_TERMINATION_LOG) or DEFAULT_TERMINATION_LOG,
+            init_timeout_seconds=optional_float(ENV_INIT_TIMEOUT_SECONDS) or 300.0,
+        )
+
+
+class ContractError(ValueError):
+    """The operator-provided environment is missing or malformed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TerminationMessage:
+    """What a rank writes to its termination log just before it exits (JSON)."""
+
+    reason: str  # "Succeeded", "PreemptedSaved", "Failed", "ConfigError", ...
+    step: int | None = None  # last step completed
+    checkpoint_step: int | None = None  # newest committed checkpoint
+    checkpoint_path: str | None = None
+    message: str = ""
+
+    def to_json(self) -> str:
+        payload = {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, "")}
+        text = json.dumps(payload, sort_keys=True)
+        if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
+            return text
+        # Keep the structured fields; trim the free text so the whole stays parseable.
+        overflow = len(text.encode()) - TERMINATION_MESSAGE_LIMIT + 16
+        trimmed = dataclasses.replace(self, message=self.message[: max(0, len(self.message) - overflow)])
+        return trimmed.to_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> TerminationMessage | None:
+        """Parse a termination message; anything that is not ours gives None."""
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError):
+            return None
+        if not isinstance(data, dict) or "reason" not in data:
+            return None
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressReport:
+    """What rank 0 serves as JSON on the progress port at `/progress`."""
+
+    step: int
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_path: str | None = None
+    checkpoint_time: str | None = None  # RFC 3339
+    total_steps: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProgressReport:
+        data = json.loads(text)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def _format_number(value: float) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
