@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
-
 from tardigrade_local.cli import app as local_app
 
 app = typer.Typer(help="Tardigrade: keep JAX training jobs alive on preemptible capacity.",
@@ -15,7 +15,9 @@ app.add_typer(local_app, name="local")
 
 @app.command()
 def crd(
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
 ) -> None:
     """Print the TrainingJob CustomResourceDefinition generated from the API models."""
     from tardigrade_operator.api.crd import render_crd_yaml

@@ -1,0 +1,506 @@
+"""The TrainingJob API (tardigrade.dev/v1alpha1): the single source of truth.
+
+The CRD in `crds/trainingjob.yaml` is generated from these models (`tardigrade crd`), the
+operator parses objects with them, and the field reference in the docs is rendered from their
+descriptions. Field names are camelCase on the wire, snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from tardigrade_operator.api.cel import CelRule, CelValidated
+
+GROUP = "tardigrade.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ("tj",)
+
+# Pod names are `<job>-a<attempt>-<rank>` and must stay valid DNS labels (63 characters), so
+# the job name leaves room for the suffix; it also names the headless Service (DNS-1035).
+MAX_JOB_NAME_LENGTH = 45
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+GPU_TYPES = (
+    "nvidia-tesla-t4",
+    "nvidia-tesla-v100",
+    "nvidia-tesla-p100",
+    "nvidia-tesla-p4",
+    "nvidia-l4",
+    "nvidia-tesla-a100",
+    "nvidia-a100-80gb",
+    "nvidia-h100-80gb",
+    "nvidia-h100-mega-80gb",
+    "nvidia-h200-141gb",
+    "nvidia-b200",
+)
+# TPU types with 2D slice topologies ("2x4") and with 3D ones ("2x2x4"), as GKE names them.
+TPU_TYPES_2D = ("tpu-v5-lite-podslice", "tpu-v5-lite-device", "tpu-v6e-slice")
+TPU_TYPES_3D = ("tpu-v4-podslice", "tpu-v5p-slice", "tpu7x")
+TPU_TYPES = TPU_TYPES_2D + TPU_TYPES_3D
+ACCELERATOR_TYPES = GPU_TYPES + TPU_TYPES
+
+# The Kubernetes resource.Quantity schema, as the API server publishes it for core types.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
+def _validate_quantity(value: object) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _QUANTITY_RE.match(value):
+        return value
+    raise PydanticCustomError(
+        "quantity",
+        "must be a Kubernetes quantity such as 4, 500m, 16Gi or 1.5 (got {value})",
+        {"value": value},
+    )
+
+
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_validate_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+Timestamp = Annotated[
+    datetime, Field(strict=False), WithJsonSchema({"type": "string", "format": "date-time"})
+]
+LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
+AnnotationMap = Annotated[dict[str, str], Field(max_length=64)]
+
+
+def _publish_cel_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    rules = getattr(model, "cel_rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [rule.to_crd() for rule in rules]
+
+
+class ApiModel(CelValidated):
+    """camelCase on the wire; unknown fields are errors (the API server prunes or rejects them)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        # The API server does not coerce "2" into 2 or "yes" into true; neither do we.
+        strict=True,
+        json_schema_extra=_publish_cel_rules,
+    )
+
+
+def nested(model: type[BaseModel], description: str) -> Any:
+    """A sub-object that defaults to `{}` so the API server fills in its own defaults."""
+    return Field(
+        default_factory=model, description=description, json_schema_extra={"default": {}}
+    )
+
+
+# ---------------------------------------------------------------------------------- spec ---
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the trainer container (same shape as a core/v1 EnvVar)."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+                      description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: FreeForm | None = Field(
+        None, description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."
+    )
+
+    cel_rules = (
+        CelRule("!(has(self.value) && has(self.valueFrom))",
+                "env: set either value or valueFrom, not both", ".valueFrom"),
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Per-replica compute resources of the trainer container (core/v1 shape)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description='Requested resources, e.g. {cpu: "4", memory: 16Gi}.'
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Resource limits. Accelerator limits (nvidia.com/gpu, google.com/tpu) are "
+        "added from spec.accelerator; do not set them here.",
+    )
+
+
+class AcceleratorSpec(ApiModel):
+    """What each replica (host) runs on. Mapped to GKE node selectors and resource limits."""
+
+    kind: Literal["cpu", "nvidia-gpu", "tpu"] = Field(
+        "cpu", description="cpu, nvidia-gpu (GKE GPU node pool) or tpu (GKE TPU slice)."
+    )
+    type: Literal[ACCELERATOR_TYPES] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="GKE accelerator name: for nvidia-gpu the cloud.google.com/gke-accelerator "
+        "value (e.g. nvidia-h100-80gb); for tpu the cloud.google.com/gke-tpu-accelerator value "
+        "(e.g. tpu-v5-lite-podslice).",
+    )
+    count: int | None = Field(
+        None, ge=1, le=16,
+        description="Accelerator chips per replica (GPUs per pod, or TPU chips per host).",
+    )
+    topology: str | None = Field(
+        None, pattern=r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$",
+        description='TPU slice topology, "AxB" (v5e, v6e) or "AxBxC" (v4, v5p, tpu7x).',
+    )
+
+    cel_rules = (
+        CelRule("self.kind != 'cpu' || "
+                "(!has(self.type) && !has(self.count) && !has(self.topology))",
+                "accelerator: kind cpu takes no type, count or topology", ".kind"),
+        CelRule("self.kind != 'nvidia-gpu' || (has(self.type) && self.type.startsWith('nvidia-'))",
+                "accelerator: kind nvidia-gpu needs type set to a GKE GPU name such as "
+                "nvidia-h100-80gb or nvidia-l4", ".type"),
+        CelRule("self.kind != 'nvidia-gpu' || !has(self.topology)",
+                "accelerator: topology applies to TPUs only", ".topology"),
+        CelRule("self.kind != 'tpu' || (has(self.type) && self.type.startsWith('tpu'))",
+                "accelerator: kind tpu needs type set to a GKE TPU name such as "
+                "tpu-v5-lite-podslice or tpu-v5p-slice", ".type"),
+        CelRule("self.kind != 'tpu' || has(self.topology)",
+                'accelerator: kind tpu needs topology, e.g. "2x4" or "2x2x4"', ".topology"),
+        CelRule(
+            "self.kind != 'tpu' || !has(self.type) || !has(self.topology) || "
+            "(self.type in " + repr(list(TPU_TYPES_2D)).replace('"', "'") + ") == "
+            "!self.topology.matches('^[0-9]+x[0-9]+x[0-9]+$')",
+            "accelerator: tpu-v5-lite and tpu-v6e slices take a 2D topology (AxB); tpu-v4, "
+            "tpu-v5p and tpu7x take a 3D topology (AxBxC)",
+            ".topology",
+        ),
+    )
+
+    def topology_chips(self) -> int | None:
+        if self.topology is None:
+            return None
+        chips = 1
+        for dim in self.topology.split("x"):
+            chips *= int(dim)
+        return chips
+
+
+class Toleration(ApiModel):
+    """A core/v1 Toleration."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+
+
+class SpotSpec(ApiModel):
+    """Run on spot (preemptible) capacity: select spot nodes and tolerate their taint."""
+
+    enabled: bool = Field(False, description="Schedule onto spot nodes.")
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {GKE_SPOT_LABEL: "true"},
+        description="Node labels that select spot nodes (GKE: cloud.google.com/gke-spot).",
+        json_schema_extra={"default": {GKE_SPOT_LABEL: "true"}},
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=lambda: [
+            Toleration(key=GKE_SPOT_LABEL, operator="Equal", value="true", effect="NoSchedule")
+        ],
+        max_length=64,
+        description="Tolerations for the spot node taint.",
+        json_schema_extra={"default": [{"key": GKE_SPOT_LABEL, "operator": "Equal",
+                                        "value": "true", "effect": "NoSchedule"}]},
+    )
+
+
+class PodTemplateOverride(ApiModel):
+    """Additions to every trainer pod."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    service_account_name: str | None = Field(
+        None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount of the pods (for Workload Identity access to the bucket).",
+    )
+    volumes: list[FreeForm] = Field(default_factory=list, max_length=64,
+                                    description="core/v1 Volumes added to the pod.")
+    volume_mounts: list[FreeForm] = Field(
+        default_factory=list, max_length=64,
+        description="core/v1 VolumeMounts added to the trainer container.",
+    )
+    annotations: AnnotationMap = Field(default_factory=dict)
+    labels: LabelMap = Field(default_factory=dict)
+    priority_class_name: str | None = Field(None, max_length=253)
+    termination_grace_period_seconds: int = Field(
+        30, ge=1, le=3600,
+        description="Time between SIGTERM and SIGKILL; GKE spot VMs give 30 s. The trainer "
+        "saves a checkpoint inside it.",
+    )
+
+
+class CheckpointInterval(ApiModel):
+    """When to save; whichever comes first."""
+
+    steps: int | None = Field(None, ge=1, description="Save every this many steps.")
+    seconds: float | None = Field(None, gt=0, description="Save at least this often.")
+
+    cel_rules = (
+        CelRule("has(self.steps) || has(self.seconds)",
+                "checkpoint.interval: set steps, seconds or both", ".steps"),
+    )
+
+
+class KeepPolicy(ApiModel):
+    """Which committed checkpoints to keep. The newest committed one is always kept."""
+
+    last: int = Field(3, ge=1, le=1000, description="Keep the newest N committed checkpoints.")
+    every: int | None = Field(
+        None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Where and when the trainer checkpoints."""
+
+    path: str = Field(
+        min_length=1, max_length=1024,
+        description="gs://BUCKET/PREFIX (GCS through TensorStore) or an absolute path on a "
+        "mounted volume.",
+    )
+    interval: CheckpointInterval = Field(
+        default_factory=lambda: CheckpointInterval(steps=100),
+        description="Save every N steps and/or every S seconds.",
+        json_schema_extra={"default": {"steps": 100}},
+    )
+    keep: KeepPolicy = nested(KeepPolicy, "Which checkpoints to keep.")
+    save_on_preemption: bool = Field(
+        True, description="On SIGTERM the gang agrees on a step and saves before exiting."
+    )
+
+    cel_rules = (
+        CelRule(
+            r"self.path.matches('^(gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\\s]*)?|/[^\\s]*)$')",
+            "checkpoint.path must be gs://BUCKET/PREFIX or an absolute path such as /mnt/ckpt; "
+            "other schemes (s3://, file://) and relative paths are not supported",
+            ".path",
+        ),
+    )
+
+
+class FailurePolicy(ApiModel):
+    """How the operator treats failed ranks. Preemptions never use up maxRestarts."""
+
+    max_restarts: int = Field(
+        3, ge=0, le=1000, description="Gang restarts allowed after real failures (crashes)."
+    )
+    backoff_seconds: float = Field(
+        10, ge=0, le=3600, description="Wait before the first restart after a failure; doubles."
+    )
+    max_backoff_seconds: float = Field(300, ge=0, le=86400, description="Cap of the backoff.")
+    max_preemptions: int | None = Field(
+        None, ge=0, description="Optional budget of preemption restarts (unset: unlimited)."
+    )
+    retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list, max_length=64,
+        description="Exit codes treated like preemptions (restart without using maxRestarts).",
+    )
+
+    cel_rules = (
+        CelRule("self.backoffSeconds <= self.maxBackoffSeconds",
+                "failurePolicy.backoffSeconds must be <= failurePolicy.maxBackoffSeconds",
+                ".backoffSeconds"),
+    )
+
+
+class TrainingJobSpec(ApiModel):
+    """The desired state of a TrainingJob."""
+
+    replicas: int = Field(1, ge=1, le=4096, description="Number of hosts (one trainer pod each).")
+    min_replicas: int | None = Field(
+        None, ge=1, le=4096,
+        description="Elastic lower bound: with capacity short, relaunch with fewer replicas.",
+    )
+    max_replicas: int | None = Field(None, ge=1, le=4096, description="Elastic upper bound.")
+    image: str = Field(min_length=1, max_length=512, description="Trainer container image.")
+    command: list[str] | None = Field(None, max_length=64, description="Container entrypoint.")
+    args: list[str] | None = Field(None, max_length=256, description="Container arguments.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=256)
+    resources: ResourceRequirements = nested(ResourceRequirements, "Per-replica resources.")
+    accelerator: AcceleratorSpec = nested(AcceleratorSpec, "Accelerator of each replica.")
+    spot: SpotSpec = nested(SpotSpec, "Spot capacity.")
+    pod_template: PodTemplateOverride = nested(
+        PodTemplateOverride, "Node selectors, tolerations, volumes... added to every pod."
+    )
+    trainer: FreeForm = Field(
+        default_factory=dict, description="Free-form trainer configuration, passed as JSON."
+    )
+    checkpoint: CheckpointSpec = Field(description="Checkpoint location and policy.")
+    failure_policy: FailurePolicy = nested(FailurePolicy, "Restart budget and backoff.")
+    suspend: bool = Field(False, description="Stop all pods (after a save) and keep the job.")
+
+    cel_rules = (
+        CelRule("!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                "spec.minReplicas must be <= spec.replicas", ".minReplicas"),
+        CelRule("!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+                "spec.replicas must be <= spec.maxReplicas", ".replicas"),
+        CelRule("!has(self.minReplicas) || !has(self.maxReplicas) || "
+                "self.minReplicas <= self.maxReplicas",
+                "spec.minReplicas must be <= spec.maxReplicas", ".minReplicas"),
+    )
+
+    @model_validator(mode="after")
+    def _tpu_slice_matches_replicas(self) -> TrainingJobSpec:
+        # Not expressible in the CEL subset we can evaluate here (needs string split), so the
+        # API server accepts it and the operator reports it as an InvalidSpec condition.
+        accel = self.accelerator
+        chips = accel.topology_chips()
+        if (
+            accel.kind == "tpu"
+            and chips is not None
+            and accel.count is not None
+            and chips != self.replicas * accel.count
+        ):
+            raise PydanticCustomError(
+                "tpu_slice",
+                "a TPU slice of topology {topology} has {chips} chips, but replicas "
+                "({replicas}) x accelerator.count ({count}) = {product}: set replicas to {hosts}",
+                {"topology": accel.topology, "chips": chips, "replicas": self.replicas,
+                 "count": accel.count, "product": self.replicas * accel.count,
+                 "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
+                 "field_path": "replicas"},
+            )
+        return self
+
+
+# -------------------------------------------------------------------------------- status ---
+
+Phase = Literal["Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"]
+RecoveryCause = Literal["Preemption", "Failure", "Resize", "Resume"]
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field("", max_length=1024)
+    message: str = Field("", max_length=32768)
+    last_transition_time: Timestamp | None = None
+    observed_generation: int | None = Field(None, ge=0)
+
+
+class CheckpointRef(ApiModel):
+    """A committed checkpoint."""
+
+    step: int = Field(ge=0)
+    time: Timestamp | None = None
+    path: str | None = None
+
+
+class RestartCounts(ApiModel):
+    """Gang restarts by cause."""
+
+    preemptions: int = Field(0, ge=0)
+    failures: int = Field(0, ge=0)
+    resizes: int = Field(0, ge=0)
+    total: int = Field(0, ge=0, description="Sum of the above, for `kubectl get`.")
+
+
+class Recovery(ApiModel):
+    """One relaunch of the gang."""
+
+    cause: RecoveryCause
+    time: Timestamp
+    attempt: int = Field(ge=0, description="The attempt that was launched.")
+    downtime_seconds: float | None = Field(
+        None, ge=0, description="From the disruption until the new gang trained again."
+    )
+    steps_lost: int | None = Field(
+        None, ge=0, description="Steps trained but not in the restored checkpoint."
+    )
+    from_replicas: int | None = Field(None, ge=0)
+    to_replicas: int | None = Field(None, ge=0)
+    reason: str = Field("", max_length=1024)
+
+
+MAX_RECOVERY_HISTORY = 20
+
+
+class TrainingJobStatus(ApiModel):
+    """The observed state of a TrainingJob, written by the operator."""
+
+    phase: Phase = "Pending"
+    replicas: int = Field(0, ge=0, description="Replicas of the current attempt.")
+    selector: str = Field("", description="Label selector of the pods (scale subresource).")
+    attempt: int = Field(0, ge=0, description="Launch epoch: bumped on every gang relaunch.")
+    observed_generation: int = Field(0, ge=0)
+    step: int | None = Field(None, ge=0, description="Latest training step reported.")
+    total_steps: int | None = Field(None, ge=0)
+    loss: float | None = None
+    last_checkpoint: CheckpointRef | None = None
+    restarts: RestartCounts = Field(default_factory=RestartCounts)
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=32)
+    message: str = Field("", max_length=32768)
+    recoveries: list[Recovery] = Field(default_factory=list, max_length=MAX_RECOVERY_HISTORY)
+
+
+class ObjectMeta(BaseModel):
+    """The part of metav1.ObjectMeta that the API checks; the rest passes through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    namespace: str | None = None
+
+
+class TrainingJob(ApiModel):
+    """A JAX training job that survives preemptions and resizes."""
+
+    api_version: Literal["tardigrade.dev/v1alpha1"] = Field(API_VERSION)
+    kind: Literal["TrainingJob"] = Field(KIND)
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: TrainingJobStatus | None = None
+
+    cel_rules = (
+        CelRule(
+            f"self.metadata.name.matches('{JOB_NAME_PATTERN}') && "
+            f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
+            f"metadata.name must be a lowercase DNS label (a-z, 0-9, '-', starting with a "
+            f"letter) of at most {MAX_JOB_NAME_LENGTH} characters: it names the pods and the "
+            f"headless Service",
+            ".metadata.name",
+        ),
+    )
