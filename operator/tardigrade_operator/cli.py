@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from tardigrade_local.cli import app as local_app
 
 app = typer.Typer(help="Tardigrade: keep JAX training jobs alive on preemptible capacity.",

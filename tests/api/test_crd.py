@@ -10,8 +10,8 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
-from tardigrade_operator.api.crd import build_crd, render_crd_yaml
 
+from tardigrade_operator.api.crd import build_crd, render_crd_yaml
 from tests.conftest import CRD_FILE, REPO_ROOT
 
 CRD = build_crd()
@@ -111,7 +111,9 @@ def test_defaults_enums_and_bounds_are_published():
     assert status["phase"]["enum"] == [
         "Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"
     ]
-    assert set(status["restarts"]["properties"]) == {"preemptions", "failures", "resizes", "total"}
+    assert set(status["restarts"]["properties"]) == {
+        "preemptions", "failures", "resizes", "retries", "total"
+    }
 
 
 def test_names_subresources_and_printer_columns():

@@ -405,7 +405,7 @@ class TrainingJobSpec(ApiModel):
 # -------------------------------------------------------------------------------- status ---
 
 Phase = Literal["Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"]
-RecoveryCause = Literal["Preemption", "Failure", "Resize", "Resume"]
+RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume"]
 
 
 class Condition(ApiModel):
@@ -433,6 +433,7 @@ class RestartCounts(ApiModel):
     preemptions: int = Field(0, ge=0)
     failures: int = Field(0, ge=0)
     resizes: int = Field(0, ge=0)
+    retries: int = Field(0, ge=0, description="Restarts after exit codes marked retryable.")
     total: int = Field(0, ge=0, description="Sum of the above, for `kubectl get`.")
 
 
@@ -450,6 +451,7 @@ class Recovery(ApiModel):
     )
     from_replicas: int | None = Field(None, ge=0)
     to_replicas: int | None = Field(None, ge=0)
+    restore_step: int | None = Field(None, ge=0, description="Checkpoint step restored.")
     reason: str = Field("", max_length=1024)
 
 

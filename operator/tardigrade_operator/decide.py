@@ -1,0 +1,470 @@
+"""Decide: (spec, status, observed gang, now) -> a plan. Pure and table-tested.
+
+The status is a cache the operator writes before it acts: a relaunch is first recorded as a
+`Recovery` whose `attempt` is the next attempt (counters bumped in the same write), then the
+old gang is stopped, then the new one is created. Restarting the operator at any point
+replays the same decision from the same observations, so nothing is counted or created twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Literal
+
+from tardigrade_operator import naming
+from tardigrade_operator.api.types import (
+    MAX_RECOVERY_HISTORY,
+    CheckpointRef,
+    Condition,
+    Phase,
+    Recovery,
+    RecoveryCause,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
+from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
+from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
+from tardigrade_trainer import contract
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+# A pod stuck terminating this long past its deadline (node gone, kubelet dead) is forced.
+FORCE_DELETE_AFTER = timedelta(seconds=30)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionSettings:
+    unschedulable_timeout: timedelta = timedelta(seconds=60)
+    grow_back_after: timedelta = timedelta(minutes=5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """Everything the decision may look at. Built by the handlers from the cluster."""
+
+    job: JobRef
+    generation: int
+    spec: TrainingJobSpec | None
+    spec_error: str | None
+    status: TrainingJobStatus
+    pods: list[PodView]
+    service_exists: bool
+    now: datetime
+    progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
+    nodes_ready: Mapping[str, bool] | None = None
+    settings: DecisionSettings = DecisionSettings()
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass
+class Plan:
+    status: TrainingJobStatus
+    create_service: dict | None = None
+    create_pods: list[dict] = dataclasses.field(default_factory=list)
+    # (pod name, grace period seconds; None keeps the pod's own terminationGracePeriodSeconds)
+    delete_pods: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
+    events: list[Event] = dataclasses.field(default_factory=list)
+
+
+def decide(obs: Observed) -> Plan:
+    status = obs.status.model_copy(deep=True)
+    plan = Plan(status=status)
+    status.observed_generation = obs.generation
+    status.selector = naming.job_selector(obs.job.name)
+    if status.start_time is None:
+        status.start_time = obs.now
+
+    if obs.spec is None:
+        _stop_all(plan, obs, obs.pods, grace=None)
+        _finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
+        return plan
+    spec = obs.spec
+    _set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
+
+    # Pods of an attempt newer than the status knows: a status write was lost; adopt them.
+    current = max([status.attempt, *(p.attempt for p in obs.pods)])
+    status.attempt = current
+    gang = sorted((p for p in obs.pods if p.attempt == current), key=lambda p: p.rank)
+    _delete_old_attempts(plan, obs, current)
+    _record_progress(status, obs, gang)
+
+    if status.phase in TERMINAL_PHASES:
+        _stop_all(plan, obs, gang, grace=None)
+        return plan
+    if not obs.service_exists:
+        plan.create_service = build_service(obs.job)
+
+    pending = _pending_recovery(status)
+    if current == 0 and pending is None:
+        if spec.suspend:
+            _set_phase(plan, obs, "Suspended", "Suspended", "suspended before the first launch")
+            return plan
+        _launch(plan, obs, spec, attempt=1, replicas=spec.replicas)
+        return plan
+    if pending is not None or status.phase == "Suspended":
+        _tear_down_then_launch(plan, obs, spec, gang, pending)
+        return plan
+    _watch_running_gang(plan, obs, spec, gang)
+    return plan
+
+
+# --------------------------------------------------------------------------- running gang ---
+
+
+def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
+                        gang: list[PodView]) -> None:
+    status = plan.status
+    outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes, obs.nodes_ready)
+                for p in gang}
+    _note_recovered(status, obs, gang, outcomes)
+
+    if spec.suspend:
+        _stop_all(plan, obs, gang, grace=None)
+        _set_phase(plan, obs, "Suspended", "Suspended", "stopping the gang after a save")
+        plan.events.append(Event("Normal", "Suspending", "spec.suspend is true: stopping the gang"))
+        return
+    if len(gang) == status.replicas and all(
+        o.outcome is Outcome.SUCCEEDED for o in outcomes.values()
+    ):
+        _finish(plan, obs, "Succeeded", "Completed",
+                f"all {status.replicas} ranks finished at step {status.step}")
+        return
+
+    missing = [r for r in range(status.replicas) if r not in outcomes]
+    started = status.phase == "Running" or any(
+        o.outcome is not Outcome.PENDING for o in outcomes.values()
+    )
+    if missing and started:
+        # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
+        for rank in missing:
+            outcomes[rank] = RankOutcome(
+                Outcome.PREEMPTED, f"{naming.pod_name(obs.job.name, status.attempt, rank)}: gone"
+            )
+    elif missing:
+        # Created only in part (the operator stopped mid-launch) and nothing ran yet: finish it.
+        launch = GangLaunch(status.attempt, status.replicas, _restore_step(status))
+        plan.create_pods = [pod for pod in build_gang(obs.job, spec, launch)
+                            if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing]
+
+    stopped = _first_disruption(outcomes)
+    if stopped is not None:
+        _handle_disruption(plan, obs, spec, gang, stopped)
+        return
+    if _resize_requested(status, spec):
+        _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
+                        f"spec.replicas changed from {status.replicas} to {spec.replicas}")
+        return
+    if _shrink_for_capacity(plan, obs, spec, gang):
+        return
+    if _grow_back(plan, obs, spec, gang):
+        return
+
+    running = sum(o.outcome is Outcome.RUNNING for o in outcomes.values())
+    if running == status.replicas:
+        if status.phase != "Running":
+            plan.events.append(Event("Normal", "Running",
+                                     f"attempt {status.attempt}: all {running} ranks running"))
+        _set_phase(plan, obs, "Running", "GangRunning",
+                   f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
+    else:
+        phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
+        _set_phase(plan, obs, phase, "GangStarting",
+                   f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
+
+
+def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
+    # A preemption explains the crashes of its peers (their collectives fail), so it wins.
+    for kind in (Outcome.PREEMPTED, Outcome.RETRYABLE, Outcome.FAILED):
+        for rank in sorted(outcomes):
+            if outcomes[rank].outcome is kind:
+                return outcomes[rank]
+    return None
+
+
+def _handle_disruption(plan: Plan, obs: Observed, spec: TrainingJobSpec,
+                       gang: list[PodView], stopped: RankOutcome) -> None:
+    status = plan.status
+    policy = spec.failure_policy
+    if stopped.outcome is Outcome.FAILED:
+        if status.restarts.failures >= policy.max_restarts:
+            _stop_all(plan, obs, gang, grace=None)
+            _finish(plan, obs, "Failed", "RestartBudgetExhausted",
+                    f"failed after {status.restarts.failures} restarts "
+                    f"(failurePolicy.maxRestarts={policy.max_restarts}): {stopped.reason}")
+            return
+        _begin_recovery(plan, obs, gang, "Failure", status.replicas, stopped.reason)
+        return
+    if stopped.outcome is Outcome.PREEMPTED:
+        budget = policy.max_preemptions
+        if budget is not None and status.restarts.preemptions >= budget:
+            _stop_all(plan, obs, gang, grace=None)
+            _finish(plan, obs, "Failed", "PreemptionBudgetExhausted",
+                    f"preempted {status.restarts.preemptions} times "
+                    f"(failurePolicy.maxPreemptions={budget}): {stopped.reason}")
+            return
+        _begin_recovery(plan, obs, gang, "Preemption", status.replicas, stopped.reason)
+        return
+    _begin_recovery(plan, obs, gang, "Retry", status.replicas, stopped.reason)
+
+
+def _resize_requested(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
+    if spec.replicas == status.replicas:
+        return False
+    limited = _condition(status, "CapacityLimited")
+    # Running short of spec.replicas on purpose (capacity) is not a resize request.
+    return not (limited and limited.status == "True" and status.replicas < spec.replicas)
+
+
+def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,
+                         gang: list[PodView]) -> bool:
+    status = plan.status
+    if spec.min_replicas is None or status.replicas <= spec.min_replicas:
+        return False
+    stuck = [p for p in gang if p.unschedulable_since is not None
+             and obs.now - p.unschedulable_since >= obs.settings.unschedulable_timeout]
+    if not stuck:
+        return False
+    scheduled = sum(1 for p in gang if p.node_name)
+    target = max(spec.min_replicas, scheduled)
+    if target >= status.replicas:
+        return False
+    reason = (f"{len(stuck)} pods unschedulable for "
+              f"{int(obs.settings.unschedulable_timeout.total_seconds())}s: "
+              f"shrinking from {status.replicas} to {target} replicas")
+    _set_condition(status, obs, "CapacityLimited", "True", "Unschedulable", reason)
+    _begin_recovery(plan, obs, gang, "Resize", target, reason)
+    return True
+
+
+def _grow_back(plan: Plan, obs: Observed, spec: TrainingJobSpec, gang: list[PodView]) -> bool:
+    status = plan.status
+    limited = _condition(status, "CapacityLimited")
+    if not limited or limited.status != "True" or status.replicas >= spec.replicas:
+        return False
+    since = limited.last_transition_time or obs.now
+    if obs.now - since < obs.settings.grow_back_after:
+        return False
+    reason = f"probing for capacity: growing from {status.replicas} to {spec.replicas} replicas"
+    _set_condition(status, obs, "CapacityLimited", "False", "GrowingBack", reason)
+    _begin_recovery(plan, obs, gang, "Resize", spec.replicas, reason)
+    return True
+
+
+# ---------------------------------------------------------------------- recovery & launch ---
+
+
+def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: RecoveryCause,
+                    replicas: int, reason: str) -> None:
+    """Record the relaunch (and count it) first; the gang is stopped next."""
+    status = plan.status
+    counters = status.restarts
+    if cause == "Preemption":
+        counters.preemptions += 1
+    elif cause == "Failure":
+        counters.failures += 1
+    elif cause == "Retry":
+        counters.retries += 1
+    elif cause == "Resize":
+        counters.resizes += 1
+    counters.total = counters.preemptions + counters.failures + counters.resizes + counters.retries
+    status.recoveries = [*status.recoveries, Recovery(
+        cause=cause, time=obs.now, attempt=status.attempt + 1,
+        from_replicas=status.replicas, to_replicas=replicas, reason=reason[:1024],
+    )][-MAX_RECOVERY_HISTORY:]
+    phase = "Resizing" if cause == "Resize" else "Restarting"
+    _set_phase(plan, obs, phase, cause, reason)
+    plan.events.append(Event("Normal" if cause in ("Preemption", "Resize") else "Warning",
+                             cause, reason))
+    # Every rank gets SIGTERM now, so the gang agrees on a step and saves inside the grace.
+    _stop_all(plan, obs, gang, grace=None)
+
+
+def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
+                           gang: list[PodView], pending: Recovery | None) -> None:
+    status = plan.status
+    _stop_all(plan, obs, gang, grace=None)
+    if any(p.active for p in gang):
+        return  # still saving; wait for every rank of the old gang to exit
+    if pending is None:  # suspended
+        if spec.suspend:
+            _set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
+            return
+        reason = "spec.suspend is false again"
+        status.recoveries = [*status.recoveries, Recovery(
+            cause="Resume", time=obs.now, attempt=status.attempt + 1,
+            from_replicas=0, to_replicas=spec.replicas, reason=reason,
+        )][-MAX_RECOVERY_HISTORY:]
+        pending = status.recoveries[-1]
+    elif spec.suspend:
+        _set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
+        return
+    if pending.cause == "Failure":
+        wait = backoff_seconds(spec, status.restarts.failures)
+        ready_at = pending.time + timedelta(seconds=wait)
+        if obs.now < ready_at:
+            _set_phase(plan, obs, "Restarting", "BackOff",
+                       f"restarting after a failure in {(ready_at - obs.now).total_seconds():.0f}s"
+                       f" (backoff {wait:.0f}s): {pending.reason}")
+            return
+    limited = _condition(status, "CapacityLimited")
+    # The newest spec.replicas wins (a scale during a restart is folded in), unless the gang
+    # was shrunk on purpose for lack of capacity.
+    capacity_bound = limited is not None and limited.status == "True" and pending.to_replicas
+    replicas = pending.to_replicas if capacity_bound else spec.replicas
+    _launch(plan, obs, spec, attempt=pending.attempt, replicas=replicas, recovery=pending)
+
+
+def backoff_seconds(spec: TrainingJobSpec, failures: int) -> float:
+    policy = spec.failure_policy
+    return min(policy.backoff_seconds * 2 ** max(0, failures - 1), policy.max_backoff_seconds)
+
+
+def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, replicas: int,
+            recovery: Recovery | None = None) -> None:
+    status = plan.status
+    restore = _restore_step(status)
+    status.attempt = attempt
+    status.replicas = replicas
+    restored = int(restore) if restore.isdigit() else None
+    if recovery is not None:
+        recovery.restore_step = restored
+        if status.step is not None and restored is not None:
+            recovery.steps_lost = max(0, status.step - restored)
+        recovery.to_replicas = replicas
+    if status.step is not None:
+        # Training resumes from the checkpoint: steps past it will be trained again.
+        status.step = restored
+    launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore)
+    plan.create_pods = build_gang(obs.job, spec, launch)
+    phase = "Pending" if recovery is None else (
+        "Resizing" if recovery.cause == "Resize" else "Restarting")
+    message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"
+    _set_phase(plan, obs, phase, "Launching", message)
+    plan.events.append(Event("Normal", "Launched", message))
+
+
+def _restore_step(status: TrainingJobStatus) -> str:
+    # One decision for every rank: the newest checkpoint the operator knows was committed.
+    if status.last_checkpoint is not None:
+        return str(status.last_checkpoint.step)
+    return contract.RESTORE_LATEST
+
+
+def _pending_recovery(status: TrainingJobStatus) -> Recovery | None:
+    if status.recoveries and status.recoveries[-1].attempt > status.attempt:
+        return status.recoveries[-1]
+    return None
+
+
+def _note_recovered(status: TrainingJobStatus, obs: Observed, gang: list[PodView],
+                    outcomes: dict[int, RankOutcome]) -> None:
+    """Close the downtime of the last recovery once the new gang trains past its restore."""
+    if not status.recoveries:
+        return
+    last = status.recoveries[-1]
+    if last.attempt != status.attempt or last.downtime_seconds is not None:
+        return
+    progress = obs.progress
+    trained = progress is not None and progress.step > (last.restore_step or 0)
+    if trained:
+        last.downtime_seconds = round((obs.now - last.time).total_seconds(), 3)
+
+
+# ------------------------------------------------------------------------------- helpers ---
+
+
+def _record_progress(status: TrainingJobStatus, obs: Observed, gang: list[PodView]) -> None:
+    """Fold what the trainer reported (progress endpoint, termination messages) into status."""
+    reports: list[tuple[int | None, int | None, str | None, datetime | None]] = []
+    progress = obs.progress
+    if progress is not None:
+        status.step = max(status.step or 0, progress.step)
+        status.total_steps = progress.total_steps or status.total_steps
+        if progress.loss is not None:
+            status.loss = progress.loss
+        when = datetime.fromisoformat(progress.checkpoint_time.replace("Z", "+00:00")) \
+            if progress.checkpoint_time else None
+        reports.append((progress.step, progress.checkpoint_step, progress.checkpoint_path, when))
+    for pod in gang:
+        if pod.termination is not None:
+            message = pod.termination
+            reports.append((message.step, message.checkpoint_step, message.checkpoint_path, None))
+            if message.step is not None:
+                status.step = max(status.step or 0, message.step)
+    for _step, ckpt_step, path, when in reports:
+        if ckpt_step is None:
+            continue
+        known = status.last_checkpoint
+        if known is None or ckpt_step > known.step:
+            status.last_checkpoint = CheckpointRef(step=ckpt_step, path=path, time=when or obs.now)
+
+
+def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
+    """Pods of older attempts are garbage once a newer attempt exists (their reports are
+    already folded into the status)."""
+    for pod in obs.pods:
+        if pod.attempt >= current:
+            continue
+        if not pod.deleting:
+            plan.delete_pods.append((pod.name, None))
+        else:
+            _force_if_stuck(plan, obs, pod)
+
+
+def _stop_all(plan: Plan, obs: Observed, pods: list[PodView], grace: int | None) -> None:
+    for pod in pods:
+        if pod.active and not pod.deleting:
+            plan.delete_pods.append((pod.name, grace))
+        elif pod.active:
+            _force_if_stuck(plan, obs, pod)
+
+
+def _force_if_stuck(plan: Plan, obs: Observed, pod: PodView) -> None:
+    deadline = pod.deletion_timestamp
+    if deadline is not None and obs.now - deadline > FORCE_DELETE_AFTER:
+        plan.delete_pods.append((pod.name, 0))
+
+
+def _finish(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) -> None:
+    status = plan.status
+    if status.phase != phase:
+        plan.events.append(Event("Normal" if phase == "Succeeded" else "Warning", reason,
+                                 message))
+    status.phase = phase
+    status.message = message[:32768]
+    status.completion_time = status.completion_time or obs.now
+    _set_condition(status, obs, phase, "True", reason, message)
+    _set_condition(status, obs, "Running", "False", reason, message)
+
+
+def _set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) -> None:
+    status = plan.status
+    status.phase = phase
+    status.message = message[:32768]
+    _set_condition(status, obs, "Running", "True" if phase == "Running" else "False", reason,
+                   message)
+    _set_condition(status, obs, "Suspended", "True" if phase == "Suspended" else "False",
+                   reason, message)
+
+
+def _condition(status: TrainingJobStatus, kind: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == kind), None)
+
+
+def _set_condition(status: TrainingJobStatus, obs: Observed, kind: str,
+                   value: Literal["True", "False", "Unknown"], reason: str, message: str) -> None:
+    existing = _condition(status, kind)
+    if existing is not None and existing.status == value:
+        existing.reason, existing.message = reason, message[:32768]
+        existing.observed_generation = obs.generation
+        return
+    fresh = Condition(type=kind, status=value, reason=reason, message=message[:32768],
+                      last_transition_time=obs.now, observed_generation=obs.generation)
+    status.conditions = [c for c in status.conditions if c.type != kind] + [fresh]

@@ -1,0 +1,170 @@
+"""Observe: raw Pod objects -> a typed view of the gang, and why each rank stopped. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from tardigrade_operator import naming
+from tardigrade_trainer import contract
+
+# pod.status.reason values that mean the node went away or the pod was pushed off it.
+PREEMPTION_POD_REASONS = frozenset(
+    {"Evicted", "Preempting", "Terminated", "NodeShutdown", "Shutdown", "NodeLost",
+     "NodeAffinity", "OutOfcpu", "OutOfmemory"}
+)
+# Exit codes from a signal we did not send: 143 = SIGTERM, 137 = SIGKILL.
+SIGTERM_EXIT = 143
+
+
+class Outcome(enum.Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    PREEMPTED = "Preempted"  # spot reclaim, eviction, node lost: never uses up maxRestarts
+    RETRYABLE = "Retryable"  # exit code marked retryable
+    FAILED = "Failed"  # a real crash
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    name: str
+    attempt: int
+    rank: int
+    phase: str
+    node_name: str | None = None
+    deletion_timestamp: datetime | None = None
+    unschedulable_since: datetime | None = None
+    disruption: str | None = None  # DisruptionTarget reason, when the condition is True
+    status_reason: str | None = None  # pod.status.reason (Evicted, Terminated, ...)
+    container_started: bool = False
+    exit_code: int | None = None
+    terminated_reason: str | None = None  # Completed, Error, OOMKilled
+    termination: contract.TerminationMessage | None = None
+    termination_text: str = ""
+    pod_ip: str | None = None
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_timestamp is not None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def active(self) -> bool:
+        """Still holds (or may hold) a running process."""
+        return not self.terminal
+
+
+@dataclasses.dataclass(frozen=True)
+class RankOutcome:
+    outcome: Outcome
+    reason: str
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
+    """Read a Pod (API JSON). None for pods without our labels."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        attempt = int(labels[naming.LABEL_ATTEMPT])
+        rank = int(labels[naming.LABEL_RANK])
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    disruption = conditions.get("DisruptionTarget")
+    scheduled = conditions.get("PodScheduled")
+    unschedulable_since = None
+    if scheduled and (scheduled.get("status"), scheduled.get("reason")) == (
+        "False", "Unschedulable"
+    ):
+        unschedulable_since = _time(scheduled.get("lastTransitionTime"))
+    container = _trainer_status(status.get("containerStatuses") or [])
+    state = (container or {}).get("state") or {}
+    terminated = state.get("terminated") or {}
+    text = terminated.get("message") or ""
+    return PodView(
+        name=meta.get("name", ""),
+        attempt=attempt,
+        rank=rank,
+        phase=status.get("phase") or "Pending",
+        node_name=(pod.get("spec") or {}).get("nodeName"),
+        deletion_timestamp=_time(meta.get("deletionTimestamp")),
+        unschedulable_since=unschedulable_since,
+        disruption=(disruption.get("reason") or "DisruptionTarget")
+        if disruption and disruption.get("status") == "True" else None,
+        status_reason=status.get("reason"),
+        container_started="running" in state or bool(terminated),
+        exit_code=terminated.get("exitCode"),
+        terminated_reason=terminated.get("reason"),
+        termination=contract.TerminationMessage.from_json(text) if text else None,
+        termination_text=text,
+        pod_ip=status.get("podIP"),
+    )
+
+
+def classify(
+    pod: PodView,
+    retryable_exit_codes: Iterable[int] = (),
+    nodes_ready: Mapping[str, bool] | None = None,
+) -> RankOutcome:
+    """Why a rank is where it is. The order matters: a disruption explains the crash after it."""
+    if pod.phase == "Succeeded":
+        return RankOutcome(Outcome.SUCCEEDED, "completed")
+    if pod.disruption:
+        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: {pod.disruption}")
+    if pod.status_reason in PREEMPTION_POD_REASONS:
+        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: {pod.status_reason}")
+    if pod.phase == "Unknown":
+        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node unreachable")
+    if nodes_ready is not None and pod.node_name and pod.active and not nodes_ready.get(
+        pod.node_name, False
+    ):
+        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node {pod.node_name} lost")
+    if pod.phase == "Failed":
+        code = pod.exit_code
+        if code == contract.EXIT_PREEMPTED_SAVED:
+            return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: saved and stopped")
+        if code is not None and (
+            code in contract.RETRYABLE_EXIT_CODES or code in set(retryable_exit_codes)
+        ):
+            return RankOutcome(Outcome.RETRYABLE, f"{pod.name}: exit code {code} (retryable)")
+        return RankOutcome(Outcome.FAILED, describe_failure(pod))
+    if pod.deleting:
+        # Deleted by someone else (eviction, kubectl delete) while we did not stop the gang.
+        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: deleted")
+    if pod.phase == "Running" and pod.container_started:
+        return RankOutcome(Outcome.RUNNING, "running")
+    return RankOutcome(Outcome.PENDING, "pending")
+
+
+def describe_failure(pod: PodView) -> str:
+    parts = [f"{pod.name} exited with code {pod.exit_code}"]
+    if pod.terminated_reason and pod.terminated_reason != "Error":
+        parts.append(f"({pod.terminated_reason})")
+    if pod.termination and pod.termination.message:
+        parts.append(f": {pod.termination.message}")
+    elif pod.termination_text:
+        # FallbackToLogsOnError: the kubelet put the last log lines here.
+        lines = pod.termination_text.strip().splitlines()[-10:]
+        parts.append(":\n" + "\n".join(lines))
+    return " ".join(parts)
+
+
+def _trainer_status(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for status in statuses:
+        if status.get("name") == naming.TRAINER_CONTAINER:
+            return status
+    return statuses[0] if statuses else None
+
+
+def _time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -1,0 +1,182 @@
+"""Pure renderers: (job, attempt, replica count) -> the Service and Pod manifests."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tardigrade_operator import naming
+from tardigrade_operator.api import types
+from tardigrade_operator.api.types import TrainingJobSpec
+from tardigrade_operator.placement import placement_for
+from tardigrade_trainer import contract
+
+TERMINATION_MESSAGE_PATH = contract.DEFAULT_TERMINATION_LOG
+TRAINER_UID = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRef:
+    """Identity of the TrainingJob object that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": types.API_VERSION,
+            "kind": types.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class GangLaunch:
+    """One attempt of the gang: how many ranks, and which checkpoint they all restore."""
+
+    attempt: int
+    replicas: int
+    restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number
+
+
+def build_service(job: JobRef) -> dict[str, Any]:
+    """Headless Service: DNS names for the ranks, so rank 0 can be the JAX coordinator."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.service_name(job.name),
+            "namespace": job.namespace,
+            "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_JOB: job.name},
+            "ownerReferences": [job.owner_reference()],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {naming.LABEL_JOB: job.name},
+            # Ranks must resolve each other before any of them is Ready.
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {"name": naming.COORDINATOR_PORT_NAME, "port": contract.DEFAULT_COORDINATOR_PORT,
+                 "targetPort": contract.DEFAULT_COORDINATOR_PORT},
+            ],
+        },
+    }
+
+
+def trainer_environment(
+    job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int
+) -> contract.TrainerEnvironment:
+    checkpoint = spec.checkpoint
+    return contract.TrainerEnvironment(
+        job_name=job.name,
+        namespace=job.namespace,
+        attempt=launch.attempt,
+        coordinator_address=(
+            f"{naming.coordinator_host(job.name, launch.attempt)}:"
+            f"{contract.DEFAULT_COORDINATOR_PORT}"
+        ),
+        num_processes=launch.replicas,
+        process_id=rank,
+        checkpoint_path=checkpoint.path,
+        restore_step=launch.restore_step,
+        checkpoint_interval_steps=checkpoint.interval.steps,
+        checkpoint_interval_seconds=checkpoint.interval.seconds,
+        checkpoint_keep_last=checkpoint.keep.last,
+        checkpoint_keep_every=checkpoint.keep.every,
+        save_on_preemption=checkpoint.save_on_preemption,
+        progress_port=contract.DEFAULT_PROGRESS_PORT,
+        trainer_config=spec.trainer,
+        termination_log=TERMINATION_MESSAGE_PATH,
+    )
+
+
+def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int) -> dict[str, Any]:
+    """The pod of one rank of one attempt."""
+    name = naming.pod_name(job.name, launch.attempt, rank)
+    placement = placement_for(spec)
+    template = spec.pod_template
+    env = [{"name": k, "value": v} for k, v in
+           sorted(trainer_environment(job, spec, launch, rank).to_env().items())]
+    env += _tpu_worker_env(job, spec, launch, rank)
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
+    limits = {**spec.resources.limits, **placement.accelerator_limits}
+    requests = {**spec.resources.requests, **placement.accelerator_limits}
+    container: dict[str, Any] = {
+        "name": naming.TRAINER_CONTAINER,
+        "image": spec.image,
+        "env": env,
+        "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
+        "ports": [
+            {"name": naming.COORDINATOR_PORT_NAME,
+             "containerPort": contract.DEFAULT_COORDINATOR_PORT},
+            {"name": naming.PROGRESS_PORT_NAME, "containerPort": contract.DEFAULT_PROGRESS_PORT},
+        ],
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        # Without a message from the trainer (e.g. a segfault) the last log lines explain it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+    if spec.command is not None:
+        container["command"] = list(spec.command)
+    if spec.args is not None:
+        container["args"] = list(spec.args)
+    if template.volume_mounts:
+        container["volumeMounts"] = list(template.volume_mounts)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": naming.service_name(job.name),
+        "terminationGracePeriodSeconds": template.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": TRAINER_UID,
+            "runAsGroup": TRAINER_UID,
+            "fsGroup": TRAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+    }
+    optional = {
+        "nodeSelector": placement.node_selector,
+        "tolerations": placement.tolerations,
+        "serviceAccountName": template.service_account_name,
+        "priorityClassName": template.priority_class_name,
+        "volumes": list(template.volumes),
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+    labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank)}
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "ownerReferences": [job.owner_reference()],
+    }
+    if template.annotations:
+        metadata["annotations"] = dict(template.annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_gang(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch) -> list[dict[str, Any]]:
+    return [build_pod(job, spec, launch, rank) for rank in range(launch.replicas)]
+
+
+def _tpu_worker_env(
+    job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int
+) -> list[dict[str, str]]:
+    # GKE injects these only for Indexed Jobs; libtpu needs them to form a multi-host slice.
+    if spec.accelerator.kind != "tpu":
+        return []
+    hosts = ",".join(
+        f"{naming.pod_name(job.name, launch.attempt, r)}.{naming.service_name(job.name)}"
+        for r in range(launch.replicas)
+    )
+    return [{"name": "TPU_WORKER_ID", "value": str(rank)},
+            {"name": "TPU_WORKER_HOSTNAMES", "value": hosts}]
