@@ -70,6 +70,8 @@ class Plan:
     create_pods: list[dict] = dataclasses.field(default_factory=list)
     # (pod name, grace period seconds; None keeps the pod's own terminationGracePeriodSeconds)
     delete_pods: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
+    # Pods whose final state is in `status` now: drop our finalizer (after the status write).
+    release_pods: list[str] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
 
 
@@ -94,6 +96,7 @@ def decide(obs: Observed) -> Plan:
     gang = sorted((p for p in obs.pods if p.attempt == current), key=lambda p: p.rank)
     _delete_old_attempts(plan, obs, current)
     _record_progress(status, obs, gang)
+    _release_recorded(plan, obs, current)
 
     if status.phase in TERMINAL_PHASES:
         _stop_all(plan, obs, gang, grace=None)
@@ -166,7 +169,8 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     if _grow_back(plan, obs, spec, gang):
         return
 
-    running = sum(o.outcome is Outcome.RUNNING for o in outcomes.values())
+    # Ranks that already finished count as up: the rest are finishing the last steps.
+    running = sum(o.outcome in (Outcome.RUNNING, Outcome.SUCCEEDED) for o in outcomes.values())
     if running == status.replicas:
         if status.phase != "Running":
             plan.events.append(Event("Normal", "Running",
@@ -416,6 +420,15 @@ def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
             plan.delete_pods.append((pod.name, None))
         else:
             _force_if_stuck(plan, obs, pod)
+
+
+def _release_recorded(plan: Plan, obs: Observed, current: int) -> None:
+    terminal_job = plan.status.phase in TERMINAL_PHASES
+    for pod in obs.pods:
+        if pod.tracked and pod.terminal and (
+            pod.deleting or pod.attempt < current or terminal_job
+        ):
+            plan.release_pods.append(pod.name)
 
 
 def _stop_all(plan: Plan, obs: Observed, pods: list[PodView], grace: int | None) -> None:

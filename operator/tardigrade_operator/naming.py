@@ -11,6 +11,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NAME = "app.kubernetes.io/name"
 MANAGED_BY = "tardigrade"
 TRAINER_CONTAINER = "trainer"
+# Keeps a finished pod (and its termination message: the step it saved) until the operator
+# has recorded it, like the Job controller's tracking finalizer.
+POD_FINALIZER = f"{types.GROUP}/gang-tracking"
 COORDINATOR_PORT_NAME = "coordinator"
 PROGRESS_PORT_NAME = "progress"
 

@@ -46,6 +46,7 @@ class PodView:
     termination: contract.TerminationMessage | None = None
     termination_text: str = ""
     pod_ip: str | None = None
+    tracked: bool = False  # still carries our finalizer
 
     @property
     def deleting(self) -> bool:
@@ -106,6 +107,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         termination=contract.TerminationMessage.from_json(text) if text else None,
         termination_text=text,
         pod_ip=status.get("podIP"),
+        tracked=naming.POD_FINALIZER in (meta.get("finalizers") or []),
     )
 
 

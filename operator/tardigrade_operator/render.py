@@ -158,6 +158,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "namespace": job.namespace,
         "labels": labels,
         "ownerReferences": [job.owner_reference()],
+        "finalizers": [naming.POD_FINALIZER],
     }
     if template.annotations:
         metadata["annotations"] = dict(template.annotations)

@@ -1,0 +1,143 @@
+"""A tiny in-memory stand-in for the cluster, to drive `decide` through whole scenarios."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tardigrade_operator.api.parse import parse_spec
+from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.decide import DecisionSettings, Observed, Plan, decide
+from tardigrade_operator.observe import parse_pod
+from tardigrade_operator.render import JobRef
+from tardigrade_trainer import contract
+
+T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
+JOB = JobRef(name="tiny", namespace="ml", uid="uid-1")
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "replicas": 2,
+        "image": "trainer:1",
+        "checkpoint": {"path": "gs://bucket/tiny"},
+        "failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10},
+    }
+    base.update(overrides)
+    return base
+
+
+def iso(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass
+class FakeCluster:
+    spec: dict[str, Any]
+    status: TrainingJobStatus = dataclasses.field(default_factory=TrainingJobStatus)
+    pods: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    service: dict[str, Any] | None = None
+    now: datetime = T0
+    generation: int = 1
+    progress: contract.ProgressReport | None = None
+    nodes_ready: dict[str, bool] | None = None
+    settings: DecisionSettings = dataclasses.field(default_factory=DecisionSettings)
+    plans: list[Plan] = dataclasses.field(default_factory=list)
+
+    def observe(self) -> Observed:
+        try:
+            parsed, error = parse_spec(self.spec), None
+        except ValueError as err:
+            parsed, error = None, str(err)
+        views = [v for v in (parse_pod(p) for p in self.pods.values()) if v is not None]
+        return Observed(
+            job=JOB, generation=self.generation, spec=parsed, spec_error=error,
+            status=self.status, pods=views, service_exists=self.service is not None,
+            now=self.now, progress=self.progress, nodes_ready=self.nodes_ready,
+            settings=self.settings,
+        )
+
+    def reconcile(self) -> Plan:
+        plan = decide(self.observe())
+        self.plans.append(plan)
+        self.status = plan.status  # written first, as the applier does
+        if plan.create_service is not None:
+            self.service = plan.create_service
+        for name in plan.release_pods:
+            self.pods[name]["metadata"]["finalizers"].remove("tardigrade.dev/gang-tracking")
+        for name, grace in plan.delete_pods:
+            pod = self.pods.get(name)
+            if pod is None:
+                continue
+            terminal = pod["status"].get("phase") in ("Succeeded", "Failed")
+            seconds = 0 if terminal else grace if grace is not None else pod["spec"].get(
+                "terminationGracePeriodSeconds", 30)
+            pod["metadata"].setdefault("deletionTimestamp",
+                                       iso(self.now + timedelta(seconds=seconds)))
+            if grace == 0:
+                pod["status"]["phase"] = "Failed"
+        self._collect()
+        for pod in plan.create_pods:
+            name = pod["metadata"]["name"]
+            if name not in self.pods:
+                pod = {**pod, "status": {"phase": "Pending"}}
+                self.pods[name] = pod
+        return plan
+
+    def _collect(self) -> None:
+        """The API server removes deleted pods once they are finished and unfinalized."""
+        for name, pod in list(self.pods.items()):
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp") and not meta.get("finalizers") and pod["status"].get(
+                "phase"
+            ) in ("Succeeded", "Failed"):
+                del self.pods[name]
+
+    # --- what kubelets and trainers do ---------------------------------------------------
+
+    def attempt_pods(self, attempt: int | None = None) -> list[dict[str, Any]]:
+        attempt = self.status.attempt if attempt is None else attempt
+        return sorted(
+            (p for p in self.pods.values()
+             if p["metadata"]["labels"]["tardigrade.dev/attempt"] == str(attempt)),
+            key=lambda p: int(p["metadata"]["labels"]["tardigrade.dev/rank"]),
+        )
+
+    def run_all(self) -> None:
+        for index, pod in enumerate(self.attempt_pods()):
+            pod["spec"]["nodeName"] = f"node-{index}"
+            pod["status"] = {
+                "phase": "Running", "podIP": f"127.0.1.{index + 1}",
+                "containerStatuses": [{"name": "trainer", "state": {"running": {}}}],
+            }
+
+    def terminate(self, pod: dict[str, Any], code: int, message: str = "",
+                  reason: str | None = None) -> None:
+        phase = "Succeeded" if code == 0 else "Failed"
+        pod["status"] = {
+            **pod["status"], "phase": phase,
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                "exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error"),
+                "message": message}}}],
+        }
+        self._collect()
+
+    def terminate_all(self, code: int, step: int | None = None,
+                      checkpoint: int | None = None) -> None:
+        reason = {0: "Succeeded", contract.EXIT_PREEMPTED_SAVED: "PreemptedSaved"}.get(
+            code, "Failed")
+        message = contract.TerminationMessage(
+            reason=reason, step=step, checkpoint_step=checkpoint,
+            checkpoint_path=None if checkpoint is None else f"gs://bucket/tiny/{checkpoint}",
+        ).to_json()
+        for pod in self.attempt_pods():
+            self.terminate(pod, code, message)
+
+    def disrupt(self, pod: dict[str, Any], reason: str = "TerminationByKubelet") -> None:
+        pod["status"].setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": reason,
+             "lastTransitionTime": iso(self.now)})
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)

@@ -1,0 +1,319 @@
+"""The decision function, scenario by scenario, without a server."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tardigrade_operator.decide import DecisionSettings
+from tardigrade_trainer import contract
+from tests.operator.fake_cluster import FakeCluster, spec
+
+SAVED = contract.EXIT_PREEMPTED_SAVED
+
+
+def launched(cluster: FakeCluster) -> FakeCluster:
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    return cluster
+
+
+def test_first_launch_creates_service_and_gang():
+    cluster = FakeCluster(spec())
+    plan = cluster.reconcile()
+    assert plan.create_service["spec"]["clusterIP"] == "None"
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a1-0", "tiny-a1-1"]
+    assert cluster.status.phase == "Pending"
+    assert (cluster.status.attempt, cluster.status.replicas) == (1, 2)
+    assert cluster.status.selector == "tardigrade.dev/job=tiny"
+    env = {e["name"]: e["value"] for e in plan.create_pods[1]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RESTORE_STEP] == contract.RESTORE_LATEST
+    assert env[contract.ENV_PROCESS_ID] == "1"
+    assert env[contract.ENV_COORDINATOR_ADDRESS] == "tiny-a1-0.tiny:8476"
+
+
+def test_reconcile_is_idempotent():
+    cluster = FakeCluster(spec())
+    cluster.reconcile()
+    again = cluster.reconcile()
+    assert again.create_pods == [] and again.create_service is None
+    assert cluster.status.attempt == 1
+
+
+def test_running_gang_reports_running_with_progress():
+    cluster = launched(FakeCluster(spec()))
+    cluster.progress = contract.ProgressReport(step=12, loss=3.5, checkpoint_step=10,
+                                               checkpoint_path="gs://bucket/tiny/10")
+    cluster.reconcile()
+    assert cluster.status.step == 12
+    assert cluster.status.loss == 3.5
+    assert cluster.status.last_checkpoint.step == 10
+    assert any(e.reason == "Running" for e in cluster.plans[1].events)
+
+
+def test_preemption_stops_the_gang_and_relaunches_from_the_coordinated_save():
+    cluster = launched(FakeCluster(spec()))
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    victim = cluster.attempt_pods()[0]
+    cluster.disrupt(victim)
+    plan = cluster.reconcile()
+    # Both ranks get SIGTERM at once so they save at the same step.
+    assert sorted(name for name, _ in plan.delete_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert cluster.status.phase == "Restarting"
+    assert cluster.status.restarts.preemptions == 1
+    assert cluster.status.restarts.failures == 0
+    assert cluster.status.recoveries[-1].cause == "Preemption"
+    assert "TerminationByKubelet" in cluster.status.recoveries[-1].reason
+
+    waiting = cluster.reconcile()  # still saving: nothing new
+    assert waiting.create_pods == [] and cluster.status.restarts.preemptions == 1
+
+    cluster.advance(5)
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    plan = cluster.reconcile()
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
+    env = {e["name"]: e["value"] for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RESTORE_STEP] == "31"
+    recovery = cluster.status.recoveries[-1]
+    assert (recovery.restore_step, recovery.steps_lost) == (31, 0)
+    assert cluster.status.last_checkpoint.step == 31
+
+    # The old gang's pods were released once their saved step was recorded, and are gone.
+    assert sorted(cluster.pods) == ["tiny-a2-0", "tiny-a2-1"]
+
+    cluster.run_all()
+    cluster.advance(7)
+    cluster.progress = contract.ProgressReport(step=32)
+    cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    assert cluster.status.recoveries[-1].downtime_seconds == 12
+
+
+@pytest.mark.parametrize(
+    ("pod_status", "description"),
+    [
+        ({"reason": "Evicted", "phase": "Failed"}, "evicted"),
+        ({"phase": "Unknown"}, "node unreachable"),
+        ({"phase": "Failed", "reason": "Terminated"}, "GKE node shutdown"),
+    ],
+)
+def test_other_disruptions_count_as_preemptions(pod_status, description):
+    cluster = launched(FakeCluster(spec()))
+    cluster.attempt_pods()[1]["status"] = pod_status
+    cluster.reconcile()
+    assert cluster.status.restarts.preemptions == 1, description
+    assert cluster.status.restarts.failures == 0
+
+
+def test_node_lost_counts_as_preemption():
+    cluster = launched(FakeCluster(spec()))
+    cluster.nodes_ready = {"node-0": True}  # node-1 is gone
+    cluster.reconcile()
+    assert cluster.status.restarts.preemptions == 1
+    assert "node node-1 lost" in cluster.status.recoveries[-1].reason
+
+
+def test_vanished_pod_of_a_running_gang_counts_as_preemption():
+    cluster = launched(FakeCluster(spec()))
+    del cluster.pods["tiny-a1-1"]
+    cluster.reconcile()
+    assert cluster.status.restarts.preemptions == 1
+
+
+def test_saved_and_preempted_exit_code_is_a_preemption():
+    cluster = launched(FakeCluster(spec()))
+    cluster.terminate(cluster.attempt_pods()[0], SAVED)
+    cluster.reconcile()
+    assert cluster.status.restarts.preemptions == 1
+
+
+def test_retryable_exit_codes_do_not_use_the_failure_budget():
+    cluster = launched(FakeCluster(spec(failurePolicy={"retryableExitCodes": [42]})))
+    cluster.terminate(cluster.attempt_pods()[0], 42)
+    cluster.reconcile()
+    assert cluster.status.restarts.retries == 1
+    assert cluster.status.restarts.failures == 0
+    assert cluster.status.recoveries[-1].cause == "Retry"
+
+
+def test_crash_restarts_with_exponential_backoff_then_fails_with_the_logs():
+    cluster = launched(FakeCluster(spec()))
+    for failures in (1, 2):
+        cluster.terminate(cluster.attempt_pods()[0], 1, "Traceback...\nValueError: boom")
+        cluster.reconcile()
+        assert cluster.status.restarts.failures == failures
+        cluster.terminate_all(143)
+        plan = cluster.reconcile()
+        assert plan.create_pods == [], "must wait for the backoff"
+        assert cluster.status.phase == "Restarting"
+        backoff = 10 * 2 ** (failures - 1)
+        cluster.advance(backoff - 1)
+        assert cluster.reconcile().create_pods == []
+        cluster.advance(1)
+        assert len(cluster.reconcile().create_pods) == 2
+        cluster.run_all()
+        cluster.reconcile()
+    cluster.terminate(cluster.attempt_pods()[1], 1, "Traceback...\nValueError: boom")
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Failed"
+    assert "maxRestarts=2" in cluster.status.message
+    assert "ValueError: boom" in cluster.status.message
+    assert any(e.reason == "RestartBudgetExhausted" for e in plan.events)
+    assert [c.status for c in cluster.status.conditions if c.type == "Failed"] == ["True"]
+    # Terminal: nothing is launched again.
+    assert cluster.reconcile().create_pods == []
+
+
+def test_a_crash_after_a_peer_was_preempted_is_blamed_on_the_preemption():
+    cluster = launched(FakeCluster(spec()))
+    first, second = cluster.attempt_pods()
+    cluster.disrupt(first)
+    cluster.terminate(second, 1, "collective failed: peer gone")
+    cluster.reconcile()
+    assert (cluster.status.restarts.preemptions, cluster.status.restarts.failures) == (1, 0)
+
+
+def test_preemption_budget():
+    cluster = launched(FakeCluster(spec(failurePolicy={"maxPreemptions": 1})))
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    cluster.terminate_all(SAVED, step=5, checkpoint=5)
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    assert cluster.status.phase == "Failed"
+    assert "maxPreemptions=1" in cluster.status.message
+
+
+def test_success_when_every_rank_finishes():
+    cluster = launched(FakeCluster(spec()))
+    cluster.terminate(cluster.attempt_pods()[0], 0)
+    cluster.reconcile()
+    assert cluster.status.phase == "Running", "wait for every rank"
+    cluster.terminate_all(0, step=200, checkpoint=200)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Succeeded"
+    assert cluster.status.completion_time == cluster.now
+    assert cluster.status.step == 200
+    assert any(e.reason == "Completed" for e in plan.events)
+    assert [c.status for c in cluster.status.conditions if c.type == "Succeeded"] == ["True"]
+
+
+def test_scale_up_and_down_relaunch_with_the_new_count():
+    cluster = launched(FakeCluster(spec(maxReplicas=4)))
+    for new_count in (3, 1):
+        cluster.spec["replicas"] = new_count
+        cluster.generation += 1
+        cluster.reconcile()
+        assert cluster.status.phase == "Resizing"
+        cluster.terminate_all(SAVED, step=40, checkpoint=40)
+        plan = cluster.reconcile()
+        assert len(plan.create_pods) == new_count
+        env = {e["name"]: e["value"] for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+        assert env[contract.ENV_NUM_PROCESSES] == str(new_count)
+        assert env[contract.ENV_RESTORE_STEP] == "40"
+        cluster.run_all()
+        cluster.reconcile()
+        assert cluster.status.phase == "Running"
+        assert cluster.status.replicas == new_count
+    assert cluster.status.restarts.resizes == 2
+    assert cluster.status.restarts.failures == 0
+    assert cluster.status.observed_generation == 3
+
+
+def test_suspend_and_resume():
+    cluster = launched(FakeCluster(spec()))
+    cluster.spec["suspend"] = True
+    plan = cluster.reconcile()
+    assert len(plan.delete_pods) == 2 and cluster.status.phase == "Suspended"
+    cluster.terminate_all(SAVED, step=9, checkpoint=9)
+    assert cluster.reconcile().create_pods == []
+    cluster.spec["suspend"] = False
+    plan = cluster.reconcile()
+    assert len(plan.create_pods) == 2
+    assert cluster.status.recoveries[-1].cause == "Resume"
+    assert cluster.status.restarts.total == 0
+
+
+def test_suspended_from_the_start_launches_nothing():
+    cluster = FakeCluster(spec(suspend=True))
+    assert cluster.reconcile().create_pods == []
+    assert cluster.status.phase == "Suspended"
+
+
+def test_invalid_spec_fails_with_the_field_named():
+    cluster = FakeCluster(spec(replicas=0))
+    plan = cluster.reconcile()
+    assert plan.create_pods == []
+    assert cluster.status.phase == "Failed"
+    assert "spec.replicas" in cluster.status.message
+    assert [c.reason for c in cluster.status.conditions if c.type == "Failed"] == ["InvalidSpec"]
+
+
+def test_lost_status_write_adopts_the_newer_attempt():
+    cluster = launched(FakeCluster(spec()))
+    stale = cluster.status.model_copy(deep=True)
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    cluster.terminate_all(SAVED, step=3, checkpoint=3)
+    cluster.reconcile()  # attempt 2 created
+    cluster.status = stale  # the status write of attempt 2 was lost
+    plan = cluster.reconcile()
+    assert cluster.status.attempt == 2
+    assert plan.create_pods == []
+
+
+def test_half_created_gang_is_completed_not_counted():
+    cluster = FakeCluster(spec(replicas=3))
+    cluster.reconcile()
+    del cluster.pods["tiny-a1-2"]  # the operator died between two creates
+    plan = cluster.reconcile()
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a1-2"]
+    assert cluster.status.restarts.total == 0
+
+
+def test_stuck_terminating_pod_is_forced():
+    cluster = launched(FakeCluster(spec()))
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    cluster.advance(30 + 31)
+    plan = cluster.reconcile()
+    assert sorted(plan.delete_pods) == [("tiny-a1-0", 0), ("tiny-a1-1", 0)]
+
+
+def test_shrinks_when_capacity_is_short_and_grows_back_later():
+    settings = DecisionSettings(unschedulable_timeout=timedelta(seconds=60),
+                                grow_back_after=timedelta(seconds=300))
+    cluster = FakeCluster(spec(replicas=3, minReplicas=1), settings=settings)
+    cluster.reconcile()
+    pods = cluster.attempt_pods()
+    for index, pod in enumerate(pods[:2]):
+        pod["spec"]["nodeName"] = f"node-{index}"
+        pod["status"] = {"phase": "Running",
+                         "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+    pods[2]["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                        "reason": "Unschedulable",
+                                        "lastTransitionTime": "2026-12-02T12:00:00Z"}]
+    cluster.advance(59)
+    cluster.reconcile()
+    assert cluster.status.phase == "Pending"
+    cluster.advance(1)
+    cluster.reconcile()
+    assert cluster.status.phase == "Resizing"
+    assert cluster.status.recoveries[-1].to_replicas == 2
+    cluster.terminate_all(SAVED, step=4, checkpoint=4)
+    plan = cluster.reconcile()
+    assert len(plan.create_pods) == 2
+    cluster.run_all()
+    cluster.reconcile()
+    assert (cluster.status.phase, cluster.status.replicas) == ("Running", 2)
+    assert cluster.reconcile().delete_pods == [], "running short on purpose is not a resize"
+    cluster.advance(300)
+    cluster.reconcile()
+    assert cluster.status.phase == "Resizing"
+    assert cluster.status.recoveries[-1].to_replicas == 3
