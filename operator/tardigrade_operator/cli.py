@@ -14,6 +14,52 @@ app = typer.Typer(help="Tardigrade: keep JAX training jobs alive on preemptible 
 app.add_typer(local_app, name="local")
 
 
+operator_app = typer.Typer(help="Run the operator.")
+app.add_typer(operator_app, name="operator")
+
+
+@operator_app.command("run")
+def run_operator(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch this namespace (repeatable)."),
+    ] = None,
+    all_namespaces: Annotated[
+        bool, typer.Option("--all-namespaces", "-A", help="Watch the whole cluster.")
+    ] = False,
+    standalone: Annotated[
+        bool, typer.Option(help="Run without peering (no leader election).")
+    ] = False,
+    peering: Annotated[
+        str, typer.Option(help="Peering object shared by the replicas that elect a leader.")
+    ] = "tardigrade",
+    priority: Annotated[int, typer.Option(help="Peering priority of this replica.")] = 0,
+    health_port: Annotated[
+        int, typer.Option(help="Port of the /healthz liveness endpoint (0: none).")
+    ] = 8080,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the TrainingJob operator against the cluster in KUBECONFIG (or in-cluster)."""
+    import logging
+
+    import kopf
+
+    import tardigrade_operator.handlers  # noqa: F401  (registers the handlers)
+
+    if not namespace and not all_namespaces:
+        raise typer.BadParameter("pass --namespace NS (repeatable) or --all-namespaces")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kopf.run(
+        clusterwide=all_namespaces,
+        namespaces=namespace or (),
+        standalone=standalone,
+        peering_name=peering,
+        priority=priority,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+    )
+
+
 @app.command()
 def crd(
     output: Annotated[

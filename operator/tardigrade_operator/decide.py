@@ -342,7 +342,7 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         if status.step is not None and restored is not None:
             recovery.steps_lost = max(0, status.step - restored)
         recovery.to_replicas = replicas
-    if status.step is not None:
+    if restored is not None:
         # Training resumes from the checkpoint: steps past it will be trained again.
         status.step = restored
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore)

@@ -101,6 +101,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     template = spec.pod_template
     env = [{"name": k, "value": v} for k, v in
            sorted(trainer_environment(job, spec, launch, rank).to_env().items())]
+    env.append({"name": contract.ENV_POD_IP,
+                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}})
     env += _tpu_worker_env(job, spec, launch, rank)
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     limits = {**spec.resources.limits, **placement.accelerator_limits}

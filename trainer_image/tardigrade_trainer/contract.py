@@ -32,6 +32,9 @@ ENV_PROGRESS_PORT = "TARDIGRADE_PROGRESS_PORT"
 ENV_TRAINER_CONFIG = "TARDIGRADE_TRAINER_CONFIG"  # JSON object: spec.trainer
 ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
 ENV_INIT_TIMEOUT_SECONDS = "TARDIGRADE_INIT_TIMEOUT_SECONDS"
+# The pod's own IP (downward API). Servers bind to it rather than 0.0.0.0, so that pods that
+# share one network namespace (the local cluster) do not collide on the same ports.
+ENV_POD_IP = "TARDIGRADE_POD_IP"
 
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"

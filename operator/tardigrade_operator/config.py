@@ -1,0 +1,50 @@
+"""Operator settings, from the environment (the Helm chart sets these)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from datetime import timedelta
+
+from tardigrade_operator.decide import DecisionSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    # How often each job is reconciled even when nothing changes (progress polling, backoff).
+    resync_seconds: float = 2.0
+    progress_timeout_seconds: float = 1.0
+    unschedulable_timeout_seconds: float = 60.0
+    grow_back_after_seconds: float = 300.0
+    # Node objects are cluster-scoped; a namespaced install may not be allowed to read them.
+    watch_nodes: bool = True
+    metrics_port: int = 9090
+
+    @classmethod
+    def from_env(cls) -> OperatorConfig:
+        def number(name: str, default: float) -> float:
+            value = os.environ.get(name)
+            if value in (None, ""):
+                return default
+            try:
+                return float(value)
+            except ValueError:
+                raise SystemExit(f"{name}={value!r}: expected a number of seconds") from None
+
+        return cls(
+            resync_seconds=number("TARDIGRADE_RESYNC_SECONDS", cls.resync_seconds),
+            progress_timeout_seconds=number("TARDIGRADE_PROGRESS_TIMEOUT_SECONDS",
+                                            cls.progress_timeout_seconds),
+            unschedulable_timeout_seconds=number("TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS",
+                                                 cls.unschedulable_timeout_seconds),
+            grow_back_after_seconds=number("TARDIGRADE_GROW_BACK_AFTER_SECONDS",
+                                           cls.grow_back_after_seconds),
+            watch_nodes=os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false",
+            metrics_port=int(number("TARDIGRADE_METRICS_PORT", cls.metrics_port)),
+        )
+
+    def decision_settings(self) -> DecisionSettings:
+        return DecisionSettings(
+            unschedulable_timeout=timedelta(seconds=self.unschedulable_timeout_seconds),
+            grow_back_after=timedelta(seconds=self.grow_back_after_seconds),
+        )

@@ -1,0 +1,202 @@
+"""kopf wiring: indexes feed observe -> decide -> apply. Nothing here decides anything.
+
+One daemon per TrainingJob runs the reconcile loop; pod and job events only wake it, so a
+missed event costs at most one resync period and never a wrong decision (level-triggered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import kopf
+import prometheus_client
+from pydantic import ValidationError
+
+from tardigrade_operator import metrics, naming
+from tardigrade_operator.api import types
+from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
+from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.config import OperatorConfig
+from tardigrade_operator.decide import Observed, decide
+from tardigrade_operator.kube import ClusterWriter, load_client_config
+from tardigrade_operator.observe import PodView, parse_pod
+from tardigrade_operator.progress import fetch_progress
+from tardigrade_operator.render import JobRef
+
+JOB_FINALIZER = f"{types.GROUP}/operator"
+JobKey = tuple[str, str]
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config = OperatorConfig.from_env()
+    settings.persistence.finalizer = JOB_FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=types.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=types.GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    # Reconnect watches regularly so a silently dropped connection is noticed.
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    memo.config = config
+    memo.wakeups = {}
+    memo.written = {}
+    memo.session = aiohttp.ClientSession()
+    load_client_config()
+    memo.writer = ClusterWriter()
+    if config.metrics_port:
+        prometheus_client.start_http_server(config.metrics_port)
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    await memo.session.close()
+
+
+@kopf.index("pods", labels={naming.LABEL_JOB: kopf.PRESENT})
+def gang_pods(namespace: str, labels: kopf.Labels, body: kopf.Body,
+              **_: Any) -> dict[JobKey, dict[str, Any]]:
+    return {(namespace, labels[naming.LABEL_JOB]): dict(body)}
+
+
+@kopf.index("services", labels={naming.LABEL_JOB: kopf.PRESENT})
+def gang_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[JobKey, bool]:
+    return {(namespace, labels[naming.LABEL_JOB]): True}
+
+
+def node_readiness(name: str, status: kopf.Status, **_: Any) -> dict[str, bool]:
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return {name: ready}
+
+
+if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
+    kopf.index("nodes", id="node_readiness")(node_readiness)
+
+
+@kopf.on.event("pods", labels={naming.LABEL_JOB: kopf.PRESENT})
+def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    _wake(memo, (namespace, labels[naming.LABEL_JOB]))
+
+
+@kopf.on.event(types.GROUP, types.VERSION, types.PLURAL)
+def job_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    _wake(memo, (namespace, name))
+
+
+@kopf.daemon(types.GROUP, types.VERSION, types.PLURAL, initial_delay=0,
+             cancellation_timeout=10)
+async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid: str,
+                    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                    gang_pods: kopf.Index, gang_services: kopf.Index, **kwargs: Any) -> None:
+    key = (namespace, name)
+    wake = memo.wakeups.setdefault(key, asyncio.Event())
+    nodes: kopf.Index | None = kwargs.get("node_readiness")
+    while not stopped:
+        wake.clear()
+        started = time.perf_counter()
+        try:
+            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes)
+        except Exception:
+            # Never crash-loop on one object: log, and the next pass retries from scratch.
+            logger.exception("reconcile of %s/%s failed; retrying", namespace, name)
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=memo.config.resync_seconds)
+
+
+@kopf.on.delete(types.GROUP, types.VERSION, types.PLURAL)
+async def release_children(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Pods go by garbage collection (ownerReferences); checkpoints are never touched."""
+    await asyncio.to_thread(memo.writer.release_all, namespace, name)
+    memo.wakeups.pop((namespace, name), None)
+    memo.written.pop((namespace, name), None)
+    metrics.forget((namespace, name))
+
+
+async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
+                    pods_index: kopf.Index, services_index: kopf.Index,
+                    nodes_index: kopf.Index | None) -> None:
+    namespace, name = key
+    meta = body.get("metadata") or {}
+    status = _known_status(key, meta, body.get("status") or {}, memo)
+    try:
+        spec, spec_error = parse_spec(dict(body.get("spec") or {})), None
+    except InvalidTrainingJob as err:
+        spec, spec_error = None, "; ".join(str(e) for e in err.errors)
+    pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
+    attempt = max([status.attempt, *(p.attempt for p in pods)])
+    gang: list[PodView] = [p for p in pods if p.attempt == attempt]
+    progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
+    nodes_ready = None
+    if nodes_index is not None and len(nodes_index) > 0:
+        nodes_ready = {node: next(iter(store)) for node, store in nodes_index.items()}
+    observed = Observed(
+        job=JobRef(name=name, namespace=namespace, uid=uid),
+        generation=int(meta.get("generation") or 0),
+        spec=spec,
+        spec_error=spec_error,
+        status=status,
+        pods=pods,
+        service_exists=bool(_values(services_index, key)),
+        now=datetime.now(UTC),
+        progress=progress,
+        nodes_ready=nodes_ready,
+        settings=memo.config.decision_settings(),
+    )
+    plan = decide(observed)
+    written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan)
+    if written is not None:
+        memo.written[key] = (written, plan.status)
+    for event in plan.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    metrics.record_transition(key, status, plan.status)
+
+
+def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
+                  ) -> TrainingJobStatus:
+    """The status to decide on: ours from the last write until the watch has caught up.
+
+    Deciding twice on a stale status would count one preemption twice.
+    """
+    written = memo.written.get(key)
+    if written is not None:
+        version, status = written
+        if _older(_resource_version(meta), version):
+            return status
+        memo.written.pop(key, None)
+    try:
+        return TrainingJobStatus.model_validate(raw)
+    except ValidationError:
+        logging.getLogger(__name__).warning("%s/%s: unreadable status, rebuilding it", *key)
+        return TrainingJobStatus()
+
+
+def _resource_version(meta: Any) -> str:
+    return str(meta.get("resourceVersion") or "")
+
+
+def _older(seen: str, written: str) -> bool:
+    # resourceVersions are opaque, but every API server we target (etcd revisions, the local
+    # one's counter) issues increasing integers; anything else falls back to equality.
+    if seen.isdigit() and written.isdigit():
+        return int(seen) < int(written)
+    return False
+
+
+def _values(index: kopf.Index, key: JobKey) -> list[Any]:
+    return list(index.get(key, []))
+
+
+def _wake(memo: kopf.Memo, key: JobKey) -> None:
+    event = getattr(memo, "wakeups", {}).get(key)
+    if event is not None:
+        event.set()

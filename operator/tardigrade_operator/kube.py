@@ -1,0 +1,104 @@
+"""The only place that writes to the cluster: carry out a Plan, idempotently."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from tardigrade_operator import naming
+from tardigrade_operator.api import types
+from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.decide import Plan
+
+log = logging.getLogger(__name__)
+
+
+def load_client_config() -> None:
+    """In a pod: the service account; elsewhere: KUBECONFIG, like kubectl."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+class ClusterWriter:
+    """Applies plans in a fixed order: status first (it records what is about to happen),
+    then finalizer releases, deletions and creations. Every step tolerates being repeated."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient | None = None) -> None:
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+
+    def apply(self, namespace: str, name: str, old_status: TrainingJobStatus,
+              plan: Plan) -> str | None:
+        """Carry out the plan; returns the job's resourceVersion after a status write."""
+        written = None
+        new = status_json(plan.status)
+        if new != status_json(old_status):
+            job = self.custom.patch_namespaced_custom_object_status(
+                types.GROUP, types.VERSION, namespace, types.PLURAL, name, {"status": new}
+            )
+            written = str(job["metadata"]["resourceVersion"])
+        for pod_name in plan.release_pods:
+            self.release_pod(namespace, pod_name)
+        for pod_name, grace in plan.delete_pods:
+            self.delete_pod(namespace, pod_name, grace)
+        if plan.create_service is not None:
+            self._create(self.core.create_namespaced_service, namespace, plan.create_service)
+        for pod in plan.create_pods:
+            self._create(self.core.create_namespaced_pod, namespace, pod)
+        return written
+
+    def delete_pod(self, namespace: str, name: str, grace: int | None) -> None:
+        body = kubernetes.client.V1DeleteOptions(grace_period_seconds=grace)
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def release_pod(self, namespace: str, name: str) -> None:
+        """Drop our finalizer with a guarded JSON patch (other finalizers stay untouched)."""
+        try:
+            pod = self.core.read_namespaced_pod(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return
+            raise
+        finalizers = list(pod.metadata.finalizers or [])
+        if naming.POD_FINALIZER not in finalizers:
+            return
+        index = finalizers.index(naming.POD_FINALIZER)
+        patch = [
+            {"op": "test", "path": f"/metadata/finalizers/{index}", "value": naming.POD_FINALIZER},
+            {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+        ]
+        try:
+            self.core.patch_namespaced_pod(name, namespace, patch)
+        except ApiException as err:
+            # 404: gone already; 422: the list changed under us, the next pass retries.
+            if err.status not in (404, 422):
+                raise
+
+    def release_all(self, namespace: str, job: str) -> None:
+        pods = self.core.list_namespaced_pod(
+            namespace, label_selector=naming.job_selector(job)
+        ).items
+        for pod in pods:
+            self.release_pod(namespace, pod.metadata.name)
+
+    @staticmethod
+    def _create(create: Any, namespace: str, manifest: dict[str, Any]) -> None:
+        try:
+            create(namespace, manifest)
+        except ApiException as err:
+            if err.status != 409:  # AlreadyExists: an earlier pass created it
+                raise
+            log.debug("%s already exists", manifest["metadata"]["name"])
+
+
+def status_json(status: TrainingJobStatus) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
