@@ -28,6 +28,11 @@ def spec(**overrides: Any) -> dict[str, Any]:
     return base
 
 
+def pod_env(pod: dict[str, Any]) -> dict[str, str]:
+    """Literal environment variables of the trainer container."""
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+
+
 def iso(when: datetime) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -8,7 +8,7 @@ import pytest
 
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_trainer import contract
-from tests.operator.fake_cluster import FakeCluster, spec
+from tests.operator.fake_cluster import FakeCluster, pod_env, spec
 
 SAVED = contract.EXIT_PREEMPTED_SAVED
 
@@ -29,7 +29,7 @@ def test_first_launch_creates_service_and_gang():
     assert cluster.status.phase == "Pending"
     assert (cluster.status.attempt, cluster.status.replicas) == (1, 2)
     assert cluster.status.selector == "tardigrade.dev/job=tiny"
-    env = {e["name"]: e["value"] for e in plan.create_pods[1]["spec"]["containers"][0]["env"]}
+    env = pod_env(plan.create_pods[1])
     assert env[contract.ENV_RESTORE_STEP] == contract.RESTORE_LATEST
     assert env[contract.ENV_PROCESS_ID] == "1"
     assert env[contract.ENV_COORDINATOR_ADDRESS] == "tiny-a1-0.tiny:8476"
@@ -75,7 +75,7 @@ def test_preemption_stops_the_gang_and_relaunches_from_the_coordinated_save():
     cluster.terminate_all(SAVED, step=31, checkpoint=31)
     plan = cluster.reconcile()
     assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
-    env = {e["name"]: e["value"] for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+    env = pod_env(plan.create_pods[0])
     assert env[contract.ENV_RESTORE_STEP] == "31"
     recovery = cluster.status.recoveries[-1]
     assert (recovery.restore_step, recovery.steps_lost) == (31, 0)
@@ -214,7 +214,7 @@ def test_scale_up_and_down_relaunch_with_the_new_count():
         cluster.terminate_all(SAVED, step=40, checkpoint=40)
         plan = cluster.reconcile()
         assert len(plan.create_pods) == new_count
-        env = {e["name"]: e["value"] for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+        env = pod_env(plan.create_pods[0])
         assert env[contract.ENV_NUM_PROCESSES] == str(new_count)
         assert env[contract.ENV_RESTORE_STEP] == "40"
         cluster.run_all()
