@@ -50,11 +50,14 @@ def run_operator(
         raise typer.BadParameter("pass --namespace NS (repeatable) or --all-namespaces")
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # cel-python traces every short-circuited sub-expression at DEBUG.
+    logging.getLogger("celpy").setLevel(logging.WARNING)
     kopf.run(
         clusterwide=all_namespaces,
         namespaces=namespace or (),
         standalone=standalone,
-        peering_name=peering,
+        # Naming a peering makes kopf wait for its CRD, even in standalone mode.
+        peering_name=None if standalone else peering,
         priority=priority,
         liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
     )

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from tardigrade_operator import metrics, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
-from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, decide
 from tardigrade_operator.kube import ClusterWriter, load_client_config
@@ -49,6 +49,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.config = config
     memo.wakeups = {}
     memo.written = {}
+    memo.specs = {}
     memo.session = aiohttp.ClientSession()
     load_client_config()
     memo.writer = ClusterWriter()
@@ -119,6 +120,7 @@ async def release_children(name: str, namespace: str, memo: kopf.Memo, **_: Any)
     await asyncio.to_thread(memo.writer.release_all, namespace, name)
     memo.wakeups.pop((namespace, name), None)
     memo.written.pop((namespace, name), None)
+    memo.specs.pop((namespace, name), None)
     metrics.forget((namespace, name))
 
 
@@ -128,10 +130,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     namespace, name = key
     meta = body.get("metadata") or {}
     status = _known_status(key, meta, body.get("status") or {}, memo)
-    try:
-        spec, spec_error = parse_spec(dict(body.get("spec") or {})), None
-    except InvalidTrainingJob as err:
-        spec, spec_error = None, "; ".join(str(e) for e in err.errors)
+    spec, spec_error = _parsed_spec(key, meta, body, memo)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     attempt = max([status.attempt, *(p.attempt for p in pods)])
     gang: list[PodView] = [p for p in pods if p.attempt == attempt]
@@ -159,6 +158,21 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)
+
+
+def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
+                 ) -> tuple[TrainingJobSpec | None, str | None]:
+    """Parse (and CEL-check) the spec once per generation, not on every pass."""
+    generation = meta.get("generation")
+    cached = memo.specs.get(key)
+    if cached is not None and cached[0] == generation:
+        return cached[1], cached[2]
+    try:
+        spec, error = parse_spec(dict(body.get("spec") or {})), None
+    except InvalidTrainingJob as err:
+        spec, error = None, "; ".join(str(e) for e in err.errors)
+    memo.specs[key] = (generation, spec, error)
+    return spec, error
 
 
 def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
