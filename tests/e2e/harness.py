@@ -1,0 +1,173 @@
+"""Drive the local cluster, the real operator and real trainer processes from tests."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tardigrade_local.cluster import LocalCluster
+from tests.conftest import EXAMPLES, REPO_ROOT, SOURCE_DIRS
+
+T = TypeVar("T")
+NAMESPACE = "default"
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str,
+              interval: float = 0.5) -> T:
+    """Poll `condition` until it returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class OperatorProcess:
+    """The operator as users run it (`tardigrade operator run`), in a subprocess we can kill."""
+
+    def __init__(self, cluster: LocalCluster, log_path: Path) -> None:
+        self.cluster = cluster
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ, **self.cluster.client_env(),
+            "PYTHONPATH": os.pathsep.join(str(p) for p in SOURCE_DIRS),
+            "TARDIGRADE_RESYNC_SECONDS": "1",
+            "TARDIGRADE_METRICS_PORT": "0",
+            "TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "15",
+        }
+        log = open(self.log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
+             "--namespace", NAMESPACE, "--standalone", "--health-port", "0"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(30)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.proc = None
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None, (
+            "operator exited:\n" + self.log_path.read_text()[-3000:]
+        )
+
+
+class Cluster:
+    """Thin conveniences over a running LocalCluster."""
+
+    def __init__(self, local: LocalCluster) -> None:
+        self.local = local
+        self.env = {**os.environ, **local.client_env()}
+        client = kubernetes.config.new_client_from_config(config_file=str(local.kubeconfig))
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
+        result = subprocess.run(["kubectl", *args], env=self.env, capture_output=True,
+                                text=True, input=stdin, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result.stdout + (result.stderr if not check else "")
+
+    def apply(self, manifest: dict[str, Any]) -> str:
+        return self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def pods(self, job: str) -> list[Any]:
+        return self.core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"tardigrade.dev/job={job}").items
+
+    def wait_phase(self, name: str, phases: set[str], timeout: float,
+                   collector: StepLog | None = None) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            if collector is not None:
+                collector.collect()
+            status = self.status(name)
+            if status.get("phase") == "Failed" and "Failed" not in phases:
+                raise AssertionError(f"{name} failed: {status.get('message')}")
+            return status if status.get("phase") in phases else None
+        return wait_for(reached, timeout, f"{name} in {sorted(phases)}")
+
+
+class StepLog:
+    """Collects the trainer's JSON step records of rank 0, across attempts, while they run."""
+
+    def __init__(self, cluster: Cluster, job: str) -> None:
+        self.cluster = cluster
+        self.job = job
+        self.losses: dict[int, list[float]] = {}
+        self.restored: list[int] = []
+        self._seen: dict[str, int] = {}
+
+    def collect(self) -> None:
+        for pod in self.cluster.pods(self.job):
+            if pod.metadata.labels.get("tardigrade.dev/rank") != "0":
+                continue
+            name = pod.metadata.name
+            try:
+                text = self.cluster.core.read_namespaced_pod_log(name, NAMESPACE)
+            except ApiException:
+                continue
+            lines = text.splitlines()
+            for line in lines[self._seen.get(name, 0):]:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("event") == "step":
+                    self.losses.setdefault(int(record["step"]), []).append(record["loss"])
+                elif record.get("event") == "checkpoint_restored":
+                    self.restored.append(int(record["step"]))
+            self._seen[name] = len(lines)
+
+
+def trainingjob(name: str, steps: int, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    """The shipped example, renamed and shortened for a test."""
+    job = copy.deepcopy(yaml.safe_load((EXAMPLES / "trainingjob.yaml").read_text()))
+    job["metadata"] = {"name": name, "namespace": NAMESPACE}
+    job["spec"]["replicas"] = replicas
+    job["spec"]["trainer"]["steps"] = steps
+    job["spec"]["checkpoint"]["path"] = f"gs://tardigrade/checkpoints/{name}"
+    for key, value in spec.items():
+        job["spec"][key] = value
+    return job

@@ -1,0 +1,200 @@
+"""End to end: the local cluster, the real operator, real multi-process JAX trainers."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tardigrade_local.cluster import LocalCluster
+from tests.e2e.harness import Cluster, OperatorProcess, StepLog, trainingjob, wait_for
+
+pytestmark = pytest.mark.slow
+
+GRACE_SECONDS = 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("e2e")
+    with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
+        yield Cluster(local)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("operator") / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+def _checkpoint_objects(cluster: Cluster, job: str) -> list[str]:
+    url = f"{cluster.local.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return [item["name"] for item in json.load(response).get("items", [])]
+
+
+def _assert_continuous(log: StepLog, steps: int) -> None:
+    missing = [s for s in range(1, steps + 1) if s not in log.losses]
+    assert not missing, f"no loss logged for steps {missing[:10]}"
+    for step, losses in log.losses.items():
+        # A step trained twice (after a restore) must give the same loss: same data, same state.
+        assert max(losses) - min(losses) <= 1e-5 * max(1.0, abs(losses[0])), (step, losses)
+
+
+def test_apply_runs_to_success_with_truthful_status(cluster: Cluster, operator: OperatorProcess):
+    job = trainingjob("e2e-success", steps=24)
+    job["spec"]["checkpoint"]["interval"] = {"steps": 10}
+    cluster.apply(job)
+    log = StepLog(cluster, "e2e-success")
+    status = cluster.wait_phase("e2e-success", {"Succeeded"}, timeout=300, collector=log)
+    operator.assert_alive()
+    assert status["step"] == 24
+    assert status["lastCheckpoint"]["step"] == 24
+    assert status["restarts"]["total"] == 0
+    assert status["attempt"] == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
+    table = cluster.kubectl("get", "tj", "e2e-success")
+    header, row = table.strip().splitlines()
+    assert header.split()[:6] == ["NAME", "REPLICAS", "PHASE", "STEP", "CHECKPOINT", "RESTARTS"]
+    assert row.split()[:6] == ["e2e-success", "2", "Succeeded", "24", "24", "0"]
+    cluster.kubectl("wait", "--for=condition=Succeeded", "tj/e2e-success", "--timeout=10s")
+    _assert_continuous(log, 24)
+
+
+def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
+                                                            operator: OperatorProcess):
+    name = "e2e-preempt"
+    job = trainingjob(name, steps=60)
+    job["spec"]["checkpoint"]["interval"] = {"steps": 1000}  # only the preemption save
+    cluster.apply(job)
+    log = StepLog(cluster, name)
+    wait_for(lambda: (log.collect(), max(log.losses, default=0) >= 8)[1], 300,
+             "training to pass step 8")
+    victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
+    cluster.local.preempt_node(victim.spec.node_name, grace_seconds=GRACE_SECONDS,
+                               replace_after_seconds=1)
+    status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
+    operator.assert_alive()
+    assert status["restarts"]["preemptions"] == 1
+    assert status["restarts"]["failures"] == 0
+    recovery = status["recoveries"][0]
+    assert recovery["cause"] == "Preemption"
+    assert recovery["stepsLost"] == 0, recovery
+    assert recovery["restoreStep"] >= 8
+    assert log.restored == [recovery["restoreStep"]]
+    assert recovery["downtimeSeconds"] > 0
+    _assert_continuous(log, 60)
+
+
+def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):
+    name = "e2e-scale"
+    job = trainingjob(name, steps=60, replicas=2)
+    cluster.apply(job)
+    log = StepLog(cluster, name)
+    for target in (3, 1):
+        before = max(log.losses, default=0)
+        wait_for(lambda before=before: (log.collect(), max(log.losses, default=0) >= before + 5)[1],
+                 300, "training to make progress")
+        cluster.kubectl("scale", f"tj/{name}", f"--replicas={target}")
+        wait_for(lambda target=target: (
+            log.collect(),
+            cluster.status(name).get("replicas") == target
+            and cluster.status(name).get("phase") == "Running")[1],
+            300, f"{target} replicas running")
+        assert len([p for p in cluster.pods(name) if p.metadata.deletion_timestamp is None
+                    and p.metadata.labels["tardigrade.dev/attempt"]
+                    == str(cluster.status(name)["attempt"])]) == target
+    status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
+    assert status["restarts"]["resizes"] == 2
+    assert status["restarts"]["failures"] == 0
+    for recovery in status["recoveries"]:
+        assert recovery["cause"] == "Resize"
+        assert recovery["stepsLost"] == 0, recovery
+    assert [r["toReplicas"] for r in status["recoveries"]] == [3, 1]
+    assert log.restored == [r["restoreStep"] for r in status["recoveries"]]
+    # Resharding changes float reduction order: continuity holds within tolerance.
+    missing = [s for s in range(1, 61) if s not in log.losses]
+    assert not missing
+
+
+def test_crash_loop_fails_after_max_restarts_with_the_reason(cluster: Cluster,
+                                                              operator: OperatorProcess):
+    name = "e2e-crash"
+    job = trainingjob(name, steps=10, replicas=1)
+    job["spec"]["image"] = "python:3.11-slim"
+    job["spec"]["command"] = ["python", "-c",
+                              "import sys; print('loading data'); "
+                              "print('RuntimeError: dataset shard missing'); sys.exit(1)"]
+    job["spec"]["failurePolicy"] = {"maxRestarts": 2, "backoffSeconds": 1}
+    cluster.apply(job)
+    status = cluster.wait_phase(name, {"Failed"}, timeout=180)
+    assert status["restarts"]["failures"] == 2
+    assert status["restarts"]["preemptions"] == 0
+    assert "maxRestarts=2" in status["message"]
+    assert "dataset shard missing" in status["message"]
+    assert status["attempt"] == 3
+    times = [r["time"] for r in status["recoveries"]]
+    assert len(times) == 2
+    events = cluster.kubectl("get", "events", "--field-selector",
+                             f"involvedObject.name={name}", "-o", "json")
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"Failure", "RestartBudgetExhausted"} <= reasons
+    operator.assert_alive()
+
+
+def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: OperatorProcess):
+    name = "e2e-restart"
+    job = trainingjob(name, steps=400)
+    cluster.apply(job)
+    cluster.wait_phase(name, {"Running"}, timeout=240)
+    victim = cluster.pods(name)[0].metadata.name
+    cluster.local.preempt_pod("default", victim, grace_seconds=GRACE_SECONDS)
+    wait_for(lambda: cluster.status(name).get("phase") == "Restarting", 60, "Restarting")
+    operator.kill()
+    operator.start()
+    status = cluster.wait_phase(name, {"Running"}, timeout=300)
+    assert status["attempt"] == 2
+    assert status["restarts"]["preemptions"] == 1
+    assert status["restarts"]["total"] == 1
+
+    def only_current_gang() -> bool:
+        pods = cluster.pods(name)
+        return sorted(p.metadata.name for p in pods) == [f"{name}-a2-0", f"{name}-a2-1"]
+    wait_for(only_current_gang, 120, "exactly one gang of pods")
+    cluster.kubectl("delete", "tj", name, "--wait=false")
+
+
+def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
+                                                       operator: OperatorProcess):
+    name = "e2e-delete"
+    job = trainingjob(name, steps=400)
+    job["spec"]["checkpoint"]["interval"] = {"steps": 5}
+    cluster.apply(job)
+    wait_for(lambda: (cluster.status(name).get("lastCheckpoint") or {}).get("step"), 300,
+             "a committed checkpoint")
+    saved = _checkpoint_objects(cluster, name)
+    assert any(path.endswith("metadata.json") for path in saved)
+    cluster.kubectl("delete", "tj", name, "--timeout=120s")
+    wait_for(lambda: not cluster.pods(name), 120, "pods to be garbage-collected")
+    services = cluster.core.list_namespaced_service(
+        "default", label_selector=f"tardigrade.dev/job={name}").items
+    assert services == []
+    kept = _checkpoint_objects(cluster, name)
+    assert set(saved) & set(kept), "committed checkpoints must survive the job"
+    assert any(path.endswith("metadata.json") for path in kept)
+
+
+def test_bad_spec_is_rejected_by_the_api_server_with_the_field(cluster: Cluster):
+    job = trainingjob("e2e-bad", steps=10)
+    job["spec"]["checkpoint"]["path"] = "s3://bucket/run"
+    job["spec"]["replicas"] = 0
+    result = cluster.kubectl("apply", "-f", "-", check=False,
+                             stdin=json.dumps(job))
+    assert "spec.replicas" in result
+    assert "spec.checkpoint.path" in result
+    assert cluster.job("e2e-bad") is None
