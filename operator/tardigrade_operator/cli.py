@@ -64,6 +64,28 @@ def run_operator(
 
 
 @app.command()
+def timeline(
+    name: Annotated[str, typer.Argument(help="TrainingJob name.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+) -> None:
+    """Show a TrainingJob's state and its recoveries (cause, downtime, steps lost)."""
+    import kubernetes
+    from rich.console import Console
+
+    from tardigrade_operator.api import types
+    from tardigrade_operator.kube import load_client_config
+    from tardigrade_operator.timeline import render
+
+    load_client_config()
+    try:
+        job = kubernetes.client.CustomObjectsApi().get_namespaced_custom_object(
+            types.GROUP, types.VERSION, namespace, types.PLURAL, name)
+    except kubernetes.client.exceptions.ApiException as err:
+        raise typer.Exit(f"cannot read trainingjob {namespace}/{name}: {err.reason}") from None
+    Console().print(render(job))
+
+
+@app.command()
 def crd(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
