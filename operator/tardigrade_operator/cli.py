@@ -64,6 +64,22 @@ def run_operator(
 
 
 @app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Where to leave the PNG and table.")] = Path(),
+    quick: Annotated[bool, typer.Option(help="A shorter run (for CI).")] = False,
+) -> None:
+    """Run a TrainingJob on a local cluster through a preemption and a resize."""
+    from rich.console import Console
+
+    from tardigrade_local.demo import DemoSettings, run_demo
+
+    console = Console()
+    result = run_demo(out, DemoSettings.quick() if quick else DemoSettings(), console)
+    console.print(result.table.read_text())
+    console.print(f"[bold green]Loss curve:[/] {result.plot}   [bold green]Table:[/] {result.table}")
+
+
+@app.command()
 def timeline(
     name: Annotated[str, typer.Argument(help="TrainingJob name.")],
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.steplog import StepLog
 from tests.conftest import EXAMPLES, REPO_ROOT, SOURCE_DIRS
 
 T = TypeVar("T")
@@ -117,6 +117,9 @@ class Cluster:
         return self.core.list_namespaced_pod(
             NAMESPACE, label_selector=f"tardigrade.dev/job={job}").items
 
+    def step_log(self, job: str) -> StepLog:
+        return StepLog(self.core, NAMESPACE, job)
+
     def wait_phase(self, name: str, phases: set[str], timeout: float,
                    collector: StepLog | None = None) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
@@ -127,38 +130,6 @@ class Cluster:
                 raise AssertionError(f"{name} failed: {status.get('message')}")
             return status if status.get("phase") in phases else None
         return wait_for(reached, timeout, f"{name} in {sorted(phases)}")
-
-
-class StepLog:
-    """Collects the trainer's JSON step records of rank 0, across attempts, while they run."""
-
-    def __init__(self, cluster: Cluster, job: str) -> None:
-        self.cluster = cluster
-        self.job = job
-        self.losses: dict[int, list[float]] = {}
-        self.restored: list[int] = []
-        self._seen: dict[str, int] = {}
-
-    def collect(self) -> None:
-        for pod in self.cluster.pods(self.job):
-            if pod.metadata.labels.get("tardigrade.dev/rank") != "0":
-                continue
-            name = pod.metadata.name
-            try:
-                text = self.cluster.core.read_namespaced_pod_log(name, NAMESPACE)
-            except ApiException:
-                continue
-            lines = text.splitlines()
-            for line in lines[self._seen.get(name, 0):]:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if record.get("event") == "step":
-                    self.losses.setdefault(int(record["step"]), []).append(record["loss"])
-                elif record.get("event") == "checkpoint_restored":
-                    self.restored.append(int(record["step"]))
-            self._seen[name] = len(lines)
 
 
 def trainingjob(name: str, steps: int, replicas: int = 2, **spec: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from tardigrade_local.cluster import LocalCluster
-from tests.e2e.harness import Cluster, OperatorProcess, StepLog, trainingjob, wait_for
+from tardigrade_local.steplog import StepLog
+from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def test_apply_runs_to_success_with_truthful_status(cluster: Cluster, operator: 
     job = trainingjob("e2e-success", steps=24)
     job["spec"]["checkpoint"]["interval"] = {"steps": 10}
     cluster.apply(job)
-    log = StepLog(cluster, "e2e-success")
+    log = cluster.step_log("e2e-success")
     status = cluster.wait_phase("e2e-success", {"Succeeded"}, timeout=300, collector=log)
     operator.assert_alive()
     assert status["step"] == 24
@@ -72,8 +73,8 @@ def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
     job = trainingjob(name, steps=60)
     job["spec"]["checkpoint"]["interval"] = {"steps": 1000}  # only the preemption save
     cluster.apply(job)
-    log = StepLog(cluster, name)
-    wait_for(lambda: (log.collect(), max(log.losses, default=0) >= 8)[1], 300,
+    log = cluster.step_log(name)
+    wait_for(lambda: (log.collect(), log.last_step >= 8)[1], 300,
              "training to pass step 8")
     victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
     cluster.local.preempt_node(victim.spec.node_name, grace_seconds=GRACE_SECONDS,
@@ -95,10 +96,10 @@ def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):
     name = "e2e-scale"
     job = trainingjob(name, steps=60, replicas=2)
     cluster.apply(job)
-    log = StepLog(cluster, name)
+    log = cluster.step_log(name)
     for target in (3, 1):
-        before = max(log.losses, default=0)
-        wait_for(lambda before=before: (log.collect(), max(log.losses, default=0) >= before + 5)[1],
+        before = log.last_step
+        wait_for(lambda before=before: (log.collect(), log.last_step >= before + 5)[1],
                  300, "training to make progress")
         cluster.kubectl("scale", f"tj/{name}", f"--replicas={target}")
         wait_for(lambda target=target: (

@@ -1,0 +1,79 @@
+"""What the demo leaves behind: the loss-curve picture and the table of recoveries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tardigrade_local.demo import Marker
+
+
+def plot_losses(curve: dict[int, float], reference: dict[int, float], markers: list[Marker],
+                path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here, and none needed
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 4.8), dpi=110)
+    if reference:
+        axis.plot(list(reference), list(reference.values()), color="0.55", linestyle="--",
+                  linewidth=1.6, label="reference (undisturbed)")
+    axis.plot(list(curve), list(curve.values()), color="tab:blue", linewidth=1.4,
+              label="with preemption and resize")
+    colors = {"preemption": "tab:red", "resize": "tab:orange"}
+    for marker in markers:
+        color = next((c for key, c in colors.items() if marker.label.startswith(key)), "k")
+        axis.axvline(marker.step, color=color, linestyle=":", linewidth=1.5)
+        axis.annotate(marker.label, xy=(marker.step, 1.0), xycoords=("data", "axes fraction"),
+                      xytext=(4, -14), textcoords="offset points", color=color, fontsize=9)
+    axis.set_xlabel("step")
+    axis.set_ylabel("training loss")
+    axis.set_title("Tardigrade: the loss curve continues through a preemption and a resize")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def table_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    status = job.get("status") or {}
+    rows = [{"attempt": 1, "cause": "launch", "replicas": (status.get("recoveries") or [{}])[0]
+             .get("fromReplicas", status.get("replicas")), "restored step": "-",
+             "steps lost": "-", "downtime (s)": "-"}]
+    for recovery in status.get("recoveries") or []:
+        rows.append({
+            "attempt": recovery.get("attempt"),
+            "cause": recovery.get("cause"),
+            "replicas": recovery.get("toReplicas"),
+            "restored step": recovery.get("restoreStep", "-"),
+            "steps lost": recovery.get("stepsLost", "-"),
+            "downtime (s)": recovery.get("downtimeSeconds", "-"),
+        })
+    return rows
+
+
+def write_table(job: dict[str, Any], reference: dict[str, Any], curve: dict[int, float],
+                reference_curve: dict[int, float], path: Path) -> Path:
+    rows = table_rows(job)
+    headers = list(rows[0])
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(row[h]) for h in headers) + " |" for row in rows]
+    status = job.get("status") or {}
+    final_step = max(curve, default=0)
+    final, ref_final = curve.get(final_step), reference_curve.get(final_step)
+    lost = sum(int(r.get("stepsLost") or 0) for r in status.get("recoveries") or [])
+    lines += [
+        "",
+        f"- final step: {final_step} (phase {status.get('phase')})",
+        f"- final loss: {final:.4f}" if final is not None else "- final loss: -",
+        f"- reference final loss: {ref_final:.4f}" if ref_final is not None
+        else "- reference final loss: -",
+        f"- steps lost in total: {lost}",
+        f"- restarts: {status.get('restarts')}",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
