@@ -76,7 +76,8 @@ def demo(
     console = Console()
     result = run_demo(out, DemoSettings.quick() if quick else DemoSettings(), console)
     console.print(result.table.read_text())
-    console.print(f"[bold green]Loss curve:[/] {result.plot}   [bold green]Table:[/] {result.table}")
+    console.print(f"[bold green]Loss curve:[/] {result.plot}")
+    console.print(f"[bold green]Table:[/] {result.table}")
 
 
 @app.command()
