@@ -103,6 +103,22 @@ def timeline(
 
 
 @app.command()
+def reference(
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the TrainingJob field reference (Markdown) generated from the API models."""
+    from tardigrade_operator.api.reference import render_reference
+
+    text = render_reference()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text)
+
+
+@app.command()
 def crd(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")

@@ -144,3 +144,21 @@ def _resolve(json_path: str) -> dict[str, Any]:
 def test_printer_columns_point_at_status(column):
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
     assert columns[column]["jsonPath"].startswith(".status.")
+
+
+def test_field_reference_is_generated_from_the_models():
+    from tardigrade_operator.api.reference import render_reference
+
+    text = (REPO_ROOT / "docs" / "reference.md").read_text()
+    assert text == render_reference(), (
+        "docs/reference.md is stale: run `tardigrade reference -o docs/reference.md`"
+    )
+    for field in ("spec.replicas", "spec.checkpoint.path", "spec.failurePolicy.maxPreemptions",
+                  "status.recoveries[].stepsLost"):
+        assert f"`{field}`" in text
+
+
+def test_chart_ships_the_generated_crds():
+    chart_crds = REPO_ROOT / "charts" / "tardigrade" / "crds"
+    for name in ("trainingjob.yaml", "kopf-peering.yaml"):
+        assert (chart_crds / name).read_text() == (REPO_ROOT / "crds" / name).read_text()
