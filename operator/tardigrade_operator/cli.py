@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from tardigrade_local.cli import app as local_app
 
 app = typer.Typer(help="Tardigrade: keep JAX training jobs alive on preemptible capacity.",
@@ -70,7 +69,6 @@ def demo(
 ) -> None:
     """Run a TrainingJob on a local cluster through a preemption and a resize."""
     from rich.console import Console
-
     from tardigrade_local.demo import DemoSettings, run_demo
 
     console = Console()

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Literal
 
+from tardigrade_trainer import contract
+
 from tardigrade_operator import naming
 from tardigrade_operator.api.types import (
     MAX_RECOVERY_HISTORY,
@@ -26,7 +28,6 @@ from tardigrade_operator.api.types import (
 )
 from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
 from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
-from tardigrade_trainer import contract
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 # A pod stuck terminating this long past its deadline (node gone, kubelet dead) is forced.

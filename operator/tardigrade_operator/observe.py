@@ -8,8 +8,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from tardigrade_operator import naming
 from tardigrade_trainer import contract
+
+from tardigrade_operator import naming
 
 # pod.status.reason values that mean the node went away or the pod was pushed off it.
 PREEMPTION_POD_REASONS = frozenset(

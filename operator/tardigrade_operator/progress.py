@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import aiohttp
+from tardigrade_trainer import contract
 
 from tardigrade_operator.observe import PodView
-from tardigrade_trainer import contract
 
 
 async def fetch_progress(

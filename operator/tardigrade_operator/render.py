@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tardigrade_trainer import contract
+
 from tardigrade_operator import naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.placement import placement_for
-from tardigrade_trainer import contract
 
 TERMINATION_MESSAGE_PATH = contract.DEFAULT_TERMINATION_LOG
 TRAINER_UID = 1000

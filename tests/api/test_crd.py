@@ -10,8 +10,8 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
-
 from tardigrade_operator.api.crd import build_crd, render_crd_yaml
+
 from tests.conftest import CRD_FILE, REPO_ROOT
 
 CRD = build_crd()

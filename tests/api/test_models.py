@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec, parse_trainingjob
 from tardigrade_operator.api.types import TrainingJobStatus
+
 from tests.conftest import EXAMPLES, bad_trainingjob_cases, load_yaml
 
 CASES = bad_trainingjob_cases()

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
-
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
+
 from tests.conftest import EXAMPLES, REPO_ROOT, SOURCE_DIRS
 
 T = TypeVar("T")

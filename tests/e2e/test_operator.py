@@ -7,9 +7,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
+
 from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
 
 pytestmark = pytest.mark.slow

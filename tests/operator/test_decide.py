@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_trainer import contract
+
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
 
 SAVED = contract.EXIT_PREEMPTED_SAVED

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-
 from tardigrade_operator.timeline import render
 
 
