@@ -1,0 +1,402 @@
+"""One pod on one node: start its containers, restart them per policy, report, stop them.
+
+All status the kubelet writes for a pod goes through `PodWorker.push`, which re-reads the pod
+so that conditions other components added (e.g. DisruptionTarget from an eviction) survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from tardigrade_local import disruptions as d
+from tardigrade_local.kubelet import podstatus as ps
+from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
+from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
+from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
+from tardigrade_local.kubelet.images import ImagePullError
+from tardigrade_local.kubelet.process import ContainerProcess
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_LIMIT = 4096
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
+DEFAULT_GRACE_SECONDS = 30
+
+
+class Stop(enum.Enum):
+    DELETED = "deleted"  # deletionTimestamp set: graceful, then finalize the object
+    REMOVED = "removed"  # the object is already gone: just kill
+    NODE_SHUTDOWN = "node-shutdown"  # spot reclaim: DisruptionTarget, grace, Failed
+    NODE_LOST = "node-lost"  # the machine vanished: SIGKILL, no more reports
+
+
+class PodWorker:
+    def __init__(self, settings: KubeletSettings, client: ApiClient, node_name: str,
+                 host_ip: str, pod_ip: str, pod: Mapping[str, Any]) -> None:
+        self.settings = settings
+        self.client = client
+        self.node_name = node_name
+        self.host_ip = host_ip
+        self.pod_ip = pod_ip
+        self.pod = pod
+        meta, spec = pod["metadata"], pod["spec"]
+        self.namespace: str = meta.get("namespace") or "default"
+        self.name: str = meta["name"]
+        self.uid: str = meta.get("uid", "")
+        self.restart_policy: str = spec.get("restartPolicy") or "Always"
+        self.init_specs: list[Mapping[str, Any]] = list(spec.get("initContainers") or [])
+        self.specs: list[Mapping[str, Any]] = list(spec.get("containers") or [])
+        self.init_records = [ps.ContainerRecord(c["name"], c.get("image", "")) for c in self.init_specs]
+        self.records = [ps.ContainerRecord(c["name"], c.get("image", "")) for c in self.specs]
+        if self.init_specs:
+            for record in self.records:
+                record.wait("PodInitializing")
+        self.initialized = not self.init_specs
+        self.processes: dict[str, ContainerProcess] = {}
+        self.start_time = ps.now_rfc3339()
+        self.terminal_phase: str | None = None
+        self.reason: str | None = None
+        self.message: str | None = None
+        self.own_conditions: list[dict[str, Any]] = []
+        self.stopping: Stop | None = None
+        self.silent = False  # no more API writes (node lost, object gone)
+        self._stop_requested = asyncio.Event()
+        self._grace: float = DEFAULT_GRACE_SECONDS
+        self._push_lock = asyncio.Lock()
+        self.task: asyncio.Task[None] | None = None
+        self.done = asyncio.Event()
+
+    # --- control -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
+
+    def update(self, pod: Mapping[str, Any]) -> None:
+        self.pod = pod
+        meta = pod["metadata"]
+        if self.stopping is Stop.DELETED and meta.get("deletionGracePeriodSeconds") == 0:
+            # A forced delete cuts the grace period short.
+            for proc in list(self.processes.values()):
+                proc.signal_group(signal.SIGKILL)
+        if meta.get("deletionTimestamp") and self.stopping is None:
+            grace = meta.get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            self.request_stop(Stop.DELETED, float(grace))
+
+    def request_stop(self, kind: Stop, grace_seconds: float) -> None:
+        if kind in (Stop.NODE_LOST, Stop.REMOVED):
+            self.silent = True
+        if kind is Stop.NODE_LOST:
+            # The machine is gone: nothing gets a chance to clean up.
+            for proc in list(self.processes.values()):
+                proc.signal_group(signal.SIGKILL)
+        # A graceful stop already under way keeps its grace; node loss overrides anything.
+        if self.stopping is None or kind is Stop.NODE_LOST:
+            self.stopping = kind
+            self._grace = grace_seconds
+        self._stop_requested.set()
+
+    def crash(self, container: str | None, sig: int) -> bool:
+        """Deliver a signal as if the process died on its own (no stop request)."""
+        names = [container] if container else list(self.processes)
+        hit = False
+        for name in names:
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.signal_group(sig)
+                hit = True
+        return hit
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            await self._run_pod()
+        except Exception:
+            log.exception("pod %s/%s: worker failed", self.namespace, self.name)
+        finally:
+            self.done.set()
+
+    async def _run_pod(self) -> None:
+        layout = self.settings.layout
+        layout.pod_dir(self.namespace, self.name).mkdir(parents=True, exist_ok=True)
+        await self.push()
+        stop_wait = asyncio.create_task(self._stop_requested.wait())
+        main = asyncio.create_task(self._run_containers())
+        await asyncio.wait({stop_wait, main}, return_when=asyncio.FIRST_COMPLETED)
+        if self.stopping is not None:
+            await self._stop(main)
+        else:
+            stop_wait.cancel()
+            await main
+            # Terminal: nothing restarts. The pod object stays until someone deletes it.
+            await self._stop_requested.wait()
+            await self._stop(main)
+
+    async def _run_containers(self) -> None:
+        for index in range(len(self.init_specs)):
+            if not await self._run_init(index):
+                self.terminal_phase = "Failed"
+                await self.push()
+                return
+        self.initialized = True
+        loops = [asyncio.create_task(self._container_loop(i)) for i in range(len(self.specs))]
+        await asyncio.gather(*loops)
+        if self.terminal_phase is None and self.stopping is None:
+            self.terminal_phase = ps.final_phase(self.records)
+            await self.push()
+
+    async def _run_init(self, index: int) -> bool:
+        record, spec = self.init_records[index], self.init_specs[index]
+        attempt = 0
+        while True:
+            code = await self._run_once(record, spec)
+            if code is None:
+                await self._stop_requested.wait()
+            if code is None or self.stopping is not None:
+                return False
+            if code == 0:
+                await self.push()
+                return True
+            if self.restart_policy == "Never":
+                return False
+            await self._back_off(record, attempt)
+            attempt += 1
+            if self.stopping is not None:
+                return False
+
+    async def _container_loop(self, index: int) -> None:
+        record, spec = self.records[index], self.specs[index]
+        attempt = 0
+        while self.stopping is None:
+            code = await self._run_once(record, spec)
+            if code is None:
+                # Cannot start (image, config): stays waiting until the pod goes away.
+                await self._stop_requested.wait()
+            if code is None or self.stopping is not None:
+                return
+            if self.restart_policy == "Never" or (self.restart_policy == "OnFailure" and code == 0):
+                await self.push()
+                return
+            await self._back_off(record, attempt)
+            attempt += 1
+
+    async def _back_off(self, record: ps.ContainerRecord, attempt: int) -> None:
+        delay = min(self.settings.backoff_base_seconds * 2**attempt,
+                    self.settings.backoff_max_seconds)
+        record.last_state = {"terminated": record.terminated} if record.terminated else {}
+        record.wait("CrashLoopBackOff",
+                    f"back-off {delay:g}s restarting failed container={record.name} "
+                    f"pod={self.name}_{self.namespace}({self.uid})")
+        await self.push()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), delay)
+        if self.stopping is None:
+            record.restart_count += 1
+
+    async def _run_once(self, record: ps.ContainerRecord, spec: Mapping[str, Any]) -> int | None:
+        """Run the container to its end; its exit code, or None if it cannot start at all."""
+        layout = self.settings.layout
+        ns, name, cname = self.namespace, self.name, record.name
+        if self.stopping is not None:
+            return None
+        try:
+            argv, env = await self._prepare(spec)
+        except ImagePullError as err:
+            record.wait("ErrImagePull", str(err))
+            await self.push()
+            record.wait("ImagePullBackOff", f'Back-off pulling image "{spec.get("image", "")}"')
+            await self.push()
+            return None
+        except EnvError as err:
+            record.wait("CreateContainerConfigError", str(err))
+            await self.push()
+            return None
+        if self.stopping is not None:
+            return None
+        log_path = layout.container_log(ns, name, cname)
+        if log_path.exists():
+            log_path.replace(layout.previous_container_log(ns, name, cname))
+        term_path = layout.termination_log(ns, name, cname)
+        term_path.unlink(missing_ok=True)
+        memory = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+        proc = ContainerProcess(argv, env, layout.pod_dir(ns, name), log_path,
+                                int(parse_quantity(str(memory))) if memory else None)
+        try:
+            pid = await proc.start()
+        except OSError as err:
+            record.container_id = None
+            record.terminate(128, "StartError", f"failed to start container {cname!r}: {err}")
+            await self.push()
+            return 128
+        self.processes[cname] = proc
+        pid_file = layout.container_pid(ns, name, cname)
+        pid_file.write_text(str(pid))
+        record.start(f"local://{pid}")
+        await self.push()
+        code = ps.exit_code(await proc.wait())
+        pid_file.unlink(missing_ok=True)
+        self.processes.pop(cname, None)
+        record.terminate(code, ps.termination_reason(code, proc.oom_killed),
+                         self._termination_message(spec, term_path, log_path, code))
+        return code
+
+    async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+        image_rule = self.settings.image_map.resolve(spec.get("image", ""))
+        # The downward API sees the addresses this kubelet assigned, reported or not.
+        status = {**(self.pod.get("status") or {}), "podIP": self.pod_ip,
+                  "podIPs": [{"ip": self.pod_ip}], "hostIP": self.host_ip,
+                  "hostIPs": [{"ip": self.host_ip}]}
+        pod = {**self.pod, "status": status}
+        configmaps, secrets = await self._env_sources()
+        own_env = container_env(pod, spec, configmaps, secrets)
+        term_path = str(self.settings.layout.termination_log(self.namespace, self.name, spec["name"]))
+        declared = spec.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
+        # The container's idea of its termination-log path is mapped to a file of its own.
+        own_env = {k: (term_path if v == declared else v) for k, v in own_env.items()}
+        command = [expand(str(x), own_env) for x in spec.get("command") or []]
+        args = [expand(str(x), own_env) for x in spec.get("args") or []]
+        argv = self.settings.image_map.argv(spec.get("image", ""), command, args)
+        argv = [term_path if x == declared else x for x in argv]
+        env = {**self._base_env(term_path), **dict(image_rule.env), **own_env}
+        env["TARDIGRADE_TERMINATION_LOG"] = term_path
+        return argv, env
+
+    def _base_env(self, term_path: str) -> dict[str, str]:
+        spec = self.pod["spec"]
+        api_port = self.settings.api_url.rsplit(":", 1)[-1].split("/")[0]
+        inherited = {k: v for k, v in os.environ.items()
+                     if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")}
+        python_path = [str(PODSITE_DIR), *self.settings.python_path]
+        return {
+            **inherited,
+            "HOME": str(self.settings.layout.pod_dir(self.namespace, self.name)),
+            "HOSTNAME": spec.get("hostname") or self.name,
+            "PYTHONPATH": os.pathsep.join(python_path),
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": api_port,
+            "TARDIGRADE_HOSTS_FILE": str(self.settings.layout.hosts_file),
+            "TARDIGRADE_POD_IP": self.pod_ip,
+            **self.settings.cluster_env,
+        }
+
+    async def _env_sources(self) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+        import base64
+
+        configmap_names, secret_names = referenced_objects(self.pod["spec"])
+        configmaps: dict[str, dict[str, str]] = {}
+        secrets: dict[str, dict[str, str]] = {}
+        for cm in configmap_names:
+            obj = await self.client.get(core_path("configmaps", self.namespace, cm))
+            if obj is not None:
+                configmaps[cm] = dict(obj.get("data") or {})
+        for secret in secret_names:
+            obj = await self.client.get(core_path("secrets", self.namespace, secret))
+            if obj is not None:
+                data = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+                secrets[secret] = {**data, **(obj.get("stringData") or {})}
+        return configmaps, secrets
+
+    def _termination_message(self, spec: Mapping[str, Any], term_path: Path, log_path: Path,
+                             code: int) -> str:
+        message = ""
+        with contextlib.suppress(OSError):
+            message = term_path.read_bytes()[:TERMINATION_MESSAGE_LIMIT].decode(errors="replace")
+        if not message and code != 0 and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            with contextlib.suppress(OSError):
+                tail = log_path.read_bytes()[-FALLBACK_LOG_BYTES * 4:]
+                lines = tail.decode(errors="replace").splitlines()[-FALLBACK_LOG_LINES:]
+                message = "\n".join(lines)[-FALLBACK_LOG_BYTES:]
+        return message
+
+    async def _stop(self, main: asyncio.Task[None]) -> None:
+        kind = self.stopping
+        if kind is Stop.NODE_SHUTDOWN and self.terminal_phase is not None:
+            return  # the shutdown manager leaves finished pods alone
+        if kind is Stop.NODE_SHUTDOWN:
+            self.own_conditions = [ps.condition(d.DISRUPTION_TARGET, True,
+                                                d.REASON_TERMINATION_BY_KUBELET,
+                                                d.NODE_SHUTDOWN_MESSAGE)]
+            await self.push()
+        grace = 0.0 if kind is Stop.NODE_LOST else self._grace
+        await asyncio.gather(*(p.terminate(grace) for p in list(self.processes.values())))
+        # Container loops notice the stop and return once they have recorded exit codes.
+        await main
+        for record in [*self.init_records, *self.records]:
+            if not record.terminated:
+                record.terminate(137, "ContainerStatusUnknown",
+                                 "The container could not be located when the pod was terminated")
+        if kind is Stop.NODE_SHUTDOWN:
+            self.terminal_phase = "Failed"
+            self.reason, self.message = d.NODE_SHUTDOWN_REASON, d.NODE_SHUTDOWN_MESSAGE
+            await self.push()
+        elif kind is Stop.DELETED:
+            if self.terminal_phase is None:
+                self.terminal_phase = ps.final_phase(self.records)
+            await self.push()
+            # The kubelet finalizes a deleted pod once its processes are gone.
+            with contextlib.suppress(ApiError):
+                await self.client.delete(core_path("pods", self.namespace, self.name), 0)
+
+    # --- status --------------------------------------------------------------------------
+    def render(self, current: Mapping[str, Any]) -> dict[str, Any]:
+        phase = self.terminal_phase
+        if phase is None:
+            phase = "Pending" if not self.initialized else (
+                ps.running_phase(self.records, self.restart_policy) or ps.final_phase(self.records)
+            )
+        desired = [*ps.readiness_conditions(self.records, phase, self.initialized),
+                   *self.own_conditions]
+        existing = (current.get("status") or {}).get("conditions") or []
+        status: dict[str, Any] = {
+            "phase": phase,
+            "conditions": ps.merge_conditions(existing, desired),
+            "hostIP": self.host_ip,
+            "hostIPs": [{"ip": self.host_ip}],
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+            "startTime": self.start_time,
+            "containerStatuses": [r.to_json() for r in self.records],
+            "qosClass": (current.get("status") or {}).get("qosClass") or "BestEffort",
+        }
+        if self.init_records:
+            status["initContainerStatuses"] = [r.to_json() for r in self.init_records]
+        if self.reason:
+            status["reason"] = self.reason
+            status["message"] = self.message or ""
+        return status
+
+    async def push(self) -> None:
+        async with self._push_lock:
+            path = core_path("pods", self.namespace, self.name)
+            for _ in range(5):
+                if self.silent:
+                    return
+                current = await self.client.get(path)
+                if current is None or current["metadata"].get("uid", self.uid) != self.uid:
+                    return
+                body = {
+                    "metadata": {"resourceVersion": current["metadata"].get("resourceVersion")},
+                    "status": self.render(current),
+                }
+                try:
+                    await self.client.patch(path + "/status", body)
+                    return
+                except ApiError as err:
+                    if err.status == 404:
+                        return
+                    if err.status != 409:
+                        log.warning("pod %s/%s: status write failed: %s", self.namespace,
+                                    self.name, err)
+                        return

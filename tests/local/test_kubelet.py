@@ -1,0 +1,299 @@
+"""The process kubelet against the local API server, through the official clients.
+
+One cluster serves the module; tests that destroy nodes add their own first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from kube_helpers import Kube, condition, container_status, kubectl, python_pod, wait_for
+
+from tardigrade_local import disruptions as d
+from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.kubelet import NodeConfig
+
+pytestmark = pytest.mark.slow
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("kubelet") / "state"
+    nodes = [NodeConfig("node-a"), NodeConfig("node-b", capacity={"cpu": "2"})]
+    with LocalCluster(state, nodes=nodes, with_gcs=False, shutdown_grace_seconds=30,
+                      orphan_pod_gc_seconds=1.0, backoff_base_seconds=0.2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kube(cluster):
+    return Kube(str(cluster.kubeconfig))
+
+
+def fresh_node(cluster, kube, **labels) -> str:
+    name = f"extra-{next(_names)}"
+    cluster.add_node(name, labels=labels)
+    wait_for(lambda: name in kube.node_names(), what=f"node {name}")
+    return name
+
+
+def test_pod_succeeds_with_env_exit_code_and_termination_message(kube):
+    script = """
+        import os
+        with open(os.environ["TLOG"], "w") as f:
+            f.write("done: " + os.environ["ME"] + " " + os.environ["NS"] + " " + os.environ["IP"])
+        print("hello from", os.environ["ME"])
+    """
+    env = [
+        {"name": "TLOG", "value": "/dev/termination-log"},
+        {"name": "ME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    kube.create_pod(python_pod("ok", script, container={"env": env}))
+    pod = kube.wait_phase("ok", ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Succeeded"
+    terminated = container_status(pod)["state"]["terminated"]
+    assert terminated["exitCode"] == 0 and terminated["reason"] == "Completed"
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127.") and ip != "127.0.0.1"
+    assert terminated["message"] == f"done: ok default {ip}"
+    assert terminated["startedAt"] <= terminated["finishedAt"]
+    assert condition(pod, "PodScheduled")["status"] == "True"
+    assert condition(pod, "Ready")["reason"] == "PodCompleted"
+    assert pod["spec"]["nodeName"] in ("node-a", "node-b")
+
+
+def test_failing_pod_is_failed_with_exit_code_and_log_fallback(kube, cluster):
+    script = "import sys; print('something broke'); sys.exit(3)"
+    kube.create_pod(python_pod("bad", script, container={
+        "terminationMessagePolicy": "FallbackToLogsOnError"}))
+    pod = kube.wait_phase("bad", ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Failed"
+    terminated = container_status(pod)["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (3, "Error")
+    assert terminated["message"].strip() == "something broke"
+    assert kubectl("logs", "bad", env=cluster.client_env()) == "something broke\n"
+
+
+def test_logs_follow_while_running(kube, cluster):
+    script = """
+        import time
+        for i in range(3):
+            print("line", i, flush=True)
+            time.sleep(0.3)
+    """
+    kube.create_pod(python_pod("chatty", script))
+    kube.wait_phase("chatty", ("Running", "Succeeded"))
+    out = kubectl("logs", "-f", "chatty", env=cluster.client_env())
+    assert out == "line 0\nline 1\nline 2\n"
+    assert kubectl("logs", "chatty", "--tail=1", env=cluster.client_env()) == "line 2\n"
+
+
+def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster):
+    script = """
+        import signal, time
+        def term(*_):
+            print("got SIGTERM", flush=True)
+        signal.signal(signal.SIGTERM, term)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+    """
+    kube.create_pod(python_pod("stubborn", script, grace=2))
+    log_path = cluster.layout.container_log("default", "stubborn", "main")
+    wait_for(lambda: log_path.exists() and "ready" in log_path.read_text(), what="ready")
+    pid = int(cluster.layout.container_pid("default", "stubborn", "main").read_text())
+    started = time.monotonic()
+    kube.core.delete_namespaced_pod("stubborn", "default")
+    deleting = kube.pod("stubborn")
+    assert deleting is not None and deleting["metadata"]["deletionTimestamp"]
+    kube.wait_gone("stubborn", timeout=20)
+    elapsed = time.monotonic() - started
+    assert 1.8 <= elapsed < 10, elapsed
+    assert "got SIGTERM" in log_path.read_text()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_polite_process_goes_at_once_on_delete(kube, cluster):
+    kube.create_pod(python_pod("polite", "import time; time.sleep(60)", grace=30))
+    kube.wait_phase("polite", ("Running",))
+    started = time.monotonic()
+    kube.core.delete_namespaced_pod("polite", "default")
+    kube.wait_gone("polite")
+    assert time.monotonic() - started < 10
+
+
+def test_preempted_node_gives_disruption_target_grace_and_disappears(kube, cluster):
+    node = fresh_node(cluster, kube, **{"cloud.google.com/gke-spot": "true"})
+    script = """
+        import signal, sys, time
+        def term(*_):
+            print("saving", flush=True)
+            time.sleep(0.5)
+            sys.exit(75)
+        signal.signal(signal.SIGTERM, term)
+        while True:
+            time.sleep(0.1)
+    """
+    kube.create_pod(python_pod("spot-worker", script, node=node, grace=20))
+    kube.wait_phase("spot-worker", ("Running",))
+    cluster.preempt_node(node, grace_seconds=5)
+    pod = kube.wait_phase("spot-worker", ("Failed",))
+    target = condition(pod, d.DISRUPTION_TARGET)
+    assert target and target["reason"] == d.REASON_TERMINATION_BY_KUBELET
+    assert target["message"] == d.NODE_SHUTDOWN_MESSAGE
+    assert pod["status"]["reason"] == "Terminated"
+    assert container_status(pod)["state"]["terminated"]["exitCode"] == 75
+    wait_for(lambda: node not in kube.node_names(), what="node deleted")
+    # Pod GC removes pods of vanished nodes.
+    kube.wait_gone("spot-worker")
+
+
+def test_preemption_grace_ends_in_sigkill(kube, cluster):
+    node = fresh_node(cluster, kube)
+    script = """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.1)
+    """
+    kube.create_pod(python_pod("deaf", script, node=node, grace=30))
+    kube.wait_phase("deaf", ("Running",))
+    started = time.monotonic()
+    cluster.preempt_node(node, grace_seconds=1, wait=True)
+    assert 0.9 <= time.monotonic() - started < 10
+    assert node not in kube.node_names()
+
+
+def test_lost_node_pods_are_failed_by_pod_gc(kube, cluster):
+    node = fresh_node(cluster, kube)
+    kube.create_pod(python_pod("orphan", "import time; time.sleep(60)", node=node))
+    kube.wait_phase("orphan", ("Running",))
+    pid = int(cluster.layout.container_pid("default", "orphan", "main").read_text())
+    cluster.delete_node(node)
+    assert node not in kube.node_names()
+
+    def gc_condition():
+        pod = kube.pod("orphan")
+        return pod is None or condition(pod, d.DISRUPTION_TARGET)
+
+    seen = wait_for(gc_condition, what="pod GC")
+    if seen is not True:
+        assert seen["reason"] == d.REASON_DELETION_BY_POD_GC
+    kube.wait_gone("orphan")
+    wait_for(lambda: not psutil.pid_exists(pid)
+             or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, what="process gone")
+
+
+def test_eviction_api_marks_and_stops_the_pod(kube):
+    kube.create_pod(python_pod("evictee", "import time; time.sleep(60)", grace=5))
+    kube.wait_phase("evictee", ("Running",))
+    body = {"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": "evictee", "namespace": "default"}}
+    kube.core.create_namespaced_pod_eviction("evictee", "default", body)
+    pod = kube.pod("evictee")
+    if pod is not None:
+        assert condition(pod, d.DISRUPTION_TARGET)["reason"] == d.REASON_EVICTION_BY_EVICTION_API
+    kube.wait_gone("evictee")
+
+
+def test_crashed_container_restarts_on_failure(kube, cluster):
+    kube.create_pod(python_pod("crashy", "import time; time.sleep(60)", restart="OnFailure"))
+    kube.wait_phase("crashy", ("Running",))
+    cluster.crash_pod("default", "crashy", sig=signal.SIGKILL)
+
+    def restarted():
+        pod = kube.pod("crashy")
+        status = container_status(pod)
+        return pod if status["restartCount"] >= 1 and "running" in status["state"] else None
+
+    pod = wait_for(restarted, what="restart")
+    last = container_status(pod)["lastState"]["terminated"]
+    assert (last["exitCode"], last["reason"]) == (137, "Error")
+    assert kube.pod("crashy")["status"]["phase"] == "Running"
+    kube.core.delete_namespaced_pod("crashy", "default", grace_period_seconds=0)
+
+
+def test_headless_service_names_let_two_pods_talk(kube):
+    kube.core.create_namespaced_service("default", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "gang"},
+        "spec": {"clusterIP": "None", "selector": {"app": "gang"},
+                 "ports": [{"port": 7000}]}})
+    server = """
+        import socket
+        s = socket.create_server(("0.0.0.0", 7000))
+        conn, _ = s.accept()
+        conn.sendall(b"hello " + conn.recv(100))
+    """
+    client = """
+        import os, socket, time
+        for _ in range(200):
+            try:
+                c = socket.create_connection(("rank-0.gang.default.svc.cluster.local", 7000), 2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        c.sendall(b"rank-1")
+        reply = c.recv(100).decode()
+        # The peer listens on its own pod IP, so this pod may use the same port too.
+        socket.create_server(("0.0.0.0", 7000)).close()
+        open(os.environ["TARDIGRADE_TERMINATION_LOG"], "w").write(reply)
+    """
+    for rank, script in ((0, server), (1, client)):
+        kube.create_pod(python_pod(f"rank-{rank}", script, labels={"app": "gang"},
+                                   hostname=f"rank-{rank}", subdomain="gang"))
+    pod = kube.wait_phase("rank-1", ("Succeeded", "Failed"))
+    assert container_status(pod)["state"]["terminated"]["message"] == "hello rank-1"
+    assert kube.wait_phase("rank-0", ("Succeeded", "Failed"))["status"]["phase"] == "Succeeded"
+
+
+def test_unschedulable_pod_stays_pending_with_condition(kube):
+    kube.create_pod(python_pod("nowhere", "pass", nodeSelector={"pool": "tpu-v5"}))
+
+    def unschedulable():
+        pod = kube.pod("nowhere")
+        cond = condition(pod, "PodScheduled")
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = wait_for(unschedulable, what="Unschedulable")
+    assert cond["reason"] == "Unschedulable"
+    assert "didn't match Pod's node affinity/selector" in cond["message"]
+    assert kube.pod("nowhere")["status"]["phase"] == "Pending"
+    kube.core.delete_namespaced_pod("nowhere", "default")
+    kube.wait_gone("nowhere")
+
+
+def test_unknown_image_waits_in_image_pull_back_off(kube):
+    body = python_pod("unpullable", "pass")
+    body["spec"]["containers"][0]["image"] = "example.com/not-mapped:1"
+    kube.create_pod(body)
+
+    def waiting():
+        pod = kube.pod("unpullable")
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        reason = statuses and (statuses[0]["state"].get("waiting") or {}).get("reason")
+        return pod if reason == "ImagePullBackOff" else None
+
+    pod = wait_for(waiting, what="ImagePullBackOff")
+    assert pod["status"]["phase"] == "Pending"
+    kube.core.delete_namespaced_pod("unpullable", "default")
+    kube.wait_gone("unpullable")
+
+
+def test_pod_sees_hostname_and_cluster_env(kube):
+    script = """
+        import os, socket, json
+        print(json.dumps([socket.gethostname(), os.environ["HOSTNAME"],
+                          os.environ["KUBERNETES_SERVICE_HOST"], os.environ["NO_GCE_CHECK"]]))
+    """
+    kube.create_pod(python_pod("who", script, hostname="worker-7"))
+    kube.wait_phase("who", ("Succeeded",))
+    out = kube.core.read_namespaced_pod_log("who", "default")
+    assert out.strip() == '["worker-7", "worker-7", "127.0.0.1", "true"]'
