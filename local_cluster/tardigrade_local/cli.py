@@ -18,6 +18,7 @@ app = typer.Typer(help="Run a local Kubernetes (API server + process kubelet + G
 
 StateDir = typer.Option(None, "--state-dir", "-d", envvar="TARDIGRADE_LOCAL_STATE_DIR",
                         help="Where the cluster keeps its state [default: .tardigrade/local].")
+LabelOption = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable.")
 
 
 def _layout(state_dir: Path | None) -> StateLayout:
@@ -82,10 +83,12 @@ def down(state_dir: Path | None = StateDir) -> None:
 
 @app.command()
 def preempt(
-    target: str = typer.Argument(..., help="A node, or a pod ([NAMESPACE/]NAME) whose node to reclaim."),
+    target: str = typer.Argument(
+        ..., help="A node, or a pod ([NAMESPACE/]NAME) whose node to reclaim."),
     namespace: str = typer.Option("default", "--namespace", "-n"),
     grace: float | None = typer.Option(None, help="Grace seconds [default: the cluster's]."),
-    replace_after: float | None = typer.Option(None, help="Bring the node back after this many seconds."),
+    replace_after: float | None = typer.Option(
+        None, help="Bring the node back after this many seconds."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Return when the node is gone."),
     state_dir: Path | None = StateDir,
 ) -> None:
@@ -111,11 +114,11 @@ def delete_node(node: str, state_dir: Path | None = StateDir) -> None:
 @app.command("add-node")
 def add_node(
     node: str,
-    label: list[str] = typer.Option([], "--label", "-l", help="KEY=VALUE, repeatable."),
+    label: list[str] | None = LabelOption,
     state_dir: Path | None = StateDir,
 ) -> None:
     """Add a node (e.g. a replacement VM)."""
-    labels = dict(item.split("=", 1) for item in label)
+    labels = dict(item.split("=", 1) for item in label or [])
     _attach(state_dir).add_node(node, labels)
     typer.echo(f"node/{node} added")
 

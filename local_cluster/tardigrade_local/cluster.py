@@ -265,7 +265,8 @@ class LocalCluster:
     def __init__(self, state_dir: Path | str | None = None,
                  nodes: int | Sequence[NodeConfig] = 1, with_gcs: bool = True,
                  remove_on_exit: bool = True, **options: Any) -> None:
-        layout = StateLayout.default() if state_dir is None else StateLayout(Path(state_dir).absolute())
+        layout = (StateLayout.default() if state_dir is None
+                  else StateLayout(Path(state_dir).absolute()))
         self.layout = layout
         node_configs = default_nodes(nodes) if isinstance(nodes, int) else list(nodes)
         self.config = ClusterConfig(state_dir=layout.root, nodes=node_configs,
@@ -297,6 +298,7 @@ class LocalCluster:
             raise ClusterError(f"a local cluster is already running in {self.layout.root} "
                                f"(pid {existing['pid']}); run `tardigrade local down` first")
         if self.layout.root.exists():
+            kill_leftover_pods(self.layout)
             shutil.rmtree(self.layout.root)
         self.layout.root.mkdir(parents=True)
         (self.layout.root / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2))

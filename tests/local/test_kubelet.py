@@ -6,14 +6,12 @@ One cluster serves the module; tests that destroy nodes add their own first.
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import time
 
 import psutil
 import pytest
 from kube_helpers import Kube, condition, container_status, kubectl, python_pod, wait_for
-
 from tardigrade_local import disruptions as d
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet import NodeConfig
@@ -297,3 +295,28 @@ def test_pod_sees_hostname_and_cluster_env(kube):
     kube.wait_phase("who", ("Succeeded",))
     out = kube.core.read_namespaced_pod_log("who", "default")
     assert out.strip() == '["worker-7", "worker-7", "127.0.0.1", "true"]'
+
+
+def test_init_container_runs_first_in_the_shared_pod_dir(kube):
+    body = python_pod("staged", "print(open('staged.txt').read())")
+    body["spec"]["initContainers"] = [{
+        "name": "setup", "image": "local/python",
+        "command": ["python", "-c", "open('staged.txt', 'w').write('prepared')"]}]
+    kube.create_pod(body)
+    pod = kube.wait_phase("staged", ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Succeeded"
+    assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert kube.core.read_namespaced_pod_log("staged", "default").strip() == "prepared"
+
+
+def test_memory_limit_gives_oom_killed(kube):
+    script = """
+        import time
+        hog = bytearray(400 * 1024 * 1024)
+        time.sleep(30)
+    """
+    kube.create_pod(python_pod("hog", script, container={
+        "resources": {"limits": {"memory": "100Mi"}}}))
+    pod = kube.wait_phase("hog", ("Failed", "Succeeded"))
+    terminated = container_status(pod)["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (137, "OOMKilled")

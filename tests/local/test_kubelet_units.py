@@ -48,7 +48,8 @@ def test_command_overrides_entrypoint_and_python_maps_to_this_interpreter():
 def test_unknown_image_is_a_pull_error_and_extra_rules_win():
     with pytest.raises(ImagePullError, match='Failed to pull image "nginx:1"'):
         ImageMap().resolve("nginx:1")
-    images = ImageMap.with_extra([ImageRule.from_dict({"pattern": "nginx", "entrypoint": ["true"]})])
+    rule = ImageRule.from_dict({"pattern": "nginx", "entrypoint": ["true"]})
+    images = ImageMap.with_extra([rule])
     assert images.argv("nginx:1", None, None) == ["true"]
 
 
@@ -68,7 +69,8 @@ def test_env_field_refs_literals_expansion_and_refs():
             {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "LABEL_A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
-            {"name": "ANN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['x/y']"}}},
+            {"name": "ANN",
+             "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['x/y']"}}},
             {"name": "LABELS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels"}}},
             {"name": "ADDR", "value": "$(NAME).$(NS):1 $(MISSING) $$(NAME)"},
             {"name": "FROM_CM", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}},
@@ -89,7 +91,8 @@ def test_env_field_refs_literals_expansion_and_refs():
 
 
 def test_env_missing_configmap_is_an_error():
-    container = {"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]}
+    ref = {"configMapKeyRef": {"name": "cm", "key": "k"}}
+    container = {"env": [{"name": "X", "valueFrom": ref}]}
     with pytest.raises(EnvError):
         container_env(POD, container, {}, {})
     assert expand("$(A)-$(B)", {"A": "1"}) == "1-$(B)"

@@ -263,7 +263,8 @@ class KubeletHost:
             return
         if agent.state != "ready" or _is_terminal(pod):
             return
-        worker = PodWorker(self.settings, self.client, node_name, agent.ip, self.ips.allocate(), pod)
+        worker = PodWorker(self.settings, self.client, node_name, agent.ip,
+                           self.ips.allocate(), pod)
         agent.workers[key] = worker
         self._write_hosts()
         worker.start()
@@ -298,6 +299,8 @@ class KubeletHost:
 
     async def _schedule_pending(self) -> None:
         nodes = list(self.nodes.cache.values())
+        bound = [p for p in self.pods.cache.values() if p["spec"].get("nodeName")]
+        bound += [self._assumed_pod(p, self._assumed[k]) for k, p in self._pending_assumed()]
         for pod in sorted(self.pods.cache.values(),
                           key=lambda p: p["metadata"].get("creationTimestamp") or ""):
             meta, spec = pod["metadata"], pod["spec"]
@@ -306,8 +309,6 @@ class KubeletHost:
                     or _is_terminal(pod)
                     or spec.get("schedulerName", "default-scheduler") != "default-scheduler"):
                 continue
-            bound = [p for p in self.pods.cache.values() if p["spec"].get("nodeName")]
-            bound += [self._assumed_pod(p, self._assumed[k]) for k, p in self._pending_assumed()]
             decision = scheduler.schedule(pod, nodes, bound)
             if decision.node is None:
                 if self._unschedulable.get(key) != decision.message:
@@ -316,6 +317,7 @@ class KubeletHost:
                 continue
             self._unschedulable.pop(key, None)
             self._assumed[key] = decision.node
+            bound.append(self._assumed_pod(pod, decision.node))
             try:
                 await self._bind(key, decision.node)
             except ApiError as err:

@@ -88,7 +88,8 @@ class ImageMap:
             f'"{repo}" (add an image rule to the local cluster)'
         )
 
-    def argv(self, image: str, command: Sequence[str] | None, args: Sequence[str] | None) -> list[str]:
+    def argv(self, image: str, command: Sequence[str] | None,
+             args: Sequence[str] | None) -> list[str]:
         """The process argv, with Kubernetes' command/args override rules."""
         rule = self.resolve(image)
         if command:

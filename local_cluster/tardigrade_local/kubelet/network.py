@@ -80,7 +80,10 @@ def hosts_file(pods: Iterable[Mapping[str, Any]], services: Iterable[Mapping[str
     """/etc/hosts text for every running pod that has headless-service names."""
     services = list(services)
     lines = ["# Written by the tardigrade local kubelet: headless-service pod names."]
-    for pod in sorted(pods, key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])):
+    def key(pod: Mapping[str, Any]) -> tuple[str, str]:
+        return pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+
+    for pod in sorted(pods, key=key):
         ip = (pod.get("status") or {}).get("podIP")
         if not ip or pod["metadata"].get("deletionTimestamp"):
             continue

@@ -40,7 +40,8 @@ def ready_conditions(ready: bool, message: str = "") -> list[dict[str, Any]]:
         cond("MemoryPressure", "False", "KubeletHasSufficientMemory",
              "kubelet has sufficient memory available"),
         cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-        cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        cond("PIDPressure", "False", "KubeletHasSufficientPID",
+             "kubelet has sufficient PID available"),
         cond("Ready", "True", "KubeletReady", "kubelet is posting ready status")
         if ready else cond("Ready", "False", "KubeletNotReady", message),
     ]

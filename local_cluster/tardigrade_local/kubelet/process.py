@@ -67,7 +67,8 @@ class ContainerProcess:
             os.killpg(self._proc.pid, sig)
 
     async def terminate(self, grace_seconds: float) -> None:
-        """SIGTERM the group, SIGKILL it after the grace period; returns when the main process is gone."""
+        """SIGTERM the group, SIGKILL it after the grace period; returns once the main
+        process is gone."""
         if self._proc is None or self._proc.returncode is not None:
             return
         self.signal_group(signal.SIGTERM)

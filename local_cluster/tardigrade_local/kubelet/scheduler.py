@@ -166,7 +166,8 @@ def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj]) -> Decis
         elif not matches_affinity(spec, node):
             reasons[AFFINITY] += 1
         elif taint is not None:
-            reasons[f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value') or ''}}}"] += 1
+            value = taint.get("value") or ""
+            reasons[f"node(s) had untolerated taint {{{taint['key']}: {value}}}"] += 1
         elif (why := _insufficient(requests, node, usage.get(name, {}), counts[name])) is not None:
             reasons[why] += 1
         else:

@@ -58,7 +58,8 @@ class PodWorker:
         self.restart_policy: str = spec.get("restartPolicy") or "Always"
         self.init_specs: list[Mapping[str, Any]] = list(spec.get("initContainers") or [])
         self.specs: list[Mapping[str, Any]] = list(spec.get("containers") or [])
-        self.init_records = [ps.ContainerRecord(c["name"], c.get("image", "")) for c in self.init_specs]
+        self.init_records = [ps.ContainerRecord(c["name"], c.get("image", ""))
+                             for c in self.init_specs]
         self.records = [ps.ContainerRecord(c["name"], c.get("image", "")) for c in self.specs]
         if self.init_specs:
             for record in self.records:
@@ -261,7 +262,8 @@ class PodWorker:
         pod = {**self.pod, "status": status}
         configmaps, secrets = await self._env_sources()
         own_env = container_env(pod, spec, configmaps, secrets)
-        term_path = str(self.settings.layout.termination_log(self.namespace, self.name, spec["name"]))
+        term_path = str(self.settings.layout.termination_log(self.namespace, self.name,
+                                                             spec["name"]))
         declared = spec.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
         # The container's idea of its termination-log path is mapped to a file of its own.
         own_env = {k: (term_path if v == declared else v) for k, v in own_env.items()}
@@ -313,7 +315,8 @@ class PodWorker:
         message = ""
         with contextlib.suppress(OSError):
             message = term_path.read_bytes()[:TERMINATION_MESSAGE_LIMIT].decode(errors="replace")
-        if not message and code != 0 and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+        fallback = spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        if not message and code != 0 and fallback:
             with contextlib.suppress(OSError):
                 tail = log_path.read_bytes()[-FALLBACK_LOG_BYTES * 4:]
                 lines = tail.decode(errors="replace").splitlines()[-FALLBACK_LOG_LINES:]
