@@ -41,7 +41,9 @@ def _json(body: Any, status: int = 200, warnings: list[str] | None = None) -> we
     resp = web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
                         headers=headers)
     for w in warnings or []:
-        resp.headers.add("Warning", f'299 - "{w}"')
+        # RFC 7234 warn-text is a quoted-string: escape quotes or clients drop the header.
+        text = w.replace("\\", "\\\\").replace('"', '\\"')
+        resp.headers.add("Warning", f'299 - "{text}"')
     return resp
 
 

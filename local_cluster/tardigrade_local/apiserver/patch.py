@@ -66,10 +66,10 @@ def json_patch(target: dict[str, Any], ops: Any) -> dict[str, Any]:
 
 
 def _rejected(server_message: str) -> ApiError:
-    """The real server's NewGenericServerResponse(422, ...) shape."""
+    """The real server's NewGenericServerResponse(422, ...): the patch error is not shown."""
+    del server_message
     return ApiError(422, "Invalid", "the server rejected our request due to an error in our "
-                    "request", {"causes": [{"reason": "UnexpectedServerResponse",
-                                            "message": server_message}]})
+                    "request", {})
 
 
 def _merge_key(field: str, parent: str) -> str | None:

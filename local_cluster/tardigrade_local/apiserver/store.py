@@ -130,6 +130,10 @@ class Store:
     def unsubscribe(self, watcher: Watcher) -> None:
         self._watchers.discard(watcher)
 
+    def watcher_count(self, key: str) -> int:
+        """Open watches on one resource type (lets tests know a client is listening)."""
+        return sum(1 for w in self._watchers if w.key == key)
+
     def close_watchers(self) -> None:
         for watcher in self._watchers:
             watcher.queue.put_nowait(None)
