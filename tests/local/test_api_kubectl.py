@@ -159,11 +159,12 @@ def test_get_watch_sees_changes(kubectl, ns):
         proc.wait()
 
 
-def _watching(api, before):
-    return lambda: api.call(lambda: api.server.store.watcher_count("example.dev/widgets")) > before
+def _watching(server, before):
+    return lambda: server.call(
+        lambda: server.server.store.watcher_count("example.dev/widgets")) > before
 
 
-def test_wait_for_condition_and_delete(api, kubectl, ns):  # noqa: F811
+def test_wait_for_condition_and_delete(api, kubectl, ns):  # noqa: F811 (fixture)
     kubectl.apply(widget("waiter", ns))
     before = api.call(lambda: api.server.store.watcher_count("example.dev/widgets"))
     waiter = subprocess.Popen([str(kubectl.binary), "wait", "wg/waiter", "-n", ns,
@@ -189,7 +190,8 @@ def _status_patch_via_raw(kubectl, ns, name):
     # kubectl 1.20 has no --subresource; write the status through the API directly.
     from urllib.request import Request, urlopen
 
-    cfg = yaml.safe_load(open(kubectl.env["KUBECONFIG"]))
+    with open(kubectl.env["KUBECONFIG"]) as f:
+        cfg = yaml.safe_load(f)
     url = cfg["clusters"][0]["cluster"]["server"]
     body = json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     req = Request(f"{url}/apis/example.dev/v1/namespaces/{ns}/widgets/{name}/status",
