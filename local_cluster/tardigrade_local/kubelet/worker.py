@@ -277,17 +277,16 @@ class PodWorker:
 
     def _base_env(self, term_path: str) -> dict[str, str]:
         spec = self.pod["spec"]
-        api_port = self.settings.api_url.rsplit(":", 1)[-1].split("/")[0]
         inherited = {k: v for k, v in os.environ.items()
                      if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")}
         python_path = [str(PODSITE_DIR), *self.settings.python_path]
+        # No KUBERNETES_SERVICE_HOST: without a service-account token file, in-cluster clients
+        # (e.g. JAX's Kubernetes auto-detection) would fail instead of staying out of the way.
         return {
             **inherited,
             "HOME": str(self.settings.layout.pod_dir(self.namespace, self.name)),
             "HOSTNAME": spec.get("hostname") or self.name,
             "PYTHONPATH": os.pathsep.join(python_path),
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": api_port,
             "TARDIGRADE_HOSTS_FILE": str(self.settings.layout.hosts_file),
             "TARDIGRADE_POD_IP": self.pod_ip,
             **self.settings.cluster_env,
