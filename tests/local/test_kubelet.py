@@ -67,6 +67,13 @@ def test_pod_succeeds_with_env_exit_code_and_termination_message(kube):
     assert condition(pod, "Ready")["reason"] == "PodCompleted"
     assert pod["spec"]["nodeName"] in ("node-a", "node-b")
 
+    def reasons():
+        events = kube.core.list_namespaced_event("default").items
+        found = {e.reason for e in events if e.involved_object.name == "ok"}
+        return found if {"Scheduled", "Started"} <= found else None
+
+    wait_for(reasons, what="Scheduled and Started events")
+
 
 def test_failing_pod_is_failed_with_exit_code_and_log_fallback(kube, cluster):
     script = "import sys; print('something broke'); sys.exit(3)"

@@ -22,6 +22,7 @@ from tardigrade_local.kubelet import network, scheduler
 from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
 from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
+from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.logs import log_app
 from tardigrade_local.kubelet.node import node_object, node_status
 from tardigrade_local.kubelet.podstatus import ContainerRecord
@@ -52,6 +53,7 @@ class KubeletHost:
     def __init__(self, settings: KubeletSettings, nodes: list[NodeConfig]) -> None:
         self.settings = settings
         self.client = ApiClient(settings.api_url)
+        self.events = EventRecorder(self.client)
         self.initial_nodes = list(nodes)
         self.agents: dict[str, NodeAgent] = {}
         self.ips = network.IpAllocator()
@@ -132,6 +134,7 @@ class KubeletHost:
         # Some servers drop status on create; the kubelet reports it separately anyway.
         await self.client.patch(path + "/status", {"status": body["status"]})
         self._schedule_dirty.set()
+        self.events.node(config.name, "RegisteredNode", f"Node {config.name} event: Registered")
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
                            replace_after_seconds: float | None = None) -> None:
@@ -140,6 +143,8 @@ class KubeletHost:
         if agent.state != "ready":
             return
         agent.state = "shutting-down"
+        self.events.node(name, "Shutdown", "Node is shutting down (spot instance reclaimed)",
+                         warning=True)
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
         path = core_path("nodes", name=name)
         with contextlib.suppress(ApiError):
@@ -264,7 +269,7 @@ class KubeletHost:
         if agent.state != "ready" or _is_terminal(pod):
             return
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
-                           self.ips.allocate(), pod)
+                           self.ips.allocate(), pod, self.events)
         agent.workers[key] = worker
         self._write_hosts()
         worker.start()
@@ -314,12 +319,16 @@ class KubeletHost:
                 if self._unschedulable.get(key) != decision.message:
                     self._unschedulable[key] = decision.message
                     await self._mark_unschedulable(pod, decision.message)
+                    self.events.pod(pod, "FailedScheduling", decision.message, warning=True,
+                                    component="default-scheduler")
                 continue
             self._unschedulable.pop(key, None)
             self._assumed[key] = decision.node
             bound.append(self._assumed_pod(pod, decision.node))
             try:
                 await self._bind(key, decision.node)
+                self.events.pod(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} "
+                                f"to {decision.node}", component="default-scheduler")
             except ApiError as err:
                 self._assumed.pop(key, None)
                 log.warning("binding %s/%s to %s failed: %s", key[0], key[1], decision.node, err)

@@ -23,6 +23,7 @@ from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
 from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
+from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.images import ImagePullError
 from tardigrade_local.kubelet.process import ContainerProcess
 
@@ -44,9 +45,11 @@ class Stop(enum.Enum):
 
 class PodWorker:
     def __init__(self, settings: KubeletSettings, client: ApiClient, node_name: str,
-                 host_ip: str, pod_ip: str, pod: Mapping[str, Any]) -> None:
+                 host_ip: str, pod_ip: str, pod: Mapping[str, Any],
+                 events: EventRecorder | None = None) -> None:
         self.settings = settings
         self.client = client
+        self.events = events or EventRecorder(client)
         self.node_name = node_name
         self.host_ip = host_ip
         self.pod_ip = pod_ip
@@ -201,6 +204,9 @@ class PodWorker:
                     f"back-off {delay:g}s restarting failed container={record.name} "
                     f"pod={self.name}_{self.namespace}({self.uid})")
         await self.push()
+        self._event("BackOff", f"Back-off restarting failed container {record.name} in pod "
+                    f"{self.name}_{self.namespace}({self.uid})", warning=True,
+                    container=record.name)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop_requested.wait(), delay)
         if self.stopping is None:
@@ -215,12 +221,14 @@ class PodWorker:
         try:
             argv, env = await self._prepare(spec)
         except ImagePullError as err:
+            self._event("Failed", str(err), warning=True, container=cname)
             record.wait("ErrImagePull", str(err))
             await self.push()
             record.wait("ImagePullBackOff", f'Back-off pulling image "{spec.get("image", "")}"')
             await self.push()
             return None
         except EnvError as err:
+            self._event("Failed", f"Error: {err}", warning=True, container=cname)
             record.wait("CreateContainerConfigError", str(err))
             await self.push()
             return None
@@ -241,6 +249,7 @@ class PodWorker:
             record.terminate(128, "StartError", f"failed to start container {cname!r}: {err}")
             await self.push()
             return 128
+        self._event("Started", f"Started container {cname}", container=cname)
         self.processes[cname] = proc
         pid_file = layout.container_pid(ns, name, cname)
         pid_file.write_text(str(pid))
@@ -332,6 +341,9 @@ class PodWorker:
                                                 d.NODE_SHUTDOWN_MESSAGE)]
             await self.push()
         grace = 0.0 if kind is Stop.NODE_LOST else self._grace
+        if not self.silent:
+            for cname in self.processes:
+                self._event("Killing", f"Stopping container {cname}", container=cname)
         await asyncio.gather(*(p.terminate(grace) for p in list(self.processes.values())))
         # Container loops notice the stop and return once they have recorded exit codes.
         await main
@@ -350,6 +362,12 @@ class PodWorker:
             # The kubelet finalizes a deleted pod once its processes are gone.
             with contextlib.suppress(ApiError):
                 await self.client.delete(core_path("pods", self.namespace, self.name), 0)
+
+    def _event(self, reason: str, message: str, *, warning: bool = False,
+               container: str | None = None) -> None:
+        if not self.silent:
+            self.events.pod(self.pod, reason, message, warning=warning, host=self.node_name,
+                            container=container)
 
     # --- status --------------------------------------------------------------------------
     def render(self, current: Mapping[str, Any]) -> dict[str, Any]:
