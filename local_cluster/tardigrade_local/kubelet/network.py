@@ -9,7 +9,9 @@ it (see `podsite/sitecustomize.py`).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,15 +20,32 @@ POD_NETWORK = ipaddress.ip_network("127.16.0.0/12")
 NODE_NETWORK = ipaddress.ip_network("127.8.0.0/16")
 
 
+@functools.cache
+def loopback_aliases_work() -> bool:
+    """Linux routes all of 127/8 to loopback; macOS has only 127.0.0.1 unless aliased."""
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.8.0.1", 0))
+        return True
+    except OSError:
+        return False
+
+
 class IpAllocator:
-    """Hands out pod IPs round-robin, so a fresh pod rarely reuses a just-released address."""
+    """Hands out pod IPs round-robin, so a fresh pod rarely reuses a just-released address.
+
+    Where only 127.0.0.1 exists, every pod gets it (pods then share one port space).
+    """
 
     def __init__(self, network: ipaddress.IPv4Network = POD_NETWORK) -> None:
+        self._shared = not loopback_aliases_work()
         self._network = network
         self._next = 1
         self._used: set[str] = set()
 
     def allocate(self) -> str:
+        if self._shared:
+            return "127.0.0.1"
         size = self._network.num_addresses
         for _ in range(size):
             candidate = self._network[self._next]
@@ -43,7 +62,7 @@ class IpAllocator:
 
 
 def node_ip(index: int) -> str:
-    return str(NODE_NETWORK[index + 1])
+    return str(NODE_NETWORK[index + 1]) if loopback_aliases_work() else "127.0.0.1"
 
 
 def _selects(selector: Mapping[str, str] | None, labels: Mapping[str, str]) -> bool:

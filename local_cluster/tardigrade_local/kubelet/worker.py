@@ -12,6 +12,7 @@ import enum
 import logging
 import os
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -151,8 +152,9 @@ class PodWorker:
     async def _run_containers(self) -> None:
         for index in range(len(self.init_specs)):
             if not await self._run_init(index):
-                self.terminal_phase = "Failed"
-                await self.push()
+                if self.stopping is None:
+                    self.terminal_phase = "Failed"
+                    await self.push()
                 return
         self.initialized = True
         loops = [asyncio.create_task(self._container_loop(i)) for i in range(len(self.specs))]
@@ -184,6 +186,7 @@ class PodWorker:
         record, spec = self.records[index], self.specs[index]
         attempt = 0
         while self.stopping is None:
+            started = time.monotonic()
             code = await self._run_once(record, spec)
             if code is None:
                 # Cannot start (image, config): stays waiting until the pod goes away.
@@ -193,6 +196,8 @@ class PodWorker:
             if self.restart_policy == "Never" or (self.restart_policy == "OnFailure" and code == 0):
                 await self.push()
                 return
+            if time.monotonic() - started > 2 * self.settings.backoff_max_seconds:
+                attempt = 0  # it ran fine for a long while: start the back-off over
             await self._back_off(record, attempt)
             attempt += 1
 
@@ -280,11 +285,16 @@ class PodWorker:
         args = [expand(str(x), own_env) for x in spec.get("args") or []]
         argv = self.settings.image_map.argv(spec.get("image", ""), command, args)
         argv = [term_path if x == declared else x for x in argv]
-        env = {**self._base_env(term_path), **dict(image_rule.env), **own_env}
+        base = self._base_env()
+        env = {**base, **dict(image_rule.env), **own_env}
+        if own_env.get("PYTHONPATH"):
+            # The image's own packages and pod networking stay importable, as site-packages
+            # of a real image would.
+            env["PYTHONPATH"] = os.pathsep.join([base["PYTHONPATH"], own_env["PYTHONPATH"]])
         env["TARDIGRADE_TERMINATION_LOG"] = term_path
         return argv, env
 
-    def _base_env(self, term_path: str) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
         spec = self.pod["spec"]
         inherited = {k: v for k, v in os.environ.items()
                      if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")}
