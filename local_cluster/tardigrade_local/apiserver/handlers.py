@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from . import discovery, openapi, patch, tables
+from . import discovery, openapi, patch, protobuf, tables
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
 from .meta import now_rfc3339
@@ -134,6 +134,8 @@ class Handlers:
         raw = await request.read()
         check_request_size(len(raw))
         ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if ctype == "application/vnd.kubernetes.protobuf":
+            return protobuf.decode(raw)
         if "protobuf" in ctype or "cbor" in ctype:
             raise ApiError(415, "UnsupportedMediaType",
                            'the body of the request was in an unknown format - accepted media '
@@ -334,7 +336,11 @@ class Handlers:
         raw = await request.read()
         if not raw.strip():
             return {}
-        body = patch.parse_body(raw, request.headers.get("Content-Type", "application/json"))
+        ctype = request.headers.get("Content-Type", "application/json")
+        if ctype.startswith("application/vnd.kubernetes.protobuf"):
+            body = protobuf.decode(raw)
+        else:
+            body = patch.parse_body(raw, ctype)
         if not isinstance(body, dict):
             raise bad_request("the body of the request was not DeleteOptions")
         return body
