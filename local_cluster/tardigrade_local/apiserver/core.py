@@ -213,7 +213,7 @@ class Core:
         stored = self.store.put(rt.key, obj, "ADDED")
         if rt.kind == "CustomResourceDefinition":
             self.register_crd(copy.deepcopy(stored))
-        return copy.deepcopy(stored)
+        return stored
 
     # ---- update ----------------------------------------------------------------------------
     def update(self, rt: ResourceType, ns: str, name: str, body: Any, *,
@@ -259,7 +259,7 @@ class Core:
             else:
                 obj.pop("status", None)
             return obj
-        obj = copy.deepcopy(body)
+        obj = body  # callers hand over a fresh object (parsed or patched)
         if rt.status_subresource:
             if "status" in old:
                 obj["status"] = copy.deepcopy(old["status"])
@@ -288,7 +288,7 @@ class Core:
             if rt.kind == "CustomResourceDefinition" and gone is not None:
                 self.unregister_crd(gone)
             return gone or obj
-        return copy.deepcopy(self.store.put(rt.key, obj, "MODIFIED"))
+        return self.store.put(rt.key, obj, "MODIFIED")
 
     # ---- delete ------------------------------------------------------------------------------
     def delete(self, rt: ResourceType, ns: str, name: str, options: dict[str, Any] | None = None,
@@ -347,7 +347,7 @@ class Core:
             else:
                 meta.setdefault("deletionTimestamp", now_rfc3339())
                 meta["deletionGracePeriodSeconds"] = 0
-            return copy.deepcopy(self.store.put(rt.key, obj, "MODIFIED"))
+            return self.store.put(rt.key, obj, "MODIFIED")
         gone = self.store.remove(rt.key, ns, name)
         assert gone is not None
         if rt.kind == "CustomResourceDefinition":
@@ -372,7 +372,7 @@ class Core:
         meta["deletionTimestamp"] = now_rfc3339()
         meta["deletionGracePeriodSeconds"] = 0
         ns_obj.setdefault("status", {})["phase"] = "Terminating"
-        return copy.deepcopy(self.store.put(rt.key, ns_obj, "MODIFIED"))
+        return self.store.put(rt.key, ns_obj, "MODIFIED")
 
     def finish_namespace(self, name: str) -> None:
         self.store.remove(NAMESPACE_KEY, "", name)

@@ -7,12 +7,11 @@ synchronous step that bumps the counter, stores the object and fans the event ou
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,21 @@ class WatchEvent:
     rv: int
     obj: dict[str, Any]
     old: dict[str, Any] | None
+    # Serialized watch lines by event type, shared by all watchers of this event.
+    encoded: dict[str, bytes] = field(default_factory=dict, compare=False, hash=False)
+
+    def line(self, event_type: str) -> bytes:
+        raw = self.encoded.get(event_type)
+        if raw is None:
+            raw = json.dumps({"type": event_type, "object": self.obj},
+                             separators=(",", ":")).encode() + b"\n"
+            self.encoded[event_type] = raw
+        return raw
+
+
+def clone(obj: Any) -> Any:
+    """A deep copy of a JSON value (several times faster than copy.deepcopy)."""
+    return json.loads(json.dumps(obj))
 
 
 class Watcher:
@@ -46,6 +60,9 @@ ObjKey = tuple[str, str, str]  # (type key, namespace or "", name)
 class Store:
     def __init__(self, history_size: int = 10_000) -> None:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        # Serialized form of stored objects, filled on first read; objects never change in
+        # place, so an entry is valid until the object is replaced.
+        self._encoded: dict[str, dict[tuple[str, str], bytes]] = {}
         self.rv = 1
         self.history: deque[WatchEvent] = deque(maxlen=history_size)
         # The oldest resourceVersion a watch may resume from; older ones get 410 Gone.
@@ -57,7 +74,7 @@ class Store:
     # ---- reads -------------------------------------------------------------------------
     def get(self, key: str, namespace: str, name: str) -> dict[str, Any] | None:
         obj = self._objects.get(key, {}).get((namespace, name))
-        return copy.deepcopy(obj) if obj is not None else None
+        return clone(obj) if obj is not None else None
 
     def peek(self, key: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored object itself (no copy): callers must not mutate it."""
@@ -69,6 +86,17 @@ class Store:
         for ns_name in sorted(bucket):
             if namespace is None or ns_name[0] == namespace:
                 yield bucket[ns_name]
+
+    def encoded(self, key: str, obj: dict[str, Any]) -> bytes:
+        """The JSON of a stored object (as yielded by `iter`), cached."""
+        meta = obj["metadata"]
+        ident = (meta.get("namespace", ""), meta["name"])
+        bucket = self._encoded.setdefault(key, {})
+        raw = bucket.get(ident)
+        if raw is None:
+            raw = json.dumps(obj, separators=(",", ":")).encode()
+            bucket[ident] = raw
+        return raw
 
     def type_keys(self) -> list[str]:
         return list(self._objects)
@@ -86,8 +114,9 @@ class Store:
         old = bucket.get(ident)
         rv = self.next_rv()
         meta["resourceVersion"] = str(rv)
-        stored = copy.deepcopy(obj)
+        stored = clone(obj)
         bucket[ident] = stored
+        self._encoded.get(key, {}).pop(ident, None)
         self._emit(WatchEvent(event_type, key, rv, stored, old))
         return obj
 
@@ -96,14 +125,16 @@ class Store:
         old = bucket.pop((namespace, name), None)
         if old is None:
             return None
+        self._encoded.get(key, {}).pop((namespace, name), None)
         rv = self.next_rv()
-        gone = copy.deepcopy(old)
+        gone = clone(old)
         gone["metadata"]["resourceVersion"] = str(rv)
         self._emit(WatchEvent("DELETED", key, rv, gone, old))
-        return copy.deepcopy(gone)
+        return clone(gone)
 
     def drop_type(self, key: str) -> None:
         self._objects.pop(key, None)
+        self._encoded.pop(key, None)
 
     def _emit(self, event: WatchEvent) -> None:
         self.dirty = True

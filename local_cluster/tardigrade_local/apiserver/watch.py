@@ -65,7 +65,9 @@ def _bookmark(rt: ResourceType, rv: int, initial_end: bool = False) -> dict[str,
 
 
 async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
-                      render: Callable[[dict[str, Any]], dict[str, Any]]) -> web.StreamResponse:
+                      render: Callable[[dict[str, Any]], dict[str, Any]] | None
+                      ) -> web.StreamResponse:
+    """Stream events; `render` converts objects (e.g. to Tables), None sends them as stored."""
     rt = req.rt
     watcher = store.subscribe(rt.key, req.namespace)
     try:
@@ -97,7 +99,7 @@ async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
         await response.prepare(request)
         # Drain events that raced the snapshot: the queue only has events after subscribe.
         for etype, obj in backlog:
-            await _send(response, {"type": etype, "object": render(obj)})
+            await _send(response, {"type": etype, "object": render(obj) if render else obj})
         if req.send_initial and req.bookmarks:
             await _send(response, _bookmark(rt, start_rv, initial_end=True))
         await _stream(response, store, watcher, req, render, start_rv if initial else None)
@@ -107,7 +109,7 @@ async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
 
 
 async def _stream(response: web.StreamResponse, store: Store, watcher: Any, req: WatchRequest,
-                  render: Callable[[dict[str, Any]], dict[str, Any]],
+                  render: Callable[[dict[str, Any]], dict[str, Any]] | None,
                   skip_until: int | None) -> None:
     deadline = time.monotonic() + (req.timeout if req.timeout is not None else DEFAULT_TIMEOUT)
     last_rv = store.rv
@@ -128,7 +130,9 @@ async def _stream(response: web.StreamResponse, store: Store, watcher: Any, req:
             continue  # already covered by the initial snapshot
         last_rv = event.rv
         out = _translate(req, event)
-        if out:
+        if out and render is None:
+            await response.write(event.line(out[0]))
+        elif out:
             await _send(response, {"type": out[0], "object": render(out[1])})
 
 
