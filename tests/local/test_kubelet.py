@@ -34,6 +34,12 @@ def kube(cluster):
     return Kube(str(cluster.kubeconfig))
 
 
+def wait_log(cluster, pod: str, text: str) -> None:
+    """Wait until the pod printed `text` (e.g. after installing a signal handler)."""
+    path = cluster.layout.container_log("default", pod, "main")
+    wait_for(lambda: path.exists() and text in path.read_text(), what=f"{text!r} from {pod}")
+
+
 def fresh_node(cluster, kube, **labels) -> str:
     name = f"extra-{next(_names)}"
     cluster.add_node(name, labels=labels)
@@ -113,7 +119,7 @@ def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster):
     """
     kube.create_pod(python_pod("stubborn", script, grace=2))
     log_path = cluster.layout.container_log("default", "stubborn", "main")
-    wait_for(lambda: log_path.exists() and "ready" in log_path.read_text(), what="ready")
+    wait_log(cluster, "stubborn", "ready")
     pid = int(cluster.layout.container_pid("default", "stubborn", "main").read_text())
     started = time.monotonic()
     kube.core.delete_namespaced_pod("stubborn", "default")
@@ -144,11 +150,12 @@ def test_preempted_node_gives_disruption_target_grace_and_disappears(kube, clust
             time.sleep(0.5)
             sys.exit(75)
         signal.signal(signal.SIGTERM, term)
+        print("ready", flush=True)
         while True:
             time.sleep(0.1)
     """
     kube.create_pod(python_pod("spot-worker", script, node=node, grace=20))
-    kube.wait_phase("spot-worker", ("Running",))
+    wait_log(cluster, "spot-worker", "ready")
     cluster.preempt_node(node, grace_seconds=5)
     pod = kube.wait_phase("spot-worker", ("Failed",))
     target = condition(pod, d.DISRUPTION_TARGET)
@@ -166,11 +173,12 @@ def test_preemption_grace_ends_in_sigkill(kube, cluster):
     script = """
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
         while True:
             time.sleep(0.1)
     """
     kube.create_pod(python_pod("deaf", script, node=node, grace=30))
-    kube.wait_phase("deaf", ("Running",))
+    wait_log(cluster, "deaf", "ready")
     started = time.monotonic()
     cluster.preempt_node(node, grace_seconds=1, replace_after_seconds=0.5, wait=True)
     assert 0.9 <= time.monotonic() - started < 10
