@@ -84,3 +84,63 @@ def resource_list(registry: Registry, group: str, version: str) -> dict[str, Any
     resources = [e for rt in sorted(types, key=lambda r: r.plural) for e in _entries(rt)]
     return {"kind": "APIResourceList", "apiVersion": "v1",
             "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+
+
+# ---- aggregated discovery (apidiscovery.k8s.io/v2): one request instead of one per GV ----
+AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+
+def wants_aggregated(accept: str) -> bool:
+    first = accept.split(",")[0].replace(" ", "")
+    return "g=apidiscovery.k8s.io" in first and "v=v2" in first and "v=v2beta1" not in first
+
+
+def _kind_ref(group: str, version: str, kind: str) -> dict[str, str]:
+    return {"group": group, "version": version, "kind": kind}
+
+
+def _aggregated_resource(rt: ResourceType) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "resource": rt.plural,
+        "responseKind": _kind_ref(rt.group, rt.version, rt.kind),
+        "scope": "Namespaced" if rt.namespaced else "Cluster",
+        "singularResource": rt.singular,
+        "verbs": rt.verbs,
+    }
+    if rt.short_names:
+        out["shortNames"] = rt.short_names
+    if rt.categories:
+        out["categories"] = rt.categories
+    subs = []
+    if rt.status_subresource:
+        subs.append({"subresource": "status",
+                     "responseKind": _kind_ref(rt.group, rt.version, rt.kind),
+                     "verbs": ["get", "patch", "update"]})
+    if rt.scale is not None:
+        subs.append({"subresource": "scale",
+                     "responseKind": _kind_ref("autoscaling", "v1", "Scale"),
+                     "verbs": ["get", "patch", "update"]})
+    for sub, (kind, group, version, verbs) in rt.extra_subresources.items():
+        subs.append({"subresource": sub, "responseKind": _kind_ref(group, version, kind),
+                     "verbs": verbs})
+    if subs:
+        out["subresources"] = subs
+    return out
+
+
+def aggregated(registry: Registry, core: bool) -> dict[str, Any]:
+    items = []
+    for group, versions in _ordered_groups(registry):
+        if (group == "") != core:
+            continue
+        entries = []
+        for version in versions:
+            types = sorted(registry.in_group_version(group, version), key=lambda r: r.plural)
+            entries.append({"version": version, "freshness": "Current",
+                            "resources": [_aggregated_resource(rt) for rt in types]})
+        meta: dict[str, Any] = {"creationTimestamp": None}
+        if group:
+            meta["name"] = group
+        items.append({"metadata": meta, "versions": entries})
+    return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+            "metadata": {}, "items": items}

@@ -105,9 +105,14 @@ class Handlers:
             return web.Response(text="ok")
         if path == "/version":
             return _json(discovery.VERSION_INFO)
-        if path == "/api":
-            return _json(discovery.api_versions())
-        if path == "/apis":
+        if path in ("/api", "/apis"):
+            if discovery.wants_aggregated(request.headers.get("Accept", "")):
+                resp = _json(discovery.aggregated(self.registry, core=path == "/api"))
+                resp.headers["Content-Type"] = discovery.AGGREGATED_V2
+                resp.headers["Vary"] = "Accept"
+                return resp
+            if path == "/api":
+                return _json(discovery.api_versions())
             return _json(discovery.api_group_list(self.registry))
         if path.startswith("/openapi/"):
             return openapi.serve(request, self.registry)
