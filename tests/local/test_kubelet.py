@@ -222,8 +222,9 @@ def test_eviction_api_marks_and_stops_the_pod(kube):
 
 
 def test_crashed_container_restarts_on_failure(kube, cluster):
-    kube.create_pod(python_pod("crashy", "import time; time.sleep(60)", restart="OnFailure"))
-    kube.wait_phase("crashy", ("Running",))
+    script = "import time; print('first words', flush=True); time.sleep(60)"
+    kube.create_pod(python_pod("crashy", script, restart="OnFailure"))
+    wait_log(cluster, "crashy", "first words")
     cluster.crash_pod("default", "crashy", sig=signal.SIGKILL)
 
     def restarted():
@@ -235,6 +236,8 @@ def test_crashed_container_restarts_on_failure(kube, cluster):
     last = container_status(pod)["lastState"]["terminated"]
     assert (last["exitCode"], last["reason"]) == (137, "Error")
     assert kube.pod("crashy")["status"]["phase"] == "Running"
+    previous = kubectl("logs", "crashy", "--previous", env=cluster.client_env())
+    assert previous == "first words\n"
     kube.core.delete_namespaced_pod("crashy", "default", grace_period_seconds=0)
 
 
