@@ -167,3 +167,18 @@ def test_openapi_documents_serve_kubectl_explain_and_validation(kubectl):
     root = yaml.safe_load(kubectl("get", "--raw", "/openapi/v3"))
     assert "api/v1" in root["paths"] and "apis/apps/v1" in root["paths"]
 
+
+
+def test_unknown_fields_of_builtin_kinds(kubectl, ns):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typo", "namespace": ns},
+           "spec": {"containers": [{"name": "c", "image": "x", "imagee": "y"}]}}
+    if kubectl.old:
+        # kubectl 1.20 validates client side first; without it the server drops the field.
+        done = kubectl.run("apply", "--validate=false", "-f", "-", input=yaml.safe_dump(pod))
+        assert 'unknown field "spec.containers[0].imagee"' in done.stderr
+        got = kubectl.get_json("pod", "typo", "-n", ns)
+        assert "imagee" not in got["spec"]["containers"][0]
+    else:
+        err = kubectl.fails("apply", "-f", "-", input=yaml.safe_dump(pod))
+        assert ('Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown '
+                'field "spec.containers[0].imagee"') in err

@@ -11,7 +11,7 @@ import copy
 import datetime as dt
 from typing import Any
 
-from . import crd_schema, crds, kinds
+from . import builtin_fields, crd_schema, crds, kinds
 from .errors import (
     ApiError,
     FieldCause,
@@ -123,6 +123,22 @@ class Core:
             raise bad_request("metadata must be an object")
         return meta
 
+    def _prepare_builtin(self, rt: ResourceType, obj: dict[str, Any], field_validation: str,
+                         warnings: Warnings) -> None:
+        """Drop fields the kind does not have (reject or warn under Strict/Warn)."""
+        unknown = builtin_fields.prune_unknown(rt.group, rt.kind, obj)
+        self._report_unknown(rt, unknown, field_validation, warnings)
+
+    @staticmethod
+    def _report_unknown(rt: ResourceType, unknown: list[str], field_validation: str,
+                        warnings: Warnings) -> None:
+        if unknown and field_validation == "Strict":
+            listed = ", ".join(f'unknown field "{p}"' for p in unknown)
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                              f"{rt.kind}: strict decoding error: {listed}")
+        if unknown and field_validation == "Warn":
+            warnings.extend(f'unknown field "{p}"' for p in unknown)
+
     def _prepare_custom(self, rt: ResourceType, obj: dict[str, Any], field_validation: str,
                         warnings: Warnings) -> dict[str, Any]:
         """Prune unknown fields (reject or warn under Strict/Warn) and apply defaults."""
@@ -189,6 +205,8 @@ class Core:
         if not rt.builtin:
             obj = self._prepare_custom(rt, obj, field_validation, warnings)
             meta = obj["metadata"]
+        else:
+            self._prepare_builtin(rt, obj, field_validation, warnings)
         if rt.status_subresource and kinds.strip_status_on_create(rt.kind):
             obj.pop("status", None)
         kinds.default_on_create(rt.kind, obj)
@@ -237,6 +255,8 @@ class Core:
         obj = self._compose_update(rt, old, body, subresource)
         if not rt.builtin:
             obj = self._prepare_custom(rt, obj, field_validation, warnings)
+        else:
+            self._prepare_builtin(rt, obj, field_validation, warnings)
         kinds.default_on_update(rt.kind, obj)
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
