@@ -108,3 +108,27 @@ def test_causes_carry_field_reason_and_message():
     assert cause.reason == "FieldValueInvalid"
     assert cause.message == ("Invalid value: 0: spec.replicas in body should be greater than or "
                              "equal to 1")
+
+
+def test_metadata_declared_in_the_schema_is_not_pruned():
+    # Regression: a root schema with `metadata: {type: object}` (as generated CRDs have) made
+    # metadata.namespace and labels look like unknown fields.
+    crd = widget_crd()
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = {
+        "type": "object"}
+    obj = widget("w")
+    obj["metadata"]["labels"] = {"a": "b"}
+    assert validate_custom_resource(crd, obj) == []
+    assert default_and_prune(crd, obj)["metadata"] == obj["metadata"]
+
+
+def test_root_rules_see_metadata_name():
+    crd = widget_crd()
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] = [
+        {"rule": "size(self.metadata.name) <= 5", "message": "name too long",
+         "fieldPath": ".metadata.name"},
+        {"rule": "self.spec.replicas < 9", "message": "too many"}]
+    got = [str(c) for c in validate_custom_resource(crd, widget("toolong", replicas=9))]
+    # A rule on the root object without fieldPath reports the nil path, as the server does.
+    assert got == ['metadata.name: Invalid value: "object": name too long',
+                   '<nil>: Invalid value: "object": too many']

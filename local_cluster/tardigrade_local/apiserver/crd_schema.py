@@ -112,7 +112,10 @@ def _prune(schema: dict[str, Any], value: Any, path: str, found: list[str],
         props = schema.get("properties")
         additional = schema.get("additionalProperties")
         preserve = schema.get("x-kubernetes-preserve-unknown-fields")
+        embedded = root or schema.get("x-kubernetes-embedded-resource")
         for key in list(value):
+            if embedded and key == "metadata":
+                continue  # ObjectMeta follows its own rules (above), not the CRD schema
             sub = (props or {}).get(key)
             if sub is None and isinstance(additional, dict):
                 sub = additional
@@ -307,7 +310,8 @@ def _cel_validate(schema: dict[str, Any], value: Any, old: Any, has_old: bool, p
         activation = {"self": celpy.json_to_cel(value)}
         if transition:
             activation["oldSelf"] = celpy.json_to_cel(old)
-        field = path
+        # The root is a nil field path in the real server: it prints (and reports) "<nil>".
+        field = path or "<nil>"
         if rule.get("fieldPath"):
             field = path + rule["fieldPath"] if path else rule["fieldPath"].lstrip(".")
         try:
