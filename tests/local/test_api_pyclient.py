@@ -325,3 +325,27 @@ def test_namespace_deletion_removes_contents(core):
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_config_map(ns, cm("late"))
     assert exc.value.status == 404
+
+
+def test_scale_rejects_negative_replicas(custom):
+    n = name("neg")
+    custom.create_namespaced_custom_object("example.dev", "v1", "default", "widgets", widget(n))
+    with pytest.raises(ApiException) as exc:
+        custom.patch_namespaced_custom_object_scale("example.dev", "v1", "default", "widgets", n,
+                                                    {"spec": {"replicas": -1}})
+    body = status_of(exc.value)
+    assert body["message"] == (f'Scale.autoscaling "{n}" is invalid: spec.replicas: Invalid '
+                               "value: -1: must be greater than or equal to 0")
+
+
+def test_new_namespaces_get_a_default_service_account(core):
+    ns = name("sa")
+    core.create_namespace({"metadata": {"name": ns}})
+    assert core.read_namespaced_service_account("default", ns).metadata.name == "default"
+
+
+def test_gc_collects_many_dependents(core):
+    owner = core.create_namespaced_config_map("default", cm(name("many")))
+    deps = [_owned(core, owner, name("d")).metadata.name for _ in range(50)]
+    core.delete_namespaced_config_map(owner.metadata.name, "default")
+    wait_for(lambda: all(_exists(core, d) is None for d in deps), what="all dependents")

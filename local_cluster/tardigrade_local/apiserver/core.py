@@ -231,7 +231,16 @@ class Core:
         stored = self.store.put(rt.key, obj, "ADDED")
         if rt.kind == "CustomResourceDefinition":
             self.register_crd(copy.deepcopy(stored))
+        if rt.kind == "Namespace":
+            self._default_service_account(name)
         return stored
+
+    def _default_service_account(self, namespace: str) -> None:
+        """What the serviceaccount controller does for every new namespace."""
+        sa_type = self.registry.get("", "v1", "serviceaccounts")
+        if sa_type is not None and self.store.peek(sa_type.key, namespace, "default") is None:
+            self.create(sa_type, namespace, {"apiVersion": "v1", "kind": "ServiceAccount",
+                                             "metadata": {"name": "default"}})
 
     # ---- update ----------------------------------------------------------------------------
     def update(self, rt: ResourceType, ns: str, name: str, body: Any, *,

@@ -53,15 +53,11 @@ class GarbageCollector:
                 return rt
         return None
 
-    def _all_objects(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(key, obj) for key in self.store.type_keys() for obj in self.store.iter(key)]
-
     def _uid_exists(self, uid: str) -> bool:
-        return any(o["metadata"].get("uid") == uid for _, o in self._all_objects())
+        return self.store.by_uid(uid) is not None
 
     def _dependents(self, uid: str) -> list[tuple[str, dict[str, Any]]]:
-        return [(k, o) for k, o in self._all_objects()
-                if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]
+        return self.store.dependents(uid)
 
     def _delete(self, key: str, obj: dict[str, Any], propagation: str) -> None:
         rt = self._type_of(key)
@@ -164,13 +160,13 @@ class GarbageCollector:
     def _recheck_foreground_owner(self, uid: str | None) -> None:
         if not uid:
             return
-        for key, obj in self._all_objects():
+        found = self.store.by_uid(uid)
+        if found is not None:
+            key, obj = found
             meta = obj["metadata"]
-            if meta.get("uid") == uid:
-                if meta.get("deletionTimestamp") and "foregroundDeletion" in (
-                        meta.get("finalizers") or []):
-                    self._finish_foreground(key, copy.deepcopy(obj))
-                return
+            if meta.get("deletionTimestamp") and "foregroundDeletion" in (
+                    meta.get("finalizers") or []):
+                self._finish_foreground(key, copy.deepcopy(obj))
 
     def _check_owners_exist(self, key: str, obj: dict[str, Any]) -> None:
         refs = obj["metadata"].get("ownerReferences") or []

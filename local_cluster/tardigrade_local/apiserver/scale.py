@@ -7,7 +7,7 @@ from typing import Any
 
 from . import patch
 from .core import Core
-from .errors import bad_request
+from .errors import bad_request, cause_invalid, invalid
 from .resources import ResourceType
 from .selectors import selector_to_string
 
@@ -64,6 +64,9 @@ def scale_update(core: Core, rt: ResourceType, ns: str, name: str, body: Any,
         raise bad_request("the body of the request was not a Scale object")
     rv = (new_scale.get("metadata") or {}).get("resourceVersion")
     replicas = (new_scale.get("spec") or {}).get("replicas")
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+        raise invalid("Scale", "autoscaling", name, [cause_invalid(
+            "spec.replicas", replicas, "must be greater than or equal to 0")])
     updated = copy.deepcopy(obj)
     _set_path(updated, rt.scale.spec_replicas_path, replicas)
     updated["metadata"]["resourceVersion"] = rv or obj["metadata"]["resourceVersion"]

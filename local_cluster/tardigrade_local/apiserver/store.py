@@ -63,6 +63,9 @@ class Store:
         # Serialized form of stored objects, filled on first read; objects never change in
         # place, so an entry is valid until the object is replaced.
         self._encoded: dict[str, dict[tuple[str, str], bytes]] = {}
+        # uid -> where the object lives, and owner uid -> its dependents (for the GC).
+        self._by_uid: dict[str, ObjKey] = {}
+        self._dependents: dict[str, set[ObjKey]] = {}
         self.rv = 1
         self.history: deque[WatchEvent] = deque(maxlen=history_size)
         # The oldest resourceVersion a watch may resume from; older ones get 410 Gone.
@@ -86,6 +89,40 @@ class Store:
         for ns_name in sorted(bucket):
             if namespace is None or ns_name[0] == namespace:
                 yield bucket[ns_name]
+
+    def by_uid(self, uid: str) -> tuple[str, dict[str, Any]] | None:
+        """(type key, stored object) for a uid, or None."""
+        where = self._by_uid.get(uid)
+        if where is None:
+            return None
+        obj = self._objects.get(where[0], {}).get((where[1], where[2]))
+        return (where[0], obj) if obj is not None else None
+
+    def dependents(self, owner_uid: str) -> list[tuple[str, dict[str, Any]]]:
+        out = []
+        for key, ns, name in sorted(self._dependents.get(owner_uid, ())):
+            obj = self._objects.get(key, {}).get((ns, name))
+            if obj is not None:
+                out.append((key, obj))
+        return out
+
+    def _index(self, key: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        for o, add in ((old, False), (obj, True)):
+            if o is None:
+                continue
+            meta = o["metadata"]
+            where = (key, meta.get("namespace", ""), meta["name"])
+            if meta.get("uid"):
+                if add:
+                    self._by_uid[meta["uid"]] = where
+                else:
+                    self._by_uid.pop(meta["uid"], None)
+            for ref in meta.get("ownerReferences") or []:
+                deps = self._dependents.setdefault(ref.get("uid", ""), set())
+                if add:
+                    deps.add(where)
+                else:
+                    deps.discard(where)
 
     def encoded(self, key: str, obj: dict[str, Any]) -> bytes:
         """The JSON of a stored object (as yielded by `iter`), cached."""
@@ -117,6 +154,7 @@ class Store:
         stored = clone(obj)
         bucket[ident] = stored
         self._encoded.get(key, {}).pop(ident, None)
+        self._index(key, stored, old)
         self._emit(WatchEvent(event_type, key, rv, stored, old))
         return obj
 
@@ -126,6 +164,7 @@ class Store:
         if old is None:
             return None
         self._encoded.get(key, {}).pop((namespace, name), None)
+        self._index(key, None, old)
         rv = self.next_rv()
         gone = clone(old)
         gone["metadata"]["resourceVersion"] = str(rv)
@@ -133,6 +172,8 @@ class Store:
         return clone(gone)
 
     def drop_type(self, key: str) -> None:
+        for obj in self._objects.get(key, {}).values():
+            self._index(key, None, obj)
         self._objects.pop(key, None)
         self._encoded.pop(key, None)
 
@@ -197,5 +238,6 @@ class Store:
             for obj in objs:
                 meta = obj["metadata"]
                 bucket[(meta.get("namespace", ""), meta["name"])] = obj
+                self._index(key, obj, None)
         return list(self._objects.get("apiextensions.k8s.io/customresourcedefinitions",
                                       {}).values())
