@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from api_helpers import api, widget_crd  # noqa: F401  (fixture)
+from api_helpers import api, wait_for, widget_crd  # noqa: F401  (fixture)
 
 AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
@@ -80,10 +80,37 @@ def test_crds_appear_and_disappear_at_runtime(api):  # noqa: F811
         method="DELETE")
     with urllib.request.urlopen(req) as resp:
         assert resp.status == 200
-    status, _, _ = get(api, "/apis/runtime.dev/v1")
-    assert status == 404
+    wait_for(lambda: get(api, "/apis/runtime.dev/v1")[0] == 404, what="group gone")
     status, _, body = get(api, "/apis/runtime.dev/v1/namespaces/default/gadgets")
     assert status == 404 and body["reason"] == "NotFound"
+
+
+def test_deleting_a_crd_deletes_its_resources_honouring_finalizers(api):  # noqa: F811
+    crd = widget_crd()
+    crd["metadata"]["name"] = "doomeds.doom.dev"
+    crd["spec"]["group"] = "doom.dev"
+    crd["spec"]["names"] = {"plural": "doomeds", "kind": "Doomed"}
+    assert send(api, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                crd) == 201
+    base = "/apis/doom.dev/v1/namespaces/default/doomeds"
+    held = {"apiVersion": "doom.dev/v1", "kind": "Doomed",
+            "metadata": {"name": "held", "finalizers": ["doom.dev/hold"]},
+            "spec": {"image": "x"}}
+    assert send(api, "POST", base, held) == 201
+    assert send(api, "POST", base, {**held, "metadata": {"name": "free"}}) == 201
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/doomeds.doom.dev"
+    assert send(api, "DELETE", crd_path, {}) == 200
+    wait_for(lambda: get(api, f"{base}/free")[0] == 404, what="free resource deleted")
+    _, _, obj = get(api, f"{base}/held")
+    assert obj["metadata"]["deletionTimestamp"]
+    assert get(api, crd_path)[2]["metadata"]["deletionTimestamp"]
+    assert send(api, "POST", base, {**held, "metadata": {"name": "late"}}) == 405
+    patch = urllib.request.Request(api.url + f"{base}/held", method="PATCH",
+                                   data=b'{"metadata":{"finalizers":null}}',
+                                   headers={"Content-Type": "application/merge-patch+json"})
+    with urllib.request.urlopen(patch) as resp:
+        assert resp.status == 200
+    wait_for(lambda: get(api, crd_path)[0] == 404, what="CRD gone")
 
 
 def test_openapi_v3_patch_operations_declare_field_validation(api):  # noqa: F811

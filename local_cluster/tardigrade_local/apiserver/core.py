@@ -225,6 +225,12 @@ class Core:
         meta["generation"] = 1
         if rt.kind == "CustomResourceDefinition":
             crds.set_status(obj)
+            # Deleting a CRD first deletes its custom resources (see gc.py).
+            finalizers = meta.setdefault("finalizers", [])
+            if crds.CLEANUP_FINALIZER not in finalizers:
+                finalizers.append(crds.CLEANUP_FINALIZER)
+        elif not rt.builtin:
+            self._check_crd_not_terminating(rt)
         if dry_run:
             meta["resourceVersion"] = ""
             return obj
@@ -241,6 +247,12 @@ class Core:
         if sa_type is not None and self.store.peek(sa_type.key, namespace, "default") is None:
             self.create(sa_type, namespace, {"apiVersion": "v1", "kind": "ServiceAccount",
                                              "metadata": {"name": "default"}})
+
+    def _check_crd_not_terminating(self, rt: ResourceType) -> None:
+        crd = self.store.peek(CRD_KEY, "", f"{rt.plural}.{rt.group}")
+        if crd is not None and crd["metadata"].get("deletionTimestamp"):
+            raise ApiError(405, "MethodNotAllowed", "create not allowed while custom resource "
+                           "definition is terminating", {})
 
     # ---- update ----------------------------------------------------------------------------
     def update(self, rt: ResourceType, ns: str, name: str, body: Any, *,

@@ -8,6 +8,8 @@ from .errors import FieldCause, cause_invalid, cause_required
 from .meta import now_rfc3339
 from .resources import ResourceType, ScaleSpec
 
+CLEANUP_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
+
 
 def crd_errors(crd: dict[str, Any]) -> list[FieldCause]:
     spec = crd.get("spec") or {}

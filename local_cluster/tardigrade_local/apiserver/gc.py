@@ -12,7 +12,8 @@ import copy
 import logging
 from typing import Any
 
-from .core import NAMESPACE_KEY, Core
+from .core import CRD_KEY, NAMESPACE_KEY, Core
+from .crds import CLEANUP_FINALIZER
 from .errors import ApiError
 from .resources import ResourceType
 from .store import WatchEvent
@@ -104,6 +105,14 @@ class GarbageCollector:
         for ref in meta.get("ownerReferences") or []:
             if event.type == "DELETED" or meta.get("deletionTimestamp"):
                 self._recheck_foreground_owner(ref.get("uid"))
+        if event.key == CRD_KEY and meta.get("deletionTimestamp"):
+            self._crd_cleanup(obj)
+        elif event.type == "DELETED":
+            rt = self._type_of(event.key)
+            crd = (self.store.peek(CRD_KEY, "", f"{rt.plural}.{rt.group}")
+                   if rt is not None and not rt.builtin else None)
+            if crd is not None and crd["metadata"].get("deletionTimestamp"):
+                self._crd_cleanup(crd)
         namespace = meta.get("namespace")
         if event.key == NAMESPACE_KEY and meta.get("deletionTimestamp"):
             self._namespace(meta["name"])
@@ -173,6 +182,23 @@ class GarbageCollector:
         if refs and not any(self._uid_exists(r.get("uid", "")) for r in refs):
             # Every owner is absent: the real GC deletes such dependents.
             self._delete(key, copy.deepcopy(obj), "Background")
+
+    def _crd_cleanup(self, crd: dict[str, Any]) -> None:
+        """Delete every custom resource of a terminating CRD, then let the CRD go."""
+        if CLEANUP_FINALIZER not in (crd["metadata"].get("finalizers") or []):
+            return
+        spec = crd["spec"]
+        key = f"{spec['group']}/{spec['names']['plural']}"
+        remaining = [copy.deepcopy(o) for o in self.store.iter(key)]
+        for obj in remaining:
+            if not obj["metadata"].get("deletionTimestamp"):
+                self._delete(key, obj, "Background")
+        if not any(True for _ in self.store.iter(key)):
+            fresh = self.store.get(CRD_KEY, "", crd["metadata"]["name"])
+            if fresh is not None:
+                finalizers = [f for f in fresh["metadata"].get("finalizers") or []
+                              if f != CLEANUP_FINALIZER]
+                self._update_meta(CRD_KEY, fresh, finalizers=finalizers or None)
 
     def _namespace(self, name: str) -> None:
         remaining = 0
