@@ -391,3 +391,33 @@ def test_restart_always_restarts_a_completed_container(kube):
     assert container_status(pod)["lastState"]["terminated"]["reason"] == "Completed"
     kube.core.delete_namespaced_pod("again", "default")
     kube.wait_gone("again")
+
+
+def test_readiness_probe_holds_ready_until_the_server_answers(kube, cluster):
+    script = """
+        import http.server, os, time
+        while not os.path.exists("go"):  # the test says when to listen
+            time.sleep(0.05)
+        http.server.HTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler
+                               ).serve_forever()
+    """
+    probe = {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}
+    kube.create_pod(python_pod("probed", script, container={
+        "ports": [{"name": "http", "containerPort": 8080}], "readinessProbe": probe}))
+    running = kube.wait_phase("probed", ("Running",))
+    assert container_status(running)["ready"] is False
+    assert condition(running, "Ready")["status"] == "False"
+    (cluster.layout.pod_dir("default", "probed") / "go").touch()
+    wait_for(lambda: condition(kube.pod("probed"), "Ready")["status"] == "True",
+             what="Ready=True")
+    assert container_status(kube.pod("probed"))["ready"] is True
+    kube.core.delete_namespaced_pod("probed", "default", grace_period_seconds=0)
+
+
+def test_failing_liveness_probe_kills_the_container(kube):
+    probe = {"exec": {"command": ["false"]}, "periodSeconds": 1, "failureThreshold": 2}
+    kube.create_pod(python_pod("unhealthy", "import time; time.sleep(60)",
+                               container={"livenessProbe": probe}))
+    pod = kube.wait_phase("unhealthy", ("Failed",), timeout=30)
+    terminated = container_status(pod)["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (143, "Error")

@@ -32,10 +32,17 @@ class ContainerRecord:
     last_state: dict[str, Any] = dataclasses.field(default_factory=dict)
     restart_count: int = 0
     container_id: str | None = None
+    # Set by probes: a readiness probe holds `ready` back, a startup probe `started`.
+    ready_flag: bool = True
+    started_flag: bool = True
 
     @property
     def running(self) -> bool:
         return "running" in self.state
+
+    @property
+    def ready(self) -> bool:
+        return self.running and self.ready_flag
 
     @property
     def terminated(self) -> dict[str, Any] | None:
@@ -76,8 +83,8 @@ class ContainerRecord:
             "imageID": f"local://{self.image}",
             "state": self.state,
             "lastState": self.last_state,
-            "ready": self.running,
-            "started": self.running,
+            "ready": self.ready,
+            "started": self.running and self.started_flag,
             "restartCount": self.restart_count,
         }
         if self.container_id:
@@ -149,8 +156,8 @@ def merge_conditions(
 def readiness_conditions(
     records: Sequence[ContainerRecord], phase: str, initialized: bool = True
 ) -> list[dict[str, Any]]:
-    ready = bool(records) and all(r.running for r in records) and phase == "Running"
-    not_ready = [r.name for r in records if not r.running]
+    ready = bool(records) and all(r.ready for r in records) and phase == "Running"
+    not_ready = [r.name for r in records if not r.ready]
     why = ("PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady")
     message = "" if ready or why == "PodCompleted" else (
         f"containers with unready status: [{' '.join(not_ready)}]"

@@ -26,6 +26,7 @@ from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
 from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.images import ImagePullError
+from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
 from tardigrade_local.kubelet.process import ContainerProcess
 
 log = logging.getLogger(__name__)
@@ -259,13 +260,44 @@ class PodWorker:
         pid_file = layout.container_pid(ns, name, cname)
         pid_file.write_text(str(pid))
         record.start(f"local://{pid}")
+        probes = self._probes(record, spec, proc, env)
+        record.ready_flag, record.started_flag = probes.ready, probes.started
+        probe_task = asyncio.create_task(probes.run()) if probes.active else None
         await self.push()
-        code = ps.exit_code(await proc.wait())
+        try:
+            code = ps.exit_code(await proc.wait())
+        finally:
+            if probe_task is not None:
+                probe_task.cancel()
         pid_file.unlink(missing_ok=True)
         self.processes.pop(cname, None)
         record.terminate(code, ps.termination_reason(code, proc.oom_killed),
                          self._termination_message(spec, term_path, log_path, code))
         return code
+
+    def _probes(self, record: ps.ContainerRecord, spec: Mapping[str, Any],
+                proc: ContainerProcess, env: Mapping[str, str]) -> ContainerProbes:
+        ports = {p["name"]: int(p["containerPort"]) for p in spec.get("ports") or []
+                 if p.get("name")}
+        target = ProbeTarget(self.pod_ip, ports, env,
+                             self.settings.layout.pod_dir(self.namespace, self.name))
+
+        async def changed() -> None:
+            record.ready_flag, record.started_flag = probes.ready, probes.started
+            await self.push()
+
+        async def fatal(kind: str, message: str) -> None:
+            self._event("Unhealthy", f"{kind} probe failed", warning=True, container=record.name)
+            self._event("Killing", message, container=record.name)
+            probe = spec.get(f"{kind.lower()}Probe") or {}
+            grace = probe.get("terminationGracePeriodSeconds")
+            if grace is None:
+                grace = self.pod["spec"].get("terminationGracePeriodSeconds",
+                                             DEFAULT_GRACE_SECONDS)
+            await proc.terminate(float(grace))
+
+        probes = ContainerProbes(spec, target, changed, fatal)
+        return probes
 
     async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
         image_rule = self.settings.image_map.resolve(spec.get("image", ""))
