@@ -421,3 +421,13 @@ def test_failing_liveness_probe_kills_the_container(kube):
     pod = kube.wait_phase("unhealthy", ("Failed",), timeout=30)
     terminated = container_status(pod)["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (143, "Error")
+
+
+def test_active_deadline_fails_the_pod(kube):
+    kube.create_pod(python_pod("slowpoke", "import time; time.sleep(60)",
+                               activeDeadlineSeconds=1))
+    pod = kube.wait_phase("slowpoke", ("Failed",), timeout=30)
+    assert pod["status"]["reason"] == "DeadlineExceeded"
+    assert container_status(pod)["state"]["terminated"]["exitCode"] == 143
+    kube.core.delete_namespaced_pod("slowpoke", "default")
+    kube.wait_gone("slowpoke")

@@ -67,6 +67,8 @@ class KubeletHost:
         self._unschedulable: dict[tuple[str, str, str], str] = {}
         self._orphans: dict[tuple[str, str, str], float] = {}
         self._finalizing: set[tuple[str, str, str]] = set()
+        # Pods whose worker has ended never run again here, even if a stale event says Running.
+        self._finished: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
@@ -251,6 +253,7 @@ class KubeletHost:
             return
         worker = agent.workers.get(key)
         if kind == "DELETED":
+            self._finished.discard(uid)
             if worker is not None:
                 worker.request_stop(Stop.REMOVED,
                                     float(spec.get("terminationGracePeriodSeconds",
@@ -266,7 +269,7 @@ class KubeletHost:
                 self._finalizing.add(key)
                 self._spawn(self._finalize(key))
             return
-        if agent.state != "ready" or _is_terminal(pod):
+        if agent.state != "ready" or _is_terminal(pod) or uid in self._finished:
             return
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
                            self.ips.allocate(), pod, self.events)
@@ -285,6 +288,7 @@ class KubeletHost:
 
     async def _reap(self, agent: NodeAgent, key: tuple[str, str, str], worker: PodWorker) -> None:
         await worker.done.wait()
+        self._finished.add(key[2])
         agent.workers.pop(key, None)
         self.ips.release(worker.pod_ip)
         self._hosts_dirty.set()

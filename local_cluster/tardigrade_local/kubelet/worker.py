@@ -43,6 +43,7 @@ class Stop(enum.Enum):
     REMOVED = "removed"  # the object is already gone: just kill
     NODE_SHUTDOWN = "node-shutdown"  # spot reclaim: DisruptionTarget, grace, Failed
     NODE_LOST = "node-lost"  # the machine vanished: SIGKILL, no more reports
+    DEADLINE = "deadline"  # activeDeadlineSeconds passed: kill, Failed/DeadlineExceeded
 
 
 class PodWorker:
@@ -114,6 +115,11 @@ class PodWorker:
             self._grace = grace_seconds
         self._stop_requested.set()
 
+    def _deadline_passed(self) -> None:
+        if self.stopping is None and self.terminal_phase is None:
+            grace = self.pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            self.request_stop(Stop.DEADLINE, float(grace))
+
     def crash(self, container: str | None, sig: int) -> bool:
         """Deliver a signal as if the process died on its own (no stop request)."""
         names = [container] if container else list(self.processes)
@@ -140,6 +146,9 @@ class PodWorker:
         await self.push()
         stop_wait = asyncio.create_task(self._stop_requested.wait())
         main = asyncio.create_task(self._run_containers())
+        deadline = self.pod["spec"].get("activeDeadlineSeconds")
+        if deadline is not None:
+            asyncio.get_running_loop().call_later(float(deadline), self._deadline_passed)
         await asyncio.wait({stop_wait, main}, return_when=asyncio.FIRST_COMPLETED)
         if self.stopping is not None:
             await self._stop(main)
@@ -396,6 +405,11 @@ class PodWorker:
         if kind is Stop.NODE_SHUTDOWN:
             self.terminal_phase = "Failed"
             self.reason, self.message = d.NODE_SHUTDOWN_REASON, d.NODE_SHUTDOWN_MESSAGE
+            await self.push()
+        elif kind is Stop.DEADLINE:
+            self.terminal_phase = "Failed"
+            self.reason = "DeadlineExceeded"
+            self.message = "Pod was active on the node longer than the specified deadline"
             await self.push()
         elif kind is Stop.DELETED:
             if self.terminal_phase is None:
