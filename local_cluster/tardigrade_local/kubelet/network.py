@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import random
 import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -40,7 +41,8 @@ class IpAllocator:
     def __init__(self, network: ipaddress.IPv4Network = POD_NETWORK) -> None:
         self._shared = not loopback_aliases_work()
         self._network = network
-        self._next = 1
+        # A random start keeps two clusters on one machine (e.g. parallel test runs) apart.
+        self._next = random.randrange(1, network.num_addresses - 1)
         self._used: set[str] = set()
 
     def allocate(self) -> str:
