@@ -72,8 +72,16 @@ def test_server_side_apply(kubectl, ns):
         pytest.skip("kubectl 1.20's --server-side is the same request; covered by current")
     out = kubectl.apply(widget("ssa", ns, replicas=2), server_side=True)
     assert "serverside-applied" in out
+    labelled = widget("ssa", ns, replicas=4, policy="Never", args=["a"])
+    labelled["metadata"]["labels"] = {"team": "ml"}
+    kubectl.apply(labelled, server_side=True)
+    got = kubectl.get_json("wg", "ssa", "-n", ns)
+    assert got["spec"]["replicas"] == 4 and got["metadata"]["labels"] == {"team": "ml"}
+    # Fields this manager applied before and leaves out now are removed (then defaulted).
     kubectl.apply(widget("ssa", ns, replicas=4), server_side=True)
-    assert kubectl("get", "wg", "ssa", "-n", ns, "-o", "jsonpath={.spec.replicas}") == "4"
+    got = kubectl.get_json("wg", "ssa", "-n", ns)
+    assert "labels" not in got["metadata"] and "args" not in got["spec"]
+    assert got["spec"]["policy"] == "Always"
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": ns},
           "data": {"a": "1"}}
     kubectl.apply(cm, server_side=True)

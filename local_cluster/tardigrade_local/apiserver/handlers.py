@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from . import discovery, openapi, patch, protobuf, tables
+from . import apply, discovery, openapi, patch, protobuf, tables
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
 from .meta import now_rfc3339
@@ -313,17 +313,27 @@ class Handlers:
         if sub == "scale":
             return _json(scale_update(self.core, rt, ns, name, body, ctype, dry_run))
         current = self.core.store.get(rt.key, ns, name)
-        if current is None:
-            if ctype == patch.APPLY:
+        ident = (rt.key, ns, name)
+        if ctype == patch.APPLY:
+            manager = apply.require_manager(request.query.get("fieldManager"))
+            if current is None:
                 if not isinstance(body, dict):
                     raise bad_request("the applied configuration is not an object")
+                owned = apply.owned_paths(body)
                 body.setdefault("metadata", {}).setdefault("name", name)
                 created = self.core.create(rt, ns or None, body, dry_run=dry_run,
                                            field_validation=field_validation,
                                            warnings=warnings)
+                if not dry_run:
+                    self.store.applied[ident] = {manager: owned}
                 return _json(created, 201, warnings)
+            previous = self.store.applied.get(ident, {}).get(manager, set())
+            patched, owned = apply.apply(current, body, rt.builtin, previous)
+        elif current is None:
             raise not_found(rt.plural, rt.group, name)
-        patched = patch.apply_patch(current, body, ctype, rt.builtin)
+        else:
+            patched = patch.apply_patch(current, body, ctype, rt.builtin)
+            owned = None
         if not isinstance(patched, dict):
             raise bad_request("the patch did not produce an object")
         # A resourceVersion the patch itself sets acts as a precondition (kopf, kubectl).
@@ -335,6 +345,9 @@ class Handlers:
         updated = self.core.update(rt, ns, name, patched, subresource=sub, dry_run=dry_run,
                                    field_validation=field_validation, warnings=warnings,
                                    current=current)
+        if owned is not None and not dry_run:
+            self.store.applied.setdefault(ident, {})[
+                request.query.get("fieldManager", "")] = owned
         return _json(updated, 200, warnings)
 
     async def _delete_options(self, request: web.Request) -> dict[str, Any]:

@@ -66,6 +66,8 @@ class Store:
         # uid -> where the object lives, and owner uid -> its dependents (for the GC).
         self._by_uid: dict[str, ObjKey] = {}
         self._dependents: dict[str, set[ObjKey]] = {}
+        # Server-side apply: (type key, namespace, name) -> field manager -> owned paths.
+        self.applied: dict[ObjKey, dict[str, set[tuple[str, ...]]]] = {}
         self.rv = 1
         self.history: deque[WatchEvent] = deque(maxlen=history_size)
         # The oldest resourceVersion a watch may resume from; older ones get 410 Gone.
@@ -165,6 +167,7 @@ class Store:
             return None
         self._encoded.get(key, {}).pop((namespace, name), None)
         self._index(key, None, old)
+        self.applied.pop((key, namespace, name), None)
         rv = self.next_rv()
         gone = clone(old)
         gone["metadata"]["resourceVersion"] = str(rv)
@@ -221,7 +224,10 @@ class Store:
     # ---- persistence -------------------------------------------------------------------
     def snapshot(self, path: Path) -> None:
         data = {"resourceVersion": self.rv,
-                "objects": {key: list(bucket.values()) for key, bucket in self._objects.items()}}
+                "objects": {key: list(bucket.values()) for key, bucket in self._objects.items()},
+                "applied": [[*ident, manager, sorted(list(p) for p in paths)]
+                            for ident, managers in self.applied.items()
+                            for manager, paths in managers.items()]}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
@@ -239,5 +245,7 @@ class Store:
                 meta = obj["metadata"]
                 bucket[(meta.get("namespace", ""), meta["name"])] = obj
                 self._index(key, obj, None)
+        for key, ns, name, manager, paths in data.get("applied", []):
+            self.applied.setdefault((key, ns, name), {})[manager] = {tuple(p) for p in paths}
         return list(self._objects.get("apiextensions.k8s.io/customresourcedefinitions",
                                       {}).values())
