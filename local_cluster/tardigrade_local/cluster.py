@@ -30,10 +30,10 @@ import psutil
 from aiohttp import web
 
 import tardigrade_local
-from tardigrade_local import gcs
+from tardigrade_local import gcs, podnet
 from tardigrade_local.disruptions import Disruptor
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
-from tardigrade_local.kubelet.config import project_python_path
+from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
 from tardigrade_local.paths import StateLayout
 
 log = logging.getLogger(__name__)
@@ -235,8 +235,12 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
 
 
 def _client_env(layout: StateLayout, pod_env: Mapping[str, str]) -> dict[str, str]:
-    path = os.pathsep.join([*project_python_path(), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, **pod_env, "KUBECONFIG": str(layout.kubeconfig), "PYTHONPATH": path}
+    """Environment for a process beside the cluster (operator, kubectl, tests): it finds the
+    API server and the GCS emulator, and Python resolves pod names (see `podnet`)."""
+    path = os.pathsep.join([str(PODSITE_DIR), *project_python_path(),
+                            os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, **pod_env, "KUBECONFIG": str(layout.kubeconfig), "PYTHONPATH": path,
+            podnet.ENV_HOSTS_FILE: str(layout.hosts_file)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -365,8 +369,9 @@ class LocalCluster:
         return self.info.get("gcs_url")
 
     def client_env(self) -> dict[str, str]:
-        """os.environ plus KUBECONFIG and the GCS emulator variables, for kubectl and tests."""
-        return {**os.environ, **self.info.get("pod_env", {}), "KUBECONFIG": str(self.kubeconfig)}
+        """os.environ plus KUBECONFIG, the GCS emulator variables and pod-name resolution for
+        Python, for kubectl, an operator or test subprocesses."""
+        return _client_env(self.layout, self.info.get("pod_env", {}))
 
     # --- disruptions -------------------------------------------------------------------------
     @property

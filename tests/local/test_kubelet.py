@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import itertools
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import psutil
@@ -439,3 +442,32 @@ def test_active_deadline_fails_the_pod(kube):
     assert container_status(pod)["state"]["terminated"]["exitCode"] == 143
     kube.core.delete_namespaced_pod("slowpoke", "default")
     kube.wait_gone("slowpoke")
+
+
+def test_processes_beside_the_cluster_reach_pods_by_name(kube, cluster):
+    """What an operator started with `cluster.client_env()` sees: pod names resolve."""
+    kube.core.create_namespaced_service("default", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"port": 8477}]}})
+    server = """
+        import http.server
+        http.server.HTTPServer(("0.0.0.0", 8477), http.server.SimpleHTTPRequestHandler
+                               ).serve_forever()
+    """
+    kube.create_pod(python_pod("web-0", server, labels={"app": "web"}, hostname="web-0",
+                               subdomain="web"))
+    kube.wait_phase("web-0", ("Running",))
+    probe = textwrap.dedent("""
+        import time, urllib.request
+        for _ in range(100):
+            try:
+                url = "http://web-0.web.default.svc.cluster.local:8477/"
+                print(urllib.request.urlopen(url, timeout=2).status)
+                break
+            except OSError:
+                time.sleep(0.1)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], env=cluster.client_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "200", out.stderr
+    kube.core.delete_namespaced_pod("web-0", "default", grace_period_seconds=0)

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from tardigrade_local.kubelet import network, scheduler
 from tardigrade_local.kubelet import podstatus as ps
-from tardigrade_local.kubelet.config import PODSITE_DIR
+from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
 from tardigrade_local.kubelet.env import EnvError, container_env, expand
 from tardigrade_local.kubelet.images import ImageMap, ImagePullError, ImageRule, repository
 
@@ -224,7 +224,8 @@ def test_pod_python_resolves_hosts_file_names_and_binds_its_own_ip(tmp_path):
             "bound": s.getsockname()[0],
         }))
     """)
-    env = {**os.environ, "PYTHONPATH": str(PODSITE_DIR), "TARDIGRADE_HOSTS_FILE": str(hosts),
+    path = os.pathsep.join([str(PODSITE_DIR), *project_python_path()])
+    env = {**os.environ, "PYTHONPATH": path, "TARDIGRADE_HOSTS_FILE": str(hosts),
            "TARDIGRADE_POD_IP": "127.16.3.5", "HOSTNAME": "me"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                          check=True, timeout=60)
@@ -232,3 +233,17 @@ def test_pod_python_resolves_hosts_file_names_and_binds_its_own_ip(tmp_path):
                                       "self": "127.16.3.5", "hostname": "me",
                                       "bound": "127.16.3.5"}
     assert socket.gethostbyname("localhost").startswith("127.")
+
+
+def test_a_process_outside_the_cluster_can_resolve_pod_names(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.16.7.7 rank-0.job.ns.svc.cluster.local\n")
+    probe = (
+        "import socket; from tardigrade_local import podnet; "
+        f"podnet.install({str(hosts)!r}); "
+        "print(socket.gethostbyname('rank-0.job.ns.svc.cluster.local'))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(project_python_path())}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "127.16.7.7"
