@@ -247,3 +247,27 @@ def test_a_process_outside_the_cluster_can_resolve_pod_names(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, check=True, timeout=60)
     assert out.stdout.strip() == "127.16.7.7"
+
+
+# --- launch ---------------------------------------------------------------------------------
+def test_launch_maps_termination_log_and_keeps_pod_networking_on_pythonpath(tmp_path):
+    from tardigrade_local.kubelet.config import KubeletSettings
+    from tardigrade_local.kubelet.launch import container_launch
+    from tardigrade_local.paths import StateLayout
+
+    settings = KubeletSettings(layout=StateLayout(tmp_path), api_url="http://127.0.0.1:1",
+                               cluster_env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:2"})
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"hostname": "h"}}
+    spec = {"name": "main", "image": "local/python",
+            "command": ["python", "-c", "x", "/dev/termination-log"],
+            "env": [{"name": "TERM_LOG", "value": "/dev/termination-log"},
+                    {"name": "PYTHONPATH", "value": "/opt/app"}]}
+    argv, env = container_launch(settings, pod, spec, "127.16.0.3", "127.8.0.2", {}, {})
+    local_log = str(tmp_path / "pods" / "ns_p" / "main.termination-log")
+    assert argv == [sys.executable, "-c", "x", local_log]
+    assert env["TERM_LOG"] == env["TARDIGRADE_TERMINATION_LOG"] == local_log
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(PODSITE_DIR)
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/opt/app")
+    assert (env["HOSTNAME"], env["TARDIGRADE_POD_IP"]) == ("h", "127.16.0.3")
+    assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:2"
+    assert env["PYTHONUNBUFFERED"] == "1"

@@ -10,11 +10,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-import os
 import signal
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -22,19 +20,16 @@ from kubernetes.utils import parse_quantity
 from tardigrade_local import disruptions as d
 from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
-from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
-from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
+from tardigrade_local.kubelet.config import KubeletSettings
+from tardigrade_local.kubelet.env import EnvError
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.images import ImagePullError
+from tardigrade_local.kubelet.launch import container_launch, env_sources, termination_message
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
 from tardigrade_local.kubelet.process import ContainerProcess
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-TERMINATION_MESSAGE_LIMIT = 4096
-FALLBACK_LOG_LINES = 80
-FALLBACK_LOG_BYTES = 2048
 DEFAULT_GRACE_SECONDS = 30
 
 
@@ -281,7 +276,7 @@ class PodWorker:
         pid_file.unlink(missing_ok=True)
         self.processes.pop(cname, None)
         record.terminate(code, ps.termination_reason(code, proc.oom_killed),
-                         self._termination_message(spec, term_path, log_path, code))
+                         termination_message(spec, term_path, log_path, code))
         return code
 
     def _probes(self, record: ps.ContainerRecord, spec: Mapping[str, Any],
@@ -309,78 +304,9 @@ class PodWorker:
         return probes
 
     async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
-        image_rule = self.settings.image_map.resolve(spec.get("image", ""))
-        # The downward API sees the addresses this kubelet assigned, reported or not.
-        status = {**(self.pod.get("status") or {}), "podIP": self.pod_ip,
-                  "podIPs": [{"ip": self.pod_ip}], "hostIP": self.host_ip,
-                  "hostIPs": [{"ip": self.host_ip}]}
-        pod = {**self.pod, "status": status}
-        configmaps, secrets = await self._env_sources()
-        own_env = container_env(pod, spec, configmaps, secrets)
-        term_path = str(self.settings.layout.termination_log(self.namespace, self.name,
-                                                             spec["name"]))
-        declared = spec.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
-        # The container's idea of its termination-log path is mapped to a file of its own.
-        own_env = {k: (term_path if v == declared else v) for k, v in own_env.items()}
-        command = [expand(str(x), own_env) for x in spec.get("command") or []]
-        args = [expand(str(x), own_env) for x in spec.get("args") or []]
-        argv = self.settings.image_map.argv(spec.get("image", ""), command, args)
-        argv = [term_path if x == declared else x for x in argv]
-        base = self._base_env()
-        env = {**base, **dict(image_rule.env), **own_env}
-        if own_env.get("PYTHONPATH"):
-            # The image's own packages and pod networking stay importable, as site-packages
-            # of a real image would.
-            env["PYTHONPATH"] = os.pathsep.join([base["PYTHONPATH"], own_env["PYTHONPATH"]])
-        env["TARDIGRADE_TERMINATION_LOG"] = term_path
-        return argv, env
-
-    def _base_env(self) -> dict[str, str]:
-        spec = self.pod["spec"]
-        inherited = {k: v for k, v in os.environ.items()
-                     if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")}
-        python_path = [str(PODSITE_DIR), *self.settings.python_path]
-        # No KUBERNETES_SERVICE_HOST: without a service-account token file, in-cluster clients
-        # (e.g. JAX's Kubernetes auto-detection) would fail instead of staying out of the way.
-        return {
-            **inherited,
-            "HOME": str(self.settings.layout.pod_dir(self.namespace, self.name)),
-            "HOSTNAME": spec.get("hostname") or self.name,
-            "PYTHONPATH": os.pathsep.join(python_path),
-            "TARDIGRADE_HOSTS_FILE": str(self.settings.layout.hosts_file),
-            "TARDIGRADE_POD_IP": self.pod_ip,
-            **self.settings.cluster_env,
-        }
-
-    async def _env_sources(self) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
-        import base64
-
-        configmap_names, secret_names = referenced_objects(self.pod["spec"])
-        configmaps: dict[str, dict[str, str]] = {}
-        secrets: dict[str, dict[str, str]] = {}
-        for cm in configmap_names:
-            obj = await self.client.get(core_path("configmaps", self.namespace, cm))
-            if obj is not None:
-                configmaps[cm] = dict(obj.get("data") or {})
-        for secret in secret_names:
-            obj = await self.client.get(core_path("secrets", self.namespace, secret))
-            if obj is not None:
-                data = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
-                secrets[secret] = {**data, **(obj.get("stringData") or {})}
-        return configmaps, secrets
-
-    def _termination_message(self, spec: Mapping[str, Any], term_path: Path, log_path: Path,
-                             code: int) -> str:
-        message = ""
-        with contextlib.suppress(OSError):
-            message = term_path.read_bytes()[:TERMINATION_MESSAGE_LIMIT].decode(errors="replace")
-        fallback = spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
-        if not message and code != 0 and fallback:
-            with contextlib.suppress(OSError):
-                tail = log_path.read_bytes()[-FALLBACK_LOG_BYTES * 4:]
-                lines = tail.decode(errors="replace").splitlines()[-FALLBACK_LOG_LINES:]
-                message = "\n".join(lines)[-FALLBACK_LOG_BYTES:]
-        return message
+        configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
+        return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
+                                configmaps, secrets)
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping
