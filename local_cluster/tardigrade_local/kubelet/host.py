@@ -11,27 +11,26 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from tardigrade_local import disruptions as d
-from tardigrade_local.kubelet import network, scheduler
-from tardigrade_local.kubelet import podstatus as ps
+from tardigrade_local.kubelet import network
+from tardigrade_local.kubelet.binder import Binder
 from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
 from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.logs import log_app
 from tardigrade_local.kubelet.node import node_object, node_status
+from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-POD_GC_PERIOD_SECONDS = 0.5
 SHUTDOWN_KILL_GRACE_SECONDS = 3.0
 
 
@@ -61,11 +60,9 @@ class KubeletHost:
         self.pods = Informer(self.client, core_path("pods"), self._on_pod)
         self.nodes = Informer(self.client, core_path("nodes"), self._on_node)
         self.services = Informer(self.client, core_path("services"), self._on_service)
-        self._schedule_dirty = asyncio.Event()
+        self.binder = Binder(self.client, self.pods, self.nodes, self.events)
+        self.pod_gc = PodGC(self.client, self.pods, self.nodes, settings.orphan_pod_gc_seconds)
         self._hosts_dirty = asyncio.Event()
-        self._assumed: dict[tuple[str, str, str], str] = {}
-        self._unschedulable: dict[tuple[str, str, str], str] = {}
-        self._orphans: dict[tuple[str, str, str], float] = {}
         self._finalizing: set[tuple[str, str, str]] = set()
         # Pods whose worker has ended never run again here, even if a stale event says Running.
         self._finished: set[str] = set()
@@ -85,9 +82,9 @@ class KubeletHost:
         for config in self.initial_nodes:
             await self.add_node(config)
         self._tasks += [
-            asyncio.create_task(self._schedule_loop()),
+            asyncio.create_task(self.binder.run()),
             asyncio.create_task(self._hosts_loop()),
-            asyncio.create_task(self._pod_gc_loop()),
+            asyncio.create_task(self.pod_gc.run()),
         ]
 
     async def stop(self) -> None:
@@ -135,7 +132,7 @@ class KubeletHost:
             await self.client.patch(path, {"metadata": body["metadata"], "spec": body["spec"]})
         # Some servers drop status on create; the kubelet reports it separately anyway.
         await self.client.patch(path + "/status", {"status": body["status"]})
-        self._schedule_dirty.set()
+        self.binder.dirty.set()
         self.events.node(config.name, "RegisteredNode", f"Node {config.name} event: Registered")
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
@@ -162,7 +159,7 @@ class KubeletHost:
         await self._retire(agent)
         with contextlib.suppress(ApiError):
             await self.client.delete(path)
-        self._schedule_dirty.set()
+        self.binder.dirty.set()
         if replace_after_seconds is not None:
             await asyncio.sleep(replace_after_seconds)
             await self.add_node(agent.config)
@@ -180,7 +177,7 @@ class KubeletHost:
             with contextlib.suppress(ApiError):
                 await self.client.delete(core_path("nodes", name=name))
         await asyncio.gather(*(w.done.wait() for w in workers))
-        self._schedule_dirty.set()
+        self.binder.dirty.set()
 
     async def _retire(self, agent: NodeAgent) -> None:
         agent.state = "gone"
@@ -228,7 +225,7 @@ class KubeletHost:
 
     # --- watch handlers ------------------------------------------------------------------
     def _on_node(self, kind: str, node: Obj) -> None:
-        self._schedule_dirty.set()
+        self.binder.dirty.set()
         agent = self.agents.get(node["metadata"]["name"])
         if kind == "DELETED" and agent is not None and agent.state == "ready":
             # Someone deleted a live node's object (`kubectl delete node`): treat it as lost.
@@ -245,9 +242,9 @@ class KubeletHost:
         node_name = spec.get("nodeName")
         if not node_name:
             if kind != "DELETED":
-                self._schedule_dirty.set()
+                self.binder.dirty.set()
             return
-        self._assumed.pop(key, None)
+        self.binder.observed_binding(key)
         agent = self.agents.get(node_name)
         if agent is None or agent.state == "gone":
             return
@@ -258,7 +255,7 @@ class KubeletHost:
                 worker.request_stop(Stop.REMOVED,
                                     float(spec.get("terminationGracePeriodSeconds",
                                                    DEFAULT_GRACE_SECONDS)))
-            self._schedule_dirty.set()
+            self.binder.dirty.set()
             return
         if worker is not None:
             worker.update(pod)
@@ -292,131 +289,7 @@ class KubeletHost:
         agent.workers.pop(key, None)
         self.ips.release(worker.pod_ip)
         self._hosts_dirty.set()
-        self._schedule_dirty.set()
-
-    # --- scheduler -----------------------------------------------------------------------
-    async def _schedule_loop(self) -> None:
-        while True:
-            await self._schedule_dirty.wait()
-            self._schedule_dirty.clear()
-            try:
-                await self._schedule_pending()
-            except Exception:
-                log.exception("scheduling pass failed")
-                await asyncio.sleep(1)
-                self._schedule_dirty.set()
-
-    async def _schedule_pending(self) -> None:
-        nodes = list(self.nodes.cache.values())
-        bound = [p for p in self.pods.cache.values() if p["spec"].get("nodeName")]
-        bound += [self._assumed_pod(p, self._assumed[k]) for k, p in self._pending_assumed()]
-        for pod in sorted(self.pods.cache.values(),
-                          key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-            meta, spec = pod["metadata"], pod["spec"]
-            key = (meta.get("namespace") or "default", meta["name"], meta.get("uid", ""))
-            if (spec.get("nodeName") or key in self._assumed or meta.get("deletionTimestamp")
-                    or _is_terminal(pod)
-                    or spec.get("schedulerName", "default-scheduler") != "default-scheduler"):
-                continue
-            decision = scheduler.schedule(pod, nodes, bound)
-            if decision.node is None:
-                if self._unschedulable.get(key) != decision.message:
-                    self._unschedulable[key] = decision.message
-                    await self._mark_unschedulable(pod, decision.message)
-                    self.events.pod(pod, "FailedScheduling", decision.message, warning=True,
-                                    component="default-scheduler")
-                continue
-            self._unschedulable.pop(key, None)
-            self._assumed[key] = decision.node
-            bound.append(self._assumed_pod(pod, decision.node))
-            try:
-                await self._bind(key, decision.node)
-                self.events.pod(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} "
-                                f"to {decision.node}", component="default-scheduler")
-            except ApiError as err:
-                self._assumed.pop(key, None)
-                log.warning("binding %s/%s to %s failed: %s", key[0], key[1], decision.node, err)
-
-    def _pending_assumed(self) -> list[tuple[tuple[str, str, str], Obj]]:
-        found = []
-        for key in self._assumed:
-            pod = self.pods.cache.get(key[:2])
-            if pod is not None and not pod["spec"].get("nodeName"):
-                found.append((key, pod))
-        return found
-
-    @staticmethod
-    def _assumed_pod(pod: Obj, node: str) -> Obj:
-        return {**pod, "spec": {**pod["spec"], "nodeName": node}}
-
-    async def _bind(self, key: tuple[str, str, str], node: str) -> None:
-        ns, name, uid = key
-        binding = {
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": ns, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
-        try:
-            await self.client.create(core_path("pods", ns, name, "binding"), binding)
-        except ApiError as err:
-            if err.status not in (404, 405) or not await self._pod_exists(ns, name):
-                raise
-            # No binding subresource on this server: set the field directly.
-            await self.client.patch(core_path("pods", ns, name), {"spec": {"nodeName": node}})
-
-    async def _pod_exists(self, ns: str, name: str) -> bool:
-        return await self.client.get(core_path("pods", ns, name)) is not None
-
-    async def _mark_unschedulable(self, pod: Obj, message: str) -> None:
-        meta = pod["metadata"]
-        path = core_path("pods", meta.get("namespace") or "default", meta["name"])
-        existing = (pod.get("status") or {}).get("conditions") or []
-        cond = ps.condition("PodScheduled", False, "Unschedulable", message)
-        with contextlib.suppress(ApiError):
-            await self.client.patch(path + "/status", {"status": {
-                "phase": "Pending", "conditions": ps.merge_conditions(existing, [cond])}})
-
-    # --- pod GC --------------------------------------------------------------------------
-    async def _pod_gc_loop(self) -> None:
-        while True:
-            await asyncio.sleep(POD_GC_PERIOD_SECONDS)
-            try:
-                await self._collect_orphans()
-            except Exception:
-                log.exception("pod GC pass failed")
-
-    async def _collect_orphans(self) -> None:
-        if not self.nodes.synced.is_set():
-            return
-        existing = {n["metadata"]["name"] for n in self.nodes.cache.values()}
-        now = time.monotonic()
-        seen: set[tuple[str, str, str]] = set()
-        for pod in list(self.pods.cache.values()):
-            meta = pod["metadata"]
-            node = pod["spec"].get("nodeName")
-            if not node or node in existing:
-                continue
-            key = (meta.get("namespace") or "default", meta["name"], meta.get("uid", ""))
-            seen.add(key)
-            first = self._orphans.setdefault(key, now)
-            if now - first >= self.settings.orphan_pod_gc_seconds:
-                await self._gc_orphan(pod)
-        for key in list(self._orphans):
-            if key not in seen:
-                del self._orphans[key]
-
-    async def _gc_orphan(self, pod: Obj) -> None:
-        """What the pod GC controller does to a pod whose node no longer exists."""
-        meta = pod["metadata"]
-        path = core_path("pods", meta.get("namespace") or "default", meta["name"])
-        with contextlib.suppress(ApiError):
-            if not _is_terminal(pod):
-                existing = (pod.get("status") or {}).get("conditions") or []
-                cond = ps.condition(d.DISRUPTION_TARGET, True, d.REASON_DELETION_BY_POD_GC,
-                                    d.POD_GC_MESSAGE)
-                await self.client.patch(path + "/status", {"status": {
-                    "phase": "Failed", "conditions": ps.merge_conditions(existing, [cond])}})
-            await self.client.delete(path, 0)
+        self.binder.dirty.set()
 
     # --- names ---------------------------------------------------------------------------
     async def _hosts_loop(self) -> None:
