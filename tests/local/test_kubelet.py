@@ -471,3 +471,13 @@ def test_processes_beside_the_cluster_reach_pods_by_name(kube, cluster):
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "200", out.stderr
     kube.core.delete_namespaced_pod("web-0", "default", grace_period_seconds=0)
+
+
+def test_missing_executable_is_a_start_error(kube):
+    body = python_pod("noexec", "pass")
+    body["spec"]["containers"][0]["command"] = ["no-such-program"]
+    kube.create_pod(body)
+    pod = kube.wait_phase("noexec", ("Failed",))
+    terminated = container_status(pod)["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
+    assert 'exec: "no-such-program": executable file not found in $PATH' in terminated["message"]

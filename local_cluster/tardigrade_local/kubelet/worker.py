@@ -255,8 +255,15 @@ class PodWorker:
         try:
             pid = await proc.start()
         except OSError as err:
+            # The wording of runc's error, which is what a real node reports.
+            why = ("executable file not found in $PATH" if isinstance(err, FileNotFoundError)
+                   else err.strerror or str(err))
+            message = (f"failed to create containerd task: failed to create shim task: OCI "
+                       f"runtime create failed: runc create failed: unable to start container "
+                       f'process: exec: "{argv[0]}": {why}: unknown')
             record.container_id = None
-            record.terminate(128, "StartError", f"failed to start container {cname!r}: {err}")
+            record.terminate(128, "StartError", message)
+            self._event("Failed", f"Error: {message}", warning=True, container=cname)
             await self.push()
             return 128
         self._event("Started", f"Started container {cname}", container=cname)
