@@ -43,7 +43,9 @@ class ApiServer:
                  history_size: int = 10_000, bookmark_interval: float = 10.0,
                  snapshot_interval: float = 2.0) -> None:
         self.host = host
-        self.port = port or free_port()
+        # Port 0 binds an ephemeral port at start (no race with other processes); `url`
+        # is final once `start()` returns.
+        self.port = port
         self.state_dir = Path(state_dir) if state_dir else None
         self.crd_paths = [Path(p) for p in crd_paths or []]
         self.store = Store(history_size)
@@ -75,6 +77,10 @@ class ApiServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
+        if self.port == 0:
+            server = site._server
+            assert server is not None
+            self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         if self.state_dir is not None:
             self._snapshot_task = asyncio.create_task(self._snapshot_loop())
         log.info("API server listening on %s", self.url)
