@@ -9,15 +9,19 @@ import threading
 from pathlib import Path
 
 import typer
+import yaml
 
 from tardigrade_local.cluster import ClusterError, LocalCluster, kill_leftover_pods
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.kubelet import ImageRule, NodeConfig
 from tardigrade_local.paths import StateLayout
 
 app = typer.Typer(help="Run a local Kubernetes (API server + process kubelet + GCS emulator).")
 
 StateDir = typer.Option(None, "--state-dir", "-d", envvar="TARDIGRADE_LOCAL_STATE_DIR",
                         help="Where the cluster keeps its state [default: .tardigrade/local].")
+ImageMapOption = typer.Option(
+    None, "--image-map", help="YAML list of image rules {pattern, entrypoint, cmd, env}; they "
+    "take precedence over the built-in ones (e.g. *tardigrade-trainer).")
 LabelOption = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable.")
 
 
@@ -44,14 +48,18 @@ def up(
     gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator."),
     shutdown_grace: float = typer.Option(30.0, help="Seconds pods get when a node is preempted."),
     operator: str | None = typer.Option(None, help="Command to run as the operator."),
+    image_map: Path | None = ImageMapOption,
 ) -> None:
     """Start the cluster and print the `export KUBECONFIG=...` line."""
+    rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
+        if image_map else []
     configs = [NodeConfig(f"local-node-{i}") for i in range(1, nodes + 1)]
     configs += [NodeConfig(f"local-spot-{i}", labels={"cloud.google.com/gke-spot": "true"})
                 for i in range(1, spot_nodes + 1)]
     cluster = LocalCluster(_layout(state_dir).root, nodes=configs, with_gcs=gcs,
                            remove_on_exit=True, shutdown_grace_seconds=shutdown_grace,
-                           operator_command=shlex.split(operator) if operator else None)
+                           operator_command=shlex.split(operator) if operator else None,
+                           image_rules=rules)
     try:
         cluster.start()
     except ClusterError as err:

@@ -81,6 +81,25 @@ def test_up_preempt_status_down(tmp_path):
     assert again.returncode == 1 and "no local cluster" in again.stderr
 
 
+def test_up_with_an_image_map_runs_mapped_images(tmp_path):
+    rules = tmp_path / "images.yaml"
+    rules.write_text('- {pattern: "example.com/hello", entrypoint: [python, -c], '
+                     'cmd: ["print(\'hello from the map\')"]}\n')
+    up = tardigrade("up", "--no-gcs", "--image-map", str(rules), cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    try:
+        kubeconfig = str(tmp_path / ".tardigrade" / "local" / "kubeconfig")
+        kube = Kube(kubeconfig)
+        kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello"},
+                         "spec": {"restartPolicy": "Never", "containers": [
+                             {"name": "main", "image": "example.com/hello:v2"}]}})
+        assert kube.wait_phase("hello", ("Succeeded", "Failed"))["status"]["phase"] == "Succeeded"
+        env = {**os.environ, "KUBECONFIG": kubeconfig}
+        assert kubectl("logs", "hello", env=env) == "hello from the map\n"
+    finally:
+        assert tardigrade("down", cwd=tmp_path).returncode == 0
+
+
 def test_down_without_a_cluster_is_harmless(tmp_path):
     done = tardigrade("down", "--state-dir", str(tmp_path / "nothing"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
