@@ -138,3 +138,15 @@ def test_server_keeps_serving_after_bad_input(srv):
     status, body = call(srv, "GET", "/api/v1/namespaces/default/configmaps")
     assert status == 200 and body["kind"] == "ConfigMapList"
     assert body["metadata"]["resourceVersion"]
+
+
+def test_wrong_json_types_in_builtin_kinds(srv):
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "typed"},
+           "spec": {"replicas": "two", "selector": {"matchLabels": {"a": "b"}},
+                    "template": {"metadata": {"labels": {"a": "b"}},
+                                 "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    body = assert_status(call(srv, "POST", "/apis/apps/v1/namespaces/default/deployments", dep),
+                         400, "BadRequest")
+    assert body["message"] == (
+        'Deployment in version "v1" cannot be handled as a Deployment: json: cannot unmarshal '
+        "string into Go struct field DeploymentSpec.spec.replicas of type int32")

@@ -42,6 +42,76 @@ def prune_unknown(group: str, kind: str, obj: dict[str, Any]) -> list[str]:
     return found
 
 
+# Python model type -> (JSON type name, Go type the real decoder reports)
+_SCALARS = {"int": ("number", "int32"), "float": ("number", "float64"),
+            "bool": ("bool", "bool"), "str": ("string", "string"),
+            "datetime": ("string", "v1.Time")}
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def type_error(group: str, kind: str, obj: dict[str, Any]) -> str | None:
+    """The first value whose JSON type the Go decoder would refuse, in its words."""
+    name = model_name(group, kind)
+    return _type_error(name, obj, "") if name else None
+
+
+def _type_error(name: str, value: dict[str, Any], path: str) -> str | None:
+    fields = _fields(name) or {}
+    for key, item in value.items():
+        type_name = fields.get(key)
+        if type_name is None or item is None:
+            continue
+        child = f"{path}.{key}" if path else key
+        problem = _check(name, type_name, item, child)
+        if problem:
+            return problem
+    return None
+
+
+def _check(owner: str, type_name: str, value: Any, path: str) -> str | None:
+    struct = re.sub(r"^V1|^CoreV1|^EventsV1", "", owner)
+    if type_name in _SCALARS:
+        wanted, go_type = _SCALARS[type_name]
+        if _json_kind(value) != wanted or (type_name == "int" and isinstance(value, float)
+                                           and not value.is_integer()):
+            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type {go_type}")
+        return None
+    m = _LIST.match(type_name)
+    if m:
+        if not isinstance(value, list):
+            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type []{m.group(1).removeprefix('V1')}")
+        for item in value:
+            if isinstance(item, dict) and _fields(m.group(1)) is not None:
+                problem = _type_error(m.group(1), item, path)
+                if problem:
+                    return problem
+        return None
+    if _DICT.match(type_name):
+        if not isinstance(value, dict):
+            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type map[string]string")
+        return None
+    if _fields(type_name) is not None:
+        if not isinstance(value, dict):
+            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type {type_name.removeprefix('V1')}")
+        return _type_error(type_name, value, path)
+    return None
+
+
 def _walk_type(type_name: str, value: Any, path: str, found: list[str]) -> None:
     m = _LIST.match(type_name)
     if m and isinstance(value, list):

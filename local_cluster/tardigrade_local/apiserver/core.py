@@ -126,6 +126,10 @@ class Core:
     def _prepare_builtin(self, rt: ResourceType, obj: dict[str, Any], field_validation: str,
                          warnings: Warnings) -> None:
         """Drop fields the kind does not have (reject or warn under Strict/Warn)."""
+        problem = builtin_fields.type_error(rt.group, rt.kind, obj)
+        if problem:
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                              f"{rt.kind}: {problem}")
         unknown = builtin_fields.prune_unknown(rt.group, rt.kind, obj)
         self._report_unknown(rt, unknown, field_validation, warnings)
 
