@@ -3,8 +3,8 @@
 Everything lives under one state directory (default `.tardigrade/local` in the current
 directory) so that `tardigrade local down` can remove it in one step.
 
-Container logs: the kubelet writes each container's combined stdout/stderr, raw bytes
-without timestamps, to `container_log(ns, pod, container)`, renaming the previous run's file
+Container logs: the kubelet writes each container's stdout and stderr in the CRI log format
+(`kubelet/crilog.py`) to `container_log(ns, pod, container)`, renaming the previous run's file
 to `previous_container_log(...)` when a container restarts. The API server does not read these
 files: like the real one it proxies `pods/{name}/log` to the kubelet endpoint of the pod's node
 (`kubelet/logs.py`, at the node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`).

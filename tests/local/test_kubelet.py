@@ -108,6 +108,25 @@ def test_logs_follow_while_running(kube, cluster):
     out = kubectl("logs", "-f", "chatty", env=cluster.client_env())
     assert out == "line 0\nline 1\nline 2\n"
     assert kubectl("logs", "chatty", "--tail=1", env=cluster.client_env()) == "line 2\n"
+    stamped = kubectl("logs", "chatty", "--timestamps", "--since=1h", env=cluster.client_env())
+    stamps = [line.split(" ", 1) for line in stamped.splitlines()]
+    assert [text for _, text in stamps] == ["line 0", "line 1", "line 2"]
+    assert all(stamp.endswith("Z") and "T" in stamp for stamp, _ in stamps)
+    assert kubectl("logs", "chatty", "--limit-bytes=4", env=cluster.client_env()) == "line"
+
+
+def test_logs_keep_stdout_and_stderr_lines_whole(kube):
+    script = """
+        import sys
+        print("to stdout", flush=True)
+        print("to stderr", file=sys.stderr, flush=True)
+        sys.stdout.write("x" * 40000 + "\\n")
+        sys.stdout.write("no newline at the end")
+    """
+    kube.create_pod(python_pod("streams", script))
+    kube.wait_phase("streams", ("Succeeded",))
+    out = kube.core.read_namespaced_pod_log("streams", "default")
+    assert out == ("to stdout\nto stderr\n" + "x" * 40000 + "\nno newline at the end")
 
 
 def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster):

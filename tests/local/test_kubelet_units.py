@@ -271,3 +271,26 @@ def test_launch_maps_termination_log_and_keeps_pod_networking_on_pythonpath(tmp_
     assert (env["HOSTNAME"], env["TARDIGRADE_POD_IP"]) == ("h", "127.16.0.3")
     assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:2"
     assert env["PYTHONUNBUFFERED"] == "1"
+
+
+# --- CRI logs -------------------------------------------------------------------------------
+def test_cri_log_records_round_trip_with_partial_lines_and_tail():
+    import io
+
+    from tardigrade_local.kubelet import crilog
+
+    out = io.BytesIO()
+    writer = crilog.CriLogWriter(out, "stdout")
+    writer.feed(b"one\ntw")
+    writer.feed(b"o\n" + b"y" * (crilog.MAX_RECORD_BYTES + 5) + b"\nlast")
+    writer.close()
+    records = list(crilog.parse(out.getvalue()))
+    assert [r.partial for r in records] == [False, False, True, False, True]
+    long_line = "y" * (crilog.MAX_RECORD_BYTES + 5)
+    assert crilog.text(out.getvalue()) == "one\ntwo\n" + long_line + "\nlast"
+    tail = crilog.select(records, tail_lines=1)
+    assert b"".join(r.render(False) for r in tail) == b"last"
+    tail2 = crilog.select(records[:4], tail_lines=1)
+    assert b"".join(r.render(False) for r in tail2) == b"y" * (crilog.MAX_RECORD_BYTES + 5) + b"\n"
+    stamped = records[0].render(True).decode()
+    assert stamped.endswith(" one\n") and stamped[:4].isdigit()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tardigrade_local.kubelet import crilog
 from tardigrade_local.kubelet.client import ApiClient, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
 from tardigrade_local.kubelet.env import container_env, expand, referenced_objects
@@ -101,7 +102,6 @@ def termination_message(spec: Mapping[str, Any], term_path: Path, log_path: Path
     fallback = spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
     if not message and code != 0 and fallback:
         with contextlib.suppress(OSError):
-            tail = log_path.read_bytes()[-FALLBACK_LOG_BYTES * 4:]
-            lines = tail.decode(errors="replace").splitlines()[-FALLBACK_LOG_LINES:]
+            lines = crilog.text(log_path.read_bytes()).splitlines()[-FALLBACK_LOG_LINES:]
             message = "\n".join(lines)[-FALLBACK_LOG_BYTES:]
     return message
