@@ -165,6 +165,21 @@ def test_get_watch_sees_changes(kubectl, ns):
     finally:
         proc.kill()
         proc.wait()
+    # The default output watches Table rows: the printer columns come through the watch too.
+    table = subprocess.Popen([str(kubectl.binary), "get", "wg", "-n", ns, "-w",
+                              "--request-timeout=20s"], env=kubectl.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert table.stdout is not None
+        assert table.stdout.readline().split()[:3] == ["NAME", "REPLICAS", "PHASE"]
+        seen = {table.stdout.readline().split()[0], table.stdout.readline().split()[0]}
+        assert seen == {"watched", "second"}
+        kubectl("patch", "wg", "second", "-n", ns, "--type=merge", "-p",
+                '{"spec":{"replicas":7}}')
+        assert table.stdout.readline().split()[:2] == ["second", "7"]
+    finally:
+        table.kill()
+        table.wait()
 
 
 def _watching(server, before):

@@ -349,3 +349,14 @@ def test_gc_collects_many_dependents(core):
     deps = [_owned(core, owner, name("d")).metadata.name for _ in range(50)]
     core.delete_namespaced_config_map(owner.metadata.name, "default")
     wait_for(lambda: all(_exists(core, d) is None for d in deps), what="all dependents")
+
+
+@pytest.mark.parametrize(("resources", "qos"), [
+    ({}, "BestEffort"),
+    ({"requests": {"cpu": "1"}}, "Burstable"),
+    ({"limits": {"cpu": "1", "memory": "1Gi"}}, "Guaranteed"),
+])
+def test_pod_qos_class(core, resources, qos):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("qos")},
+           "spec": {"containers": [{"name": "c", "image": "x", "resources": resources}]}}
+    assert core.create_namespaced_pod("default", pod).status.qos_class == qos

@@ -44,13 +44,30 @@ def _default_pod_spec(spec: dict[str, Any]) -> None:
             _default_container(c)
 
 
+def _qos_class(spec: dict[str, Any]) -> str:
+    """Guaranteed, Burstable or BestEffort, from the containers' requests and limits."""
+    containers = [c for c in itertools.chain(spec.get("containers") or [],
+                                             spec.get("initContainers") or [])
+                  if isinstance(c, dict)]
+    resources = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in resources):
+        return "BestEffort"
+    for r in resources:
+        limits = r.get("limits") or {}
+        requests = {**limits, **(r.get("requests") or {})}
+        if not all(k in limits for k in ("cpu", "memory")) or any(
+                str(requests.get(k)) != str(limits.get(k)) for k in ("cpu", "memory")):
+            return "Burstable"
+    return "Guaranteed"
+
+
 def default_on_create(kind: str, obj: dict[str, Any]) -> None:
     spec = obj.get("spec")
     if kind == "Pod":
         spec = obj.setdefault("spec", {})
         _default_pod_spec(spec)
         # A new pod is Pending until a kubelet says otherwise.
-        obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
     elif kind == "Service":
         spec = obj.setdefault("spec", {})
         spec.setdefault("type", "ClusterIP")
