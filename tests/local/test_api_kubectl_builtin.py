@@ -182,3 +182,23 @@ def test_unknown_fields_of_builtin_kinds(kubectl, ns):
         err = kubectl.fails("apply", "-f", "-", input=yaml.safe_dump(pod))
         assert ('Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown '
                 'field "spec.containers[0].imagee"') in err
+
+
+def test_replace_with_the_original_manifest(kubectl, ns):
+    # Regression: defaults were applied on create only, so replacing a pod with the manifest
+    # it was created from looked like a forbidden spec change.
+    docs = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rp", "namespace": ns},
+             "spec": {"containers": [{"name": "c", "image": "busybox:1"}]}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "rs", "namespace": ns},
+             "spec": {"ports": [{"port": 80}]}}]
+    text = yaml.safe_dump_all(docs)
+    kubectl("create", "-f", "-", input=text)
+    ip = kubectl.get_json("svc", "rs", "-n", ns)["spec"]["clusterIP"]
+    kubectl("replace", "-f", "-", input=text)
+    assert kubectl.get_json("svc", "rs", "-n", ns)["spec"]["clusterIP"] == ip
+    changed = text.replace("busybox:1", "busybox:2")
+    kubectl("replace", "-f", "-", input=changed)
+    assert kubectl.get_json("pod", "rp", "-n", ns)["spec"]["containers"][0]["image"] == (
+        "busybox:2")
+    err = kubectl.fails("replace", "-f", "-", input=changed.replace("name: c", "name: d"))
+    assert "pod updates may not change fields other than" in err

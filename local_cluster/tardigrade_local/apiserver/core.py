@@ -282,7 +282,7 @@ class Core:
             obj = self._prepare_custom(rt, obj, field_validation, warnings)
         else:
             self._prepare_builtin(rt, obj, field_validation, warnings)
-        kinds.default_on_update(rt.kind, obj)
+        kinds.default_on_update(rt.kind, obj, old)
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
             crds.set_status(obj)

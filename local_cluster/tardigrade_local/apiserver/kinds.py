@@ -104,9 +104,33 @@ def default_on_create(kind: str, obj: dict[str, Any]) -> None:
         _fold_string_data(obj)
 
 
-def default_on_update(kind: str, obj: dict[str, Any]) -> None:
+def default_on_update(kind: str, obj: dict[str, Any], old: dict[str, Any]) -> None:
+    """Defaults apply to every write (the real server defaults on decode), so a PUT of the
+    original manifest compares equal to what the create stored."""
+    spec = obj.get("spec")
     if kind == "Secret":
         _fold_string_data(obj)
+    elif kind == "Pod" and isinstance(spec, dict):
+        _default_pod_spec(spec)
+    elif kind == "Service" and isinstance(spec, dict):
+        old_spec = old.get("spec") or {}
+        spec.setdefault("type", old_spec.get("type", "ClusterIP"))
+        for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy",
+                    "sessionAffinity", "internalTrafficPolicy"):
+            if key not in spec and key in old_spec:
+                spec[key] = old_spec[key]
+        for port in spec.get("ports") or []:
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    elif kind in ("Deployment", "StatefulSet", "ReplicaSet") and isinstance(spec, dict):
+        spec.setdefault("replicas", 1)
+        spec.setdefault("revisionHistoryLimit", 10)
+        template = spec.get("template") or {}
+        if isinstance(template.get("spec"), dict):
+            _default_pod_spec(template["spec"])
+    elif kind == "Namespace":
+        obj.setdefault("metadata", {}).setdefault("labels", {})[
+            "kubernetes.io/metadata.name"] = obj["metadata"]["name"]
 
 
 def _fold_string_data(secret: dict[str, Any]) -> None:
