@@ -2,6 +2,161 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+import signal
+import threading
+from pathlib import Path
+
 import typer
+import yaml
+
+from tardigrade_local.cluster import ClusterError, LocalCluster, kill_leftover_pods
+from tardigrade_local.kubelet import ImageRule, NodeConfig
+from tardigrade_local.paths import StateLayout
 
 app = typer.Typer(help="Run a local Kubernetes (API server + process kubelet + GCS emulator).")
+
+StateDir = typer.Option(None, "--state-dir", "-d", envvar="TARDIGRADE_LOCAL_STATE_DIR",
+                        help="Where the cluster keeps its state [default: .tardigrade/local].")
+ImageMapOption = typer.Option(
+    None, "--image-map", help="YAML list of image rules {pattern, entrypoint, cmd, env}; they "
+    "take precedence over the built-in ones (e.g. *tardigrade-trainer).")
+LabelOption = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable.")
+
+
+def _layout(state_dir: Path | None) -> StateLayout:
+    return StateLayout.default() if state_dir is None else StateLayout(state_dir.absolute())
+
+
+def _attach(state_dir: Path | None) -> LocalCluster:
+    try:
+        return LocalCluster.attach(_layout(state_dir).root)
+    except ClusterError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def up(
+    nodes: int = typer.Option(1, "--nodes", "-n", min=0, help="Ordinary nodes."),
+    spot_nodes: int = typer.Option(0, "--spot-nodes", min=0,
+                                   help="Nodes labelled cloud.google.com/gke-spot=true."),
+    state_dir: Path | None = StateDir,
+    foreground: bool = typer.Option(False, "--foreground/--background",
+                                    help="Stay attached; Ctrl-C stops the cluster."),
+    gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator."),
+    shutdown_grace: float = typer.Option(30.0, help="Seconds pods get when a node is preempted."),
+    operator: str | None = typer.Option(None, help="Command to run as the operator."),
+    image_map: Path | None = ImageMapOption,
+) -> None:
+    """Start the cluster and print the `export KUBECONFIG=...` line."""
+    rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
+        if image_map else []
+    configs = [NodeConfig(f"local-node-{i}") for i in range(1, nodes + 1)]
+    configs += [NodeConfig(f"local-spot-{i}", labels={"cloud.google.com/gke-spot": "true"})
+                for i in range(1, spot_nodes + 1)]
+    cluster = LocalCluster(_layout(state_dir).root, nodes=configs, with_gcs=gcs,
+                           remove_on_exit=True, shutdown_grace_seconds=shutdown_grace,
+                           operator_command=shlex.split(operator) if operator else None,
+                           image_rules=rules)
+    try:
+        cluster.start()
+    except ClusterError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
+    if not foreground:
+        return
+    typer.echo("# local cluster running; Ctrl-C stops it", err=True)
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    cluster.stop()
+
+
+@app.command()
+def down(state_dir: Path | None = StateDir) -> None:
+    """Stop the cluster and every pod, and remove the state directory."""
+    layout = _layout(state_dir)
+    try:
+        LocalCluster.attach(layout.root).stop(remove=True)
+    except ClusterError:
+        # Not running: still clean up whatever a crashed cluster left.
+        kill_leftover_pods(layout)
+        LocalCluster(layout.root).stop(remove=True)
+    typer.echo(f"local cluster in {layout.root} is down")
+
+
+@app.command()
+def preempt(
+    target: str = typer.Argument(
+        ..., help="A node, or a pod ([NAMESPACE/]NAME) whose node to reclaim."),
+    namespace: str = typer.Option("default", "--namespace", "-n"),
+    grace: float | None = typer.Option(None, help="Grace seconds [default: the cluster's]."),
+    replace_after: float | None = typer.Option(
+        None, help="Bring the node back after this many seconds."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Return when the node is gone."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Spot reclaim: DisruptionTarget, SIGTERM, grace, SIGKILL, then the Node disappears."""
+    cluster = _attach(state_dir)
+    nodes = {n["name"] for n in cluster.status()["nodes"]}
+    if target in nodes:
+        cluster.preempt_node(target, grace, replace_after, wait)
+        typer.echo(f"node/{target} preempted")
+    else:
+        ns, _, name = target.rpartition("/")
+        node = cluster.preempt_pod(ns or namespace, name, grace, replace_after, wait)
+        typer.echo(f"node/{node} (running pod {ns or namespace}/{name}) preempted")
+
+
+@app.command("delete-node")
+def delete_node(node: str, state_dir: Path | None = StateDir) -> None:
+    """Node lost: its processes die at once and the Node object is deleted."""
+    _attach(state_dir).delete_node(node)
+    typer.echo(f"node/{node} lost")
+
+
+@app.command("add-node")
+def add_node(
+    node: str,
+    label: list[str] | None = LabelOption,
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Add a node (e.g. a replacement VM)."""
+    labels = dict(item.split("=", 1) for item in label or [])
+    _attach(state_dir).add_node(node, labels)
+    typer.echo(f"node/{node} added")
+
+
+@app.command()
+def crash(
+    pod: str = typer.Argument(..., help="[NAMESPACE/]NAME"),
+    namespace: str = typer.Option("default", "--namespace", "-n"),
+    container: str | None = typer.Option(None, "--container", "-c"),
+    sig: int = typer.Option(int(signal.SIGKILL), "--signal", help="Signal number."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Make a pod's process die on its own."""
+    ns, _, name = pod.rpartition("/")
+    _attach(state_dir).crash_pod(ns or namespace, name, container, sig)
+    typer.echo(f"pod/{name} crashed")
+
+
+@app.command()
+def status(state_dir: Path | None = StateDir,
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show the API server, GCS emulator, nodes and the pods each runs."""
+    cluster = _attach(state_dir)
+    report = {"api_url": cluster.api_url, "kubeconfig": str(cluster.kubeconfig),
+              "gcs_url": cluster.gcs_url, **cluster.status()}
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"API server: {report['api_url']}\nkubeconfig: {report['kubeconfig']}")
+    typer.echo(f"GCS:        {report['gcs_url'] or '-'}")
+    for node in report["nodes"]:
+        typer.echo(f"node {node['name']} ({node['state']}, {node['ip']}): "
+                   f"{', '.join(node['pods']) or 'no pods'}")

@@ -1,0 +1,433 @@
+"""The local cluster: API server, kubelets, GCS emulator (and later the operator) under one
+state directory.
+
+Two halves:
+- `serve(config)` runs everything in one process (`python -m tardigrade_local.cluster STATE`);
+  it writes `cluster.json` (see `paths.StateLayout`) when ready and stops on SIGTERM/SIGINT;
+- `LocalCluster` starts that process in the background and drives it: the API for tests, the
+  demo and the CLI. Disruptions go through the process's loopback control endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+from aiohttp import web
+
+import tardigrade_local
+from tardigrade_local import gcs, podnet
+from tardigrade_local.disruptions import Disruptor
+from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
+from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
+from tardigrade_local.paths import StateLayout
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "cluster-config.json"
+READY_TIMEOUT_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 20.0
+
+
+def repo_root() -> Path:
+    return Path(tardigrade_local.__file__).resolve().parents[2]
+
+
+def default_nodes(count: int, spot: bool = False) -> list[NodeConfig]:
+    labels = {"cloud.google.com/gke-spot": "true"} if spot else {}
+    return [NodeConfig(f"local-node-{i}", labels=labels) for i in range(1, count + 1)]
+
+
+@dataclasses.dataclass
+class ClusterConfig:
+    state_dir: Path
+    nodes: list[NodeConfig] = dataclasses.field(default_factory=lambda: default_nodes(1))
+    with_gcs: bool = True
+    buckets: list[str] = dataclasses.field(default_factory=lambda: ["tardigrade"])
+    api_port: int = 0
+    crd_files: list[Path] = dataclasses.field(default_factory=list)
+    load_repo_crds: bool = True
+    image_rules: list[ImageRule] = dataclasses.field(default_factory=list)
+    pod_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    shutdown_grace_seconds: float = 30.0
+    orphan_pod_gc_seconds: float = 40.0
+    backoff_base_seconds: float = 10.0
+    # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
+    operator_command: list[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["state_dir"] = str(self.state_dir)
+        data["nodes"] = [n.to_dict() for n in self.nodes]
+        data["crd_files"] = [str(p) for p in self.crd_files]
+        data["image_rules"] = [
+            {"pattern": r.pattern, "entrypoint": list(r.entrypoint), "cmd": list(r.cmd),
+             "env": dict(r.env)} for r in self.image_rules]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClusterConfig:
+        fields = dict(data)
+        fields["state_dir"] = Path(data["state_dir"])
+        fields["nodes"] = [NodeConfig.from_dict(n) for n in data.get("nodes") or []]
+        fields["crd_files"] = [Path(p) for p in data.get("crd_files") or []]
+        fields["image_rules"] = [ImageRule.from_dict(r) for r in data.get("image_rules") or []]
+        return cls(**fields)
+
+
+# --- the cluster process ---------------------------------------------------------------------
+def crd_files(config: ClusterConfig) -> list[Path]:
+    files = list(config.crd_files)
+    crd_dir = repo_root() / "crds"
+    if config.load_repo_crds and crd_dir.is_dir():
+        files += sorted([*crd_dir.glob("*.yaml"), *crd_dir.glob("*.yml")])
+    return files
+
+
+def _control_app(host: KubeletHost) -> web.Application:
+    """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses."""
+    background: set[asyncio.Task[Any]] = set()
+
+    async def run(coro: Any, wait: bool) -> None:
+        task = asyncio.create_task(coro)
+        background.add(task)
+        task.add_done_callback(background.discard)
+        if wait:
+            await task
+
+    async def preempt(request: web.Request) -> web.Response:
+        body = await request.json()
+        if "namespace" in request.match_info:
+            node = host.node_of_pod(request.match_info["namespace"], request.match_info["pod"])
+        else:
+            node = request.match_info["node"]
+        host._agent(node)  # unknown node -> KeyError -> 404
+        await run(host.preempt_node(node, body.get("graceSeconds"),
+                                    body.get("replaceAfterSeconds")), bool(body.get("wait")))
+        return web.json_response({"node": node})
+
+    async def delete_node(request: web.Request) -> web.Response:
+        await host.lose_node(request.match_info["node"])
+        return web.json_response({"node": request.match_info["node"]})
+
+    async def add_node(request: web.Request) -> web.Response:
+        config = NodeConfig.from_dict(await request.json())
+        await host.add_node(config)
+        return web.json_response(config.to_dict())
+
+    async def crash(request: web.Request) -> web.Response:
+        body = await request.json()
+        host.crash_pod(request.match_info["namespace"], request.match_info["pod"],
+                       body.get("container"), int(body.get("signal") or signal.SIGKILL))
+        return web.json_response({})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(host.status())
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except KeyError as err:
+            return web.json_response({"error": str(err.args[0])}, status=404)
+        except ValueError as err:
+            return web.json_response({"error": str(err)}, status=400)
+
+    app = web.Application(middlewares=[errors])
+    app.add_routes([
+        web.post("/nodes/{node}/preempt", preempt),
+        web.post("/pods/{namespace}/{pod}/preempt", preempt),
+        web.delete("/nodes/{node}", delete_node),
+        web.post("/nodes", add_node),
+        web.post("/pods/{namespace}/{pod}/crash", crash),
+        web.get("/status", status),
+    ])
+    return app
+
+
+async def serve(config: ClusterConfig) -> None:
+    """Run the whole cluster until SIGTERM/SIGINT."""
+    from tardigrade_local.apiserver import ApiServer, write_kubeconfig
+
+    layout = StateLayout(config.state_dir.absolute())
+    layout.root.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        crds = crd_files(config)
+        api = await stack.enter_async_context(
+            ApiServer(port=config.api_port, crd_paths=list(crds)))
+        api_url: str = api.url
+        write_kubeconfig(layout.kubeconfig, api_url)
+        pod_env = dict(gcs.offline_google_env())
+        gcs_url = None
+        if config.with_gcs:
+            emulator = gcs.GcsEmulator(log_path=layout.root / "gcs.log")
+            await asyncio.to_thread(emulator.start)
+            stack.callback(emulator.stop)
+            for bucket in config.buckets:
+                await asyncio.to_thread(emulator.create_bucket, bucket)
+            gcs_url = emulator.url
+            pod_env.update(emulator.client_env())
+        pod_env.update(config.pod_env)
+        settings = KubeletSettings(
+            layout=layout, api_url=api_url,
+            image_map=ImageMap.with_extra(config.image_rules), cluster_env=pod_env,
+            backoff_base_seconds=config.backoff_base_seconds,
+            shutdown_grace_seconds=config.shutdown_grace_seconds,
+            orphan_pod_gc_seconds=config.orphan_pod_gc_seconds,
+        )
+        host = KubeletHost(settings, config.nodes)
+        await host.start()
+        stack.push_async_callback(host.stop)
+        runner = web.AppRunner(_control_app(host), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        control_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if config.operator_command:
+            operator = await asyncio.create_subprocess_exec(
+                *config.operator_command, env=_client_env(layout, pod_env),
+                stdout=open(layout.root / "operator.log", "ab"),  # noqa: SIM115
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            stack.push_async_callback(_stop_process, operator)
+        info = {
+            "pid": os.getpid(), "api_url": api_url, "kubeconfig": str(layout.kubeconfig),
+            "control_url": f"http://127.0.0.1:{control_port}", "gcs_url": gcs_url,
+            "crd_files": [str(p) for p in crds], "pod_env": pod_env,
+        }
+        tmp = layout.cluster_info.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info, indent=2))
+        tmp.replace(layout.cluster_info)
+        log.info("local cluster ready: %s", api_url)
+        await stop.wait()
+        layout.cluster_info.unlink(missing_ok=True)
+
+
+async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+
+def _client_env(layout: StateLayout, pod_env: Mapping[str, str]) -> dict[str, str]:
+    """Environment for a process beside the cluster (operator, kubectl, tests): it finds the
+    API server and the GCS emulator, and Python resolves pod names (see `podnet`)."""
+    path = os.pathsep.join([str(PODSITE_DIR), *project_python_path(),
+                            os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, **pod_env, "KUBECONFIG": str(layout.kubeconfig), "PYTHONPATH": path,
+            podnet.ENV_HOSTS_FILE: str(layout.hosts_file)}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    layout = StateLayout(Path(args[0]).absolute())
+    config = ClusterConfig.from_json(json.loads((layout.root / CONFIG_FILE).read_text()))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(config))
+
+
+# --- driving it from outside -----------------------------------------------------------------
+class ClusterError(RuntimeError):
+    pass
+
+
+class LocalCluster:
+    """A local cluster in a background process.
+
+    ```
+    with LocalCluster(tmp_path / "cluster", nodes=2) as cluster:
+        subprocess.run(["kubectl", "get", "nodes"], env=cluster.client_env())
+        cluster.preempt_node("local-node-1", grace_seconds=5, wait=True)
+    ```
+    """
+
+    def __init__(self, state_dir: Path | str | None = None,
+                 nodes: int | Sequence[NodeConfig] = 1, with_gcs: bool = True,
+                 remove_on_exit: bool = True, **options: Any) -> None:
+        layout = (StateLayout.default() if state_dir is None
+                  else StateLayout(Path(state_dir).absolute()))
+        self.layout = layout
+        node_configs = default_nodes(nodes) if isinstance(nodes, int) else list(nodes)
+        self.config = ClusterConfig(state_dir=layout.root, nodes=node_configs,
+                                    with_gcs=with_gcs, **options)
+        self.remove_on_exit = remove_on_exit
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._info: dict[str, Any] | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    def attach(cls, state_dir: Path | str | None = None) -> LocalCluster:
+        """A handle on a cluster that is already running there (e.g. from `tardigrade local up`)."""
+        cluster = cls(state_dir)
+        info = cluster.read_info()
+        if info is None or not psutil.pid_exists(int(info["pid"])):
+            raise ClusterError(f"no local cluster is running in {cluster.layout.root}")
+        cluster._info = info
+        return cluster
+
+    def read_info(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.layout.cluster_info.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def start(self) -> LocalCluster:
+        existing = self.read_info()
+        if existing and psutil.pid_exists(int(existing["pid"])):
+            raise ClusterError(f"a local cluster is already running in {self.layout.root} "
+                               f"(pid {existing['pid']}); run `tardigrade local down` first")
+        if self.layout.root.exists():
+            kill_leftover_pods(self.layout)
+            shutil.rmtree(self.layout.root)
+        self.layout.root.mkdir(parents=True)
+        (self.layout.root / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2))
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join([*project_python_path(),
+                                              os.environ.get("PYTHONPATH", "")])}
+        with open(self.layout.cluster_log, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tardigrade_local.cluster", str(self.layout.root)],
+                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while (info := self.read_info()) is None:
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.layout.cluster_log.read_text(errors="replace")[-3000:]
+                self._kill_daemon()
+                raise ClusterError(f"local cluster did not start:\n{tail}")
+            time.sleep(0.1)
+        self._info = info
+        return self
+
+    def stop(self, remove: bool | None = None) -> None:
+        """Stop the cluster process and every pod process; remove the state dir."""
+        info = self._info or self.read_info()
+        pid = int(info["pid"]) if info else (self._proc.pid if self._proc else None)
+        if pid is not None:
+            _terminate_pid(pid, STOP_TIMEOUT_SECONDS)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(1)
+        kill_leftover_pods(self.layout)
+        self._info = None
+        if self.remove_on_exit if remove is None else remove:
+            shutil.rmtree(self.layout.root, ignore_errors=True)
+
+    def _kill_daemon(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            _terminate_pid(self._proc.pid, 5)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # --- facts -------------------------------------------------------------------------------
+    @property
+    def info(self) -> dict[str, Any]:
+        if self._info is None:
+            raise ClusterError("the local cluster is not running")
+        return self._info
+
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.info["kubeconfig"])
+
+    @property
+    def api_url(self) -> str:
+        return str(self.info["api_url"])
+
+    @property
+    def gcs_url(self) -> str | None:
+        return self.info.get("gcs_url")
+
+    def client_env(self) -> dict[str, str]:
+        """os.environ plus KUBECONFIG, the GCS emulator variables and pod-name resolution for
+        Python, for kubectl, an operator or test subprocesses."""
+        return _client_env(self.layout, self.info.get("pod_env", {}))
+
+    # --- disruptions -------------------------------------------------------------------------
+    @property
+    def disruptor(self) -> Disruptor:
+        return Disruptor(self.info["control_url"])
+
+    def preempt_node(self, name: str, grace_seconds: float | None = None,
+                     replace_after_seconds: float | None = None, wait: bool = False) -> None:
+        self.disruptor.preempt_node(name, grace_seconds, replace_after_seconds, wait)
+
+    def preempt_pod(self, namespace: str, name: str, grace_seconds: float | None = None,
+                    replace_after_seconds: float | None = None, wait: bool = False) -> str:
+        return str(self.disruptor.preempt_pod(namespace, name, grace_seconds,
+                                              replace_after_seconds, wait)["node"])
+
+    def delete_node(self, name: str) -> None:
+        self.disruptor.delete_node(name)
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None,
+                 taints: list[dict[str, str]] | None = None,
+                 capacity: dict[str, str] | None = None) -> None:
+        self.disruptor.add_node(name, labels, taints, capacity)
+
+    def crash_pod(self, namespace: str, name: str, container: str | None = None,
+                  sig: int = signal.SIGKILL) -> None:
+        self.disruptor.crash_pod(namespace, name, container, sig)
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.disruptor.status())
+
+
+def _terminate_pid(pid: int, timeout: float) -> None:
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        proc.wait(timeout)
+    except psutil.TimeoutExpired:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            proc.wait(5)
+    except psutil.Error:
+        pass
+
+
+def kill_leftover_pods(layout: StateLayout) -> list[int]:
+    """SIGKILL pod process groups a dead cluster process left behind (from their pid files)."""
+    killed = []
+    for pid_file in layout.pods_dir.glob("*/*.pid") if layout.pods_dir.is_dir() else []:
+        with contextlib.suppress(ValueError, OSError, psutil.Error):
+            pid = int(pid_file.read_text())
+            # Only a process that still runs in this pod's directory is ours to kill.
+            if Path(psutil.Process(pid).cwd()) == pid_file.parent:
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+if __name__ == "__main__":
+    main()

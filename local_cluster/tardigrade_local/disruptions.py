@@ -1,0 +1,89 @@
+"""Disruptions the way clouds and Kubernetes cause them: names, reasons and messages.
+
+The kubelet and pod GC write these onto pods exactly as the real components do, so the
+operator's classification (preempted / evicted / node lost / crashed) is tested against the
+real wire format:
+- spot reclaim / node shutdown: the node's kubelet sets DisruptionTarget
+  (TerminationByKubelet), SIGTERMs, waits the grace period, SIGKILLs; pods end Failed with
+  `status.reason: Terminated`; then the Node object disappears;
+- node lost: the processes die without notice, the Node object is deleted, pod GC marks the
+  pods Failed with DisruptionTarget (DeletionByPodGC) and deletes them;
+- Eviction API: the API server adds DisruptionTarget (EvictionByEvictionAPI) and deletes the
+  pod with its grace period; the kubelet reacts to the deletion;
+- a crash: the container's process dies on its own (SIGKILL: exit code 137, reason Error).
+
+`Disruptor` drives them from outside the cluster process, through its control endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.error
+import urllib.request
+from typing import Any
+
+DISRUPTION_TARGET = "DisruptionTarget"
+REASON_TERMINATION_BY_KUBELET = "TerminationByKubelet"
+REASON_DELETION_BY_POD_GC = "DeletionByPodGC"
+REASON_EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
+REASON_DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
+
+NODE_SHUTDOWN_REASON = "Terminated"
+NODE_SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+NODE_SHUTDOWN_NODE_MESSAGE = "node is shutting down"
+POD_GC_MESSAGE = "PodGC: node no longer exists"
+EVICTION_MESSAGE = "Eviction API: evicting"
+
+
+class DisruptionError(RuntimeError):
+    pass
+
+
+class Disruptor:
+    """Client of the cluster process's control endpoint (`cluster.json: control_url`)."""
+
+    def __init__(self, control_url: str) -> None:
+        self.control_url = control_url.rstrip("/")
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.control_url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            raise DisruptionError(err.read().decode(errors="replace") or str(err)) from None
+
+    def preempt_node(self, node: str, grace_seconds: float | None = None,
+                     replace_after_seconds: float | None = None, wait: bool = False) -> Any:
+        """Spot reclaim: returns at once unless `wait` (then when the Node is gone)."""
+        return self._call("POST", f"/nodes/{node}/preempt", {
+            "graceSeconds": grace_seconds, "replaceAfterSeconds": replace_after_seconds,
+            "wait": wait})
+
+    def preempt_pod(self, namespace: str, pod: str, grace_seconds: float | None = None,
+                    replace_after_seconds: float | None = None, wait: bool = False) -> Any:
+        """Reclaim the VM that runs this pod (clouds preempt machines, not pods)."""
+        return self._call("POST", f"/pods/{namespace}/{pod}/preempt", {
+            "graceSeconds": grace_seconds, "replaceAfterSeconds": replace_after_seconds,
+            "wait": wait})
+
+    def delete_node(self, node: str) -> Any:
+        """Node lost: processes die at once, the Node object is deleted."""
+        return self._call("DELETE", f"/nodes/{node}")
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None,
+                 taints: list[dict[str, str]] | None = None,
+                 capacity: dict[str, str] | None = None) -> Any:
+        return self._call("POST", "/nodes", {"name": name, "labels": labels or {},
+                                             "taints": taints or [], "capacity": capacity or {}})
+
+    def crash_pod(self, namespace: str, pod: str, container: str | None = None,
+                  sig: int = signal.SIGKILL) -> Any:
+        return self._call("POST", f"/pods/{namespace}/{pod}/crash",
+                          {"container": container, "signal": int(sig)})
+
+    def status(self) -> Any:
+        return self._call("GET", "/status")

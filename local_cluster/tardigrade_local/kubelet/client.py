@@ -1,0 +1,192 @@
+"""A small asyncio client for the Kubernetes REST API, and a list+watch cache (informer).
+
+The kubelet needs a handful of verbs on core/v1 objects; aiohttp keeps it on the event loop
+with the processes it supervises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        reason = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"HTTP {status}: {reason}")
+
+
+class WatchExpired(Exception):
+    """410 Gone: the resourceVersion is too old; relist."""
+
+
+def core_path(plural: str, namespace: str | None = None, name: str | None = None,
+              sub: str | None = None) -> str:
+    path = "/api/v1"
+    if namespace is not None:
+        path += f"/namespaces/{namespace}"
+    path += f"/{plural}"
+    if name is not None:
+        path += f"/{name}"
+    if sub is not None:
+        path += f"/{sub}"
+    return path
+
+
+class ApiClient:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Watches last minutes; no total timeout, but notice a dead server.
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      content_type: str = "application/json",
+                      params: Mapping[str, str] | None = None) -> Obj:
+        data = None if body is None else json.dumps(body)
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        async with self.session.request(method, self.base_url + path, data=data,
+                                        headers=headers, params=params) as resp:
+            text = await resp.text()
+            try:
+                payload = json.loads(text) if text else {}
+            except json.JSONDecodeError:
+                payload = text
+            if resp.status >= 400:
+                raise ApiError(resp.status, payload)
+            return payload if isinstance(payload, dict) else {}
+
+    async def get(self, path: str) -> Obj | None:
+        try:
+            return await self.request("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body)
+
+    async def patch(self, path: str, body: Obj) -> Obj:
+        return await self.request("PATCH", path, body, content_type=MERGE_PATCH)
+
+    async def delete(self, path: str, grace_seconds: int | None = None) -> Obj | None:
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            return await self.request("DELETE", path, body)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def watch(self, path: str, resource_version: str,
+                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, Obj]]:
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        async with self.session.get(self.base_url + path, params=params) as resp:
+            if resp.status == 410:
+                raise WatchExpired()
+            if resp.status >= 400:
+                raise ApiError(resp.status, await resp.text())
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    if obj.get("code") == 410:
+                        raise WatchExpired()
+                    raise ApiError(int(obj.get("code") or 500), obj)
+                yield event["type"], obj
+
+
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace") or "", meta["name"]
+
+
+class Informer:
+    """Keeps `cache` equal to the server's objects at `path` and reports every change.
+
+    `on_event(type, obj)` runs synchronously on the loop for ADDED/MODIFIED/DELETED,
+    including changes found by a relist after a broken watch.
+    """
+
+    def __init__(self, client: ApiClient, path: str,
+                 on_event: Callable[[str, Obj], None]) -> None:
+        self.client = client
+        self.path = path
+        self.on_event = on_event
+        self.cache: dict[tuple[str, str], Obj] = {}
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                version = await self._relist()
+                while True:
+                    async for kind, obj in self.client.watch(self.path, version):
+                        version = obj.get("metadata", {}).get("resourceVersion") or version
+                        if kind != "BOOKMARK":
+                            self._apply(kind, obj)
+            except WatchExpired:
+                continue
+            except (TimeoutError, aiohttp.ClientError, ApiError, ValueError) as err:
+                log.debug("watch %s broke: %s", self.path, err)
+                await asyncio.sleep(0.5)
+
+    async def _relist(self) -> str:
+        listing = await self.client.request("GET", self.path)
+        fresh = {object_key(o): o for o in listing.get("items") or []}
+        for key in list(self.cache):
+            if key not in fresh:
+                self._apply("DELETED", self.cache[key])
+        for obj in fresh.values():
+            self._apply("MODIFIED" if object_key(obj) in self.cache else "ADDED", obj)
+        self.synced.set()
+        return str((listing.get("metadata") or {}).get("resourceVersion") or "0")
+
+    def _apply(self, kind: str, obj: Obj) -> None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            self.cache.pop(key, None)
+        else:
+            self.cache[key] = obj
+        try:
+            self.on_event(kind, obj)
+        except Exception:
+            log.exception("handler for %s %s failed", kind, key)

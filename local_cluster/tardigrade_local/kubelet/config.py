@@ -1,0 +1,66 @@
+"""Settings of the local kubelet and of the nodes it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tardigrade_local
+from tardigrade_local.kubelet.images import ImageMap
+from tardigrade_local.paths import StateLayout
+
+PODSITE_DIR = Path(__file__).resolve().parent / "podsite"
+DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+
+def project_python_path() -> list[str]:
+    """Source folders of this checkout, so pods import our packages without an install."""
+    repo = Path(tardigrade_local.__file__).resolve().parents[2]
+    return [str(repo / d) for d in ("local_cluster", "operator", "trainer_image")]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeConfig:
+    """One local node: its name, labels, taints and allocatable resources."""
+
+    name: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    taints: tuple[Mapping[str, str], ...] = ()
+    capacity: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: dict(DEFAULT_NODE_CAPACITY)
+    )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
+        return cls(
+            name=str(data["name"]),
+            labels={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
+            taints=tuple(dict(t) for t in data.get("taints") or ()),
+            capacity={**DEFAULT_NODE_CAPACITY,
+                      **{str(k): str(v) for k, v in (data.get("capacity") or {}).items()}},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "labels": dict(self.labels),
+                "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity)}
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeletSettings:
+    layout: StateLayout
+    api_url: str
+    image_map: ImageMap = dataclasses.field(default_factory=ImageMap)
+    # Environment every pod gets before its own env (e.g. the GCS emulator endpoint).
+    cluster_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # CrashLoopBackOff: first delay, doubling up to the cap (the real kubelet: 10 s, 300 s).
+    backoff_base_seconds: float = 10.0
+    backoff_max_seconds: float = 300.0
+    # Node shutdown (spot reclaim): grace given to pods.
+    shutdown_grace_seconds: float = 30.0
+    # Pod GC deletes pods bound to a vanished node after this quarantine (real: 40 s).
+    orphan_pod_gc_seconds: float = 40.0
+    python_path: tuple[str, ...] = dataclasses.field(
+        default_factory=lambda: tuple(project_python_path())
+    )

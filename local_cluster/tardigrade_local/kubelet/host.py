@@ -1,0 +1,318 @@
+"""The local nodes' kubelets, the scheduler and pod GC, sharing one event loop and one watch
+per resource.
+
+Each local node has a `NodeAgent` (its kubelet): it registers the Node object and runs the
+pods bound to it. The scheduler binds pending pods; pod GC cleans up after vanished nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from tardigrade_local import disruptions as d
+from tardigrade_local.kubelet import network
+from tardigrade_local.kubelet.binder import Binder
+from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
+from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
+from tardigrade_local.kubelet.events import EventRecorder
+from tardigrade_local.kubelet.logs import log_app
+from tardigrade_local.kubelet.node import node_object, node_status
+from tardigrade_local.kubelet.podgc import PodGC
+from tardigrade_local.kubelet.podstatus import ContainerRecord
+from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+SHUTDOWN_KILL_GRACE_SECONDS = 3.0
+
+
+@dataclasses.dataclass
+class NodeAgent:
+    config: NodeConfig
+    ip: str
+    state: str = "ready"  # ready | shutting-down | gone
+    port: int = 0  # the kubelet endpoint (logs), on the node's own IP
+    site: web.TCPSite | None = None
+    workers: dict[tuple[str, str, str], PodWorker] = dataclasses.field(default_factory=dict)
+
+
+def _is_terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class KubeletHost:
+    def __init__(self, settings: KubeletSettings, nodes: list[NodeConfig]) -> None:
+        self.settings = settings
+        self.client = ApiClient(settings.api_url)
+        self.events = EventRecorder(self.client)
+        self.initial_nodes = list(nodes)
+        self.agents: dict[str, NodeAgent] = {}
+        self.ips = network.IpAllocator()
+        self._node_index = 0
+        self.pods = Informer(self.client, core_path("pods"), self._on_pod)
+        self.nodes = Informer(self.client, core_path("nodes"), self._on_node)
+        self.services = Informer(self.client, core_path("services"), self._on_service)
+        self.binder = Binder(self.client, self.pods, self.nodes, self.events)
+        self.pod_gc = PodGC(self.client, self.pods, self.nodes, settings.orphan_pod_gc_seconds)
+        self._hosts_dirty = asyncio.Event()
+        self._finalizing: set[tuple[str, str, str]] = set()
+        # Pods whose worker has ended never run again here, even if a stale event says Running.
+        self._finished: set[str] = set()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
+
+    # --- start / stop --------------------------------------------------------------------
+    async def start(self) -> None:
+        self.settings.layout.pods_dir.mkdir(parents=True, exist_ok=True)
+        self._write_hosts()
+        self._runner = web.AppRunner(log_app(self.settings.layout, self._record), access_log=None)
+        await self._runner.setup()
+        self._tasks = [asyncio.create_task(i.run()) for i in (self.nodes, self.services, self.pods)]
+        await asyncio.gather(self.nodes.synced.wait(), self.services.synced.wait(),
+                             self.pods.synced.wait())
+        for config in self.initial_nodes:
+            await self.add_node(config)
+        self._tasks += [
+            asyncio.create_task(self.binder.run()),
+            asyncio.create_task(self._hosts_loop()),
+            asyncio.create_task(self.pod_gc.run()),
+        ]
+
+    async def stop(self) -> None:
+        """Cluster shutdown: pods get a short SIGTERM grace, no more API writes."""
+        workers = [w for a in self.agents.values() for w in a.workers.values()]
+        for worker in workers:
+            worker.request_stop(Stop.REMOVED, SHUTDOWN_KILL_GRACE_SECONDS)
+        if workers:
+            await asyncio.wait([asyncio.create_task(w.done.wait()) for w in workers],
+                               timeout=SHUTDOWN_KILL_GRACE_SECONDS + 5)
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        for task in [*self._tasks, *self._background]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.client.close()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # --- nodes ---------------------------------------------------------------------------
+    async def add_node(self, config: NodeConfig) -> None:
+        if config.name in self.agents and self.agents[config.name].state != "gone":
+            raise ValueError(f"node {config.name} already exists")
+        self._node_index += 1
+        agent = NodeAgent(config, network.node_ip(self._node_index))
+        assert self._runner is not None
+        agent.site = web.TCPSite(self._runner, agent.ip, 0)
+        await agent.site.start()
+        agent.port = agent.site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.agents[config.name] = agent
+        body = node_object(config, agent.ip, agent.port)
+        path = core_path("nodes", name=config.name)
+        try:
+            await self.client.create(core_path("nodes"), body)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            # A leftover from an earlier run: take it over.
+            await self.client.patch(path, {"metadata": body["metadata"], "spec": body["spec"]})
+        # Some servers drop status on create; the kubelet reports it separately anyway.
+        await self.client.patch(path + "/status", {"status": body["status"]})
+        self.binder.dirty.set()
+        self.events.node(config.name, "RegisteredNode", f"Node {config.name} event: Registered")
+
+    async def preempt_node(self, name: str, grace_seconds: float | None = None,
+                           replace_after_seconds: float | None = None) -> None:
+        """Spot reclaim: graceful node shutdown, then the Node object goes away."""
+        agent = self._agent(name)
+        if agent.state != "ready":
+            return
+        agent.state = "shutting-down"
+        self.events.node(name, "Shutdown", "Node is shutting down (spot instance reclaimed)",
+                         warning=True)
+        grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
+        path = core_path("nodes", name=name)
+        with contextlib.suppress(ApiError):
+            await self.client.patch(path + "/status", {"status": node_status(
+                agent.config, agent.ip, agent.port, ready=False,
+                message=d.NODE_SHUTDOWN_NODE_MESSAGE)})
+        workers = list(agent.workers.values())
+        for worker in workers:
+            pod_grace = worker.pod["spec"].get("terminationGracePeriodSeconds",
+                                               DEFAULT_GRACE_SECONDS)
+            worker.request_stop(Stop.NODE_SHUTDOWN, min(float(pod_grace), grace))
+        await asyncio.gather(*(w.done.wait() for w in workers))
+        await self._retire(agent)
+        with contextlib.suppress(ApiError):
+            await self.client.delete(path)
+        self.binder.dirty.set()
+        if replace_after_seconds is not None:
+            await asyncio.sleep(replace_after_seconds)
+            await self.add_node(agent.config)
+
+    async def lose_node(self, name: str, delete_object: bool = True) -> None:
+        """The machine vanished: processes die now, nothing more is reported."""
+        agent = self._agent(name)
+        if agent.state == "gone":
+            return
+        workers = list(agent.workers.values())
+        for worker in workers:
+            worker.request_stop(Stop.NODE_LOST, 0)
+        await self._retire(agent)
+        if delete_object:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(core_path("nodes", name=name))
+        await asyncio.gather(*(w.done.wait() for w in workers))
+        self.binder.dirty.set()
+
+    async def _retire(self, agent: NodeAgent) -> None:
+        agent.state = "gone"
+        if agent.site is not None:
+            await agent.site.stop()
+            agent.site = None
+
+    def _record(self, namespace: str, pod: str, container: str) -> ContainerRecord | None:
+        for agent in self.agents.values():
+            for (ns, name, _), worker in agent.workers.items():
+                if (ns, name) == (namespace, pod):
+                    for record in [*worker.init_records, *worker.records]:
+                        if record.name == container:
+                            return record
+        return None
+
+    def _agent(self, name: str) -> NodeAgent:
+        agent = self.agents.get(name)
+        if agent is None:
+            raise KeyError(f'node "{name}" is not a local node')
+        return agent
+
+    def node_of_pod(self, namespace: str, pod: str) -> str:
+        obj = self.pods.cache.get((namespace, pod))
+        node = (obj or {}).get("spec", {}).get("nodeName")
+        if not node:
+            raise KeyError(f'pod "{namespace}/{pod}" is not bound to a node')
+        return str(node)
+
+    def crash_pod(self, namespace: str, pod: str, container: str | None, sig: int) -> None:
+        for agent in self.agents.values():
+            for (ns, name, _), worker in agent.workers.items():
+                if (ns, name) == (namespace, pod) and worker.crash(container, sig):
+                    return
+        raise KeyError(f'pod "{namespace}/{pod}" has no running container here')
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "nodes": [
+                {"name": n, "state": a.state, "ip": a.ip,
+                 "pods": sorted(f"{k[0]}/{k[1]}" for k in a.workers)}
+                for n, a in sorted(self.agents.items())
+            ],
+        }
+
+    # --- watch handlers ------------------------------------------------------------------
+    def _on_node(self, kind: str, node: Obj) -> None:
+        self.binder.dirty.set()
+        agent = self.agents.get(node["metadata"]["name"])
+        if kind == "DELETED" and agent is not None and agent.state == "ready":
+            # Someone deleted a live node's object (`kubectl delete node`): treat it as lost.
+            self._spawn(self.lose_node(agent.config.name, delete_object=False))
+
+    def _on_service(self, kind: str, svc: Obj) -> None:
+        self._hosts_dirty.set()
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
+        key = (ns, name, uid)
+        self._hosts_dirty.set()
+        node_name = spec.get("nodeName")
+        if not node_name:
+            if kind != "DELETED":
+                self.binder.dirty.set()
+            return
+        self.binder.observed_binding(key)
+        agent = self.agents.get(node_name)
+        if agent is None or agent.state == "gone":
+            return
+        worker = agent.workers.get(key)
+        if kind == "DELETED":
+            self._finished.discard(uid)
+            if worker is not None:
+                worker.request_stop(Stop.REMOVED,
+                                    float(spec.get("terminationGracePeriodSeconds",
+                                                   DEFAULT_GRACE_SECONDS)))
+            self.binder.dirty.set()
+            return
+        if worker is not None:
+            worker.update(pod)
+            return
+        if meta.get("deletionTimestamp"):
+            # Nothing runs here for it (never started, or finished): finalize at once.
+            if key not in self._finalizing:
+                self._finalizing.add(key)
+                self._spawn(self._finalize(key))
+            return
+        if agent.state != "ready" or _is_terminal(pod) or uid in self._finished:
+            return
+        worker = PodWorker(self.settings, self.client, node_name, agent.ip,
+                           self.ips.allocate(), pod, self.events)
+        agent.workers[key] = worker
+        self._write_hosts()
+        worker.start()
+        self._spawn(self._reap(agent, key, worker))
+
+    async def _finalize(self, key: tuple[str, str, str]) -> None:
+        try:
+            await self.client.delete(core_path("pods", key[0], key[1]), 0)
+        except ApiError as err:
+            log.warning("finalizing pod %s/%s failed: %s", key[0], key[1], err)
+        finally:
+            self._finalizing.discard(key)
+
+    async def _reap(self, agent: NodeAgent, key: tuple[str, str, str], worker: PodWorker) -> None:
+        await worker.done.wait()
+        self._finished.add(key[2])
+        agent.workers.pop(key, None)
+        self.ips.release(worker.pod_ip)
+        self._hosts_dirty.set()
+        self.binder.dirty.set()
+
+    # --- names ---------------------------------------------------------------------------
+    async def _hosts_loop(self) -> None:
+        while True:
+            await self._hosts_dirty.wait()
+            self._hosts_dirty.clear()
+            self._write_hosts()
+
+    def _write_hosts(self) -> None:
+        path = self.settings.layout.hosts_file
+        # Addresses of pods running here are known before their status says so.
+        local_ips = {(k[0], k[1]): w.pod_ip for a in self.agents.values() if a.state != "gone"
+                     for k, w in a.workers.items() if not w.done.is_set()}
+        pods = []
+        for (ns, name), pod in self.pods.cache.items():
+            ip = local_ips.get((ns, name))
+            if ip is not None:
+                pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
+            pods.append(pod)
+        text = network.hosts_file(pods, self.services.cache.values())
+        with contextlib.suppress(OSError):
+            if path.read_text() == text:
+                return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)  # readers never see a half-written file

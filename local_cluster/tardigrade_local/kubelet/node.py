@@ -1,0 +1,81 @@
+"""The Node object a local kubelet registers, pure."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from tardigrade_local.kubelet.config import NodeConfig
+from tardigrade_local.kubelet.podstatus import now_rfc3339
+
+KUBELET_VERSION = "v1.33.0-tardigrade-local"
+MANAGED_ANNOTATION = "local.tardigrade.dev/kubelet"
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def node_labels(config: NodeConfig) -> dict[str, str]:
+    return {
+        "kubernetes.io/hostname": config.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": _arch(),
+        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": _arch(),
+        "node.kubernetes.io/instance-type": "local",
+        **config.labels,
+    }
+
+
+def ready_conditions(ready: bool, message: str = "") -> list[dict[str, Any]]:
+    now = now_rfc3339()
+
+    def cond(kind: str, status: str, reason: str, text: str) -> dict[str, Any]:
+        return {"type": kind, "status": status, "reason": reason, "message": text,
+                "lastHeartbeatTime": now, "lastTransitionTime": now}
+
+    return [
+        cond("MemoryPressure", "False", "KubeletHasSufficientMemory",
+             "kubelet has sufficient memory available"),
+        cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        cond("PIDPressure", "False", "KubeletHasSufficientPID",
+             "kubelet has sufficient PID available"),
+        cond("Ready", "True", "KubeletReady", "kubelet is posting ready status")
+        if ready else cond("Ready", "False", "KubeletNotReady", message),
+    ]
+
+
+def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
+                message: str = "") -> dict[str, Any]:
+    return {
+        "capacity": dict(config.capacity),
+        "allocatable": dict(config.capacity),
+        "conditions": ready_conditions(ready, message),
+        "addresses": [{"type": "InternalIP", "address": ip},
+                      {"type": "Hostname", "address": config.name}],
+        # The API server proxies `pods/log` to this port on the InternalIP.
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+        "nodeInfo": {
+            "machineID": config.name, "systemUUID": config.name, "bootID": config.name,
+            "kernelVersion": platform.release(), "osImage": "local processes",
+            "containerRuntimeVersion": "local://process", "kubeletVersion": KUBELET_VERSION,
+            "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux",
+            "architecture": _arch(),
+        },
+    }
+
+
+def node_object(config: NodeConfig, ip: str, port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": config.name,
+            "labels": node_labels(config),
+            "annotations": {MANAGED_ANNOTATION: "true"},
+        },
+        "spec": {"taints": [dict(t) for t in config.taints]} if config.taints else {},
+        "status": node_status(config, ip, port),
+    }

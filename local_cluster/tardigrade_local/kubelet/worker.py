@@ -1,0 +1,411 @@
+"""One pod on one node: start its containers, restart them per policy, report, stop them.
+
+All status the kubelet writes for a pod goes through `PodWorker.push`, which re-reads the pod
+so that conditions other components added (e.g. DisruptionTarget from an eviction) survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from tardigrade_local import disruptions as d
+from tardigrade_local.kubelet import podstatus as ps
+from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
+from tardigrade_local.kubelet.config import KubeletSettings
+from tardigrade_local.kubelet.env import EnvError
+from tardigrade_local.kubelet.events import EventRecorder
+from tardigrade_local.kubelet.images import ImagePullError
+from tardigrade_local.kubelet.launch import container_launch, env_sources, termination_message
+from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
+from tardigrade_local.kubelet.process import ContainerProcess
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_SECONDS = 30
+
+
+class Stop(enum.Enum):
+    DELETED = "deleted"  # deletionTimestamp set: graceful, then finalize the object
+    REMOVED = "removed"  # the object is already gone: just kill
+    NODE_SHUTDOWN = "node-shutdown"  # spot reclaim: DisruptionTarget, grace, Failed
+    NODE_LOST = "node-lost"  # the machine vanished: SIGKILL, no more reports
+    DEADLINE = "deadline"  # activeDeadlineSeconds passed: kill, Failed/DeadlineExceeded
+
+
+class PodWorker:
+    def __init__(self, settings: KubeletSettings, client: ApiClient, node_name: str,
+                 host_ip: str, pod_ip: str, pod: Mapping[str, Any],
+                 events: EventRecorder | None = None) -> None:
+        self.settings = settings
+        self.client = client
+        self.events = events or EventRecorder(client)
+        self.node_name = node_name
+        self.host_ip = host_ip
+        self.pod_ip = pod_ip
+        self.pod = pod
+        meta, spec = pod["metadata"], pod["spec"]
+        self.namespace: str = meta.get("namespace") or "default"
+        self.name: str = meta["name"]
+        self.uid: str = meta.get("uid", "")
+        self.restart_policy: str = spec.get("restartPolicy") or "Always"
+        self.init_specs: list[Mapping[str, Any]] = list(spec.get("initContainers") or [])
+        self.specs: list[Mapping[str, Any]] = list(spec.get("containers") or [])
+        self.init_records = [ps.ContainerRecord(c["name"], c.get("image", ""))
+                             for c in self.init_specs]
+        self.records = [ps.ContainerRecord(c["name"], c.get("image", "")) for c in self.specs]
+        if self.init_specs:
+            for record in self.records:
+                record.wait("PodInitializing")
+        self.initialized = not self.init_specs
+        self.processes: dict[str, ContainerProcess] = {}
+        self.start_time = ps.now_rfc3339()
+        self.terminal_phase: str | None = None
+        self.reason: str | None = None
+        self.message: str | None = None
+        self.own_conditions: list[dict[str, Any]] = []
+        self.stopping: Stop | None = None
+        self.silent = False  # no more API writes (node lost, object gone)
+        self._stop_requested = asyncio.Event()
+        self._grace: float = DEFAULT_GRACE_SECONDS
+        self._push_lock = asyncio.Lock()
+        self.task: asyncio.Task[None] | None = None
+        self.done = asyncio.Event()
+
+    # --- control -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"pod {self.namespace}/{self.name}")
+
+    def update(self, pod: Mapping[str, Any]) -> None:
+        self.pod = pod
+        meta = pod["metadata"]
+        if self.stopping is Stop.DELETED and meta.get("deletionGracePeriodSeconds") == 0:
+            # A forced delete cuts the grace period short.
+            for proc in list(self.processes.values()):
+                proc.signal_group(signal.SIGKILL)
+        if meta.get("deletionTimestamp") and self.stopping is None:
+            grace = meta.get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            self.request_stop(Stop.DELETED, float(grace))
+
+    def request_stop(self, kind: Stop, grace_seconds: float) -> None:
+        if kind in (Stop.NODE_LOST, Stop.REMOVED):
+            self.silent = True
+        if kind is Stop.NODE_LOST:
+            # The machine is gone: nothing gets a chance to clean up.
+            for proc in list(self.processes.values()):
+                proc.signal_group(signal.SIGKILL)
+        # A graceful stop already under way keeps its grace; node loss overrides anything.
+        if self.stopping is None or kind is Stop.NODE_LOST:
+            self.stopping = kind
+            self._grace = grace_seconds
+        self._stop_requested.set()
+
+    def _deadline_passed(self) -> None:
+        if self.stopping is None and self.terminal_phase is None:
+            grace = self.pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            self.request_stop(Stop.DEADLINE, float(grace))
+
+    def crash(self, container: str | None, sig: int) -> bool:
+        """Deliver a signal as if the process died on its own (no stop request)."""
+        names = [container] if container else list(self.processes)
+        hit = False
+        for name in names:
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.signal_group(sig)
+                hit = True
+        return hit
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            await self._run_pod()
+        except Exception:
+            log.exception("pod %s/%s: worker failed", self.namespace, self.name)
+        finally:
+            self.done.set()
+
+    async def _run_pod(self) -> None:
+        layout = self.settings.layout
+        layout.pod_dir(self.namespace, self.name).mkdir(parents=True, exist_ok=True)
+        await self.push()
+        stop_wait = asyncio.create_task(self._stop_requested.wait())
+        main = asyncio.create_task(self._run_containers())
+        deadline = self.pod["spec"].get("activeDeadlineSeconds")
+        if deadline is not None:
+            asyncio.get_running_loop().call_later(float(deadline), self._deadline_passed)
+        await asyncio.wait({stop_wait, main}, return_when=asyncio.FIRST_COMPLETED)
+        if self.stopping is not None:
+            await self._stop(main)
+        else:
+            stop_wait.cancel()
+            await main
+            # Terminal: nothing restarts. The pod object stays until someone deletes it.
+            await self._stop_requested.wait()
+            await self._stop(main)
+
+    async def _run_containers(self) -> None:
+        for index in range(len(self.init_specs)):
+            if not await self._run_init(index):
+                if self.stopping is None:
+                    self.terminal_phase = "Failed"
+                    await self.push()
+                return
+        self.initialized = True
+        loops = [asyncio.create_task(self._container_loop(i)) for i in range(len(self.specs))]
+        await asyncio.gather(*loops)
+        if self.terminal_phase is None and self.stopping is None:
+            self.terminal_phase = ps.final_phase(self.records)
+            await self.push()
+
+    async def _run_init(self, index: int) -> bool:
+        record, spec = self.init_records[index], self.init_specs[index]
+        attempt = 0
+        while True:
+            code = await self._run_once(record, spec)
+            if code is None:
+                await self._stop_requested.wait()
+            if code is None or self.stopping is not None:
+                return False
+            if code == 0:
+                await self.push()
+                return True
+            if self.restart_policy == "Never":
+                return False
+            await self._back_off(record, attempt)
+            attempt += 1
+            if self.stopping is not None:
+                return False
+
+    async def _container_loop(self, index: int) -> None:
+        record, spec = self.records[index], self.specs[index]
+        attempt = 0
+        while self.stopping is None:
+            started = time.monotonic()
+            code = await self._run_once(record, spec)
+            if code is None:
+                # Cannot start (image, config): stays waiting until the pod goes away.
+                await self._stop_requested.wait()
+            if code is None or self.stopping is not None:
+                return
+            if self.restart_policy == "Never" or (self.restart_policy == "OnFailure" and code == 0):
+                await self.push()
+                return
+            if time.monotonic() - started > 2 * self.settings.backoff_max_seconds:
+                attempt = 0  # it ran fine for a long while: start the back-off over
+            await self._back_off(record, attempt)
+            attempt += 1
+
+    async def _back_off(self, record: ps.ContainerRecord, attempt: int) -> None:
+        delay = min(self.settings.backoff_base_seconds * 2**attempt,
+                    self.settings.backoff_max_seconds)
+        record.last_state = {"terminated": record.terminated} if record.terminated else {}
+        record.wait("CrashLoopBackOff",
+                    f"back-off {delay:g}s restarting failed container={record.name} "
+                    f"pod={self.name}_{self.namespace}({self.uid})")
+        await self.push()
+        self._event("BackOff", f"Back-off restarting failed container {record.name} in pod "
+                    f"{self.name}_{self.namespace}({self.uid})", warning=True,
+                    container=record.name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), delay)
+        if self.stopping is None:
+            record.restart_count += 1
+
+    async def _run_once(self, record: ps.ContainerRecord, spec: Mapping[str, Any]) -> int | None:
+        """Run the container to its end; its exit code, or None if it cannot start at all."""
+        layout = self.settings.layout
+        ns, name, cname = self.namespace, self.name, record.name
+        if self.stopping is not None:
+            return None
+        try:
+            argv, env = await self._prepare(spec)
+        except ImagePullError as err:
+            self._event("Failed", str(err), warning=True, container=cname)
+            record.wait("ErrImagePull", str(err))
+            await self.push()
+            record.wait("ImagePullBackOff", f'Back-off pulling image "{spec.get("image", "")}"')
+            await self.push()
+            return None
+        except EnvError as err:
+            self._event("Failed", f"Error: {err}", warning=True, container=cname)
+            record.wait("CreateContainerConfigError", str(err))
+            await self.push()
+            return None
+        if self.stopping is not None:
+            return None
+        log_path = layout.container_log(ns, name, cname)
+        if log_path.exists():
+            log_path.replace(layout.previous_container_log(ns, name, cname))
+        term_path = layout.termination_log(ns, name, cname)
+        term_path.unlink(missing_ok=True)
+        memory = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+        proc = ContainerProcess(argv, env, layout.pod_dir(ns, name), log_path,
+                                int(parse_quantity(str(memory))) if memory else None)
+        try:
+            pid = await proc.start()
+        except OSError as err:
+            # The wording of runc's error, which is what a real node reports.
+            why = ("executable file not found in $PATH" if isinstance(err, FileNotFoundError)
+                   else err.strerror or str(err))
+            message = (f"failed to create containerd task: failed to create shim task: OCI "
+                       f"runtime create failed: runc create failed: unable to start container "
+                       f'process: exec: "{argv[0]}": {why}: unknown')
+            record.container_id = None
+            record.terminate(128, "StartError", message)
+            self._event("Failed", f"Error: {message}", warning=True, container=cname)
+            await self.push()
+            return 128
+        self._event("Started", f"Started container {cname}", container=cname)
+        self.processes[cname] = proc
+        pid_file = layout.container_pid(ns, name, cname)
+        pid_file.write_text(str(pid))
+        record.start(f"local://{pid}")
+        probes = self._probes(record, spec, proc, env)
+        record.ready_flag, record.started_flag = probes.ready, probes.started
+        probe_task = asyncio.create_task(probes.run()) if probes.active else None
+        await self.push()
+        try:
+            code = ps.exit_code(await proc.wait())
+        finally:
+            if probe_task is not None:
+                probe_task.cancel()
+        pid_file.unlink(missing_ok=True)
+        self.processes.pop(cname, None)
+        record.terminate(code, ps.termination_reason(code, proc.oom_killed),
+                         termination_message(spec, term_path, log_path, code))
+        return code
+
+    def _probes(self, record: ps.ContainerRecord, spec: Mapping[str, Any],
+                proc: ContainerProcess, env: Mapping[str, str]) -> ContainerProbes:
+        ports = {p["name"]: int(p["containerPort"]) for p in spec.get("ports") or []
+                 if p.get("name")}
+        target = ProbeTarget(self.pod_ip, ports, env,
+                             self.settings.layout.pod_dir(self.namespace, self.name))
+
+        async def changed() -> None:
+            record.ready_flag, record.started_flag = probes.ready, probes.started
+            await self.push()
+
+        async def fatal(kind: str, message: str) -> None:
+            self._event("Unhealthy", f"{kind} probe failed", warning=True, container=record.name)
+            self._event("Killing", message, container=record.name)
+            probe = spec.get(f"{kind.lower()}Probe") or {}
+            grace = probe.get("terminationGracePeriodSeconds")
+            if grace is None:
+                grace = self.pod["spec"].get("terminationGracePeriodSeconds",
+                                             DEFAULT_GRACE_SECONDS)
+            await proc.terminate(float(grace))
+
+        probes = ContainerProbes(spec, target, changed, fatal)
+        return probes
+
+    async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+        configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
+        return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
+                                configmaps, secrets)
+
+    async def _stop(self, main: asyncio.Task[None]) -> None:
+        kind = self.stopping
+        if kind is Stop.NODE_SHUTDOWN and self.terminal_phase is not None:
+            return  # the shutdown manager leaves finished pods alone
+        if kind is Stop.NODE_SHUTDOWN:
+            self.own_conditions = [ps.condition(d.DISRUPTION_TARGET, True,
+                                                d.REASON_TERMINATION_BY_KUBELET,
+                                                d.NODE_SHUTDOWN_MESSAGE)]
+            await self.push()
+        grace = 0.0 if kind is Stop.NODE_LOST else self._grace
+        if not self.silent:
+            for cname in self.processes:
+                self._event("Killing", f"Stopping container {cname}", container=cname)
+        await asyncio.gather(*(p.terminate(grace) for p in list(self.processes.values())))
+        # Container loops notice the stop and return once they have recorded exit codes.
+        await main
+        for record in [*self.init_records, *self.records]:
+            if not record.terminated:
+                record.terminate(137, "ContainerStatusUnknown",
+                                 "The container could not be located when the pod was terminated")
+        if kind is Stop.NODE_SHUTDOWN:
+            self.terminal_phase = "Failed"
+            self.reason, self.message = d.NODE_SHUTDOWN_REASON, d.NODE_SHUTDOWN_MESSAGE
+            await self.push()
+        elif kind is Stop.DEADLINE:
+            self.terminal_phase = "Failed"
+            self.reason = "DeadlineExceeded"
+            self.message = "Pod was active on the node longer than the specified deadline"
+            await self.push()
+        elif kind is Stop.DELETED:
+            if self.terminal_phase is None:
+                self.terminal_phase = ps.final_phase(self.records)
+            await self.push()
+            # The kubelet finalizes a deleted pod once its processes are gone.
+            with contextlib.suppress(ApiError):
+                await self.client.delete(core_path("pods", self.namespace, self.name), 0)
+
+    def _event(self, reason: str, message: str, *, warning: bool = False,
+               container: str | None = None) -> None:
+        if not self.silent:
+            self.events.pod(self.pod, reason, message, warning=warning, host=self.node_name,
+                            container=container)
+
+    # --- status --------------------------------------------------------------------------
+    def render(self, current: Mapping[str, Any]) -> dict[str, Any]:
+        phase = self.terminal_phase
+        if phase is None:
+            phase = "Pending" if not self.initialized else (
+                ps.running_phase(self.records, self.restart_policy) or ps.final_phase(self.records)
+            )
+        desired = [*ps.readiness_conditions(self.records, phase, self.initialized),
+                   *self.own_conditions]
+        existing = (current.get("status") or {}).get("conditions") or []
+        status: dict[str, Any] = {
+            "phase": phase,
+            "conditions": ps.merge_conditions(existing, desired),
+            "hostIP": self.host_ip,
+            "hostIPs": [{"ip": self.host_ip}],
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+            "startTime": self.start_time,
+            "containerStatuses": [r.to_json() for r in self.records],
+            "qosClass": (current.get("status") or {}).get("qosClass") or "BestEffort",
+        }
+        if self.init_records:
+            status["initContainerStatuses"] = [r.to_json() for r in self.init_records]
+        if self.reason:
+            status["reason"] = self.reason
+            status["message"] = self.message or ""
+        return status
+
+    async def push(self) -> None:
+        async with self._push_lock:
+            path = core_path("pods", self.namespace, self.name)
+            for _ in range(5):
+                if self.silent:
+                    return
+                current = await self.client.get(path)
+                if current is None or current["metadata"].get("uid", self.uid) != self.uid:
+                    return
+                body = {
+                    "metadata": {"resourceVersion": current["metadata"].get("resourceVersion")},
+                    "status": self.render(current),
+                }
+                try:
+                    await self.client.patch(path + "/status", body)
+                    return
+                except ApiError as err:
+                    if err.status == 404:
+                        return
+                    if err.status != 409:
+                        log.warning("pod %s/%s: status write failed: %s", self.namespace,
+                                    self.name, err)
+                        return

@@ -1,0 +1,75 @@
+"""Where the local cluster keeps its state: the one layout every component agrees on.
+
+Everything lives under one state directory (default `.tardigrade/local` in the current
+directory) so that `tardigrade local down` can remove it in one step.
+
+Container logs: the kubelet writes each container's stdout and stderr in the CRI log format
+(`kubelet/crilog.py`) to `container_log(ns, pod, container)`, renaming the previous run's file
+to `previous_container_log(...)` when a container restarts. The API server does not read these
+files: like the real one it proxies `pods/{name}/log` to the kubelet endpoint of the pod's node
+(`kubelet/logs.py`, at the node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path(".tardigrade") / "local"
+ENV_STATE_DIR = "TARDIGRADE_LOCAL_STATE_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """File names under one cluster's state directory."""
+
+    root: Path
+
+    @classmethod
+    def default(cls) -> StateLayout:
+        return cls(Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR).absolute())
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def cluster_info(self) -> Path:
+        """JSON written once the cluster is ready: pid, API URL, control URL, GCS URL."""
+        return self.root / "cluster.json"
+
+    @property
+    def cluster_log(self) -> Path:
+        return self.root / "cluster.log"
+
+    @property
+    def hosts_file(self) -> Path:
+        """/etc/hosts-format names of pods (headless-service hostnames) -> pod IPs."""
+        return self.root / "hosts"
+
+    @property
+    def gcs_dir(self) -> Path:
+        return self.root / "gcs"
+
+    @property
+    def pods_dir(self) -> Path:
+        return self.root / "pods"
+
+    def pod_dir(self, namespace: str, pod: str) -> Path:
+        # `_` cannot occur in namespace or pod names (RFC 1123), so the split is unambiguous.
+        return self.pods_dir / f"{namespace}_{pod}"
+
+    def container_log(self, namespace: str, pod: str, container: str) -> Path:
+        return self.pod_dir(namespace, pod) / f"{container}.log"
+
+    def previous_container_log(self, namespace: str, pod: str, container: str) -> Path:
+        return self.pod_dir(namespace, pod) / f"{container}.previous.log"
+
+    def termination_log(self, namespace: str, pod: str, container: str) -> Path:
+        """Where a container's `terminationMessagePath` points on this machine."""
+        return self.pod_dir(namespace, pod) / f"{container}.termination-log"
+
+    def container_pid(self, namespace: str, pod: str, container: str) -> Path:
+        """The running container's process id (also its process group id)."""
+        return self.pod_dir(namespace, pod) / f"{container}.pid"

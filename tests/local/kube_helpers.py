@@ -1,0 +1,102 @@
+"""Helpers for tests that drive a local cluster with the official clients."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.1,
+             what: str = "condition") -> T:
+    """Poll until `predicate` returns something truthy; fail with the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class Kube:
+    """The official Python client, returning plain dicts."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+
+    def plain(self, obj: Any) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(obj)
+
+    def pod(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        try:
+            return self.plain(self.core.read_namespaced_pod(name, namespace))
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def node_names(self) -> set[str]:
+        return {n.metadata.name for n in self.core.list_node().items}
+
+    def create_pod(self, body: dict[str, Any], namespace: str = "default") -> None:
+        self.core.create_namespaced_pod(namespace, body)
+
+    def wait_phase(self, name: str, phases: tuple[str, ...], timeout: float = 30.0,
+                   namespace: str = "default") -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            pod = self.pod(name, namespace)
+            return pod if pod and pod.get("status", {}).get("phase") in phases else None
+
+        return wait_for(check, timeout, what=f"pod {name} in {phases}")
+
+    def wait_gone(self, name: str, timeout: float = 30.0, namespace: str = "default") -> None:
+        wait_for(lambda: self.pod(name, namespace) is None, timeout, what=f"pod {name} deleted")
+
+
+def python_pod(name: str, script: str, restart: str = "Never", grace: int | None = None,
+               node: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A pod whose single container runs a Python script on the `local/python` image."""
+    container: dict[str, Any] = {"name": "main", "image": "local/python",
+                                 "command": ["python", "-c", textwrap.dedent(script)]}
+    container.update(spec.pop("container", {}))
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": spec.pop("labels", {})},
+        "spec": {"restartPolicy": restart, "containers": [container], **spec},
+    }
+    if grace is not None:
+        body["spec"]["terminationGracePeriodSeconds"] = grace
+    if node is not None:
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return cond
+    return None
+
+
+def container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod["status"]["containerStatuses"][0]
+
+
+def kubectl(*args: str, env: dict[str, str], timeout: float = 60) -> str:
+    binary = shutil.which("kubectl")
+    assert binary, "kubectl is not installed"
+    done = subprocess.run([binary, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
+    return done.stdout

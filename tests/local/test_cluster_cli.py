@@ -1,0 +1,106 @@
+"""`tardigrade local up/status/preempt/down` as a user runs them, plus the GCS emulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tardigrade_local
+from kube_helpers import Kube, container_status, kubectl, python_pod, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(tardigrade_local.__file__).resolve().parents[2]
+
+
+def tardigrade(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(str(REPO / d) for d in ("local_cluster", "operator", "trainer_image"))
+    env = {**os.environ, "PYTHONPATH": path}
+    env.pop("TARDIGRADE_LOCAL_STATE_DIR", None)
+    return subprocess.run([sys.executable, "-m", "tardigrade_operator.cli", "local", *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_up_preempt_status_down(tmp_path):
+    up = tardigrade("up", "--nodes", "1", "--spot-nodes", "1", "--shutdown-grace", "2",
+                    cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    state = tmp_path / ".tardigrade" / "local"
+    assert up.stdout.strip() == f"export KUBECONFIG={state / 'kubeconfig'}"
+    try:
+        env = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
+        nodes = kubectl("get", "nodes", "-o", "name", env=env).split()
+        assert sorted(nodes) == ["node/local-node-1", "node/local-spot-1"]
+        spot = kubectl("get", "nodes", "-l", "cloud.google.com/gke-spot=true", "-o", "name",
+                       env=env)
+        assert spot.strip() == "node/local-spot-1"
+
+        # Pods reach the GCS emulator through the environment the cluster gives them.
+        script = """
+            import json, os, urllib.request
+            base = os.environ["STORAGE_EMULATOR_HOST"]
+            assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == base
+            assert os.environ["GCE_METADATA_HOST"] == "127.0.0.1:1"
+            req = urllib.request.Request(
+                base + "/upload/storage/v1/b/tardigrade/o?uploadType=media&name=ckpt/x",
+                data=b"state", method="POST")
+            urllib.request.urlopen(req).read()
+            with urllib.request.urlopen(base + "/storage/v1/b/tardigrade/o") as r:
+                print(json.dumps([o["name"] for o in json.load(r)["items"]]))
+        """
+        kube = Kube(str(state / "kubeconfig"))
+        kube.create_pod(python_pod("gcs", script, node="local-node-1"))
+        pod = kube.wait_phase("gcs", ("Succeeded", "Failed"), timeout=60)
+        assert pod["status"]["phase"] == "Succeeded", kubectl("logs", "gcs", env=env)
+        assert kubectl("logs", "gcs", env=env).strip() == '["ckpt/x"]'
+
+        kube.create_pod(python_pod("victim", "import time; time.sleep(60)",
+                                   node="local-spot-1"))
+        kube.wait_phase("victim", ("Running",))
+        status = json.loads(tardigrade("status", "--json", cwd=tmp_path).stdout)
+        spot_node = next(n for n in status["nodes"] if n["name"] == "local-spot-1")
+        assert spot_node["pods"] == ["default/victim"]
+
+        preempt = tardigrade("preempt", "victim", cwd=tmp_path)
+        assert preempt.returncode == 0, preempt.stderr
+        assert "local-spot-1" in preempt.stdout
+        assert "node/local-spot-1" not in kubectl("get", "nodes", "-o", "name", env=env)
+        pod = kube.pod("victim")
+        if pod is not None:  # pod GC may already have removed it
+            assert pod["status"]["phase"] == "Failed"
+            assert container_status(pod)["state"]["terminated"]["exitCode"] == 143
+    finally:
+        down = tardigrade("down", cwd=tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    again = tardigrade("status", cwd=tmp_path)
+    assert again.returncode == 1 and "no local cluster" in again.stderr
+
+
+def test_up_with_an_image_map_runs_mapped_images(tmp_path):
+    rules = tmp_path / "images.yaml"
+    rules.write_text('- {pattern: "example.com/hello", entrypoint: [python, -c], '
+                     'cmd: ["print(\'hello from the map\')"]}\n')
+    up = tardigrade("up", "--no-gcs", "--image-map", str(rules), cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    try:
+        kubeconfig = str(tmp_path / ".tardigrade" / "local" / "kubeconfig")
+        kube = Kube(kubeconfig)
+        kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello"},
+                         "spec": {"restartPolicy": "Never", "containers": [
+                             {"name": "main", "image": "example.com/hello:v2"}]}})
+        assert kube.wait_phase("hello", ("Succeeded", "Failed"))["status"]["phase"] == "Succeeded"
+        env = {**os.environ, "KUBECONFIG": kubeconfig}
+        assert kubectl("logs", "hello", env=env) == "hello from the map\n"
+    finally:
+        assert tardigrade("down", cwd=tmp_path).returncode == 0
+
+
+def test_down_without_a_cluster_is_harmless(tmp_path):
+    done = tardigrade("down", "--state-dir", str(tmp_path / "nothing"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: not (tmp_path / "nothing").exists())
