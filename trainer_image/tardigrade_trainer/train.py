@@ -14,7 +14,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tardigrade_trainer import contract, data, mesh, model
+from tardigrade_trainer import contract, data, mesh, model, testhooks
 from tardigrade_trainer.checkpoint import (
     CheckpointCorruptError,
     CheckpointManager,
@@ -191,6 +191,7 @@ class Trainer:
                     self.metrics.tokens_per_second.set(tps)
                 self.metrics.report(step=step, loss=loss_value, tokens_per_second=tps,
                                     total_steps=config.steps)
+            testhooks.hit("step_end", step, jax.process_index())
             preempted = watcher is not None and watcher.should_stop(step)
             due = interval.due_by_step(step) or step == config.steps
             if interval.seconds is not None:

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -108,6 +109,29 @@ def gathered_state_hash(tree: Any) -> str:
         digest.update(str(value.dtype).encode() + str(value.shape).encode())
         digest.update(np.ascontiguousarray(value).tobytes())
     return digest.hexdigest()
+
+
+def _writer_devices(name: str, leaf: jax.Array) -> set[jax.Device]:
+    """One device per distinct shard writes it; replicas are spread over hosts.
+
+    With pure data parallelism every parameter is replicated: letting replica 0 write would
+    put the whole checkpoint on process 0's disk bandwidth and network link. Every process
+    computes the same choice, so exactly one copy of each shard is written.
+    """
+    groups: dict[tuple[Any, ...], list[jax.Device]] = {}
+    for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        groups.setdefault(key, []).append(device)
+    writers = set()
+    for key, devices in groups.items():
+        devices.sort(key=lambda d: (d.process_index, d.id))
+        by_process: dict[int, jax.Device] = {}
+        for device in devices:
+            by_process.setdefault(device.process_index, device)
+        candidates = list(by_process.values())
+        pick = zlib.crc32(f"{name}{key}".encode()) % len(candidates)
+        writers.add(candidates[pick])
+    return writers
 
 
 class CheckpointManager:
@@ -238,21 +262,23 @@ class CheckpointManager:
     def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
         leaves = jax.tree_util.tree_leaves(state)
         names = leaf_names(state)
-        for leaf in leaves:
+        for name, leaf in zip(names, leaves, strict=True):
             if isinstance(leaf, jax.Array):
+                writers = _writer_devices(name, leaf)
                 for shard in leaf.addressable_shards:
-                    if shard.replica_id == 0:
+                    if shard.device in writers:
                         shard.data.copy_to_host_async()
         host = []
         for name, leaf in zip(names, leaves, strict=True):
             if isinstance(leaf, jax.Array):
                 shape = tuple(leaf.shape)
                 chunk = tuple(max(1, c) for c in leaf.sharding.shard_shape(leaf.shape))
+                writers = _writer_devices(name, leaf)
                 # An explicit copy: the device buffer may be donated by the next train step.
                 shards = [
                     (tuple(shard.index), np.array(shard.data, copy=True))
                     for shard in leaf.addressable_shards
-                    if shard.replica_id == 0
+                    if shard.device in writers
                 ]
                 dtype = np.dtype(leaf.dtype).name
             else:
