@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -56,10 +57,9 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     records = []
     for line in path.read_text().splitlines():
         if line.startswith("{"):
-            try:
+            # The last line may be half written right now.
+            with contextlib.suppress(json.JSONDecodeError):
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line being written right now
     return records
 
 
