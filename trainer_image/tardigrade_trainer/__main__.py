@@ -70,9 +70,30 @@ def main() -> int:
         # Every host reached this point at the same step, so the shutdown barrier is met.
         jax.distributed.shutdown()
         return code
-    # On failure peers may be gone: skip the shutdown barrier, which would wait for them.
+    _exit_gang(code)
+    return code
+
+
+def _exit_gang(code: int) -> None:
+    """Leave after a failure without taking healthy-but-failing peers down with us.
+
+    When rank 0 exits, its coordination service goes with it and JAX aborts every peer still
+    connected, before they could write their own termination message. If all ranks fail
+    together (e.g. a config error every rank sees) they meet at a short barrier and shut down
+    cleanly; if the peers are gone or stuck, the barrier times out and we leave at once.
+    """
+    import jax
+
+    from tardigrade_trainer import distributed
+
     sys.stdout.flush()
     sys.stderr.flush()
+    try:
+        distributed.barrier("tardigrade-exit-on-failure", 15)
+        jax.distributed.shutdown()
+    except Exception as err:
+        print(f"tardigrade-trainer: leaving without a clean shutdown: {err}", file=sys.stderr,
+              flush=True)
     os._exit(code)
 
 
