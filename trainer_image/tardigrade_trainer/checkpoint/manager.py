@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
@@ -66,7 +67,8 @@ class _HostLeaf:
     shape: tuple[int, ...]
     dtype: str
     chunk: tuple[int, ...]
-    shards: list[tuple[tuple[slice, ...], np.ndarray]]
+    # numpy data, or (CPU backend) a private on-device copy that is already host memory.
+    shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
 
 
 def step_dir(step: int) -> str:
@@ -159,7 +161,9 @@ class CheckpointManager:
         self.process_id = jax.process_index()
         self.process_count = jax.process_count()
         self._kv_spec = kvstore_spec(self.root)
-        self._context = ts.Context()
+        # Each chunk file is fsynced on write (durability before commit); many files in
+        # flight hide that latency, far beyond TensorStore's default of one per core.
+        self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
         try:
             self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
         except Exception as err:
@@ -262,23 +266,35 @@ class CheckpointManager:
     def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
         leaves = jax.tree_util.tree_leaves(state)
         names = leaf_names(state)
-        for name, leaf in zip(names, leaves, strict=True):
-            if isinstance(leaf, jax.Array):
-                writers = _writer_devices(name, leaf)
-                for shard in leaf.addressable_shards:
-                    if shard.device in writers:
-                        shard.data.copy_to_host_async()
+        writers = {
+            name: _writer_devices(name, leaf)
+            for name, leaf in zip(names, leaves, strict=True)
+            if isinstance(leaf, jax.Array)
+        }
+        on_cpu = all(d.platform == "cpu" for ds in writers.values() for d in ds)
+        if on_cpu:
+            # CPU "device" memory is host memory: a private copy made by XLA (dispatched
+            # asynchronously, ordered before any later donation of the original buffer) is
+            # the snapshot, and the background thread views it as numpy without copying.
+            leaves = [jnp.array(leaf, copy=True) if isinstance(leaf, jax.Array) else leaf
+                      for leaf in leaves]
+        else:
+            for name, leaf in zip(names, leaves, strict=True):
+                if isinstance(leaf, jax.Array):
+                    for shard in leaf.addressable_shards:
+                        if shard.device in writers[name]:
+                            shard.data.copy_to_host_async()
         host = []
         for name, leaf in zip(names, leaves, strict=True):
             if isinstance(leaf, jax.Array):
                 shape = tuple(leaf.shape)
                 chunk = tuple(max(1, c) for c in leaf.sharding.shard_shape(leaf.shape))
-                writers = _writer_devices(name, leaf)
-                # An explicit copy: the device buffer may be donated by the next train step.
+                # Off CPU, an explicit host copy: the device buffer may be donated by the next
+                # train step, and device memory is the scarce resource.
                 shards = [
-                    (tuple(shard.index), np.array(shard.data, copy=True))
+                    (tuple(shard.index), shard.data if on_cpu else np.array(shard.data))
                     for shard in leaf.addressable_shards
-                    if shard.device in writers
+                    if shard.device in writers[name]
                 ]
                 dtype = np.dtype(leaf.dtype).name
             else:
@@ -353,7 +369,7 @@ class CheckpointManager:
             writes = []
             for store_future, leaf in zip(opened, [lf for lf in leaves if lf.shards], strict=True):
                 store = store_future.result()
-                writes.extend(store[index].write(data) for index, data in leaf.shards)
+                writes.extend(store[index].write(np.asarray(data)) for index, data in leaf.shards)
             for write in writes:
                 write.result()
             nbytes = sum(d.nbytes for leaf in leaves for _, d in leaf.shards)
