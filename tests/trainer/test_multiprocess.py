@@ -83,7 +83,7 @@ def test_restore_reshards_onto_another_process_count(straight_run, tmp_path, pro
 def test_sigterm_saves_the_agreed_step_and_resume_loses_nothing(tmp_path):
     ckpt = tmp_path / "ckpt"
     port = free_port()
-    config = {**BASE, "steps": 150, "debug_state_hash": False}
+    config = {**BASE, "steps": 80, "debug_state_hash": False}
     gang = launch(tmp_path / "first", processes=2, checkpoint_path=str(ckpt), config=config,
                   progress_port=port)
 
@@ -101,14 +101,26 @@ def test_sigterm_saves_the_agreed_step_and_resume_loses_nothing(tmp_path):
     saved = messages[0].step
     assert all(m.reason == "PreemptedSaved" for m in messages)
     assert all(m.step == saved and m.checkpoint_step == saved for m in messages)
-    assert 5 <= saved < 150
+    assert 5 <= saved < 80
     assert committed_steps(ckpt) == [saved]
     assert max(gang.losses()) == saved
 
     resumed = launch(tmp_path / "second", processes=2, checkpoint_path=str(ckpt), config=config)
     assert resumed.wait() == [0, 0], resumed.describe()
-    assert min(resumed.losses()) == saved + 1 and max(resumed.losses()) == 150
+    assert min(resumed.losses()) == saved + 1 and max(resumed.losses()) == 80
     assert resumed.termination(0).reason == "Succeeded"
+
+
+def test_time_interval_saves_are_decided_once_for_all_hosts(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    config = {**BASE, "steps": 60, "debug_state_hash": False}
+    gang = launch(tmp_path / "run", processes=2, checkpoint_path=str(ckpt), config=config,
+                  interval_seconds=0.2, keep_last=1000)
+    assert gang.wait() == [0, 0], gang.describe()
+    per_rank = [[e["step"] for e in gang.events("checkpoint_committed", r)] for r in (0, 1)]
+    assert per_rank[0] == per_rank[1]
+    assert len(per_rank[0]) >= 3 and per_rank[0][-1] == 60  # time-driven saves, then the last
+    assert committed_steps(ckpt) == per_rank[0]
 
 
 @pytest.mark.parametrize(

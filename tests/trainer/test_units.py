@@ -135,3 +135,13 @@ def test_progress_server_serves_report_and_metrics():
     finally:
         server.stop()
     assert json.loads(report.to_json())["step"] == 7
+
+
+def test_docs_list_every_contract_variable_and_exit_code():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "trainer.md").read_text()
+    names = [v for k, v in vars(contract).items() if k.startswith("ENV_")]
+    codes = [k for k in vars(contract) if k.startswith("EXIT_")]
+    assert [n for n in names if f"`{n}`" not in text] == []
+    assert [c for c in codes if f"`{c}`" not in text] == []
