@@ -33,6 +33,8 @@ class TrainerConfig:
     debug_state_hash: bool = False
     # How long a host waits for its peers at a checkpoint barrier before the save is failed.
     checkpoint_barrier_timeout_seconds: float = 600.0
+    # crc32c per chunk catches silent corruption; verifying it costs restore bandwidth.
+    checkpoint_checksum: bool = True
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> TrainerConfig:

@@ -169,6 +169,9 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
     rendezvous(env, timeout)
     import jax  # late: callers may need to set XLA_FLAGS first
 
+    # JAX's preemption service swallows SIGTERM to turn it into a sync point; a job that
+    # does not save on preemption must keep the default (terminate at once).
+    jax.config.update("jax_enable_preemption_service", env.save_on_preemption)
     remaining = max(30.0, timeout - (time.monotonic() - started))
     jax.distributed.initialize(
         coordinator_address=env.coordinator_address,

@@ -97,6 +97,7 @@ class Trainer:
             keep=keep_policy(env),
             barrier_timeout_seconds=config.checkpoint_barrier_timeout_seconds,
             on_event=self._on_checkpoint_event,
+            checksum=config.checkpoint_checksum,
         )
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:

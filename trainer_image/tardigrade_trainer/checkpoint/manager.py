@@ -331,8 +331,7 @@ class CheckpointManager:
         directory = step_dir(step)
         pid = self.process_id
         try:
-            committed, _ = self.list_steps()
-            if step in committed:
+            if self._kv.read(f"{directory}/{COMMIT_FILE}").result().state == "value":
                 # Never rewrite a committed checkpoint (e.g. after restoring an older one).
                 self.on_event({"event": "checkpoint_skipped", "step": step,
                                "reason": "already committed"})
