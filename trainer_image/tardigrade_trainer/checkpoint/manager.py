@@ -368,7 +368,14 @@ class CheckpointManager:
             writes = []
             for store_future, leaf in zip(opened, [lf for lf in leaves if lf.shards], strict=True):
                 store = store_future.result()
-                writes.extend(store[index].write(np.asarray(data)) for index, data in leaf.shards)
+                # Snapshots are private and never mutated: TensorStore may keep referencing
+                # them instead of copying every shard once more.
+                writes.extend(
+                    store[index].write(
+                        np.asarray(data), can_reference_source_data_indefinitely=True
+                    )
+                    for index, data in leaf.shards
+                )
             for write in writes:
                 write.result()
             nbytes = sum(d.nbytes for leaf in leaves for _, d in leaf.shards)
