@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -43,8 +45,16 @@ def client_env(url: str) -> dict[str, str]:
 
 def offline_google_env() -> dict[str, str]:
     """Keep google-auth from probing the metadata server (a non-loopback address)."""
-    return {"GCE_METADATA_HOST": "127.0.0.1:1", "GCE_METADATA_IP": "127.0.0.1:1",
-            "NO_GCE_CHECK": "true"}
+    closed = "127.0.0.1:1"
+    return {
+        "GCE_METADATA_HOST": closed,
+        "GCE_METADATA_IP": closed,
+        "GCE_METADATA_ROOT": closed,
+        "NO_GCE_CHECK": "true",
+        "GOOGLE_CLOUD_PROJECT": "local",
+        # A credentials file that does not exist beats one found in a home directory.
+        "GOOGLE_APPLICATION_CREDENTIALS": os.devnull,
+    }
 
 
 class GcsEmulator:
@@ -61,6 +71,10 @@ class GcsEmulator:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        return self.url
 
     def start(self) -> GcsEmulator:
         argv = [_binary(), "-scheme", "http", "-host", self.host, "-port", str(self.port),
@@ -106,6 +120,21 @@ class GcsEmulator:
 
     def client_env(self) -> dict[str, str]:
         return client_env(self.url)
+
+    def list_objects(self, bucket: str, prefix: str = "") -> list[str]:
+        names: list[str] = []
+        token = ""
+        while True:
+            query = f"prefix={urllib.parse.quote(prefix)}"
+            if token:
+                query += f"&pageToken={token}"
+            url = f"{self.url}/storage/v1/b/{bucket}/o?{query}"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                page = json.load(response)
+            names.extend(item["name"] for item in page.get("items", []))
+            token = page.get("nextPageToken", "")
+            if not token:
+                return names
 
     def stop(self) -> None:
         if self._proc is None:

@@ -48,6 +48,9 @@ TERMINATION_MESSAGE_LIMIT = 4096
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2  # the spec cannot run as written; retrying will not help
+# A committed checkpoint cannot be read or does not fit the model; retrying the same restore
+# will not help (pin an older step with TARDIGRADE_RESTORE_STEP instead).
+EXIT_CHECKPOINT_CORRUPT = 3
 EXIT_CHECKPOINT_IO_ERROR = 74  # storage unavailable; retryable
 EXIT_PREEMPTED_SAVED = 75  # stopped on SIGTERM after committing a checkpoint
 EXIT_PEER_TIMEOUT = 76  # a peer never joined the gang; retryable

@@ -1,0 +1,180 @@
+"""In-process tests of the checkpoint manager on 4 CPU devices (one process)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tardigrade_trainer.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointIOError,
+    CheckpointManager,
+    KeepEvery,
+    KeepLast,
+    keep_union,
+)
+from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, gathered_state_hash, step_dir
+
+
+def _mesh(data: int, model: int) -> Mesh:
+    devices = np.array(jax.devices()[: data * model]).reshape(data, model)
+    return Mesh(devices, ("data", "model"))
+
+
+def _state(mesh: Mesh, seed: int = 0) -> dict[str, jax.Array]:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+    b = rng.standard_normal((6,)).astype(np.float32)
+    return {
+        "w": jax.device_put(w, NamedSharding(mesh, PartitionSpec("data", "model"))),
+        "b": jax.device_put(b, NamedSharding(mesh, PartitionSpec())),
+        "count": jax.device_put(np.int32(seed), NamedSharding(mesh, PartitionSpec())),
+    }
+
+
+def _target(mesh: Mesh, w_spec: PartitionSpec) -> dict[str, jax.ShapeDtypeStruct]:
+    return {
+        "w": jax.ShapeDtypeStruct((8, 6), np.float32, sharding=NamedSharding(mesh, w_spec)),
+        "b": jax.ShapeDtypeStruct((6,), np.float32, sharding=NamedSharding(mesh, PartitionSpec())),
+        "count": jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, PartitionSpec())),
+    }
+
+
+def test_save_then_restore_onto_other_meshes_is_bitwise_identical(tmp_path):
+    events: list[dict] = []
+    manager = CheckpointManager(str(tmp_path), on_event=events.append)
+    state = _state(_mesh(4, 1), seed=3)
+    blocked = manager.save(7, state, mesh={"data": 4, "model": 1}, extra={"data_position": 8})
+    info = manager.wait()
+    assert info is not None and info.step == 7 and blocked >= 0
+    assert json.loads((tmp_path / step_dir(7) / COMMIT_FILE).read_text())["extra"] == {
+        "data_position": 8
+    }
+    original = gathered_state_hash(state)
+    for mesh, spec in [
+        (_mesh(2, 2), PartitionSpec("model", "data")),
+        (_mesh(1, 1), PartitionSpec()),
+        (_mesh(1, 3), PartitionSpec(None, "model")),
+    ]:
+        restored, restored_info = manager.restore(7, _target(mesh, spec))
+        assert restored["w"].sharding.spec == spec
+        assert gathered_state_hash(restored) == original
+        assert restored_info.mesh == {"data": 4, "model": 1}
+    assert [e["event"] for e in events][:2] == ["checkpoint_started", "checkpoint_committed"]
+    manager.close()
+
+
+def test_keep_policy_deletes_only_after_a_newer_commit(tmp_path):
+    manager = CheckpointManager(str(tmp_path), keep=keep_union(KeepLast(2), KeepEvery(20)))
+    mesh = _mesh(4, 1)
+    for step in (10, 20, 30, 40, 50):
+        manager.save(step, _state(mesh, seed=step))
+        manager.wait()
+    committed, partial = manager.list_steps()
+    assert committed == [20, 40, 50] and partial == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir(s) for s in (20, 40, 50)]
+    manager.close()
+
+
+def test_partial_checkpoint_is_ignored_then_collected(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    manager.save(10, _state(mesh, 10))
+    manager.wait()
+    manager.save(20, _state(mesh, 20))
+    manager.wait()
+    (tmp_path / step_dir(20) / COMMIT_FILE).unlink()  # as if the commit never happened
+    assert manager.list_steps() == ([10], [20])
+    assert manager.latest_committed() == 10
+    with pytest.raises(CheckpointCorruptError, match="not committed"):
+        manager.restore(20, _target(mesh, PartitionSpec("data")))
+    assert manager.collect_partials() == [20]
+    assert not (tmp_path / step_dir(20)).exists()
+    assert (tmp_path / step_dir(10) / COMMIT_FILE).exists()
+    manager.close()
+
+
+def test_a_committed_step_is_never_rewritten(tmp_path):
+    events: list[dict] = []
+    manager = CheckpointManager(str(tmp_path), on_event=events.append)
+    mesh = _mesh(4, 1)
+    manager.save(10, _state(mesh, 1))
+    manager.wait()
+    before = (tmp_path / step_dir(10) / COMMIT_FILE).read_bytes()
+    manager.save(10, _state(mesh, 2))
+    manager.wait()
+    assert (tmp_path / step_dir(10) / COMMIT_FILE).read_bytes() == before
+    assert events[-1]["event"] == "checkpoint_skipped"
+    restored, _ = manager.restore(10, _target(mesh, PartitionSpec("data")))
+    assert int(restored["count"]) == 1
+    manager.close()
+
+
+def _chunk_files(root: Path, step: int, leaf: str) -> list[Path]:
+    return sorted(p for p in (root / step_dir(step) / "arrays" / leaf / "c").rglob("*")
+                  if p.is_file())
+
+
+def test_corrupt_chunk_and_corrupt_marker_are_reported_not_restored(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    manager.save(10, _state(mesh, 1))
+    manager.wait()
+    chunk = _chunk_files(tmp_path, 10, "w")[0]
+    data = bytearray(chunk.read_bytes())
+    data[0] ^= 0xFF  # same size, different bytes: only the checksum can tell
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError, match="cannot be read"):
+        manager.restore(10, _target(mesh, PartitionSpec("data")))
+    (tmp_path / step_dir(10) / COMMIT_FILE).write_text("{not json")
+    with pytest.raises(CheckpointCorruptError, match="unreadable"):
+        manager.read_info(10)
+    # Still committed (the marker exists), still there: reporting harms nothing.
+    assert manager.list_steps() == ([10], [])
+    manager.close()
+
+
+def test_restore_rejects_a_checkpoint_of_another_model(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    manager.save(10, _state(mesh, 1))
+    manager.wait()
+    target = _target(mesh, PartitionSpec())
+    target["w"] = jax.ShapeDtypeStruct((8, 7), np.float32, sharding=target["w"].sharding)
+    with pytest.raises(CheckpointCorruptError, match="does not match the model"):
+        manager.restore(10, target)
+    manager.close()
+
+
+def test_unwritable_root_fails_fast(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    manager = CheckpointManager(str(blocker / "ckpt"))
+    with pytest.raises(CheckpointIOError, match="not writable"):
+        manager.check_writable()
+    manager.close()
+
+
+def test_failed_background_save_surfaces_on_wait_and_keeps_older_commits(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    manager.save(10, _state(mesh, 1))
+    manager.wait()
+    os.chmod(tmp_path, 0o500)
+    try:
+        if os.access(tmp_path, os.W_OK):
+            # Root ignores permissions; break the path instead.
+            os.chmod(tmp_path, 0o700)
+            (tmp_path / step_dir(20)).write_text("a file where a directory must go")
+        manager.save(20, _state(mesh, 2))
+        with pytest.raises(CheckpointIOError, match="step_00000020"):
+            manager.wait()
+    finally:
+        os.chmod(tmp_path, 0o700)
+    assert manager.latest_committed() == 10
+    manager.close()

@@ -1,0 +1,101 @@
+"""Image entry point: `python -m tardigrade_trainer`, configured by the operator contract."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+
+from tardigrade_trainer import contract
+from tardigrade_trainer.config import ConfigError, TrainerConfig
+
+
+def write_termination(path: str, message: contract.TerminationMessage) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(message.to_json())
+    except OSError as err:
+        print(f"cannot write termination log {path}: {err}", file=sys.stderr)
+
+
+def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
+    print(f"tardigrade-trainer: {reason}: {err}", file=sys.stderr, flush=True)
+    write_termination(path, contract.TerminationMessage(reason=reason, message=str(err)))
+    return code
+
+
+def main() -> int:
+    logging.basicConfig(level=os.environ.get("TARDIGRADE_LOG_LEVEL", "WARNING"))
+    try:
+        env = contract.TrainerEnvironment.from_env()
+    except contract.ContractError as err:
+        term = os.environ.get(contract.ENV_TERMINATION_LOG) or contract.DEFAULT_TERMINATION_LOG
+        return _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
+    try:
+        config = TrainerConfig.from_mapping(env.trainer_config)
+    except ConfigError as err:
+        return _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
+
+    from tardigrade_trainer import distributed
+
+    distributed.configure_host_devices(config.devices_per_process)
+    try:
+        distributed.initialize(env)
+    except distributed.PeerTimeoutError as err:
+        return _fail(env.termination_log, contract.EXIT_PEER_TIMEOUT, "PeerTimeout", err)
+
+    import jax
+
+    from tardigrade_trainer.checkpoint import CheckpointCorruptError, CheckpointIOError
+    from tardigrade_trainer.train import Trainer
+
+    trainer = None
+    try:
+        trainer = Trainer(env, config)
+        code, message = trainer.run()
+    except ConfigError as err:
+        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
+    except CheckpointCorruptError as err:
+        code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointCorrupt",
+                     err)
+    except CheckpointIOError as err:
+        code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_IO_ERROR, "CheckpointIOError",
+                     err)
+    except Exception as err:
+        traceback.print_exc()
+        code = _fail(env.termination_log, contract.EXIT_FAILED, "Failed", err)
+    else:
+        write_termination(env.termination_log, message)
+        # Every host reached this point at the same step, so the shutdown barrier is met.
+        jax.distributed.shutdown()
+        return code
+    _exit_gang(code)
+    return code
+
+
+def _exit_gang(code: int) -> None:
+    """Leave after a failure without taking healthy-but-failing peers down with us.
+
+    When rank 0 exits, its coordination service goes with it and JAX aborts every peer still
+    connected, before they could write their own termination message. If all ranks fail
+    together (e.g. a config error every rank sees) they meet at a short barrier and shut down
+    cleanly; if the peers are gone or stuck, the barrier times out and we leave at once.
+    """
+    import jax
+
+    from tardigrade_trainer import distributed
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        distributed.barrier("tardigrade-exit-on-failure", 15)
+        jax.distributed.shutdown()
+    except Exception as err:
+        print(f"tardigrade-trainer: leaving without a clean shutdown: {err}", file=sys.stderr,
+              flush=True)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

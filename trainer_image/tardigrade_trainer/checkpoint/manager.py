@@ -1,0 +1,498 @@
+"""The checkpoint manager: async sharded save, two-barrier commit, resharding restore."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+
+from tardigrade_trainer import distributed, testhooks
+from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
+
+log = logging.getLogger(__name__)
+
+FORMAT = "tardigrade-checkpoint/1"
+COMMIT_FILE = "metadata.json"
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or restored."""
+
+
+class CheckpointIOError(CheckpointError):
+    """Storage refused a read or write (unwritable path, unreachable bucket): retryable."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A committed checkpoint cannot be read back or does not match the model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: str
+    time: str
+    process_count: int
+    mesh: dict[str, int]
+    arrays: dict[str, dict[str, Any]]
+    extra: dict[str, Any]
+
+    def to_json(self) -> str:
+        payload = {"format": FORMAT, **dataclasses.asdict(self)}
+        payload.pop("path")
+        return json.dumps(payload, sort_keys=True, indent=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostLeaf:
+    """One state leaf after its device->host copy: only the shards this host must write."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunk: tuple[int, ...]
+    # numpy data, or (CPU backend) a private on-device copy that is already host memory.
+    shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
+
+
+def step_dir(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def kvstore_spec(path: str) -> dict[str, Any]:
+    """TensorStore kvstore spec for a local path or a gs://bucket/prefix URL."""
+    if path.startswith("gs://"):
+        bucket, _, prefix = path[len("gs://") :].partition("/")
+        if not bucket:
+            raise CheckpointIOError(f"checkpoint path {path!r} names no bucket")
+        prefix = prefix.strip("/")
+        return {"driver": "gcs", "bucket": bucket, "path": f"{prefix}/" if prefix else ""}
+    if "://" in path:
+        raise CheckpointIOError(f"unsupported checkpoint path {path!r} (use gs:// or a path)")
+    return {"driver": "file", "path": os.path.abspath(path).rstrip("/") + "/"}
+
+
+def leaf_names(tree: Any) -> list[str]:
+    """Stable, path-derived names of a pytree's leaves (the manifest keys)."""
+    paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    names = []
+    for path, _ in paths:
+        name = jax.tree_util.keystr(path, simple=True, separator="/") or "root"
+        names.append(re.sub(r"[^A-Za-z0-9_.\-/]", "_", name))
+    if len(set(names)) != len(names):
+        raise CheckpointError("state leaves do not have unique names")
+    return names
+
+
+def gathered_state_hash(tree: Any) -> str:
+    """SHA-256 over every leaf's full (gathered) value: equal across meshes iff values are."""
+    from jax.experimental import multihost_utils
+
+    digest = hashlib.sha256()
+    for name, leaf in zip(leaf_names(tree), jax.tree_util.tree_leaves(tree), strict=True):
+        value = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        digest.update(name.encode())
+        digest.update(str(value.dtype).encode() + str(value.shape).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
+
+
+def _writer_devices(name: str, leaf: jax.Array) -> set[jax.Device]:
+    """One device per distinct shard writes it; replicas are spread over hosts.
+
+    With pure data parallelism every parameter is replicated: letting replica 0 write would
+    put the whole checkpoint on process 0's disk bandwidth and network link. Every process
+    computes the same choice, so exactly one copy of each shard is written.
+    """
+    groups: dict[tuple[Any, ...], list[jax.Device]] = {}
+    for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        groups.setdefault(key, []).append(device)
+    writers = set()
+    for key, devices in groups.items():
+        devices.sort(key=lambda d: (d.process_index, d.id))
+        by_process: dict[int, jax.Device] = {}
+        for device in devices:
+            by_process.setdefault(device.process_index, device)
+        candidates = list(by_process.values())
+        pick = zlib.crc32(f"{name}{key}".encode()) % len(candidates)
+        writers.add(candidates[pick])
+    return writers
+
+
+class CheckpointManager:
+    """Saves and restores pytrees of `jax.Array`s under one checkpoint root.
+
+    Every process constructs one with the same root. `save` returns once this host's shards
+    are copied to host memory; a background thread writes them, then the hosts meet at a
+    barrier and process 0 writes the commit marker. Only one save is in flight at a time.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        keep: KeepPolicy | None = None,
+        barrier_timeout_seconds: float = 600.0,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        checksum: bool = True,
+    ) -> None:
+        self.root = root.rstrip("/")
+        self.keep = keep or KeepLast(3)
+        self.barrier_timeout_seconds = barrier_timeout_seconds
+        self.on_event = on_event or (lambda event: None)
+        self.checksum = checksum
+        self.process_id = jax.process_index()
+        self.process_count = jax.process_count()
+        self._kv_spec = kvstore_spec(self.root)
+        # Each chunk file is fsynced on write (durability before commit); many files in
+        # flight hide that latency, far beyond TensorStore's default of one per core.
+        self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
+        try:
+            self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
+        except Exception as err:
+            raise CheckpointIOError(f"cannot open checkpoint root {self.root}: {err}") from err
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "checkpoint-writer")
+        self._pending: concurrent.futures.Future[CheckpointInfo | None] | None = None
+        self.last_committed: CheckpointInfo | None = None
+
+    # --- inspection ---------------------------------------------------------------------------
+    def path_of(self, step: int) -> str:
+        return f"{self.root}/{step_dir(step)}"
+
+    def list_steps(self) -> tuple[list[int], list[int]]:
+        """(committed, partial) steps under the root, each sorted ascending."""
+        try:
+            keys = self._kv.list().result()
+        except Exception as err:
+            raise CheckpointIOError(f"cannot list checkpoint root {self.root}: {err}") from err
+        seen: set[int] = set()
+        committed: set[int] = set()
+        for key in keys:
+            first, _, rest = key.decode().partition("/")
+            match = _STEP_DIR.match(first)
+            if not match:
+                continue
+            seen.add(int(match.group(1)))
+            if rest == COMMIT_FILE:
+                committed.add(int(match.group(1)))
+        return sorted(committed), sorted(seen - committed)
+
+    def latest_committed(self) -> int | None:
+        committed, _ = self.list_steps()
+        return committed[-1] if committed else None
+
+    def read_info(self, step: int) -> CheckpointInfo:
+        key = f"{step_dir(step)}/{COMMIT_FILE}"
+        try:
+            result = self._kv.read(key).result()
+        except Exception as err:
+            raise CheckpointIOError(
+                f"cannot read {self.path_of(step)}/{COMMIT_FILE}: {err}"
+            ) from err
+        if result.state != "value":
+            raise CheckpointCorruptError(f"checkpoint {self.path_of(step)} is not committed")
+        try:
+            data = json.loads(bytes(result.value))
+            if data.get("format") != FORMAT or data.get("step") != step:
+                raise ValueError(f"unexpected format/step {data.get('format')}/{data.get('step')}")
+            fields = {f.name for f in dataclasses.fields(CheckpointInfo)} - {"path"}
+            return CheckpointInfo(path=self.path_of(step), **{k: data[k] for k in fields})
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointCorruptError(
+                f"commit marker {self.path_of(step)}/{COMMIT_FILE} is unreadable: {err}"
+            ) from err
+
+    def check_writable(self) -> None:
+        """Fail fast (before training) when the root cannot be written; process 0 probes."""
+        if self.process_id != 0:
+            return
+        key = f".probe-{os.getpid()}-{time.time_ns()}"
+        try:
+            self._kv.write(key, b"probe").result()
+            self._kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+        except Exception as err:
+            raise CheckpointIOError(f"checkpoint path {self.root} is not writable: {err}") from err
+
+    # --- save ---------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        mesh: Mapping[str, int] | None = None,
+    ) -> float:
+        """Start saving `state` as `step`; returns the seconds the caller was blocked."""
+        self.wait()
+        started = time.perf_counter()
+        host_leaves = self._copy_to_host(state)
+        blocked = time.perf_counter() - started
+        self.on_event({"event": "checkpoint_started", "step": step, "blocked_s": round(blocked, 6)})
+        self._pending = self._executor.submit(
+            self._write_and_commit, step, host_leaves, dict(extra or {}), dict(mesh or {})
+        )
+        return blocked
+
+    def wait(self) -> CheckpointInfo | None:
+        """Block until the save in flight (if any) is committed; re-raise its failure."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        return pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+
+    def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
+        leaves = jax.tree_util.tree_leaves(state)
+        names = leaf_names(state)
+        writers = {
+            name: _writer_devices(name, leaf)
+            for name, leaf in zip(names, leaves, strict=True)
+            if isinstance(leaf, jax.Array)
+        }
+        on_cpu = all(d.platform == "cpu" for ds in writers.values() for d in ds)
+        if on_cpu:
+            # CPU "device" memory is host memory: a private copy made by XLA (dispatched
+            # asynchronously, ordered before any later donation of the original buffer) is
+            # the snapshot, and the background thread views it as numpy without copying.
+            leaves = [jnp.array(leaf, copy=True) if isinstance(leaf, jax.Array) else leaf
+                      for leaf in leaves]
+        else:
+            for name, leaf in zip(names, leaves, strict=True):
+                if isinstance(leaf, jax.Array):
+                    for shard in leaf.addressable_shards:
+                        if shard.device in writers[name]:
+                            shard.data.copy_to_host_async()
+        host = []
+        for name, leaf in zip(names, leaves, strict=True):
+            if isinstance(leaf, jax.Array):
+                shape = tuple(leaf.shape)
+                chunk = tuple(max(1, c) for c in leaf.sharding.shard_shape(leaf.shape))
+                # Off CPU, an explicit host copy: the device buffer may be donated by the next
+                # train step, and device memory is the scarce resource.
+                shards = [
+                    (tuple(shard.index), shard.data if on_cpu else np.array(shard.data))
+                    for shard in leaf.addressable_shards
+                    if shard.device in writers[name]
+                ]
+                dtype = np.dtype(leaf.dtype).name
+            else:
+                value = np.asarray(leaf)
+                shape, chunk = value.shape, tuple(max(1, c) for c in value.shape)
+                full = tuple(slice(None) for _ in shape)
+                shards = [(full, value.copy())] if self.process_id == 0 else []
+                dtype = value.dtype.name
+            host.append(_HostLeaf(name, shape, dtype, chunk, shards))
+        return host
+
+    def _array_spec(self, directory: str, name: str) -> dict[str, Any]:
+        return {
+            "driver": "zarr3",
+            "kvstore": {
+                **self._kv_spec,
+                "path": f"{self._kv_spec['path']}{directory}/arrays/{name}/",
+            },
+        }
+
+    def _codecs(self) -> list[dict[str, Any]]:
+        codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+        if self.checksum:
+            codecs.append({"name": "crc32c"})
+        return codecs
+
+    def _barrier(self, step: int, phase: str) -> None:
+        distributed.barrier(f"tardigrade-checkpoint-{step}-{phase}", self.barrier_timeout_seconds)
+
+    def _write_and_commit(
+        self, step: int, leaves: list[_HostLeaf], extra: dict[str, Any], mesh: dict[str, int]
+    ) -> CheckpointInfo | None:
+        started = time.perf_counter()
+        directory = step_dir(step)
+        pid = self.process_id
+        try:
+            if self._kv.read(f"{directory}/{COMMIT_FILE}").result().state == "value":
+                # Never rewrite a committed checkpoint (e.g. after restoring an older one).
+                self.on_event({"event": "checkpoint_skipped", "step": step,
+                               "reason": "already committed"})
+                return self.read_info(step)
+            testhooks.hit("save_start", step, pid)
+            if pid == 0:
+                # Leftovers of an earlier crashed save of this step may use another chunk grid.
+                self._delete_dir(directory)
+                creates = [
+                    ts.open(
+                        {
+                            **self._array_spec(directory, leaf.name),
+                            "metadata": {
+                                "shape": list(leaf.shape),
+                                "data_type": leaf.dtype,
+                                "chunk_grid": {"name": "regular",
+                                               "configuration": {"chunk_shape": list(leaf.chunk)}},
+                                "codecs": self._codecs(),
+                            },
+                        },
+                        create=True,
+                        context=self._context,
+                    )
+                    for leaf in leaves
+                ]
+                for future in creates:
+                    future.result()
+            self._barrier(step, "prepared")
+            testhooks.hit("after_prepare", step, pid)
+            opened = [
+                ts.open(self._array_spec(directory, leaf.name), open=True, context=self._context)
+                for leaf in leaves if leaf.shards
+            ]
+            writes = []
+            for store_future, leaf in zip(opened, [lf for lf in leaves if lf.shards], strict=True):
+                store = store_future.result()
+                # Snapshots are private and never mutated: TensorStore may keep referencing
+                # them instead of copying every shard once more.
+                writes.extend(
+                    store[index].write(
+                        np.asarray(data), can_reference_source_data_indefinitely=True
+                    )
+                    for index, data in leaf.shards
+                )
+            for write in writes:
+                write.result()
+            nbytes = sum(d.nbytes for leaf in leaves for _, d in leaf.shards)
+            testhooks.hit("after_write", step, pid)
+            self._barrier(step, "written")
+            info = CheckpointInfo(
+                step=step,
+                path=self.path_of(step),
+                time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                process_count=self.process_count,
+                mesh=mesh,
+                arrays={lf.name: {"shape": list(lf.shape), "dtype": lf.dtype} for lf in leaves},
+                extra=extra,
+            )
+            if pid == 0:
+                testhooks.hit("before_commit", step, pid)
+                self._kv.write(f"{directory}/{COMMIT_FILE}", info.to_json().encode()).result()
+                testhooks.hit("after_commit", step, pid)
+            self._barrier(step, "committed")
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointIOError(f"saving {self.path_of(step)} failed: {err}") from err
+        self.last_committed = info
+        self.on_event({
+            "event": "checkpoint_committed", "step": step, "path": info.path,
+            "seconds": round(time.perf_counter() - started, 6), "bytes_this_host": nbytes,
+        })
+        if pid == 0:
+            self._collect_garbage(step)
+        testhooks.hit("after_gc", step, pid)
+        return info
+
+    # --- garbage collection -------------------------------------------------------------------
+    def _delete_dir(self, directory: str) -> None:
+        # The commit marker goes first: an interrupted delete leaves a partial checkpoint
+        # (ignored, collected later), never a committed one with missing shards.
+        self._kv.delete_range(
+            ts.KvStore.KeyRange(f"{directory}/{COMMIT_FILE}", f"{directory}/{COMMIT_FILE}\0")
+        ).result()
+        self._kv.delete_range(ts.KvStore.KeyRange(f"{directory}/", f"{directory}0")).result()
+        if self._kv_spec["driver"] == "file":
+            # The file driver deletes files but leaves their (now empty) directories behind.
+            shutil.rmtree(self._kv_spec["path"] + directory, ignore_errors=True)
+
+    def collect_partials(self, below: int | None = None) -> list[int]:
+        """Delete partial checkpoints (all, or those older than `below`); process 0 only.
+
+        Call only when no save of this gang is in flight, e.g. at start-up.
+        """
+        if self.process_id != 0:
+            return []
+        _, partial = self.list_steps()
+        doomed = [s for s in partial if below is None or s < below]
+        for step in doomed:
+            self._delete_dir(step_dir(step))
+            self.on_event({"event": "checkpoint_partial_removed", "step": step})
+        return doomed
+
+    def _collect_garbage(self, newest: int) -> None:
+        try:
+            committed, _ = self.list_steps()
+            for step in deletable(self.keep, [s for s in committed if s <= newest]):
+                self._delete_dir(step_dir(step))
+                self.on_event({"event": "checkpoint_deleted", "step": step})
+            self.collect_partials(below=newest)
+        except Exception as err:  # cleanup is best effort; the next commit retries it
+            log.warning("checkpoint garbage collection failed: %s", err)
+
+    # --- restore ------------------------------------------------------------------------------
+    def restore(self, step: int, target: Any) -> tuple[Any, CheckpointInfo]:
+        """Read checkpoint `step` into the shapes and shardings of `target`.
+
+        `target` is a pytree of `jax.ShapeDtypeStruct`s (or arrays) carrying `.sharding` for
+        the CURRENT mesh; each host reads only the slices its devices hold, whatever mesh
+        or process count wrote them.
+        """
+        info = self.read_info(step)
+        names = leaf_names(target)
+        leaves, treedef = jax.tree_util.tree_flatten(target)
+        problems = []
+        for name, leaf in zip(names, leaves, strict=True):
+            saved = info.arrays.get(name)
+            want = {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name}
+            if saved != want:
+                problems.append(f"{name}: checkpoint has {saved}, model needs {want}")
+        if problems:
+            raise CheckpointCorruptError(
+                f"checkpoint {info.path} does not match the model: " + "; ".join(problems[:5])
+            )
+        directory = step_dir(step)
+        try:
+            stores = [
+                ts.open(self._array_spec(directory, n), open=True, read=True, context=self._context)
+                for n in names
+            ]
+            reads: list[list[tuple[jax.Device, Any]]] = []
+            for store_future, leaf in zip(stores, leaves, strict=True):
+                store = store_future.result()
+                by_index: dict[Any, Any] = {}
+                per_device = []
+                for device, index in leaf.sharding.addressable_devices_indices_map(
+                    leaf.shape
+                ).items():
+                    key = tuple((s.start, s.stop, s.step) for s in index)
+                    if key not in by_index:
+                        by_index[key] = store[index].read()
+                    per_device.append((device, by_index[key]))
+                reads.append(per_device)
+            arrays = []
+            for leaf, per_device in zip(leaves, reads, strict=True):
+                buffers = [jax.device_put(future.result(), device) for device, future in per_device]
+                arrays.append(
+                    jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, buffers)
+                )
+        except Exception as err:
+            raise CheckpointCorruptError(f"checkpoint {info.path} cannot be read: {err}") from err
+        self.on_event({"event": "checkpoint_restored", "step": step, "path": info.path,
+                       "saved_process_count": info.process_count, "saved_mesh": info.mesh})
+        return jax.tree_util.tree_unflatten(treedef, arrays), info

@@ -1,0 +1,99 @@
+"""The reference trainer's configuration: `spec.trainer` of a TrainingJob, parsed without jax."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """The trainer config cannot run as written (exit code EXIT_CONFIG_ERROR)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 100
+    seed: int = 0
+    global_batch_size: int = 8
+    seq_len: int = 16
+    vocab_size: int = 64
+    embed_dim: int = 32
+    num_layers: int = 1
+    num_heads: int = 2
+    mlp_dim: int = 64
+    learning_rate: float = 3e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    # CPU only: how many host-platform devices each process pretends to have.
+    devices_per_process: int | None = None
+    model_axis_size: int = 1
+    log_every: int = 1
+    # Gathers the whole state after every save/restore to log a hash: for tests, costly at scale.
+    debug_state_hash: bool = False
+    # How long a host waits for its peers at a checkpoint barrier before the save is failed.
+    checkpoint_barrier_timeout_seconds: float = 600.0
+    # crc32c per chunk catches silent corruption; verifying it costs restore bandwidth.
+    checkpoint_checksum: bool = True
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> TrainerConfig:
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown trainer config keys: {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            default = getattr(cls, name)
+            if value is None:
+                values[name] = None
+                continue
+            want: type = int
+            if isinstance(default, bool):
+                want = bool
+            elif isinstance(default, float):
+                want = float
+            if want is bool and not isinstance(value, bool):
+                raise ConfigError(f"trainer config {name!r} must be true or false, got {value!r}")
+            if want is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"trainer config {name!r} must be an integer, got {value!r}")
+            if want is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ConfigError(f"trainer config {name!r} must be a number, got {value!r}")
+            values[name] = want(value)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        positive = ("steps", "global_batch_size", "seq_len", "vocab_size", "embed_dim",
+                    "num_layers", "num_heads", "mlp_dim", "model_axis_size", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                value = getattr(self, name)
+                raise ConfigError(f"trainer config {name!r} must be >= 1, got {value}")
+        if self.devices_per_process is not None and self.devices_per_process < 1:
+            raise ConfigError("trainer config 'devices_per_process' must be >= 1")
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(
+                f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}"
+            )
+
+    def check_devices(self, num_devices: int) -> int:
+        """Return the data-axis size for `num_devices`, or explain why the config does not fit."""
+        if num_devices % self.model_axis_size:
+            raise ConfigError(
+                f"model_axis_size={self.model_axis_size} does not divide the {num_devices} devices"
+            )
+        data = num_devices // self.model_axis_size
+        if self.global_batch_size % data:
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} cannot be split evenly over a data "
+                f"axis of {data} devices ({num_devices} devices / model_axis_size "
+                f"{self.model_axis_size}); choose a batch size that is a multiple of {data}"
+            )
+        if self.num_heads % self.model_axis_size or self.mlp_dim % self.model_axis_size:
+            raise ConfigError(
+                f"num_heads={self.num_heads} and mlp_dim={self.mlp_dim} must be multiples of "
+                f"model_axis_size={self.model_axis_size}"
+            )
+        return data

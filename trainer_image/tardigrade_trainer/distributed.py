@@ -1,0 +1,197 @@
+"""Distributed start-up from the operator contract, with a clear error when a peer is missing.
+
+`jax.distributed.initialize` aborts the whole process (SIGABRT) when a peer does not arrive in
+time, which would leave the operator with an opaque crash. So before handing the coordinator
+port to JAX, the ranks meet in a plain-TCP rendezvous on that same port: rank 0 listens, every
+other rank says hello (job, attempt, rank), and rank 0 answers "go" once all are present. A
+missing peer then surfaces as `PeerTimeoutError` (exit EXIT_PEER_TIMEOUT) naming who is
+missing, and ranks of a stale attempt are turned away instead of joining the wrong gang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import socket
+import time
+from typing import Any
+
+from tardigrade_trainer.contract import TrainerEnvironment
+
+log = logging.getLogger(__name__)
+
+_GO = b"go\n"
+_RETRY_SECONDS = 0.2
+
+
+class PeerTimeoutError(RuntimeError):
+    """Not every rank of the gang arrived before the deadline."""
+
+
+def configure_host_devices(devices_per_process: int | None) -> None:
+    """Ask XLA's CPU backend for several devices; must run before jax is imported."""
+    if not devices_per_process:
+        return
+    flag = f"--xla_force_host_platform_device_count={devices_per_process}"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"coordinator address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def rendezvous(env: TrainerEnvironment, timeout: float) -> None:
+    """Return once all `env.num_processes` ranks are present, else raise PeerTimeoutError."""
+    if env.num_processes == 1:
+        return
+    deadline = time.monotonic() + timeout
+    host, port = split_address(env.coordinator_address)
+    hello = {"job": env.job_name, "attempt": env.attempt, "num_processes": env.num_processes}
+    if env.process_id == 0:
+        _serve_rendezvous(port, hello, env.num_processes, deadline)
+    else:
+        _join_rendezvous(host, port, {**hello, "process_id": env.process_id}, deadline)
+
+
+def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float) -> None:
+    if socket.has_dualstack_ipv6():
+        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    else:
+        server = socket.create_server(("", port))
+    peers: dict[int, socket.socket] = {}
+    pending: dict[socket.socket, bytes] = {}
+    try:
+        while len(peers) < n - 1:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(1, n)) - set(peers))
+                raise PeerTimeoutError(
+                    f"ranks {missing} of {n} did not reach the coordinator on port {port} "
+                    f"in time (job {expect['job']!r}, attempt {expect['attempt']})"
+                )
+            readable, _, _ = select.select([server, *pending, *peers.values()], [], [],
+                                           min(remaining, 1.0))
+            for sock in readable:
+                if sock is server:
+                    conn, _ = server.accept()
+                    pending[conn] = b""
+                    continue
+                data = sock.recv(4096)
+                if sock in pending:
+                    if not data:
+                        pending.pop(sock)  # the peer gave up before saying hello
+                        sock.close()
+                        continue
+                    pending[sock] += data
+                    if b"\n" in pending[sock]:
+                        _accept_hello(sock, pending.pop(sock), expect, n, peers)
+                elif not data:
+                    # A peer that said hello and then died is no longer present.
+                    rank = next(r for r, s in peers.items() if s is sock)
+                    log.warning("rank %d left the rendezvous before it completed", rank)
+                    peers.pop(rank).close()
+        for sock in peers.values():
+            sock.sendall(_GO)
+        # Let peers close first so the coordinator port is not left in TIME_WAIT on our side.
+        for sock in peers.values():
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(OSError):
+                sock.recv(1)
+    finally:
+        for sock in [*peers.values(), *pending]:
+            sock.close()
+        server.close()
+
+
+def _accept_hello(
+    sock: socket.socket, raw: bytes, expect: dict[str, Any], n: int, peers: dict[int, socket.socket]
+) -> None:
+    try:
+        hello = json.loads(raw.split(b"\n", 1)[0])
+        rank = int(hello["process_id"])
+    except (ValueError, KeyError, TypeError):
+        sock.close()
+        return
+    mismatch = [k for k, v in expect.items() if hello.get(k) != v]
+    if mismatch or not 0 < rank < n or rank in peers:
+        reason = f"rejected: {mismatch or 'duplicate or out-of-range rank'}"
+        log.warning("rendezvous %s from rank %s (%s)", reason, rank, hello)
+        try:
+            sock.sendall(reason.encode() + b"\n")
+        finally:
+            sock.close()
+        return
+    peers[rank] = sock
+
+
+def _join_rendezvous(host: str, port: int, hello: dict[str, Any], deadline: float) -> None:
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=_RETRY_SECONDS * 5) as sock:
+                sock.sendall(json.dumps(hello).encode() + b"\n")
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+                if answer == _GO:
+                    return
+                last_error = RuntimeError(answer.decode(errors="replace").strip() or "closed")
+                if answer.startswith(b"rejected"):
+                    raise PeerTimeoutError(f"coordinator {host}:{port} {last_error}")
+        except (TimeoutError, OSError) as err:
+            last_error = err
+        time.sleep(_RETRY_SECONDS)
+    raise PeerTimeoutError(
+        f"rank {hello['process_id']} could not meet the coordinator {host}:{port} in time "
+        f"(job {hello['job']!r}, attempt {hello['attempt']}): {last_error}"
+    )
+
+
+def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
+    """Rendezvous, then `jax.distributed.initialize` for the gang described by `env`.
+
+    Always initializes, even for one process: the coordination service also provides the
+    key-value barriers used by checkpoint commits and the preemption sync point.
+    """
+    timeout = env.init_timeout_seconds if timeout is None else timeout
+    started = time.monotonic()
+    rendezvous(env, timeout)
+    import jax  # late: callers may need to set XLA_FLAGS first
+
+    # JAX's preemption service swallows SIGTERM to turn it into a sync point; a job that
+    # does not save on preemption must keep the default (terminate at once).
+    jax.config.update("jax_enable_preemption_service", env.save_on_preemption)
+    remaining = max(30.0, timeout - (time.monotonic() - started))
+    jax.distributed.initialize(
+        coordinator_address=env.coordinator_address,
+        num_processes=env.num_processes,
+        process_id=env.process_id,
+        initialization_timeout=int(remaining),
+    )
+    log.info("jax.distributed initialized: process %d of %d, %d global devices",
+             env.process_id, env.num_processes, jax.device_count())
+
+
+def barrier(name: str, timeout_seconds: float) -> None:
+    """Wait until every process reaches `name`; a no-op outside a distributed run.
+
+    Uses the coordination service's key-value barrier rather than a device collective, so it
+    is safe to call from a background thread while the training loop keeps running.
+    """
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None or jax_distributed.global_state.num_processes in (None, 1):
+        return
+    client.wait_at_barrier(name, int(timeout_seconds * 1000))

@@ -1,0 +1,86 @@
+"""Rank 0's progress endpoint: `/progress` (ProgressReport JSON) and `/metrics` (Prometheus)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import prometheus_client
+
+from tardigrade_trainer.contract import ProgressReport
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = prometheus_client.CollectorRegistry()
+        r = self.registry
+        self.step = prometheus_client.Gauge("tardigrade_train_step", "Last completed step",
+                                            registry=r)
+        self.loss = prometheus_client.Gauge("tardigrade_train_loss", "Loss of the last step",
+                                            registry=r)
+        self.tokens_per_second = prometheus_client.Gauge(
+            "tardigrade_tokens_per_second", "Training throughput", registry=r)
+        self.checkpoint_step = prometheus_client.Gauge(
+            "tardigrade_checkpoint_committed_step", "Newest committed checkpoint step", registry=r)
+        self.checkpoint_blocked = prometheus_client.Histogram(
+            "tardigrade_checkpoint_blocked_seconds",
+            "Training-loop time blocked per checkpoint save (device-to-host copy)", registry=r)
+        self.checkpoint_seconds = prometheus_client.Histogram(
+            "tardigrade_checkpoint_save_seconds", "Background write+commit time per checkpoint",
+            registry=r)
+        self._lock = threading.Lock()
+        self._report = ProgressReport(step=0)
+
+    def report(self, **changes: object) -> ProgressReport:
+        with self._lock:
+            fields = {**self._report.__dict__, **changes}
+            self._report = ProgressReport(**fields)  # type: ignore[arg-type]
+            return self._report
+
+    def current(self) -> ProgressReport:
+        with self._lock:
+            return self._report
+
+
+class ProgressServer:
+    """A tiny threaded HTTP server; one per job on rank 0."""
+
+    def __init__(self, metrics: Metrics, port: int, host: str = "") -> None:
+        metrics_ref = metrics
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] == "/progress":
+                    body = metrics_ref.current().to_json().encode()
+                    ctype = "application/json"
+                elif self.path.split("?")[0] == "/metrics":
+                    body = prometheus_client.generate_latest(metrics_ref.registry)
+                    ctype = prometheus_client.CONTENT_TYPE_LATEST
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # the operator polls often; access logs would drown the JSON log
+
+        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name="progress-server")
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> ProgressServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

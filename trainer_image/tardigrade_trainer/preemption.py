@@ -1,0 +1,36 @@
+"""Preemption notice: all hosts agree on one step at which to save, then stop.
+
+Kubernetes sends SIGTERM to each pod of a preempted gang, possibly not all at once. In a
+distributed run JAX's preemption sync manager (installed by `jax.distributed.initialize`)
+catches SIGTERM on any host and makes `reached_preemption_sync_point` return True on every
+host at the same step. Without it (plain single-process use) a Python handler stands in.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+from jax._src import distributed as jax_distributed
+from jax.experimental import multihost_utils
+
+
+class PreemptionWatcher:
+    def __init__(self) -> None:
+        self._local = threading.Event()
+        self._uses_jax = (
+            jax_distributed.global_state.client is not None
+            and jax_distributed.global_state.preemption_sync_manager is not None
+        )
+        if not self._uses_jax:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._local.set()
+
+    def should_stop(self, step: int) -> bool:
+        """Call at every step on every host; True at the one agreed step to save and stop."""
+        if self._uses_jax:
+            return bool(multihost_utils.reached_preemption_sync_point(step))
+        return self._local.is_set()
