@@ -19,7 +19,7 @@ import socket
 import time
 from typing import Any
 
-from tardigrade_trainer.contract import TrainerEnvironment
+from tardigrade_trainer.contract import ENV_POD_IP, TrainerEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,28 @@ def split_address(address: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"coordinator address {address!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def grpc_addresses(env: TrainerEnvironment) -> tuple[str, str | None]:
+    """The coordinator address for JAX's gRPC client, and where rank 0's service binds.
+
+    The name is resolved here, by Python's resolver, so gRPC gets an IP: the same answer as
+    cluster DNS gives, and the only one where names come from a hosts table that only Python
+    sees (the local cluster). With the pod's IP known, the service binds to it alone, so pods
+    that share one network namespace do not fight over the port.
+    """
+    host, port = split_address(env.coordinator_address)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        ip = str(infos[0][4][0])
+        coordinator = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    except OSError:
+        coordinator = env.coordinator_address  # let gRPC try, and report, its own way
+    pod_ip = os.environ.get(ENV_POD_IP)
+    bind = None
+    if env.process_id == 0 and pod_ip:
+        bind = f"[{pod_ip}]:{port}" if ":" in pod_ip else f"{pod_ip}:{port}"
+    return coordinator, bind
 
 
 def rendezvous(env: TrainerEnvironment, timeout: float) -> None:
@@ -173,11 +195,13 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
     # does not save on preemption must keep the default (terminate at once).
     jax.config.update("jax_enable_preemption_service", env.save_on_preemption)
     remaining = max(30.0, timeout - (time.monotonic() - started))
+    coordinator, bind = grpc_addresses(env)
     jax.distributed.initialize(
-        coordinator_address=env.coordinator_address,
+        coordinator_address=coordinator,
         num_processes=env.num_processes,
         process_id=env.process_id,
         initialization_timeout=int(remaining),
+        coordinator_bind_address=bind,
     )
     log.info("jax.distributed initialized: process %d of %d, %d global devices",
              env.process_id, env.num_processes, jax.device_count())
