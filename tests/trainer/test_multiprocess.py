@@ -111,6 +111,16 @@ def test_sigterm_saves_the_agreed_step_and_resume_loses_nothing(tmp_path):
     assert resumed.termination(0).reason == "Succeeded"
 
 
+def test_sigterm_without_save_on_preemption_terminates_at_once(tmp_path):
+    config = {**BASE, "steps": 100000, "debug_state_hash": False}
+    gang = launch(tmp_path, processes=1, checkpoint_path=str(tmp_path / "ckpt"), config=config,
+                  extra_env={contract.ENV_SAVE_ON_PREEMPTION: "false"})
+    wait_for(lambda: len(gang.events("step")) >= 3, 180, "three training steps")
+    gang.signal(signal.SIGTERM)
+    assert gang.wait(timeout=60) == [-signal.SIGTERM], gang.describe()
+    assert committed_steps(tmp_path / "ckpt") == []
+
+
 def test_time_interval_saves_are_decided_once_for_all_hosts(tmp_path):
     ckpt = tmp_path / "ckpt"
     config = {**BASE, "steps": 60, "debug_state_hash": False}
