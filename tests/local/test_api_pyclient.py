@@ -360,3 +360,32 @@ def test_pod_qos_class(core, resources, qos):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("qos")},
            "spec": {"containers": [{"name": "c", "image": "x", "resources": resources}]}}
     assert core.create_namespaced_pod("default", pod).status.qos_class == qos
+
+
+def test_eviction_honours_pod_disruption_budgets(k, core):
+    label = name("pdb")
+    policy = client.PolicyV1Api(k)
+    policy.create_namespaced_pod_disruption_budget("default", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": label},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": label}}}})
+    pods = []
+    for i in range(2):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{label}-{i}", "labels": {"app": label}},
+               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
+        core.create_namespaced_pod("default", pod)
+        core.patch_namespaced_pod_status(f"{label}-{i}", "default", {"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+        pods.append(f"{label}-{i}")
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pods[0], "namespace": "default"}}
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod_eviction(pods[0], "default", eviction)
+    body = status_of(exc.value)
+    assert (exc.value.status, body["reason"]) == (429, "TooManyRequests")
+    assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
+    assert body["details"]["causes"][0]["message"] == (
+        f"The disruption budget {label} needs 2 healthy pods and has 2 currently")
+    policy.patch_namespaced_pod_disruption_budget(label, "default", {"spec": {"minAvailable": 1}})
+    core.create_namespaced_pod_eviction(pods[0], "default", eviction)
+    assert core.read_namespaced_pod(pods[0], "default").metadata.deletion_timestamp

@@ -11,10 +11,9 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from . import apply, discovery, openapi, patch, protobuf, tables
+from . import apply, discovery, eviction, openapi, patch, protobuf, tables
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
-from .meta import now_rfc3339
 from .resources import ResourceType
 from .scale import scale_get, scale_update
 from .selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
@@ -382,19 +381,7 @@ class Handlers:
     async def _evict(self, request: web.Request, rt: ResourceType, ns: str, name: str,
                      dry_run: bool) -> web.Response:
         body = await self._body(request)
-        pod = self.core.get(rt, ns, name)
-        options = (body or {}).get("deleteOptions") or {} if isinstance(body, dict) else {}
-        if not dry_run and not pod["metadata"].get("deletionTimestamp"):
-            # Since Kubernetes 1.26 the Eviction API marks the pod before deleting it.
-            conds = [c for c in pod.get("status", {}).get("conditions") or []
-                     if c.get("type") != "DisruptionTarget"]
-            conds.append({"type": "DisruptionTarget", "status": "True",
-                          "reason": "EvictionByEvictionAPI",
-                          "message": "Eviction API: evicting",
-                          "lastTransitionTime": now_rfc3339()})
-            pod.setdefault("status", {})["conditions"] = conds
-            self.core.update(rt, ns, name, pod, subresource="status")
-        self.core.delete(rt, ns, name, options, dry_run=dry_run)
+        eviction.evict(self.core, rt, ns, name, body, dry_run)
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {},
                       "status": "Success", "code": 201}, 201)
 
