@@ -42,6 +42,16 @@ def prune_unknown(group: str, kind: str, obj: dict[str, Any]) -> list[str]:
     return found
 
 
+class _StructName:
+    """The Go struct name of a model, computed only when an error message needs it."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __str__(self) -> str:
+        return re.sub(r"^V1|^CoreV1|^EventsV1", "", self.model)
+
+
 # Python model type -> (JSON type name, Go type the real decoder reports)
 _SCALARS = {"int": ("number", "int32"), "float": ("number", "float64"),
             "bool": ("bool", "bool"), "str": ("string", "string"),
@@ -80,7 +90,7 @@ def _type_error(name: str, value: dict[str, Any], path: str) -> str | None:
 
 
 def _check(owner: str, type_name: str, value: Any, path: str) -> str | None:
-    struct = re.sub(r"^V1|^CoreV1|^EventsV1", "", owner)
+    struct = _StructName(owner)
     if type_name in _SCALARS:
         wanted, go_type = _SCALARS[type_name]
         if _json_kind(value) != wanted or (type_name == "int" and isinstance(value, float)
