@@ -126,3 +126,34 @@ def test_openapi_v3_patch_operations_declare_field_validation(api):  # noqa: F81
     assert "application/strategic-merge-patch+json" not in patch["requestBody"]["content"]
     schema = next(iter(doc["components"]["schemas"].values()))
     assert schema["properties"]["spec"]["properties"]["replicas"]["minimum"] == 1
+
+
+def test_metadata_only_answers(api):  # noqa: F811
+    accept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    _, _, listing = get(api, "/api/v1/namespaces", accept)
+    assert listing["kind"] == "PartialObjectMetadataList"
+    assert {"kind", "apiVersion", "metadata"} == set(listing["items"][0])
+    _, _, one = get(api, "/api/v1/namespaces/default",
+                    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1")
+    assert one["kind"] == "PartialObjectMetadata" and one["metadata"]["name"] == "default"
+
+
+def test_slow_watchers_are_cut_off(api):  # noqa: F811
+    from tardigrade_local.apiserver.store import Watcher
+
+    def make():
+        store = api.server.store
+        watcher = store.subscribe("/configmaps", None)
+        old = Watcher.MAX_BACKLOG
+        Watcher.MAX_BACKLOG = 2
+        try:
+            for i in range(4):
+                api.server.create_object("v1", "ConfigMap", {"metadata": {"name": f"slow-{i}"}},
+                                         "default")
+        finally:
+            Watcher.MAX_BACKLOG = old
+            store.unsubscribe(watcher)
+        return watcher.cut_off, watcher.queue.qsize()
+
+    cut_off, queued = api.call(make)
+    assert cut_off and queued == 3  # two events, then the end-of-stream marker

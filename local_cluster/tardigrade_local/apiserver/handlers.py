@@ -46,6 +46,12 @@ def _json(body: Any, status: int = 200, warnings: list[str] | None = None) -> we
     return resp
 
 
+def _partial(obj: dict[str, Any]) -> dict[str, Any]:
+    """The metadata-only form that metadata clients (and the real GC) ask for."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"]}
+
+
 def error_response(err: ApiError) -> web.Response:
     return _json(err.status(), err.code)
 
@@ -220,6 +226,8 @@ class Handlers:
     # ---- reads -----------------------------------------------------------------------------------
     def _render_one(self, request: web.Request, rt: ResourceType,
                     obj: dict[str, Any]) -> web.Response:
+        if "as=PartialObjectMetadata;" in request.headers.get("Accept", "") + ";":
+            return _json(_partial(obj))
         if tables.wants_table(request.headers.get("Accept", "")):
             include = request.query.get("includeObject", "Metadata")
             return _json(tables.to_table(rt, [obj], {"resourceVersion":
@@ -252,8 +260,12 @@ class Handlers:
             meta["continue"] = base64.b64encode(json.dumps(
                 {"rv": self.store.rv, "start": start + limit}).encode()).decode()
             meta["remainingItemCount"] = len(items) - start - limit
-        if tables.wants_table(request.headers.get("Accept", "")):
+        accept = request.headers.get("Accept", "")
+        if tables.wants_table(accept):
             return _json(tables.to_table(rt, page, meta, q.get("includeObject", "Metadata")))
+        if "as=PartialObjectMetadataList" in accept:
+            return _json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                          "metadata": meta, "items": [_partial(o) for o in page]})
         # Splice the cached JSON of each object instead of serializing the list again.
         head = json.dumps({"kind": rt.list_kind, "apiVersion": rt.api_version,
                            "metadata": meta}, separators=(",", ":"))
