@@ -150,3 +150,14 @@ def test_wrong_json_types_in_builtin_kinds(srv):
     assert body["message"] == (
         'Deployment in version "v1" cannot be handled as a Deployment: json: cannot unmarshal '
         "string into Go struct field DeploymentSpec.spec.replicas of type int32")
+
+
+def test_bad_query_parameters(srv):
+    assert_status(call(srv, "GET", "/api/v1/namespaces/default/configmaps?limit=ten"),
+                  400, "BadRequest")
+    assert_status(call(srv, "GET", "/api/v1/namespaces/default/configmaps?watch=true"
+                                   "&timeoutSeconds=soon"), 400, "BadRequest")
+    assert_status(call(srv, "GET", "/api/v1/namespaces/default/configmaps?labelSelector=a%20in"
+                                   "%20(b"), 400, "BadRequest")
+    status, body = call(srv, "GET", "/api/v1/namespaces/default/configmaps?limit=1")
+    assert status == 200 and body["kind"] == "ConfigMapList"

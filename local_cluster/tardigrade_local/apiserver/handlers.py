@@ -46,6 +46,13 @@ def _json(body: Any, status: int = 200, warnings: list[str] | None = None) -> we
     return resp
 
 
+def _number(text: str, name: str) -> float:
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise bad_request(f'invalid value for {name}: "{text}"') from exc
+
+
 def _partial(obj: dict[str, Any]) -> dict[str, Any]:
     """The metadata-only form that metadata clients (and the real GC) ask for."""
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
@@ -213,9 +220,10 @@ class Handlers:
                 raise method_not_allowed()
             options = await self._delete_options(request)
             grace = q.get("gracePeriodSeconds")
-            deleted = self.core.delete(rt, nskey, name, options, dry_run=dry_run,
-                                       propagation=q.get("propagationPolicy"),
-                                       grace_period=int(grace) if grace is not None else None)
+            deleted = self.core.delete(
+                rt, nskey, name, options, dry_run=dry_run,
+                propagation=q.get("propagationPolicy"),
+                grace_period=int(_number(grace, "gracePeriodSeconds")) if grace else None)
             return _json(deleted)
         if method == "POST" and sub == "eviction":
             return await self._evict(request, rt, nskey, name, dry_run)
@@ -252,7 +260,7 @@ class Handlers:
                 start = int(token["start"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise bad_request("continue key is not valid: illegal base64 data") from exc
-        limit = int(q.get("limit") or 0)
+        limit = int(_number(q.get("limit") or "0", "limit"))
         meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
         page = items[start:]
         if limit > 0 and len(page) > limit:
@@ -294,7 +302,8 @@ class Handlers:
             q.get("resourceVersion"),
             None if send_initial is None else send_initial == "true",
             q.get("allowWatchBookmarks") == "true",
-            float(timeout) if timeout else None, self.bookmark_interval)
+            float(timeout) if timeout and _number(timeout, "timeoutSeconds") > 0 else None,
+            self.bookmark_interval)
         accept = request.headers.get("Accept", "")
         if tables.wants_table(accept):
             include = q.get("includeObject", "Metadata")
