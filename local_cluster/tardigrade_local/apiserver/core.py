@@ -120,7 +120,14 @@ class Core:
         if meta is None:
             body["metadata"] = meta = {}
         if not isinstance(meta, dict):
-            raise bad_request("metadata must be an object")
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                              f"{rt.kind}: json: cannot unmarshal "
+                              f"{builtin_fields.json_kind(meta)} into Go struct field "
+                              f"{rt.kind}.metadata of type v1.ObjectMeta")
+        problem = builtin_fields.metadata_type_error(meta)
+        if problem:
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                              f"{rt.kind}: {problem}")
         return meta
 
     def _prepare_builtin(self, rt: ResourceType, obj: dict[str, Any], field_validation: str,
