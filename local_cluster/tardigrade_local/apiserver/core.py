@@ -293,6 +293,8 @@ class Core:
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
             crds.set_status(obj)
+            if (old.get("status") or {}).get("acceptedNames") == obj["status"]["acceptedNames"]:
+                obj["status"]["conditions"] = old["status"]["conditions"]  # keep their times
         if _spec_part(obj) != _spec_part(old):
             obj["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         self._validate(rt, obj, old)
@@ -300,7 +302,11 @@ class Core:
             return old  # a no-op write keeps the resourceVersion, like the real server
         if dry_run:
             return obj
-        return self._write(rt, obj)
+        written = self._write(rt, obj)
+        if rt.kind == "CustomResourceDefinition" and self.store.peek(
+                CRD_KEY, "", written["metadata"]["name"]) is not None:
+            self.register_crd(copy.deepcopy(written))  # new schema, columns, versions
+        return written
 
     def _compose_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
                         subresource: str | None) -> dict[str, Any]:
