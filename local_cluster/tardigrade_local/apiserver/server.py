@@ -137,8 +137,14 @@ class ApiServer:
                     if not doc or doc.get("kind") != "CustomResourceDefinition":
                         continue
                     name = doc["metadata"]["name"]
-                    if self.store.peek(CRD_KEY, "", name) is None:
+                    current = self.store.get(CRD_KEY, "", name)
+                    if current is None:
                         self.core.create(rt, None, doc)
+                    elif current.get("spec") != doc.get("spec"):
+                        # The file changed since the state was saved: the file wins.
+                        current["spec"] = doc["spec"]
+                        self.core.update(rt, "", name, current, current=self.store.get(
+                            CRD_KEY, "", name))
 
     def create_object(self, api_version: str, kind: str, body: dict[str, Any],
                       namespace: str | None = None) -> dict[str, Any]:
