@@ -389,3 +389,11 @@ def test_eviction_honours_pod_disruption_budgets(k, core):
     policy.patch_namespaced_pod_disruption_budget(label, "default", {"spec": {"minAvailable": 1}})
     core.create_namespaced_pod_eviction(pods[0], "default", eviction)
     assert core.read_namespaced_pod(pods[0], "default").metadata.deletion_timestamp
+
+
+def test_generation_only_where_the_real_server_keeps_one(core):
+    created = core.create_namespaced_config_map("default", cm(name("gen")))
+    assert created.metadata.generation is None
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("gen")},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    assert core.create_namespaced_pod("default", pod).metadata.generation == 1

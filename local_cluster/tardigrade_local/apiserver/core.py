@@ -31,6 +31,11 @@ CRD_KEY = "apiextensions.k8s.io/customresourcedefinitions"
 NAMESPACE_KEY = "/namespaces"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
+# Built-in kinds whose strategy maintains metadata.generation (custom resources all do);
+# ConfigMaps, Services, Namespaces... have none in the real server.
+GENERATION_KINDS = {"Pod", "Deployment", "StatefulSet", "ReplicaSet", "Job",
+                    "CustomResourceDefinition", "PodDisruptionBudget"}
+
 # Fields outside these are "spec" for the purpose of bumping metadata.generation.
 _NON_SPEC = ("metadata", "status", "apiVersion", "kind")
 
@@ -233,7 +238,10 @@ class Core:
             meta.pop(server_field, None)
         meta["uid"] = new_uid()
         meta["creationTimestamp"] = now_rfc3339()
-        meta["generation"] = 1
+        if not rt.builtin or rt.kind in GENERATION_KINDS:
+            meta["generation"] = 1
+        else:
+            meta.pop("generation", None)
         if rt.kind == "CustomResourceDefinition":
             crds.set_status(obj)
             # Deleting a CRD first deletes its custom resources (see gc.py).
@@ -295,8 +303,8 @@ class Core:
             crds.set_status(obj)
             if (old.get("status") or {}).get("acceptedNames") == obj["status"]["acceptedNames"]:
                 obj["status"]["conditions"] = old["status"]["conditions"]  # keep their times
-        if _spec_part(obj) != _spec_part(old):
-            obj["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        if "generation" in old["metadata"] and _spec_part(obj) != _spec_part(old):
+            obj["metadata"]["generation"] = old["metadata"]["generation"] + 1
         self._validate(rt, obj, old)
         if _strip_rv(obj) == _strip_rv(old):
             return old  # a no-op write keeps the resourceVersion, like the real server
