@@ -397,3 +397,23 @@ def test_generation_only_where_the_real_server_keeps_one(core):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("gen")},
            "spec": {"containers": [{"name": "c", "image": "x"}]}}
     assert core.create_namespaced_pod("default", pod).metadata.generation == 1
+
+
+def test_services_get_distinct_cluster_ips_and_headless_stays_none(core):
+    ips = set()
+    for _ in range(3):
+        svc = core.create_namespaced_service("default", {
+            "metadata": {"name": name("svc")}, "spec": {"ports": [{"port": 80}]}})
+        ips.add(svc.spec.cluster_ip)
+    assert len(ips) == 3
+    headless = core.create_namespaced_service("default", {
+        "metadata": {"name": name("hl")}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}})
+    assert headless.spec.cluster_ip == "None"
+
+
+def test_annotations_are_limited_to_256k(core):
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map("default", cm(name("ann"),
+                                                        annotations={"a": "x" * 262145}))
+    assert exc.value.status == 422
+    assert "metadata.annotations: Too long: must have at most 262144 bytes" in exc.value.body

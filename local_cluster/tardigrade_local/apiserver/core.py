@@ -225,7 +225,9 @@ class Core:
             self._prepare_builtin(rt, obj, field_validation, warnings)
         if rt.status_subresource and kinds.strip_status_on_create(rt.kind):
             obj.pop("status", None)
-        kinds.default_on_create(rt.kind, obj)
+        used_ips = ({(o.get("spec") or {}).get("clusterIP", "") for o in self.store.iter(rt.key)}
+                    if rt.kind == "Service" else set())
+        kinds.default_on_create(rt.kind, obj, used_ips)
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
         self._validate(rt, obj, None)
