@@ -417,3 +417,17 @@ def test_annotations_are_limited_to_256k(core):
                                                         annotations={"a": "x" * 262145}))
     assert exc.value.status == 422
     assert "metadata.annotations: Too long: must have at most 262144 bytes" in exc.value.body
+
+
+def test_legacy_watch_prefix(k, core):
+    import json
+    import urllib.request
+
+    n = name("legacy")
+    core.create_namespaced_config_map("default", cm(n))
+    url = k.configuration.host
+    for path in (f"/api/v1/watch/namespaces/default/configmaps?fieldSelector=metadata.name%3D{n}",
+                 f"/api/v1/watch/namespaces/default/configmaps/{n}?"):
+        with urllib.request.urlopen(f"{url}{path}&timeoutSeconds=1") as resp:
+            events = [json.loads(line) for line in resp]
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", n)]
