@@ -108,6 +108,21 @@ async def main(args: argparse.Namespace) -> None:
                 await asyncio.sleep(0.05)
             report("watch delivery", delivered, el, "evt")
             print(f"{'watch events':<22} {len(delivered):>6} of {expected} delivered")
+
+            # Delivery latency at a steady rate, which the burst above cannot show: there the
+            # backlog of the watchers (in this one client process) dominates.
+            delivered.clear()
+            rate_start = time.perf_counter()
+            for i in range(args.steady_patches):
+                target = rate_start + i / args.rate
+                await asyncio.sleep(max(0.0, target - time.perf_counter()))
+                async with patch(session, i):
+                    pass
+            expected = args.steady_patches * args.watchers
+            deadline = time.monotonic() + 30
+            while len(delivered) < expected and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            report(f"watch @{args.rate}/s", delivered, time.perf_counter() - rate_start, "evt")
             for t in tasks:
                 t.cancel()
 
@@ -147,4 +162,6 @@ if __name__ == "__main__":
     parser.add_argument("--patches", type=int, default=2000)
     parser.add_argument("--lists", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rate", type=int, default=100, help="patches/s in the steady phase")
+    parser.add_argument("--steady-patches", type=int, default=300)
     asyncio.run(main(parser.parse_args()))

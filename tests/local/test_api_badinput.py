@@ -150,3 +150,48 @@ def test_wrong_json_types_in_builtin_kinds(srv):
     assert body["message"] == (
         'Deployment in version "v1" cannot be handled as a Deployment: json: cannot unmarshal '
         "string into Go struct field DeploymentSpec.spec.replicas of type int32")
+
+
+def test_bad_query_parameters(srv):
+    assert_status(call(srv, "GET", "/api/v1/namespaces/default/configmaps?limit=ten"),
+                  400, "BadRequest")
+    assert_status(call(srv, "GET", "/api/v1/namespaces/default/configmaps?watch=true"
+                                   "&timeoutSeconds=soon"), 400, "BadRequest")
+    assert_status(call(srv, "GET", "/api/v1/namespaces/default/configmaps?labelSelector=a%20in"
+                                   "%20(b"), 400, "BadRequest")
+    status, body = call(srv, "GET", "/api/v1/namespaces/default/configmaps?limit=1")
+    assert status == 200 and body["kind"] == "ConfigMapList"
+
+
+MALFORMED = [
+    {"metadata": {"name": 5}},
+    {"metadata": {"name": "a", "labels": "x"}},
+    {"metadata": {"name": "b", "finalizers": "x"}},
+    {"metadata": {"name": "c", "ownerReferences": [5]}},
+    {"metadata": {"name": "d", "annotations": {"a": 5}}},
+    {"metadata": "x"},
+    {"metadata": {"name": "e"}, "spec": []},
+    {"metadata": {"name": "f"}, "spec": {"image": "x", "replicas": 10**30}},
+    {"metadata": {"name": "g"}, "spec": {"image": "x", "extra": {"big": 10**30}}},
+    {"metadata": {"name": "h"}, "spec": {"image": "x", "volumes": [1, "a"]}},
+]
+
+
+@pytest.mark.parametrize("body", MALFORMED, ids=range(len(MALFORMED)))
+@pytest.mark.parametrize("path", ["/api/v1/namespaces/default/pods",
+                                  "/apis/apps/v1/namespaces/default/deployments",
+                                  "/apis/example.dev/v1/namespaces/default/widgets"])
+def test_malformed_objects_are_client_errors(srv, path, body):
+    # Regression: wrongly typed metadata and values used to end in 500 Internal error.
+    kind = {"pods": ("v1", "Pod"), "deployments": ("apps/v1", "Deployment"),
+            "widgets": ("example.dev/v1", "Widget")}[path.rsplit("/", 1)[1]]
+    status, answer = call(srv, "POST", path, {"apiVersion": kind[0], "kind": kind[1], **body})
+    assert status in (400, 422), answer
+    assert answer["kind"] == "Status" and answer["reason"] in ("BadRequest", "Invalid")
+
+
+def test_scale_patch_that_breaks_the_scale_object(srv):
+    call(srv, "POST", "/apis/example.dev/v1/namespaces/default/widgets", widget("scaly"))
+    assert_status(call(srv, "PATCH", "/apis/example.dev/v1/namespaces/default/widgets/scaly/"
+                       "scale", [{"op": "replace", "path": "/spec", "value": 1}],
+                       "application/json-patch+json"), 400, "BadRequest")

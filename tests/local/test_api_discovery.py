@@ -126,3 +126,63 @@ def test_openapi_v3_patch_operations_declare_field_validation(api):  # noqa: F81
     assert "application/strategic-merge-patch+json" not in patch["requestBody"]["content"]
     schema = next(iter(doc["components"]["schemas"].values()))
     assert schema["properties"]["spec"]["properties"]["replicas"]["minimum"] == 1
+
+
+def test_metadata_only_answers(api):  # noqa: F811
+    accept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    _, _, listing = get(api, "/api/v1/namespaces", accept)
+    assert listing["kind"] == "PartialObjectMetadataList"
+    assert {"kind", "apiVersion", "metadata"} == set(listing["items"][0])
+    _, _, one = get(api, "/api/v1/namespaces/default",
+                    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1")
+    assert one["kind"] == "PartialObjectMetadata" and one["metadata"]["name"] == "default"
+
+
+def test_slow_watchers_are_cut_off(api):  # noqa: F811
+    from tardigrade_local.apiserver.store import Watcher
+
+    def make():
+        store = api.server.store
+        watcher = store.subscribe("/configmaps", None)
+        old = Watcher.MAX_BACKLOG
+        Watcher.MAX_BACKLOG = 2
+        try:
+            for i in range(4):
+                api.server.create_object("v1", "ConfigMap", {"metadata": {"name": f"slow-{i}"}},
+                                         "default")
+        finally:
+            Watcher.MAX_BACKLOG = old
+            store.unsubscribe(watcher)
+        return watcher.cut_off, watcher.queue.qsize()
+
+    cut_off, queued = api.call(make)
+    assert cut_off and queued == 3  # two events, then the end-of-stream marker
+
+
+def test_updating_a_crd_changes_what_is_enforced(api):  # noqa: F811
+    # Regression: an updated CRD kept being served with the schema it was created with.
+    crd = widget_crd()
+    crd["metadata"]["name"] = "morphs.morph.dev"
+    crd["spec"]["group"] = "morph.dev"
+    crd["spec"]["names"] = {"plural": "morphs", "kind": "Morph"}
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    assert send(api, "POST", path, crd) == 201
+    base = "/apis/morph.dev/v1/namespaces/default/morphs"
+    obj = {"apiVersion": "morph.dev/v1", "kind": "Morph", "metadata": {"name": "m1"},
+           "spec": {"image": "x", "replicas": 50, "maxReplicas": 60}}
+    assert send(api, "POST", base, obj) == 201
+    version = crd["spec"]["versions"][0]
+    version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["replicas"][
+        "minimum"] = 100
+    _, _, current = get(api, f"{path}/morphs.morph.dev")
+    crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    assert send(api, "PUT", f"{path}/morphs.morph.dev", crd) == 200
+    obj["spec"] = {"image": "x", "replicas": 99, "maxReplicas": 99}
+    req = urllib.request.Request(api.url + base, data=json.dumps(obj).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req)
+        raise AssertionError("the new minimum was not enforced")
+    except urllib.error.HTTPError as err:
+        assert err.code == 422
+        assert "should be greater than or equal to 100" in json.loads(err.read())["message"]

@@ -81,6 +81,12 @@ def test_pods_table_and_node_table(kubectl, ns):
     assert row.split()[:4] == ["p", "0/1", "Pending", "0"]
     wide = kubectl("get", "pods", "-n", ns, "-o", "wide").splitlines()[0]
     assert "NODE" in wide and "IP" in wide
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": f"table-{ns}", "labels": {"node-role.kubernetes.io/worker": ""}}}
+    kubectl.apply(node)
+    header, row = kubectl("get", "node", f"table-{ns}").splitlines()
+    assert header.split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert row.split()[:3] == [f"table-{ns}", "Unknown", "worker"]
 
 
 class FakeKubelet:

@@ -60,11 +60,20 @@ def test_restart_keeps_objects_and_resource_versions(tmp_path, crd_dir):
         stop(proc)
     assert (state / "apiserver-state.json").exists()
 
+    # The CRD file changed while the server was down: the new schema applies after restart.
+    changed = widget_crd()
+    changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["maxReplicas"]["maximum"] = 5
+    (crd_dir / "widget.yaml").write_text(yaml.safe_dump(changed))
     proc = start(state, kc, "--crds", str(crd_dir))
     try:
         api = config.new_client_from_config(config_file=str(kc))
         custom = client.CustomObjectsApi(api)
         core = client.CoreV1Api(api)
+        with pytest.raises(ApiException) as exc:
+            custom.create_namespaced_custom_object("example.dev", "v1", "default", "widgets",
+                                                   widget("capped", maxReplicas=6))
+        assert "should be less than or equal to 5" in exc.value.body
         again = custom.get_namespaced_custom_object("example.dev", "v1", "default", "widgets",
                                                     "keep")
         assert again["metadata"]["uid"] == created["metadata"]["uid"]

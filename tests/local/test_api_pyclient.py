@@ -360,3 +360,74 @@ def test_pod_qos_class(core, resources, qos):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("qos")},
            "spec": {"containers": [{"name": "c", "image": "x", "resources": resources}]}}
     assert core.create_namespaced_pod("default", pod).status.qos_class == qos
+
+
+def test_eviction_honours_pod_disruption_budgets(k, core):
+    label = name("pdb")
+    policy = client.PolicyV1Api(k)
+    policy.create_namespaced_pod_disruption_budget("default", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": label},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": label}}}})
+    pods = []
+    for i in range(2):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{label}-{i}", "labels": {"app": label}},
+               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
+        core.create_namespaced_pod("default", pod)
+        core.patch_namespaced_pod_status(f"{label}-{i}", "default", {"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+        pods.append(f"{label}-{i}")
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pods[0], "namespace": "default"}}
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod_eviction(pods[0], "default", eviction)
+    body = status_of(exc.value)
+    assert (exc.value.status, body["reason"]) == (429, "TooManyRequests")
+    assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
+    assert body["details"]["causes"][0]["message"] == (
+        f"The disruption budget {label} needs 2 healthy pods and has 2 currently")
+    policy.patch_namespaced_pod_disruption_budget(label, "default", {"spec": {"minAvailable": 1}})
+    core.create_namespaced_pod_eviction(pods[0], "default", eviction)
+    assert core.read_namespaced_pod(pods[0], "default").metadata.deletion_timestamp
+
+
+def test_generation_only_where_the_real_server_keeps_one(core):
+    created = core.create_namespaced_config_map("default", cm(name("gen")))
+    assert created.metadata.generation is None
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("gen")},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    assert core.create_namespaced_pod("default", pod).metadata.generation == 1
+
+
+def test_services_get_distinct_cluster_ips_and_headless_stays_none(core):
+    ips = set()
+    for _ in range(3):
+        svc = core.create_namespaced_service("default", {
+            "metadata": {"name": name("svc")}, "spec": {"ports": [{"port": 80}]}})
+        ips.add(svc.spec.cluster_ip)
+    assert len(ips) == 3
+    headless = core.create_namespaced_service("default", {
+        "metadata": {"name": name("hl")}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}})
+    assert headless.spec.cluster_ip == "None"
+
+
+def test_annotations_are_limited_to_256k(core):
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map("default", cm(name("ann"),
+                                                        annotations={"a": "x" * 262145}))
+    assert exc.value.status == 422
+    assert "metadata.annotations: Too long: must have at most 262144 bytes" in exc.value.body
+
+
+def test_legacy_watch_prefix(k, core):
+    import json
+    import urllib.request
+
+    n = name("legacy")
+    core.create_namespaced_config_map("default", cm(n))
+    url = k.configuration.host
+    for path in (f"/api/v1/watch/namespaces/default/configmaps?fieldSelector=metadata.name%3D{n}",
+                 f"/api/v1/watch/namespaces/default/configmaps/{n}?"):
+        with urllib.request.urlopen(f"{url}{path}&timeoutSeconds=1") as resp:
+            events = [json.loads(line) for line in resp]
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", n)]

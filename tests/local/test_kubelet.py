@@ -126,7 +126,10 @@ def test_logs_keep_stdout_and_stderr_lines_whole(kube):
     kube.create_pod(python_pod("streams", script))
     kube.wait_phase("streams", ("Succeeded",))
     out = kube.core.read_namespaced_pod_log("streams", "default")
-    assert out == ("to stdout\nto stderr\n" + "x" * 40000 + "\nno newline at the end")
+    # Each stream keeps its order; how the two interleave is not defined (as on a real node).
+    assert "to stderr\n" in out
+    assert out.replace("to stderr\n", "", 1) == (
+        "to stdout\n" + "x" * 40000 + "\nno newline at the end")
 
 
 def test_graceful_deletion_sigterm_then_sigkill_after_grace(kube, cluster):

@@ -13,7 +13,8 @@ from .server import ApiServer, write_kubeconfig
 
 async def _serve(args: argparse.Namespace) -> None:
     server = ApiServer(host=args.host, port=args.port, state_dir=args.state_dir,
-                       crd_paths=args.crds, bookmark_interval=args.bookmark_interval)
+                       crd_paths=args.crds, bookmark_interval=args.bookmark_interval,
+                       access_log=args.access_log)
     await server.start()
     if args.kubeconfig:
         write_kubeconfig(args.kubeconfig, server.url)
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", default=None, help="write a kubeconfig here")
     parser.add_argument("--bookmark-interval", type=float, default=10.0)
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--access-log", action="store_true",
+                        help="log every request (at INFO; use with --log-level INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level)
     with contextlib.suppress(KeyboardInterrupt):

@@ -42,13 +42,29 @@ def prune_unknown(group: str, kind: str, obj: dict[str, Any]) -> list[str]:
     return found
 
 
+def _go_type(type_name: str) -> str:
+    if type_name in _SCALARS:
+        return _SCALARS[type_name][1]
+    return "v1." + re.sub(r"^V1|^CoreV1|^EventsV1", "", type_name)
+
+
+class _StructName:
+    """The Go struct name of a model, computed only when an error message needs it."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __str__(self) -> str:
+        return re.sub(r"^V1|^CoreV1|^EventsV1", "", self.model)
+
+
 # Python model type -> (JSON type name, Go type the real decoder reports)
 _SCALARS = {"int": ("number", "int32"), "float": ("number", "float64"),
             "bool": ("bool", "bool"), "str": ("string", "string"),
             "datetime": ("string", "v1.Time")}
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int | float):
@@ -66,6 +82,11 @@ def type_error(group: str, kind: str, obj: dict[str, Any]) -> str | None:
     return _type_error(name, obj, "") if name else None
 
 
+def metadata_type_error(meta: dict[str, Any]) -> str | None:
+    """Type errors in ObjectMeta, which every kind (custom ones too) shares."""
+    return _type_error("V1ObjectMeta", meta, "metadata")
+
+
 def _type_error(name: str, value: dict[str, Any], path: str) -> str | None:
     fields = _fields(name) or {}
     for key, item in value.items():
@@ -80,34 +101,39 @@ def _type_error(name: str, value: dict[str, Any], path: str) -> str | None:
 
 
 def _check(owner: str, type_name: str, value: Any, path: str) -> str | None:
-    struct = re.sub(r"^V1|^CoreV1|^EventsV1", "", owner)
+    struct = _StructName(owner)
     if type_name in _SCALARS:
         wanted, go_type = _SCALARS[type_name]
-        if _json_kind(value) != wanted or (type_name == "int" and isinstance(value, float)
+        if json_kind(value) != wanted or (type_name == "int" and isinstance(value, float)
                                            and not value.is_integer()):
-            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+            return (f"json: cannot unmarshal {json_kind(value)} into Go struct field "
                     f"{struct}.{path} of type {go_type}")
         return None
     m = _LIST.match(type_name)
     if m:
         if not isinstance(value, list):
-            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
-                    f"{struct}.{path} of type []{m.group(1).removeprefix('V1')}")
+            return (f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type []{_go_type(m.group(1))}")
         for item in value:
-            if isinstance(item, dict) and _fields(m.group(1)) is not None:
-                problem = _type_error(m.group(1), item, path)
+            problem = _check(owner, m.group(1), item, path) if item is not None else None
+            if problem:
+                return problem
+        return None
+    m = _DICT.match(type_name)
+    if m:
+        if not isinstance(value, dict):
+            return (f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type map[string]{_go_type(m.group(1))}")
+        if m.group(1) in ("str", "int", "bool"):
+            for item in value.values():
+                problem = _check(owner, m.group(1), item, path) if item is not None else None
                 if problem:
                     return problem
         return None
-    if _DICT.match(type_name):
-        if not isinstance(value, dict):
-            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
-                    f"{struct}.{path} of type map[string]string")
-        return None
     if _fields(type_name) is not None:
         if not isinstance(value, dict):
-            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
-                    f"{struct}.{path} of type {type_name.removeprefix('V1')}")
+            return (f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+                    f"{struct}.{path} of type {_go_type(type_name)}")
         return _type_error(type_name, value, path)
     return None
 

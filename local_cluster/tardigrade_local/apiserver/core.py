@@ -31,6 +31,11 @@ CRD_KEY = "apiextensions.k8s.io/customresourcedefinitions"
 NAMESPACE_KEY = "/namespaces"
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
+# Built-in kinds whose strategy maintains metadata.generation (custom resources all do);
+# ConfigMaps, Services, Namespaces... have none in the real server.
+GENERATION_KINDS = {"Pod", "Deployment", "StatefulSet", "ReplicaSet", "Job",
+                    "CustomResourceDefinition", "PodDisruptionBudget"}
+
 # Fields outside these are "spec" for the purpose of bumping metadata.generation.
 _NON_SPEC = ("metadata", "status", "apiVersion", "kind")
 
@@ -120,7 +125,14 @@ class Core:
         if meta is None:
             body["metadata"] = meta = {}
         if not isinstance(meta, dict):
-            raise bad_request("metadata must be an object")
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                              f"{rt.kind}: json: cannot unmarshal "
+                              f"{builtin_fields.json_kind(meta)} into Go struct field "
+                              f"{rt.kind}.metadata of type v1.ObjectMeta")
+        problem = builtin_fields.metadata_type_error(meta)
+        if problem:
+            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                              f"{rt.kind}: {problem}")
         return meta
 
     def _prepare_builtin(self, rt: ResourceType, obj: dict[str, Any], field_validation: str,
@@ -213,7 +225,9 @@ class Core:
             self._prepare_builtin(rt, obj, field_validation, warnings)
         if rt.status_subresource and kinds.strip_status_on_create(rt.kind):
             obj.pop("status", None)
-        kinds.default_on_create(rt.kind, obj)
+        used_ips = ({(o.get("spec") or {}).get("clusterIP", "") for o in self.store.iter(rt.key)}
+                    if rt.kind == "Service" else set())
+        kinds.default_on_create(rt.kind, obj, used_ips)
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
         self._validate(rt, obj, None)
@@ -226,7 +240,10 @@ class Core:
             meta.pop(server_field, None)
         meta["uid"] = new_uid()
         meta["creationTimestamp"] = now_rfc3339()
-        meta["generation"] = 1
+        if not rt.builtin or rt.kind in GENERATION_KINDS:
+            meta["generation"] = 1
+        else:
+            meta.pop("generation", None)
         if rt.kind == "CustomResourceDefinition":
             crds.set_status(obj)
             # Deleting a CRD first deletes its custom resources (see gc.py).
@@ -286,14 +303,20 @@ class Core:
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
             crds.set_status(obj)
-        if _spec_part(obj) != _spec_part(old):
-            obj["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            if (old.get("status") or {}).get("acceptedNames") == obj["status"]["acceptedNames"]:
+                obj["status"]["conditions"] = old["status"]["conditions"]  # keep their times
+        if "generation" in old["metadata"] and _spec_part(obj) != _spec_part(old):
+            obj["metadata"]["generation"] = old["metadata"]["generation"] + 1
         self._validate(rt, obj, old)
         if _strip_rv(obj) == _strip_rv(old):
             return old  # a no-op write keeps the resourceVersion, like the real server
         if dry_run:
             return obj
-        return self._write(rt, obj)
+        written = self._write(rt, obj)
+        if rt.kind == "CustomResourceDefinition" and self.store.peek(
+                CRD_KEY, "", written["metadata"]["name"]) is not None:
+            self.register_crd(copy.deepcopy(written))  # new schema, columns, versions
+        return written
 
     def _compose_update(self, rt: ResourceType, old: dict[str, Any], body: dict[str, Any],
                         subresource: str | None) -> dict[str, Any]:

@@ -140,7 +140,8 @@ def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
-        return "integer"
+        # Beyond int64 the real decoder falls back to float64.
+        return "integer" if -(2**63) <= value < 2**63 else "number"
     if isinstance(value, float):
         return "number"
     if isinstance(value, str):
@@ -307,9 +308,14 @@ def _cel_validate(schema: dict[str, Any], value: Any, old: Any, has_old: bool, p
         transition = "oldSelf" in text
         if transition and not has_old and not rule.get("optionalOldSelf"):
             continue
-        activation = {"self": celpy.json_to_cel(value)}
-        if transition:
-            activation["oldSelf"] = celpy.json_to_cel(old)
+        try:
+            activation = {"self": celpy.json_to_cel(value)}
+            if transition:
+                activation["oldSelf"] = celpy.json_to_cel(old)
+        except (ValueError, OverflowError) as exc:  # e.g. integers beyond int64
+            errors.append(cause_invalid(path or "<nil>", _schema_type_name(schema),
+                                        f"rule evaluation error: {exc}"))
+            continue
         # The root is a nil field path in the real server: it prints (and reports) "<nil>".
         field = path or "<nil>"
         if rule.get("fieldPath"):

@@ -11,10 +11,9 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from . import apply, discovery, openapi, patch, protobuf, tables
+from . import apply, discovery, eviction, openapi, patch, protobuf, tables
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
-from .meta import now_rfc3339
 from .resources import ResourceType
 from .scale import scale_get, scale_update
 from .selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
@@ -45,6 +44,19 @@ def _json(body: Any, status: int = 200, warnings: list[str] | None = None) -> we
         text = w.replace("\\", "\\\\").replace('"', '\\"')
         resp.headers.add("Warning", f'299 - "{text}"')
     return resp
+
+
+def _number(text: str, name: str) -> float:
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise bad_request(f'invalid value for {name}: "{text}"') from exc
+
+
+def _partial(obj: dict[str, Any]) -> dict[str, Any]:
+    """The metadata-only form that metadata clients (and the real GC) ask for."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"]}
 
 
 def error_response(err: ApiError) -> web.Response:
@@ -208,9 +220,10 @@ class Handlers:
                 raise method_not_allowed()
             options = await self._delete_options(request)
             grace = q.get("gracePeriodSeconds")
-            deleted = self.core.delete(rt, nskey, name, options, dry_run=dry_run,
-                                       propagation=q.get("propagationPolicy"),
-                                       grace_period=int(grace) if grace is not None else None)
+            deleted = self.core.delete(
+                rt, nskey, name, options, dry_run=dry_run,
+                propagation=q.get("propagationPolicy"),
+                grace_period=int(_number(grace, "gracePeriodSeconds")) if grace else None)
             return _json(deleted)
         if method == "POST" and sub == "eviction":
             return await self._evict(request, rt, nskey, name, dry_run)
@@ -221,6 +234,8 @@ class Handlers:
     # ---- reads -----------------------------------------------------------------------------------
     def _render_one(self, request: web.Request, rt: ResourceType,
                     obj: dict[str, Any]) -> web.Response:
+        if "as=PartialObjectMetadata;" in request.headers.get("Accept", "") + ";":
+            return _json(_partial(obj))
         if tables.wants_table(request.headers.get("Accept", "")):
             include = request.query.get("includeObject", "Metadata")
             return _json(tables.to_table(rt, [obj], {"resourceVersion":
@@ -245,7 +260,7 @@ class Handlers:
                 start = int(token["start"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise bad_request("continue key is not valid: illegal base64 data") from exc
-        limit = int(q.get("limit") or 0)
+        limit = int(_number(q.get("limit") or "0", "limit"))
         meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
         page = items[start:]
         if limit > 0 and len(page) > limit:
@@ -253,8 +268,12 @@ class Handlers:
             meta["continue"] = base64.b64encode(json.dumps(
                 {"rv": self.store.rv, "start": start + limit}).encode()).decode()
             meta["remainingItemCount"] = len(items) - start - limit
-        if tables.wants_table(request.headers.get("Accept", "")):
+        accept = request.headers.get("Accept", "")
+        if tables.wants_table(accept):
             return _json(tables.to_table(rt, page, meta, q.get("includeObject", "Metadata")))
+        if "as=PartialObjectMetadataList" in accept:
+            return _json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                          "metadata": meta, "items": [_partial(o) for o in page]})
         # Splice the cached JSON of each object instead of serializing the list again.
         head = json.dumps({"kind": rt.list_kind, "apiVersion": rt.api_version,
                            "metadata": meta}, separators=(",", ":"))
@@ -283,7 +302,8 @@ class Handlers:
             q.get("resourceVersion"),
             None if send_initial is None else send_initial == "true",
             q.get("allowWatchBookmarks") == "true",
-            float(timeout) if timeout else None, self.bookmark_interval)
+            float(timeout) if timeout and _number(timeout, "timeoutSeconds") > 0 else None,
+            self.bookmark_interval)
         accept = request.headers.get("Accept", "")
         if tables.wants_table(accept):
             include = q.get("includeObject", "Metadata")
@@ -382,19 +402,7 @@ class Handlers:
     async def _evict(self, request: web.Request, rt: ResourceType, ns: str, name: str,
                      dry_run: bool) -> web.Response:
         body = await self._body(request)
-        pod = self.core.get(rt, ns, name)
-        options = (body or {}).get("deleteOptions") or {} if isinstance(body, dict) else {}
-        if not dry_run and not pod["metadata"].get("deletionTimestamp"):
-            # Since Kubernetes 1.26 the Eviction API marks the pod before deleting it.
-            conds = [c for c in pod.get("status", {}).get("conditions") or []
-                     if c.get("type") != "DisruptionTarget"]
-            conds.append({"type": "DisruptionTarget", "status": "True",
-                          "reason": "EvictionByEvictionAPI",
-                          "message": "Eviction API: evicting",
-                          "lastTransitionTime": now_rfc3339()})
-            pod.setdefault("status", {})["conditions"] = conds
-            self.core.update(rt, ns, name, pod, subresource="status")
-        self.core.delete(rt, ns, name, options, dry_run=dry_run)
+        eviction.evict(self.core, rt, ns, name, body, dry_run)
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {},
                       "status": "Success", "code": 201}, 201)
 

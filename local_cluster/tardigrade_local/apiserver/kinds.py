@@ -8,12 +8,14 @@ from typing import Any
 from .errors import FieldCause, cause_forbidden, cause_invalid, cause_required
 from .validation import name_errors
 
-_cluster_ips = itertools.count(1)
 
-
-def _allocate_cluster_ip() -> str:
-    n = next(_cluster_ips)
-    return f"10.96.{(n // 254) % 256}.{n % 254 + 1}"
+def allocate_cluster_ip(used: set[str]) -> str:
+    """The first free address of the service range (10.96.0.0/16, .1 is `kubernetes`)."""
+    for n in range(2, 65534):
+        ip = f"10.96.{n // 256}.{n % 256}"
+        if n % 256 not in (0, 255) and ip not in used:
+            return ip
+    raise RuntimeError("service IP range exhausted")
 
 
 def _default_container(c: dict[str, Any]) -> None:
@@ -61,7 +63,8 @@ def _qos_class(spec: dict[str, Any]) -> str:
     return "Guaranteed"
 
 
-def default_on_create(kind: str, obj: dict[str, Any]) -> None:
+def default_on_create(kind: str, obj: dict[str, Any], used_ips: set[str] | None = None) -> None:
+    used_ips = used_ips or set()
     spec = obj.get("spec")
     if kind == "Pod":
         spec = obj.setdefault("spec", {})
@@ -76,7 +79,7 @@ def default_on_create(kind: str, obj: dict[str, Any]) -> None:
         spec.setdefault("ipFamilyPolicy", "SingleStack")
         spec.setdefault("internalTrafficPolicy", "Cluster")
         if "clusterIP" not in spec:
-            spec["clusterIP"] = _allocate_cluster_ip()
+            spec["clusterIP"] = allocate_cluster_ip(used_ips)
         spec.setdefault("clusterIPs", [spec["clusterIP"]])
         for port in spec.get("ports") or []:
             port.setdefault("protocol", "TCP")

@@ -62,6 +62,9 @@ def scale_update(core: Core, rt: ResourceType, ns: str, name: str, body: Any,
         new_scale = patch.apply_patch(copy.deepcopy(current), body, content_type, True)
     if not isinstance(new_scale, dict):
         raise bad_request("the body of the request was not a Scale object")
+    if not isinstance(new_scale.get("spec") or {}, dict) or not isinstance(
+            new_scale.get("metadata") or {}, dict):
+        raise bad_request("the body of the request was not a Scale object")
     rv = (new_scale.get("metadata") or {}).get("resourceVersion")
     replicas = (new_scale.get("spec") or {}).get("replicas")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:

@@ -41,7 +41,7 @@ class ApiServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  state_dir: str | Path | None = None, crd_paths: list[str | Path] | None = None,
                  history_size: int = 10_000, bookmark_interval: float = 10.0,
-                 snapshot_interval: float = 2.0) -> None:
+                 snapshot_interval: float = 2.0, access_log: bool = False) -> None:
         self.host = host
         # Port 0 binds an ephemeral port at start (no race with other processes); `url`
         # is final once `start()` returns.
@@ -54,6 +54,7 @@ class ApiServer:
         self.handlers = Handlers(self.core, self.store, bookmark_interval)
         self.gc: GarbageCollector | None = None
         self.snapshot_interval = snapshot_interval
+        self.access_log = access_log
         self._runner: web.AppRunner | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
 
@@ -72,7 +73,11 @@ class ApiServer:
         self._load_crds()
         self.gc = GarbageCollector(self.core)
         self.gc.start()
-        self._runner = web.AppRunner(self.make_app(), access_log=None,
+        from aiohttp.web_log import AccessLogger
+
+        self._runner = web.AppRunner(self.make_app(),
+                                     access_log=log if self.access_log else None,
+                                     access_log_class=AccessLogger,
                                      handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
@@ -137,8 +142,14 @@ class ApiServer:
                     if not doc or doc.get("kind") != "CustomResourceDefinition":
                         continue
                     name = doc["metadata"]["name"]
-                    if self.store.peek(CRD_KEY, "", name) is None:
+                    current = self.store.get(CRD_KEY, "", name)
+                    if current is None:
                         self.core.create(rt, None, doc)
+                    elif current.get("spec") != doc.get("spec"):
+                        # The file changed since the state was saved: the file wins.
+                        current["spec"] = doc["spec"]
+                        self.core.update(rt, "", name, current, current=self.store.get(
+                            CRD_KEY, "", name))
 
     def create_object(self, api_version: str, kind: str, body: dict[str, Any],
                       namespace: str | None = None) -> dict[str, Any]:

@@ -43,10 +43,24 @@ def clone(obj: Any) -> Any:
 class Watcher:
     """One open watch: a queue the store pushes into, filtered by resource type."""
 
+    # A watcher this far behind is cut off, as the real server does with slow watchers; the
+    # client re-watches from the last resourceVersion it saw.
+    MAX_BACKLOG = 50_000
+
     def __init__(self, key: str, namespace: str | None) -> None:
         self.key = key
         self.namespace = namespace
         self.queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
+        self.cut_off = False
+
+    def offer(self, event: WatchEvent) -> None:
+        if self.cut_off:
+            return
+        if self.queue.qsize() >= self.MAX_BACKLOG:
+            self.cut_off = True
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(event)
 
     def wants(self, event: WatchEvent) -> bool:
         if event.key != self.key:
@@ -187,7 +201,7 @@ class Store:
         self.history.append(event)
         for watcher in self._watchers:
             if watcher.wants(event):
-                watcher.queue.put_nowait(event)
+                watcher.offer(event)
         for listener in self.listeners:
             listener(event)
 

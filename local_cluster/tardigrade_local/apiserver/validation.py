@@ -11,6 +11,7 @@ from .errors import ApiError, FieldCause, cause_invalid, cause_required, cause_t
 MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the real server's request body limit
 MAX_OBJECT_BYTES = 1536 * 1024  # etcd's default request limit
 MAX_CONFIG_DATA_BYTES = 1024 * 1024  # ConfigMap/Secret data limit
+MAX_ANNOTATION_BYTES = 256 * 1024  # all annotations of one object together
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -81,8 +82,13 @@ def metadata_errors(kind: str, meta: dict[str, Any], namespaced: bool) -> list[F
                 "alphanumeric characters, '-', '_' or '.', and must start and end with an "
                 "alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex "
                 "used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"))
-    for key in meta.get("annotations") or {}:
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
         errors += _qualified_name_errors("metadata.annotations", key)
+    total = sum(len(k) + len(str(v)) for k, v in annotations.items())
+    if total > MAX_ANNOTATION_BYTES:
+        errors.append(FieldCause("metadata.annotations", "FieldValueTooLong",
+                                 f"Too long: must have at most {MAX_ANNOTATION_BYTES} bytes"))
     for i, finalizer in enumerate(meta.get("finalizers") or []):
         if "/" not in finalizer and finalizer not in ("kubernetes", "orphan",
                                                       "foregroundDeletion"):
