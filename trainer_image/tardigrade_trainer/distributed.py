@@ -83,7 +83,12 @@ def rendezvous(env: TrainerEnvironment, timeout: float) -> None:
 
 
 def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float) -> None:
-    if socket.has_dualstack_ipv6():
+    pod_ip = os.environ.get(ENV_POD_IP)
+    if pod_ip:
+        # Only our own address: pods sharing a network namespace may use the same port.
+        family = socket.AF_INET6 if ":" in pod_ip else socket.AF_INET
+        server = socket.create_server((pod_ip, port), family=family)
+    elif socket.has_dualstack_ipv6():
         server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
     else:
         server = socket.create_server(("", port))
