@@ -186,7 +186,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
 
 def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
     # A preemption explains the crashes of its peers (their collectives fail), so it wins.
-    for kind in (Outcome.PREEMPTED, Outcome.RETRYABLE, Outcome.FAILED):
+    for kind in (Outcome.PREEMPTED, Outcome.FATAL, Outcome.RETRYABLE, Outcome.FAILED):
         for rank in sorted(outcomes):
             if outcomes[rank].outcome is kind:
                 return outcomes[rank]
@@ -197,6 +197,11 @@ def _handle_disruption(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                        gang: list[PodView], stopped: RankOutcome) -> None:
     status = plan.status
     policy = spec.failure_policy
+    if stopped.outcome is Outcome.FATAL:
+        _stop_all(plan, obs, gang, grace=None)
+        _finish(plan, obs, "Failed", "CannotRun",
+                f"the trainer cannot run this spec, restarting would not help: {stopped.reason}")
+        return
     if stopped.outcome is Outcome.FAILED:
         if status.restarts.failures >= policy.max_restarts:
             _stop_all(plan, obs, gang, grace=None)

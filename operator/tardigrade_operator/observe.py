@@ -27,6 +27,7 @@ class Outcome(enum.Enum):
     SUCCEEDED = "Succeeded"
     PREEMPTED = "Preempted"  # spot reclaim, eviction, node lost: never uses up maxRestarts
     RETRYABLE = "Retryable"  # exit code marked retryable
+    FATAL = "Fatal"  # the trainer says the spec cannot run (config error, corrupt checkpoint)
     FAILED = "Failed"  # a real crash
 
 
@@ -134,6 +135,8 @@ def classify(
         code = pod.exit_code
         if code == contract.EXIT_PREEMPTED_SAVED:
             return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: saved and stopped")
+        if code in contract.FATAL_EXIT_CODES:
+            return RankOutcome(Outcome.FATAL, describe_failure(pod))
         if code is not None and (
             code in contract.RETRYABLE_EXIT_CODES or code in set(retryable_exit_codes)
         ):
@@ -148,16 +151,16 @@ def classify(
 
 
 def describe_failure(pod: PodView) -> str:
-    parts = [f"{pod.name} exited with code {pod.exit_code}"]
-    if pod.terminated_reason and pod.terminated_reason != "Error":
-        parts.append(f"({pod.terminated_reason})")
+    text = f"{pod.name} exited with code {pod.exit_code}"
+    if pod.terminated_reason and pod.terminated_reason not in ("Error", "Completed"):
+        text += f" ({pod.terminated_reason})"
     if pod.termination and pod.termination.message:
-        parts.append(f": {pod.termination.message}")
+        text += f": {pod.termination.message}"
     elif pod.termination_text:
         # FallbackToLogsOnError: the kubelet put the last log lines here.
         lines = pod.termination_text.strip().splitlines()[-10:]
-        parts.append(":\n" + "\n".join(lines))
-    return " ".join(parts)
+        text += ":\n" + "\n".join(lines)
+    return text
 
 
 def _trainer_status(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -317,3 +317,16 @@ def test_shrinks_when_capacity_is_short_and_grows_back_later():
     cluster.reconcile()
     assert cluster.status.phase == "Resizing"
     assert cluster.status.recoveries[-1].to_replicas == 3
+
+
+@pytest.mark.parametrize("code", [contract.EXIT_CONFIG_ERROR, contract.EXIT_CHECKPOINT_CORRUPT])
+def test_a_spec_the_trainer_cannot_run_fails_at_once(code):
+    cluster = launched(FakeCluster(spec()))
+    message = contract.TerminationMessage(
+        reason="ConfigError", message="global_batch_size=16 cannot be split evenly").to_json()
+    cluster.terminate(cluster.attempt_pods()[1], code, message)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Failed"
+    assert cluster.status.restarts.failures == 0
+    assert "global_batch_size=16 cannot be split evenly" in cluster.status.message
+    assert any(e.reason == "CannotRun" for e in plan.events)

@@ -58,6 +58,8 @@ EXIT_PEER_TIMEOUT = 76  # a peer never joined the gang; retryable
 RETRYABLE_EXIT_CODES = frozenset(
     {EXIT_CHECKPOINT_IO_ERROR, EXIT_PREEMPTED_SAVED, EXIT_PEER_TIMEOUT}
 )
+# The job cannot run as written: restarting it the same way fails the same way.
+FATAL_EXIT_CODES = frozenset({EXIT_CONFIG_ERROR, EXIT_CHECKPOINT_CORRUPT})
 
 
 @dataclasses.dataclass(frozen=True)
