@@ -33,6 +33,15 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
     process.stop()
 
 
+@pytest.fixture(autouse=True)
+def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
+    # Two cores: a test's leftover gang would slow the next one down.
+    yield
+    cluster.kubectl("delete", "trainingjobs", "--all", "--wait=false")
+    wait_for(lambda: not cluster.core.list_namespaced_pod(
+        "default", label_selector="tardigrade.dev/job").items, 120, "leftover pods to go")
+
+
 def _checkpoint_objects(cluster: Cluster, job: str) -> list[str]:
     url = f"{cluster.local.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -154,8 +163,10 @@ def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: O
     cluster.apply(job)
     cluster.wait_phase(name, {"Running"}, timeout=240)
     victim = cluster.pods(name)[0].metadata.name
-    cluster.local.preempt_pod("default", victim, grace_seconds=GRACE_SECONDS)
-    wait_for(lambda: cluster.status(name).get("phase") == "Restarting", 60, "Restarting")
+    cluster.local.preempt_pod("default", victim, grace_seconds=GRACE_SECONDS,
+                              replace_after_seconds=1)
+    wait_for(lambda: cluster.status(name).get("phase") == "Restarting", 60, "Restarting",
+             interval=0.1)
     operator.kill()
     operator.start()
     status = cluster.wait_phase(name, {"Running"}, timeout=300)
@@ -167,7 +178,6 @@ def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: O
         pods = cluster.pods(name)
         return sorted(p.metadata.name for p in pods) == [f"{name}-a2-0", f"{name}-a2-1"]
     wait_for(only_current_gang, 120, "exactly one gang of pods")
-    cluster.kubectl("delete", "tj", name, "--wait=false")
 
 
 def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
