@@ -431,3 +431,19 @@ def test_legacy_watch_prefix(k, core):
         with urllib.request.urlopen(f"{url}{path}&timeoutSeconds=1") as resp:
             events = [json.loads(line) for line in resp]
         assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", n)]
+
+
+def test_pod_spec_checks_use_the_real_text(core):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name("bad")},
+           "spec": {"restartPolicy": "Sometimes", "containers": [
+               {"name": "c", "image": "x", "ports": [{"containerPort": 70000}]},
+               {"name": "c", "image": "x"}]}}
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_pod("default", pod)
+    message = status_of(exc.value)["message"]
+    for text in ('spec.restartPolicy: Unsupported value: "Sometimes": supported values: '
+                 '"Always", "OnFailure", "Never"',
+                 "spec.containers[0].ports[0].containerPort: Invalid value: 70000: must be "
+                 "between 1 and 65535, inclusive",
+                 'spec.containers[1].name: Duplicate value: "c"'):
+        assert text in message

@@ -5,7 +5,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .errors import FieldCause, cause_forbidden, cause_invalid, cause_required
+from .errors import (
+    FieldCause,
+    cause_duplicate,
+    cause_forbidden,
+    cause_invalid,
+    cause_not_supported,
+    cause_required,
+)
 from .validation import name_errors
 
 
@@ -151,16 +158,7 @@ def validate(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list
     errors: list[FieldCause] = []
     spec = obj.get("spec") or {}
     if kind == "Pod":
-        containers = spec.get("containers")
-        if not containers:
-            errors.append(cause_required("spec.containers"))
-        for i, c in enumerate(containers or []):
-            if not c.get("name"):
-                errors.append(cause_required(f"spec.containers[{i}].name"))
-            elif name_errors("Namespace", c["name"]):
-                errors += name_errors("Namespace", c["name"], f"spec.containers[{i}].name")
-            if not c.get("image") and old is None:
-                errors.append(cause_required(f"spec.containers[{i}].image"))
+        errors += pod_spec_errors(spec, "spec")
         if old is not None:
             errors += _pod_update_errors(obj, old)
     elif kind == "Service":
@@ -180,6 +178,45 @@ def validate(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list
                                         "must be greater than or equal to 0"))
         if not spec.get("selector"):
             errors.append(cause_required("spec.selector"))
+    return errors
+
+
+_RESTART_POLICIES = ["Always", "OnFailure", "Never"]
+
+
+def pod_spec_errors(spec: dict[str, Any], path: str) -> list[FieldCause]:
+    """The checks of a pod spec that manifests most often get wrong."""
+    errors: list[FieldCause] = []
+    containers = spec.get("containers")
+    if not containers:
+        errors.append(cause_required(f"{path}.containers"))
+    policy = spec.get("restartPolicy")
+    if policy is not None and policy not in _RESTART_POLICIES:
+        errors.append(cause_not_supported(f"{path}.restartPolicy", policy, _RESTART_POLICIES))
+    seen: set[str] = set()
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            where = f"{path}.{group}[{i}]"
+            cname = c.get("name")
+            if not cname:
+                errors.append(cause_required(f"{where}.name"))
+            else:
+                errors += name_errors("Namespace", cname, f"{where}.name")
+                if cname in seen:
+                    errors.append(cause_duplicate(f"{where}.name", cname))
+                seen.add(cname)
+            if not c.get("image"):
+                errors.append(cause_required(f"{where}.image"))
+            for j, port in enumerate(c.get("ports") or []):
+                number = port.get("containerPort")
+                if number is None:
+                    errors.append(cause_required(f"{where}.ports[{j}].containerPort"))
+                elif not 0 < number < 65536:
+                    errors.append(cause_invalid(f"{where}.ports[{j}].containerPort", number,
+                                                "must be between 1 and 65535, inclusive"))
+            for j, env in enumerate(c.get("env") or []):
+                if not env.get("name"):
+                    errors.append(cause_required(f"{where}.env[{j}].name"))
     return errors
 
 
