@@ -202,7 +202,7 @@ def _print_progress(console: Console, started: float, status: dict[str, Any],
     line = (f"phase={status.get('phase', '-')} attempt={status.get('attempt', '-')} "
             f"replicas={status.get('replicas', '-')} step={log.last_step} "
             f"checkpoint={(status.get('lastCheckpoint') or {}).get('step', '-')} | "
-            f"reference step={ref_status.get('step', '-')}")
+            f"ref step={ref_status.get('step', '-')}")
     if _last_line.get("line") != line:
         _last_line["line"] = line
         console.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {line}")
