@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -47,7 +48,10 @@ def up(
                                     help="Stay attached; Ctrl-C stops the cluster."),
     gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator."),
     shutdown_grace: float = typer.Option(30.0, help="Seconds pods get when a node is preempted."),
-    operator: str | None = typer.Option(None, help="Command to run as the operator."),
+    operator: bool = typer.Option(True, "--operator/--no-operator",
+                                  help="Run the Tardigrade operator in the cluster."),
+    operator_command: str | None = typer.Option(
+        None, help="Run this command as the operator instead (KUBECONFIG is set for it)."),
     image_map: Path | None = ImageMapOption,
 ) -> None:
     """Start the cluster and print the `export KUBECONFIG=...` line."""
@@ -58,7 +62,7 @@ def up(
                 for i in range(1, spot_nodes + 1)]
     cluster = LocalCluster(_layout(state_dir).root, nodes=configs, with_gcs=gcs,
                            remove_on_exit=True, shutdown_grace_seconds=shutdown_grace,
-                           operator_command=shlex.split(operator) if operator else None,
+                           operator_command=_operator_command(operator, operator_command),
                            image_rules=rules)
     try:
         cluster.start()
@@ -74,6 +78,16 @@ def up(
         signal.signal(sig, lambda *_: stopped.set())
     stopped.wait()
     cluster.stop()
+
+
+def _operator_command(enabled: bool, custom: str | None) -> list[str] | None:
+    if custom:
+        return shlex.split(custom)
+    if not enabled:
+        return None
+    # Metrics off: a second local cluster's operator would collide on the port.
+    return ["env", "TARDIGRADE_METRICS_PORT=0", sys.executable, "-m", "tardigrade_operator.cli",
+            "operator", "run", "--all-namespaces", "--standalone", "--health-port", "0"]
 
 
 @app.command()
