@@ -6,8 +6,6 @@ import copy
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,22 +16,12 @@ from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
 
 from tests.conftest import EXAMPLES, REPO_ROOT, SOURCE_DIRS
+from tests.polling import wait_for
 
 T = TypeVar("T")
 NAMESPACE = "default"
 
 
-def wait_for(condition: Callable[[], T | None], timeout: float, what: str,
-              interval: float = 0.5) -> T:
-    """Poll `condition` until it returns something truthy; fail with `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 class OperatorProcess:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +16,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 from tardigrade_local.apiserver import ApiServer, write_kubeconfig
+
+from tests.polling import wait_for  # noqa: F401  (re-exported for the test modules)
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -129,16 +130,6 @@ class Kubectl:
         return done.stderr
 
 
-def wait_for(predicate: Callable[[], T | None], timeout: float = 10.0,
-             interval: float = 0.05, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def widget_crd(**version_extra: Any) -> dict[str, Any]:

@@ -5,26 +5,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import textwrap
-import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kubernetes import client, config
 
+from tests.polling import wait_for
+
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.1,
-             what: str = "condition") -> T:
-    """Poll until `predicate` returns something truthy; fail with the last value otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 class Kube:

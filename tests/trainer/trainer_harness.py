@@ -11,11 +11,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tardigrade_trainer import contract
+
+from tests.polling import wait_for  # noqa: F401  (re-exported for the test modules)
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_PATHS = [str(REPO / "trainer_image"), str(REPO / "local_cluster")]
@@ -40,15 +41,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `condition` until it returns something truthy; fail with `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
