@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +33,10 @@ def run_operator(
     peering: Annotated[
         str, typer.Option(help="Peering object shared by the replicas that elect a leader.")
     ] = "tardigrade",
-    priority: Annotated[int, typer.Option(help="Peering priority of this replica.")] = 0,
+    priority: Annotated[
+        int | None,
+        typer.Option(help="Peering priority of this replica (highest leads; default random)."),
+    ] = None,
     health_port: Annotated[
         int, typer.Option(help="Port of the /healthz liveness endpoint (0: none).")
     ] = 8080,
@@ -47,6 +51,9 @@ def run_operator(
 
     if not namespace and not all_namespaces:
         raise typer.BadParameter("pass --namespace NS (repeatable) or --all-namespaces")
+    if priority is None:
+        # kopf pauses every replica when two share a priority: replicas must differ.
+        priority = random.SystemRandom().randint(1, 2**31 - 1)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # cel-python traces every short-circuited sub-expression at DEBUG.

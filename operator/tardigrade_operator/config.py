@@ -19,6 +19,8 @@ class OperatorConfig:
     # Node objects are cluster-scoped; a namespaced install may not be allowed to read them.
     watch_nodes: bool = True
     metrics_port: int = 9090
+    # A leader that stops refreshing its peering entry this long is presumed dead.
+    peering_lifetime_seconds: float = 60.0
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -41,6 +43,8 @@ class OperatorConfig:
                                            cls.grow_back_after_seconds),
             watch_nodes=os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false",
             metrics_port=int(number("TARDIGRADE_METRICS_PORT", cls.metrics_port)),
+            peering_lifetime_seconds=number("TARDIGRADE_PEERING_LIFETIME_SECONDS",
+                                            cls.peering_lifetime_seconds),
         )
 
     def decision_settings(self) -> DecisionSettings:

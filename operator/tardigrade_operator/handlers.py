@@ -43,6 +43,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix=types.GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    settings.peering.lifetime = int(config.peering_lifetime_seconds)
     # Reconnect watches regularly so a silently dropped connection is noticed.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150

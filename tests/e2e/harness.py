@@ -27,9 +27,12 @@ NAMESPACE = "default"
 class OperatorProcess:
     """The operator as users run it (`tardigrade operator run`), in a subprocess we can kill."""
 
-    def __init__(self, cluster: LocalCluster, log_path: Path) -> None:
+    def __init__(self, cluster: LocalCluster, log_path: Path,
+                 peering: tuple[str, int] | None = None) -> None:
         self.cluster = cluster
         self.log_path = log_path
+        # (peering object, priority) to run as one of several replicas; None: standalone.
+        self.peering = peering
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -39,11 +42,14 @@ class OperatorProcess:
             "TARDIGRADE_RESYNC_SECONDS": "1",
             "TARDIGRADE_METRICS_PORT": "0",
             "TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "15",
+            "TARDIGRADE_PEERING_LIFETIME_SECONDS": "5",
         }
+        mode = ["--standalone"] if self.peering is None else [
+            f"--peering={self.peering[0]}", f"--priority={self.peering[1]}"]
         log = open(self.log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
-             "--namespace", NAMESPACE, "--standalone", "--health-port", "0"],
+             "--namespace", NAMESPACE, *mode, "--health-port", "0"],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
         )
         log.close()

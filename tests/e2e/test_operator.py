@@ -170,7 +170,7 @@ def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: O
     operator.kill()
     operator.start()
     status = cluster.wait_phase(name, {"Running"}, timeout=300)
-    assert status["attempt"] == 2
+    assert status["attempt"] == 2, status["recoveries"]
     assert status["restarts"]["preemptions"] == 1
     assert status["restarts"]["total"] == 1
 
@@ -188,16 +188,18 @@ def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
     cluster.apply(job)
     wait_for(lambda: (cluster.status(name).get("lastCheckpoint") or {}).get("step"), 300,
              "a committed checkpoint")
-    saved = _checkpoint_objects(cluster, name)
-    assert any(path.endswith("metadata.json") for path in saved)
+    known = cluster.status(name)["lastCheckpoint"]["step"]
     cluster.kubectl("delete", "tj", name, "--timeout=120s")
     wait_for(lambda: not cluster.pods(name), 120, "pods to be garbage-collected")
     services = cluster.core.list_namespaced_service(
         "default", label_selector=f"tardigrade.dev/job={name}").items
     assert services == []
-    kept = _checkpoint_objects(cluster, name)
-    assert set(saved) & set(kept), "committed checkpoints must survive the job"
-    assert any(path.endswith("metadata.json") for path in kept)
+    # Committed checkpoints outlive the job: the newest is at least the one the job reported
+    # (the gang may have saved more before its pods went; keep-last only drops older ones).
+    kept = sorted(int(path.split("/")[2].removeprefix("step_"))
+                  for path in _checkpoint_objects(cluster, name)
+                  if path.endswith("/metadata.json"))
+    assert kept and kept[-1] >= known, (kept, known)
 
 
 def test_bad_spec_is_rejected_by_the_api_server_with_the_field(cluster: Cluster):
