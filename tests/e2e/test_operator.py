@@ -170,13 +170,19 @@ def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: O
     operator.kill()
     operator.start()
     status = cluster.wait_phase(name, {"Running"}, timeout=300)
-    assert status["attempt"] == 2, status["recoveries"]
-    assert status["restarts"]["preemptions"] == 1
-    assert status["restarts"]["total"] == 1
+    # Usually one preemption; a relaunched pod can land on the reclaimed node just before it
+    # goes, which is a second, real preemption. Either way every relaunch is counted once.
+    reasons = [(r["cause"], r["reason"]) for r in status["recoveries"]]
+    assert status["attempt"] >= 2, reasons
+    assert status["restarts"]["preemptions"] == status["attempt"] - 1 == len(reasons), reasons
+    assert status["restarts"]["total"] == status["restarts"]["preemptions"], status["restarts"]
+    assert all(cause == "Preemption" for cause, _ in reasons), reasons
 
     def only_current_gang() -> bool:
+        attempt = cluster.status(name)["attempt"]
         pods = cluster.pods(name)
-        return sorted(p.metadata.name for p in pods) == [f"{name}-a2-0", f"{name}-a2-1"]
+        return sorted(p.metadata.name for p in pods) == [f"{name}-a{attempt}-0",
+                                                         f"{name}-a{attempt}-1"]
     wait_for(only_current_gang, 120, "exactly one gang of pods")
 
 
