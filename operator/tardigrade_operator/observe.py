@@ -127,10 +127,12 @@ def classify(
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: {pod.status_reason}")
     if pod.phase == "Unknown":
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node unreachable")
-    if nodes_ready is not None and pod.node_name and pod.active and not nodes_ready.get(
-        pod.node_name, False
-    ):
-        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node {pod.node_name} lost")
+    # Only a node known to be NotReady counts: one missing from the index may just be newer
+    # than it (a replacement node); pods on deleted nodes are failed by the pod GC anyway.
+    if nodes_ready is not None and pod.node_name and pod.active and nodes_ready.get(
+        pod.node_name
+    ) is False:
+        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node {pod.node_name} not ready")
     if pod.phase == "Failed":
         code = pod.exit_code
         if code == contract.EXIT_PREEMPTED_SAVED:

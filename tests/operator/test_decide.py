@@ -108,12 +108,20 @@ def test_other_disruptions_count_as_preemptions(pod_status, description):
     assert cluster.status.restarts.failures == 0
 
 
-def test_node_lost_counts_as_preemption():
+def test_node_not_ready_counts_as_preemption():
     cluster = launched(FakeCluster(spec()))
-    cluster.nodes_ready = {"node-0": True}  # node-1 is gone
+    cluster.nodes_ready = {"node-0": True, "node-1": False}
     cluster.reconcile()
     assert cluster.status.restarts.preemptions == 1
-    assert "node node-1 lost" in cluster.status.recoveries[-1].reason
+    assert "node node-1 not ready" in cluster.status.recoveries[-1].reason
+
+
+def test_node_the_index_has_not_seen_yet_is_not_lost():
+    cluster = launched(FakeCluster(spec()))
+    cluster.nodes_ready = {"node-0": True}  # node-1 is newer than the operator's index
+    cluster.reconcile()
+    assert cluster.status.restarts.total == 0
+    assert cluster.status.phase == "Running"
 
 
 def test_vanished_pod_of_a_running_gang_counts_as_preemption():
