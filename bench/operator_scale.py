@@ -70,21 +70,31 @@ class ReplacementClock:
         self._stop = False
         threading.Thread(target=self._run, daemon=True).start()
 
+    def stop(self) -> None:
+        self._stop = True
+
     def _run(self) -> None:
         while not self._stop:
-            stream = watch.Watch().stream(self.core.list_namespaced_pod, NS,
-                                          label_selector="tardigrade.dev/job",
-                                          timeout_seconds=30)
-            for event in stream:
-                pod = event["object"]
-                jobname = pod.metadata.labels["tardigrade.dev/job"]
-                now = time.monotonic()
-                with self.events:
-                    if pod.status.phase == "Failed" and jobname not in self.failed_at:
-                        self.failed_at[jobname] = now
-                    elif event["type"] == "ADDED" and jobname in self.failed_at:
-                        self.latencies.append(now - self.failed_at.pop(jobname))
-                        self.events.notify_all()
+            try:
+                self._follow()
+            except Exception:
+                if self._stop:
+                    return  # the cluster is going away with the bench
+
+    def _follow(self) -> None:
+        stream = watch.Watch().stream(self.core.list_namespaced_pod, NS,
+                                      label_selector="tardigrade.dev/job",
+                                      timeout_seconds=30)
+        for event in stream:
+            pod = event["object"]
+            jobname = pod.metadata.labels["tardigrade.dev/job"]
+            now = time.monotonic()
+            with self.events:
+                if pod.status.phase == "Failed" and jobname not in self.failed_at:
+                    self.failed_at[jobname] = now
+                elif event["type"] == "ADDED" and jobname in self.failed_at:
+                    self.latencies.append(now - self.failed_at.pop(jobname))
+                    self.events.notify_all()
 
     def wait_replaced(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -129,6 +139,7 @@ def main() -> None:
             [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run", "-n", NS,
              "--standalone", "--health-port", "0"], env=env,
             stdout=open(state / "operator.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        clock: ReplacementClock | None = None
         try:
             proc = psutil.Process(operator.pid)
             time.sleep(5)
@@ -175,6 +186,8 @@ def main() -> None:
                 print(f"| {count} | {rss:.0f} | {rss / base_rss:.2f} | {cpu:.1f} | {p50:.2f} | "
                       f"{p99:.2f} | {p99 / round_trip:.0f}x |", flush=True)
         finally:
+            if clock is not None:
+                clock.stop()
             operator.terminate()
             operator.wait(30)
 
