@@ -195,33 +195,34 @@ def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
 
 def _handle_disruption(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                        gang: list[PodView], stopped: RankOutcome) -> None:
-    status = plan.status
+    verdict = _give_up(plan.status, spec, stopped)
+    if verdict is not None:
+        _stop_all(plan, obs, gang, grace=None)
+        _finish(plan, obs, "Failed", *verdict)
+        return
+    cause: RecoveryCause = {Outcome.FAILED: "Failure", Outcome.PREEMPTED: "Preemption"}.get(
+        stopped.outcome, "Retry")
+    _begin_recovery(plan, obs, gang, cause, plan.status.replicas, stopped.reason)
+
+
+def _give_up(status: TrainingJobStatus, spec: TrainingJobSpec,
+             stopped: RankOutcome) -> tuple[str, str] | None:
+    """(reason, message) when this disruption ends the job instead of restarting it."""
     policy = spec.failure_policy
     if stopped.outcome is Outcome.FATAL:
-        _stop_all(plan, obs, gang, grace=None)
-        _finish(plan, obs, "Failed", "CannotRun",
+        return ("CannotRun",
                 f"the trainer cannot run this spec, restarting would not help: {stopped.reason}")
-        return
-    if stopped.outcome is Outcome.FAILED:
-        if status.restarts.failures >= policy.max_restarts:
-            _stop_all(plan, obs, gang, grace=None)
-            _finish(plan, obs, "Failed", "RestartBudgetExhausted",
-                    f"failed after {status.restarts.failures} restarts "
-                    f"(failurePolicy.maxRestarts={policy.max_restarts}): {stopped.reason}")
-            return
-        _begin_recovery(plan, obs, gang, "Failure", status.replicas, stopped.reason)
-        return
-    if stopped.outcome is Outcome.PREEMPTED:
-        budget = policy.max_preemptions
-        if budget is not None and status.restarts.preemptions >= budget:
-            _stop_all(plan, obs, gang, grace=None)
-            _finish(plan, obs, "Failed", "PreemptionBudgetExhausted",
-                    f"preempted {status.restarts.preemptions} times "
-                    f"(failurePolicy.maxPreemptions={budget}): {stopped.reason}")
-            return
-        _begin_recovery(plan, obs, gang, "Preemption", status.replicas, stopped.reason)
-        return
-    _begin_recovery(plan, obs, gang, "Retry", status.replicas, stopped.reason)
+    if stopped.outcome is Outcome.FAILED and status.restarts.failures >= policy.max_restarts:
+        return ("RestartBudgetExhausted",
+                f"failed after {status.restarts.failures} restarts "
+                f"(failurePolicy.maxRestarts={policy.max_restarts}): {stopped.reason}")
+    budget = policy.max_preemptions
+    if stopped.outcome is Outcome.PREEMPTED and budget is not None \
+            and status.restarts.preemptions >= budget:
+        return ("PreemptionBudgetExhausted",
+                f"preempted {status.restarts.preemptions} times "
+                f"(failurePolicy.maxPreemptions={budget}): {stopped.reason}")
+    return None
 
 
 def _resize_requested(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
