@@ -134,6 +134,12 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     spec, spec_error = _parsed_spec(key, meta, body, memo)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     attempt = max([status.attempt, *(p.attempt for p in pods)])
+    if status.attempt and sum(p.attempt == attempt for p in pods) < status.replicas:
+        # Fewer ranks than launched: before calling them gone, make sure it is not the index
+        # lagging (just created, or rebuilt after a peering pause) by asking the API server.
+        listed = await asyncio.to_thread(memo.writer.list_job_pods, namespace, name)
+        pods = [view for view in (parse_pod(p) for p in listed) if view]
+        attempt = max([status.attempt, *(p.attempt for p in pods)])
     gang: list[PodView] = [p for p in pods if p.attempt == attempt]
     progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None

@@ -83,6 +83,11 @@ class ClusterWriter:
             if err.status not in (404, 422):
                 raise
 
+    def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods straight from the API server, as plain JSON dicts."""
+        pods = self.core.list_namespaced_pod(namespace, label_selector=naming.job_selector(job))
+        return [self.core.api_client.sanitize_for_serialization(p) for p in pods.items]
+
     def release_all(self, namespace: str, job: str) -> None:
         pods = self.core.list_namespaced_pod(
             namespace, label_selector=naming.job_selector(job)

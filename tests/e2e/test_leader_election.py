@@ -32,7 +32,8 @@ def test_standby_replica_takes_over_without_duplicating_the_gang(tmp_path):
             assert "Resuming operations after the pause" in standby.log_path.read_text()
             # The running gang was adopted as it was: same attempt, no second copy.
             status = cluster.status("le-long")
-            assert (status["attempt"], status["restarts"]["total"]) == (1, 0)
+            assert (status["attempt"], status["restarts"]["total"]) == (1, 0), status
+
             assert [p.metadata.name for p in cluster.pods("le-long")] == ["le-long-a1-0"]
             standby.assert_alive()
         finally:
