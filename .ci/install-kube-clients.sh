@@ -17,8 +17,8 @@ if [[ ! -x "$dest/kubectl-1.20" ]]; then
     apt-get update -qq >/dev/null 2>&1 || sudo apt-get update -qq
     (cd "$work_deb" && apt-get download kubernetes-client >/dev/null)
   }
-  dpkg-deb -x "$work_deb"/kubernetes-client_*.deb "$work_deb/root"
-  install -m 0755 "$work_deb/root/usr/bin/kubectl" "$dest/kubectl-1.20"
+  dpkg-deb -x "$work_deb"/kubernetes-client_*.deb "$work_deb/pkg"
+  install -m 0755 "$work_deb/pkg/usr/bin/kubectl" "$dest/kubectl-1.20"
   rm -rf "$work_deb"
 fi
 
