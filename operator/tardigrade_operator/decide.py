@@ -127,7 +127,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     status = plan.status
     outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes, obs.nodes_ready)
                 for p in gang}
-    _note_recovered(status, obs, gang, outcomes)
+    _note_recovered(status, obs)
 
     if spec.suspend:
         _stop_all(plan, obs, gang, grace=None)
@@ -374,8 +374,7 @@ def _pending_recovery(status: TrainingJobStatus) -> Recovery | None:
     return None
 
 
-def _note_recovered(status: TrainingJobStatus, obs: Observed, gang: list[PodView],
-                    outcomes: dict[int, RankOutcome]) -> None:
+def _note_recovered(status: TrainingJobStatus, obs: Observed) -> None:
     """Close the downtime of the last recovery once the new gang trains past its restore."""
     if not status.recoveries:
         return
@@ -383,8 +382,7 @@ def _note_recovered(status: TrainingJobStatus, obs: Observed, gang: list[PodView
     if last.attempt != status.attempt or last.downtime_seconds is not None:
         return
     progress = obs.progress
-    trained = progress is not None and progress.step > (last.restore_step or 0)
-    if trained:
+    if progress is not None and progress.step > (last.restore_step or 0):
         last.downtime_seconds = round((obs.now - last.time).total_seconds(), 3)
 
 
@@ -393,28 +391,29 @@ def _note_recovered(status: TrainingJobStatus, obs: Observed, gang: list[PodView
 
 def _record_progress(status: TrainingJobStatus, obs: Observed, gang: list[PodView]) -> None:
     """Fold what the trainer reported (progress endpoint, termination messages) into status."""
-    reports: list[tuple[int | None, int | None, str | None, datetime | None]] = []
     progress = obs.progress
     if progress is not None:
         status.step = max(status.step or 0, progress.step)
         status.total_steps = progress.total_steps or status.total_steps
         if progress.loss is not None:
             status.loss = progress.loss
-        when = datetime.fromisoformat(progress.checkpoint_time.replace("Z", "+00:00")) \
-            if progress.checkpoint_time else None
-        reports.append((progress.step, progress.checkpoint_step, progress.checkpoint_path, when))
+        when = (datetime.fromisoformat(progress.checkpoint_time.replace("Z", "+00:00"))
+                if progress.checkpoint_time else obs.now)
+        _note_checkpoint(status, progress.checkpoint_step, progress.checkpoint_path, when)
     for pod in gang:
-        if pod.termination is not None:
-            message = pod.termination
-            reports.append((message.step, message.checkpoint_step, message.checkpoint_path, None))
-            if message.step is not None:
-                status.step = max(status.step or 0, message.step)
-    for _step, ckpt_step, path, when in reports:
-        if ckpt_step is None:
+        message = pod.termination
+        if message is None:
             continue
-        known = status.last_checkpoint
-        if known is None or ckpt_step > known.step:
-            status.last_checkpoint = CheckpointRef(step=ckpt_step, path=path, time=when or obs.now)
+        if message.step is not None:
+            status.step = max(status.step or 0, message.step)
+        _note_checkpoint(status, message.checkpoint_step, message.checkpoint_path, obs.now)
+
+
+def _note_checkpoint(status: TrainingJobStatus, step: int | None, path: str | None,
+                     when: datetime) -> None:
+    known = status.last_checkpoint
+    if step is not None and (known is None or step > known.step):
+        status.last_checkpoint = CheckpointRef(step=step, path=path, time=when)
 
 
 def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
