@@ -42,7 +42,8 @@ class OperatorProcess:
             "TARDIGRADE_RESYNC_SECONDS": "1",
             "TARDIGRADE_METRICS_PORT": "0",
             "TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "15",
-            "TARDIGRADE_PEERING_LIFETIME_SECONDS": "5",
+            # Long enough that a busy CI machine never makes a live leader look dead.
+            "TARDIGRADE_PEERING_LIFETIME_SECONDS": "20",
         }
         mode = ["--standalone"] if self.peering is None else [
             f"--peering={self.peering[0]}", f"--priority={self.peering[1]}"]
