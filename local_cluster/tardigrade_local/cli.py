@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import sys
 import threading
 from pathlib import Path
 
 import typer
 import yaml
 
-from tardigrade_local.cluster import ClusterError, LocalCluster, kill_leftover_pods
+from tardigrade_local.cluster import (
+    ClusterError,
+    LocalCluster,
+    kill_leftover_pods,
+    operator_command,
+)
 from tardigrade_local.kubelet import ImageRule, NodeConfig
 from tardigrade_local.paths import StateLayout
 
@@ -83,11 +87,7 @@ def up(
 def _operator_command(enabled: bool, custom: str | None) -> list[str] | None:
     if custom:
         return shlex.split(custom)
-    if not enabled:
-        return None
-    # Metrics off: a second local cluster's operator would collide on the port.
-    return ["env", "TARDIGRADE_METRICS_PORT=0", sys.executable, "-m", "tardigrade_operator.cli",
-            "operator", "run", "--all-namespaces", "--standalone", "--health-port", "0"]
+    return operator_command() if enabled else None
 
 
 @app.command()

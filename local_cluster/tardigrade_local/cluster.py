@@ -47,6 +47,18 @@ def repo_root() -> Path:
     return Path(tardigrade_local.__file__).resolve().parents[2]
 
 
+def operator_command(namespace: str | None = None, resync_seconds: float | None = None
+                     ) -> list[str]:
+    """The Tardigrade operator as the local cluster runs it (one standalone replica)."""
+    # Metrics off: a second local cluster's operator would collide on the port.
+    env = ["TARDIGRADE_METRICS_PORT=0"]
+    if resync_seconds is not None:
+        env.append(f"TARDIGRADE_RESYNC_SECONDS={resync_seconds:g}")
+    scope = ["--namespace", namespace] if namespace else ["--all-namespaces"]
+    return ["env", *env, sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
+            *scope, "--standalone", "--health-port", "0"]
+
+
 def default_nodes(count: int, spot: bool = False) -> list[NodeConfig]:
     labels = {"cloud.google.com/gke-spot": "true"} if spot else {}
     return [NodeConfig(f"local-node-{i}", labels=labels) for i in range(1, count + 1)]

@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import kubernetes
 import yaml
 from rich.console import Console
 
-from tardigrade_local.cluster import LocalCluster, repo_root
+from tardigrade_local.cluster import LocalCluster, operator_command, repo_root
 from tardigrade_local.kubelet import NodeConfig
 from tardigrade_local.steplog import StepLog
 
@@ -91,9 +90,7 @@ def run_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoRes
     nodes = [NodeConfig(f"local-node-{i}") for i in range(1, 4)]
     nodes.append(NodeConfig(REFERENCE_NODE, labels={"kubernetes.io/hostname": REFERENCE_NODE},
                             taints=(REFERENCE_TAINT,)))
-    operator = ["env", "TARDIGRADE_METRICS_PORT=0", "TARDIGRADE_RESYNC_SECONDS=1",
-                sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
-                "--namespace", NAMESPACE, "--standalone", "--health-port", "0"]
+    operator = operator_command(namespace=NAMESPACE, resync_seconds=1)
     state = out_dir / ".tardigrade-demo"
     console.print(f"[bold]Starting the local cluster[/] (state in {state})")
     with LocalCluster(state, nodes=nodes, operator_command=operator,

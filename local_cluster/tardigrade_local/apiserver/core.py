@@ -160,12 +160,7 @@ class Core:
         """Prune unknown fields (reject or warn under Strict/Warn) and apply defaults."""
         assert rt.crd is not None
         unknown = crd_schema.unknown_fields(rt.crd, obj)
-        if unknown and field_validation == "Strict":
-            listed = ", ".join(f'unknown field "{p}"' for p in unknown)
-            raise bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
-                              f"{rt.kind}: strict decoding error: {listed}")
-        if unknown and field_validation == "Warn":
-            warnings.extend(f'unknown field "{p}"' for p in unknown)
+        self._report_unknown(rt, unknown, field_validation, warnings)
         return crd_schema.default_and_prune(rt.crd, obj)
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any],
