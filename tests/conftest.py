@@ -20,12 +20,36 @@ def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
-def bad_trainingjob_cases() -> list[dict[str, Any]]:
-    cases = load_yaml(REPO_ROOT / "tests" / "data" / "bad_trainingjobs.yaml")
+def expand(value: Any) -> Any:
+    """Huge values are written as generators in the corpus files, e.g. "!repeat x 40000"."""
+    if isinstance(value, dict):
+        return {k: expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand(v) for v in value]
+    if not (isinstance(value, str) and value.startswith("!repeat")):
+        return value
+    kind, *rest = value.split()
+    if kind == "!repeat":
+        return rest[0] * int(rest[1])
+    count = int(rest[0])
+    if kind == "!repeat-env":
+        return [{"name": f"VAR_{i}", "value": "x"} for i in range(count)]
+    if kind == "!repeat-toleration":
+        return [{"key": f"example.com/taint-{i}", "operator": "Exists"} for i in range(count)]
+    raise ValueError(f"unknown corpus generator {value!r}")
+
+
+def corpus_cases(file_name: str) -> list[dict[str, Any]]:
+    """A corpus of JSON Patches against examples/trainingjob.yaml, applied."""
+    cases = load_yaml(REPO_ROOT / "tests" / "data" / file_name)
     base = load_yaml(EXAMPLES / "trainingjob.yaml")
     for case in cases:
-        case["document"] = jsonpatch.apply_patch(copy.deepcopy(base), case["ops"])
+        case["document"] = jsonpatch.apply_patch(copy.deepcopy(base), expand(case["ops"]))
     return cases
+
+
+def bad_trainingjob_cases() -> list[dict[str, Any]]:
+    return corpus_cases("bad_trainingjobs.yaml")
 
 
 @pytest.fixture

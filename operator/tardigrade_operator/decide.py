@@ -55,6 +55,8 @@ class Observed:
     progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
     nodes_ready: Mapping[str, bool] | None = None
     settings: DecisionSettings = DecisionSettings()
+    # Why the API server refused a pod or service rendered from this generation of the spec.
+    rejected: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,12 @@ def decide(obs: Observed) -> Plan:
     if obs.spec is None:
         _stop_all(plan, obs, obs.pods, grace=None)
         _finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
+        return plan
+    if obs.rejected is not None and status.phase not in TERMINAL_PHASES:
+        _stop_all(plan, obs, obs.pods, grace=None)
+        _finish(plan, obs, "Failed", "PodRejected",
+                f"{obs.rejected}; fix the TrainingJob field it names, then delete and re-apply "
+                "the job")
         return plan
     spec = obs.spec
     _set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
@@ -180,8 +188,16 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                    f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
-        _set_phase(plan, obs, phase, "GangStarting",
-                   f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
+        message = f"attempt {status.attempt}: {running}/{status.replicas} ranks running"
+        stuck = next((p for p in gang if p.waiting and not p.deleting), None)
+        if stuck is None:
+            _set_phase(plan, obs, phase, "GangStarting", message)
+            return
+        message += f"; {stuck.name} cannot start: {stuck.waiting}"
+        running_condition = _condition(status, "Running")
+        if running_condition is None or running_condition.reason != "ContainerCannotStart":
+            plan.events.append(Event("Warning", "ContainerCannotStart", message))
+        _set_phase(plan, obs, phase, "ContainerCannotStart", message)
 
 
 def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:

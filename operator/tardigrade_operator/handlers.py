@@ -25,7 +25,7 @@ from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, decide
-from tardigrade_operator.kube import ClusterWriter, load_client_config
+from tardigrade_operator.kube import ChildRejected, ClusterWriter, load_client_config
 from tardigrade_operator.observe import PodView, parse_pod
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
@@ -51,6 +51,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.wakeups = {}
     memo.written = {}
     memo.specs = {}
+    # (namespace, name) -> (generation, why the API server refused a child of that spec)
+    memo.rejected = {}
     memo.session = aiohttp.ClientSession()
     load_client_config()
     memo.writer = ClusterWriter()
@@ -102,15 +104,23 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
     key = (namespace, name)
     wake = memo.wakeups.setdefault(key, asyncio.Event())
     nodes: kopf.Index | None = kwargs.get("node_readiness")
+    failures = 0
     while not stopped:
         wake.clear()
         started = time.perf_counter()
         try:
             await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes)
+            failures = 0
         except Exception:
-            # Never crash-loop on one object: log, and the next pass retries from scratch.
+            # Never crash-loop on one object: log, and a later pass retries from scratch.
+            failures += 1
             logger.exception("reconcile of %s/%s failed; retrying", namespace, name)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        if failures:
+            # Back off, deaf to wake-ups: a failing API server should not be hammered once
+            # per pod event.
+            await stopped.wait(retry_delay(failures, memo.config.resync_seconds))
+            continue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=memo.config.resync_seconds)
 
@@ -122,6 +132,7 @@ async def release_children(name: str, namespace: str, memo: kopf.Memo, **_: Any)
     memo.wakeups.pop((namespace, name), None)
     memo.written.pop((namespace, name), None)
     memo.specs.pop((namespace, name), None)
+    memo.rejected.pop((namespace, name), None)
     metrics.forget((namespace, name))
 
 
@@ -145,9 +156,11 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     nodes_ready = None
     if nodes_index is not None and len(nodes_index) > 0:
         nodes_ready = {node: next(iter(store)) for node, store in nodes_index.items()}
+    generation = int(meta.get("generation") or 0)
+    rejected = memo.rejected.get(key)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
-        generation=int(meta.get("generation") or 0),
+        generation=generation,
         spec=spec,
         spec_error=spec_error,
         status=status,
@@ -157,9 +170,18 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         progress=progress,
         nodes_ready=nodes_ready,
         settings=memo.config.decision_settings(),
+        rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
     )
     plan = decide(observed)
-    written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan)
+    try:
+        written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan)
+    except ChildRejected as err:
+        # Retrying the same spec would be refused again (and hammer the API server); the next
+        # pass records the refusal in status and stops there.
+        logging.getLogger(__name__).warning("%s/%s: %s", namespace, name, err)
+        memo.rejected[key] = (generation, str(err))
+        _wake(memo, key)
+        return
     if written is not None:
         memo.written[key] = (written, plan.status)
     for event in plan.events:
@@ -215,6 +237,11 @@ def _older(seen: str, written: str) -> bool:
 
 def _values(index: kopf.Index, key: JobKey) -> list[Any]:
     return list(index.get(key, []))
+
+
+def retry_delay(failures: int, resync_seconds: float) -> float:
+    """Exponential backoff after consecutive failed passes, capped at a few resyncs."""
+    return min(0.5 * 2 ** (failures - 1), max(30.0, 3 * resync_seconds))
 
 
 def _wake(memo: kopf.Memo, key: JobKey) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -22,6 +23,20 @@ def load_client_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
+
+
+class ChildRejected(Exception):
+    """The API server refused a pod or service we rendered (400/413/422): the spec produces an
+    object Kubernetes will never accept, so retrying cannot help."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(f"the API server rejected {kind} {name}: {message}")
+        self.kind, self.name, self.message = kind, name, message
+
+
+# 400 BadRequest, 413 RequestEntityTooLarge, 422 Invalid: permanent for this spec. 403 is not
+# here: quota and RBAC can change without the spec changing.
+_PERMANENT_CREATE_ERRORS = (400, 413, 422)
 
 
 class ClusterWriter:
@@ -100,9 +115,20 @@ class ClusterWriter:
         try:
             create(namespace, manifest)
         except ApiException as err:
+            name = manifest["metadata"]["name"]
+            if err.status in _PERMANENT_CREATE_ERRORS:
+                raise ChildRejected(manifest["kind"], name, _api_message(err)) from err
             if err.status != 409:  # AlreadyExists: an earlier pass created it
                 raise
-            log.debug("%s already exists", manifest["metadata"]["name"])
+            log.debug("%s already exists", name)
+
+
+def _api_message(err: ApiException) -> str:
+    """The Status message the API server sent, else the HTTP reason."""
+    try:
+        return str(json.loads(err.body or "{}").get("message") or err.reason)
+    except (ValueError, AttributeError):
+        return str(err.reason)
 
 
 def status_json(status: TrainingJobStatus) -> dict[str, Any]:

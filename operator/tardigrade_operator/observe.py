@@ -49,6 +49,8 @@ class PodView:
     termination_text: str = ""
     pod_ip: str | None = None
     tracked: bool = False  # still carries our finalizer
+    # Why the container has not started (ErrImagePull, CreateContainerConfigError, ...).
+    waiting: str | None = None
 
     @property
     def deleting(self) -> bool:
@@ -110,7 +112,23 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         termination_text=text,
         pod_ip=status.get("podIP"),
         tracked=naming.POD_FINALIZER in (meta.get("finalizers") or []),
+        waiting=_waiting(state.get("waiting") or {}),
     )
+
+
+# Waiting reasons that mean "stuck until someone fixes something", not "about to start".
+STUCK_WAITING_REASONS = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+})
+
+
+def _waiting(waiting: Mapping[str, Any]) -> str | None:
+    reason = waiting.get("reason")
+    if reason not in STUCK_WAITING_REASONS:
+        return None
+    message = waiting.get("message")
+    return f"{reason}: {message}" if message else str(reason)
 
 
 def classify(

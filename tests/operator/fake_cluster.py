@@ -49,6 +49,7 @@ class FakeCluster:
     nodes_ready: dict[str, bool] | None = None
     settings: DecisionSettings = dataclasses.field(default_factory=DecisionSettings)
     plans: list[Plan] = dataclasses.field(default_factory=list)
+    rejected: str | None = None  # the API server refused a child of this spec
 
     def observe(self) -> Observed:
         try:
@@ -60,7 +61,7 @@ class FakeCluster:
             job=JOB, generation=self.generation, spec=parsed, spec_error=error,
             status=self.status, pods=views, service_exists=self.service is not None,
             now=self.now, progress=self.progress, nodes_ready=self.nodes_ready,
-            settings=self.settings,
+            settings=self.settings, rejected=self.rejected,
         )
 
     def reconcile(self) -> Plan:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from tardigrade_operator.api.types import TrainingJob, TrainingJobSpec
+from tardigrade_operator.api.types import PATTERN_HINTS, TrainingJob, TrainingJobSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,14 @@ def explain(
         extra_path = ctx.get("field_path")
         if extra_path:
             loc = loc + tuple(extra_path.split("."))
+        if loc and loc[-1] == "[key]":
+            # A bad map key: name the map; the message quotes the key.
+            loc = loc[:-2]
         message = item["msg"]
+        hint = PATTERN_HINTS.get(ctx.get("pattern", "")) if item["type"] == (
+            "string_pattern_mismatch") else None
+        if hint is not None:
+            message = hint
         if item["type"] == "extra_forbidden":
             allowed = _allowed_fields(root, loc[:-1])
             message = "unknown field"
@@ -60,7 +67,9 @@ def explain(
                 message += f"; allowed fields: {', '.join(allowed)}"
         elif item["type"] == "missing":
             message = "required field is missing"
-        elif "input" in item and item["type"] not in ("cel_rule", "tpu_slice", "quantity"):
+        elif "input" in item and item["type"] not in ("cel_rule", "tpu_slice", "quantity",
+                                                         "qualified_name", "reserved_key",
+                                                         "trainer_size"):
             message = f"{message} (got {_short(item['input'])})"
         errors.append(FieldError(_format_loc(prefix + loc), message))
     return errors

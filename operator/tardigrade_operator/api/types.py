@@ -7,16 +7,20 @@ descriptions. Field names are camelCase on the wire, snake_case in Python.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     PlainValidator,
+    ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -94,8 +98,49 @@ FreeForm = Annotated[
 Timestamp = Annotated[
     datetime, Field(strict=False), WithJsonSchema({"type": "string", "format": "date-time"})
 ]
-LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)]
-AnnotationMap = Annotated[dict[str, str], Field(max_length=64)]
+# Kubernetes' label value syntax; empty is allowed.
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_QUALIFIED_NAME_RE = re.compile(
+    rf"^({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
+)
+
+
+def _validate_qualified_key(key: str) -> str:
+    # Checked here and by the operator, not in the CRD: a CEL rule over map keys would blow the
+    # API server's rule cost budget, and OpenAPI schemas for CRDs cannot constrain keys.
+    if _QUALIFIED_NAME_RE.match(key) and len(key.rpartition("/")[0]) <= 253:
+        return key
+    raise PydanticCustomError(
+        "qualified_name",
+        "key '{key}' is not a valid Kubernetes label/annotation key: an optional DNS prefix "
+        "and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
+        "letter or digit (e.g. team or example.com/team)",
+        {"key": key},
+    )
+
+
+QualifiedKey = Annotated[str, AfterValidator(_validate_qualified_key)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+LabelMap = Annotated[dict[QualifiedKey, LabelValue], Field(max_length=64)]
+AnnotationMap = Annotated[dict[QualifiedKey, str], Field(max_length=64)]
+# The operator's own labels and annotations live under this prefix.
+RESERVED_PREFIX = "tardigrade.dev/"
+# An image reference as container runtimes parse it: [registry[:port]/]path[:tag][@digest].
+IMAGE_PATTERN = (
+    r"^([a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*"
+    r"(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*"
+    r":[0-9a-fA-F]{32,})?$"
+)
+MAX_TRAINER_CONFIG_BYTES = 65536
+# Pattern mismatches explained in words (the regex itself tells a user little).
+PATTERN_HINTS = {
+    LABEL_VALUE_PATTERN: "must be a Kubernetes label value: at most 63 letters, digits, '-', "
+    "'_' or '.', starting and ending with a letter or digit (or empty)",
+    IMAGE_PATTERN: "must be a container image reference such as ghcr.io/org/trainer:v1 or "
+    "registry:5000/trainer@sha256:<digest> (lower-case path, no spaces or shell characters)",
+}
 
 
 def _publish_cel_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -132,7 +177,8 @@ class EnvVar(ApiModel):
 
     name: str = Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
                       description="Variable name.")
-    value: str | None = Field(None, description="Literal value.")
+    # Linux refuses to start a process with one environment string above 128 KiB.
+    value: str | None = Field(None, max_length=32768, description="Literal value.")
     value_from: FreeForm | None = Field(
         None, description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."
     )
@@ -140,6 +186,11 @@ class EnvVar(ApiModel):
     cel_rules = (
         CelRule("!(has(self.value) && has(self.valueFrom))",
                 "env: set either value or valueFrom, not both", ".valueFrom"),
+        CelRule("!self.name.startsWith('TARDIGRADE_') && "
+                "!(self.name in ['TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES'])",
+                "env: TARDIGRADE_* (and, on TPU, TPU_WORKER_ID/TPU_WORKER_HOSTNAMES) are set by "
+                "the operator for every rank; rename the variable, or set the value through the "
+                "TrainingJob field it comes from", ".name"),
     )
 
 
@@ -227,7 +278,7 @@ class SpotSpec(ApiModel):
     """Run on spot (preemptible) capacity: select spot nodes and tolerate their taint."""
 
     enabled: bool = Field(False, description="Schedule onto spot nodes.")
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[QualifiedKey, LabelValue] = Field(
         default_factory=lambda: {GKE_SPOT_LABEL: "true"},
         description="Node labels that select spot nodes (GKE: cloud.google.com/gke-spot).",
         json_schema_extra={"default": {GKE_SPOT_LABEL: "true"}},
@@ -246,7 +297,8 @@ class SpotSpec(ApiModel):
 class PodTemplateOverride(ApiModel):
     """Additions to every trainer pod."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
+    node_selector: dict[QualifiedKey, LabelValue] = Field(
+        default_factory=dict, description="Extra node labels.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     service_account_name: str | None = Field(
         None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
@@ -260,12 +312,26 @@ class PodTemplateOverride(ApiModel):
     )
     annotations: AnnotationMap = Field(default_factory=dict)
     labels: LabelMap = Field(default_factory=dict)
-    priority_class_name: str | None = Field(None, max_length=253)
+    priority_class_name: str | None = Field(
+        None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     termination_grace_period_seconds: int = Field(
         30, ge=1, le=3600,
         description="Time between SIGTERM and SIGKILL; GKE spot VMs give 30 s. The trainer "
         "saves a checkpoint inside it.",
     )
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _not_ours(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        reserved = sorted(k for k in value if k.startswith(RESERVED_PREFIX))
+        if reserved:
+            raise PydanticCustomError(
+                "reserved_key",
+                "keys under " + RESERVED_PREFIX + " are set by the operator (job, attempt, rank) "
+                "and would mislead it: rename {keys}",
+                {"keys": ", ".join(reserved)},
+            )
+        return value
 
 
 class CheckpointInterval(ApiModel):
@@ -351,9 +417,12 @@ class TrainingJobSpec(ApiModel):
         description="Elastic lower bound: with capacity short, relaunch with fewer replicas.",
     )
     max_replicas: int | None = Field(None, ge=1, le=4096, description="Elastic upper bound.")
-    image: str = Field(min_length=1, max_length=512, description="Trainer container image.")
-    command: list[str] | None = Field(None, max_length=64, description="Container entrypoint.")
-    args: list[str] | None = Field(None, max_length=256, description="Container arguments.")
+    image: str = Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN,
+                       description="Trainer container image, e.g. ghcr.io/org/trainer:v1.")
+    command: list[Annotated[str, Field(max_length=32768)]] | None = Field(
+        None, max_length=64, description="Container entrypoint.")
+    args: list[Annotated[str, Field(max_length=32768)]] | None = Field(
+        None, max_length=256, description="Container arguments.")
     env: list[EnvVar] = Field(default_factory=list, max_length=256)
     resources: ResourceRequirements = nested(ResourceRequirements, "Per-replica resources.")
     accelerator: AcceleratorSpec = nested(AcceleratorSpec, "Accelerator of each replica.")
@@ -377,6 +446,22 @@ class TrainingJobSpec(ApiModel):
                 "self.minReplicas <= self.maxReplicas",
                 "spec.minReplicas must be <= spec.maxReplicas", ".minReplicas"),
     )
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_fits_the_environment(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # The config reaches every rank as one environment variable, and Linux refuses to start
+        # a process with an environment string above 128 KiB. Not expressible in the CRD.
+        size = len(json.dumps(value, separators=(",", ":")))
+        if size > MAX_TRAINER_CONFIG_BYTES:
+            raise PydanticCustomError(
+                "trainer_size",
+                "the trainer config is {size} bytes as JSON; at most {limit} fit in the "
+                "container environment: put large settings in a ConfigMap or volume "
+                "(podTemplate.volumes) and pass their path in spec.trainer",
+                {"size": size, "limit": MAX_TRAINER_CONFIG_BYTES},
+            )
+        return value
 
     @model_validator(mode="after")
     def _tpu_slice_matches_replicas(self) -> TrainingJobSpec:
