@@ -57,7 +57,6 @@ class WorkloadControllers:
             Informer(self.client, group_path("v1", "pods"), self._on_pod),
         ]
         self._tasks: list[asyncio.Task[Any]] = []
-        self.passes = 0
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(i.run()) for i in self._informers]
@@ -92,7 +91,10 @@ class WorkloadControllers:
             except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as err:
                 log.warning("workload controllers: pass failed, retrying: %s", err)
                 recheck = RETRY_SECONDS
-            self.passes += 1
+            except Exception:
+                # One odd object must not stop every Deployment in the cluster.
+                log.exception("workload controllers: pass failed, retrying")
+                recheck = RETRY_SECONDS
 
     async def _list(self, api_version: str, plural: str, kind: str) -> list[Obj]:
         listing = await self.client.request("GET", group_path(api_version, plural))
