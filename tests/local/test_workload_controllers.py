@@ -82,6 +82,10 @@ def test_deployment_rolls_out_scales_replaces_pods_and_updates(tmp_path):
         deploy = yaml.safe_load(cluster.kubectl("get", "deployment/web", "-o", "yaml"))
         assert deploy["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "2"
         assert deploy["status"]["observedGeneration"] == deploy["metadata"]["generation"]
+        # The API server's apps/v1 defaults, which the rollout followed.
+        assert deploy["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {
+            "maxSurge": "25%", "maxUnavailable": "25%"}}
+        assert deploy["spec"]["progressDeadlineSeconds"] == 600
         described = cluster.kubectl("describe", "deployment/web")
         assert f"NewReplicaSet:   {new_name} (3/3 replicas created)" in described
 
