@@ -1,4 +1,4 @@
-"""Small pure helpers the workload controllers share: ownership, selectors, times, templates."""
+"""Pure functions the workload controllers share: ownership, selectors, times, templates."""
 
 from __future__ import annotations
 
