@@ -1,5 +1,5 @@
-"""The local cluster: API server, kubelets, GCS emulator (and later the operator) under one
-state directory.
+"""The local cluster: API server, kubelets, workload controllers (Deployment, ReplicaSet), GCS
+emulator and optionally the operator, under one state directory.
 
 Two halves:
 - `serve(config)` runs everything in one process (`python -m tardigrade_local.cluster STATE`);
@@ -31,6 +31,7 @@ from aiohttp import web
 
 import tardigrade_local
 from tardigrade_local import gcs, podnet
+from tardigrade_local.controllers import WorkloadControllers
 from tardigrade_local.disruptions import Disruptor
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
@@ -208,6 +209,10 @@ async def serve(config: ClusterConfig) -> None:
         host = KubeletHost(settings, config.nodes)
         await host.start()
         stack.push_async_callback(host.stop)
+        # Started after the kubelets so that it stops first: no new pods during shutdown.
+        controllers = WorkloadControllers(api_url)
+        await controllers.start()
+        stack.push_async_callback(controllers.stop)
         runner = web.AppRunner(_control_app(host), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

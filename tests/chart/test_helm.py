@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -13,8 +11,8 @@ import pytest
 import yaml
 from tardigrade_local.cluster import LocalCluster
 
-from tests.conftest import REPO_ROOT, SOURCE_DIRS
-from tests.e2e.harness import Cluster, trainingjob, wait_for
+from tests.conftest import REPO_ROOT
+from tests.e2e.harness import Cluster, trainingjob
 
 CHART = REPO_ROOT / "charts" / "tardigrade"
 CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor"}
@@ -80,10 +78,22 @@ def test_values_schema_rejects_bad_values():
     assert "logLevel" in result.stderr
 
 
+def _operator_pods(cluster: Cluster, selector: str) -> list[dict]:
+    pods = cluster.core.list_namespaced_pod("tardigrade-system", label_selector=selector).items
+    return [cluster.core.api_client.sanitize_for_serialization(p) for p in pods]
+
+
 @pytest.mark.slow
-def test_rendered_chart_applies_and_its_operator_command_works(tmp_path):
+def test_chart_installs_into_the_local_cluster_and_its_operator_runs_jobs(tmp_path):
+    """helm template | kubectl apply, as on a real cluster: the Deployment controller starts
+    the operator pods from the chart's image, the kubelet gives them API credentials, and
+    the in-pod operator (no other runs here) reconciles a TrainingJob."""
     docs = render()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    selector = ",".join(f"{k}={v}" for k, v in
+                        deployment["spec"]["selector"]["matchLabels"].items())
     with LocalCluster(tmp_path / "cluster", nodes=2) as local:
+        assert local.config.operator_command is None
         cluster = Cluster(local)
         cluster.kubectl("create", "namespace", "tardigrade-system")
         applied = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
@@ -91,27 +101,33 @@ def test_rendered_chart_applies_and_its_operator_command_works(tmp_path):
                      "tardigrade", "deployment.apps/tardigrade",
                      "clusterkopfpeering.kopf.dev/tardigrade"):
             assert kind in applied, applied
-        # No controller turns the Deployment into a pod here: run its container's command
-        # line and environment as that pod would, with the chart's ServiceAccount rights
-        # standing in for the in-cluster credentials.
-        deployment = next(d for d in docs if d["kind"] == "Deployment")
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
-        env = {**os.environ, **local.client_env(),
-               "PYTHONPATH": os.pathsep.join(str(p) for p in SOURCE_DIRS)}
-        env.update({e["name"]: e["value"] for e in container["env"]})
-        env["TARDIGRADE_METRICS_PORT"] = "0"
-        args = [a for a in container["args"] if not a.startswith("--health-port")]
-        log = (tmp_path / "operator.log").open("wb")
-        operator = subprocess.Popen([sys.executable, "-m", "tardigrade_operator.cli", *args,
-                                     "--health-port=0"], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT)
         try:
-            job = trainingjob("chart-smoke", steps=3, replicas=1)
-            cluster.apply(job)
-            wait_for(lambda: cluster.status("chart-smoke").get("phase") == "Succeeded", 300,
-                     "the job to succeed under the chart's operator")
-        finally:
-            operator.terminate()
-            operator.wait(30)
-            log.close()
-        assert "--peering=tardigrade" in args
+            # Available needs every pod Ready: the readiness probe on /healthz passed.
+            cluster.kubectl("-n", "tardigrade-system", "rollout", "status",
+                            "deployment/tardigrade", "--timeout=120s")
+        except AssertionError as err:
+            logs = cluster.kubectl("-n", "tardigrade-system", "logs", "--tail=40",
+                                   "-l", selector, check=False)
+            raise AssertionError(f"{err}\n{logs}") from None
+        replicas = deployment["spec"]["replicas"]
+        pods = _operator_pods(cluster, selector)
+        assert len(pods) == replicas
+        for pod in pods:
+            assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+            assert pod["metadata"]["labels"]["pod-template-hash"]
+            assert {"type": "Ready", "status": "True"}.items() <= next(
+                c for c in pod["status"]["conditions"] if c["type"] == "Ready").items()
+
+        job = trainingjob("chart-smoke", steps=3, replicas=1)
+        cluster.apply(job)
+        cluster.wait_phase("chart-smoke", {"Succeeded"}, timeout=300)
+        assert [p.metadata.name for p in cluster.pods("chart-smoke")] == ["chart-smoke-a1-0"]
+        # Both replicas reached the API from inside their pods: kopf registered each in the
+        # chart's peering object under its host name, which is the pod's name.
+        peering = cluster.custom.get_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", "tardigrade")
+        peers = {key.split("@", 1)[1].split("/", 1)[0] for key in peering.get("status") or {}}
+        assert peers == {p["metadata"]["name"] for p in pods}, peering
+        # Liveness held too: no operator container was restarted along the way.
+        assert [c["restartCount"] for p in _operator_pods(cluster, selector)
+                for c in p["status"]["containerStatuses"]] == [0] * replicas

@@ -86,9 +86,10 @@ class Cluster:
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
 
-    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
-        result = subprocess.run(["kubectl", *args], env=self.env, capture_output=True,
-                                text=True, input=stdin, timeout=60)
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
+                binary: str = "kubectl") -> str:
+        result = subprocess.run([binary, *args], env=self.env, capture_output=True,
+                                text=True, input=stdin, timeout=180)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result.stdout + (result.stderr if not check else "")

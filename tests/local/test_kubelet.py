@@ -344,6 +344,27 @@ def test_pod_sees_hostname_and_cluster_env(kube):
     assert out.strip() == '["worker-7", "worker-7", false, "true"]'
 
 
+def test_pods_get_api_credentials_unless_they_opt_out(kube):
+    script = """
+        import json, os, socket
+        import kubernetes
+        kubernetes.config.load_kube_config()
+        _, active = kubernetes.config.list_kube_config_contexts()
+        me = kubernetes.client.CoreV1Api().read_namespaced_pod(
+            socket.gethostname(), active["context"]["namespace"])
+        print(json.dumps([me.metadata.name, me.spec.service_account_name,
+                          active["context"]["user"]]))
+    """
+    kube.create_pod(python_pod("with-token", script))
+    kube.create_pod(python_pod("no-token", "import os; print('KUBECONFIG' in os.environ)",
+                               automountServiceAccountToken=False))
+    for name in ("with-token", "no-token"):
+        kube.wait_phase(name, ("Succeeded", "Failed"), timeout=60)
+    out = kube.core.read_namespaced_pod_log("with-token", "default")
+    assert out.strip() == '["with-token", "default", "system:serviceaccount:default:default"]'
+    assert kube.core.read_namespaced_pod_log("no-token", "default").strip() == "False"
+
+
 def test_init_container_runs_first_in_the_shared_pod_dir(kube):
     body = python_pod("staged", "print(open('staged.txt').read())")
     body["spec"]["initContainers"] = [{

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import textwrap
+import tomllib
 
 import pytest
 from tardigrade_local.kubelet import network, scheduler
 from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
+from tardigrade_local.kubelet.credentials import mounts_token, write_pod_credentials
 from tardigrade_local.kubelet.env import EnvError, container_env, expand
 from tardigrade_local.kubelet.images import ImageMap, ImagePullError, ImageRule, repository
+
+from tests.conftest import REPO_ROOT
+
+OPERATOR_DOCKERFILE = REPO_ROOT / "operator" / "Dockerfile"
 
 
 # --- images ---------------------------------------------------------------------------------
@@ -45,12 +52,62 @@ def test_command_overrides_entrypoint_and_python_maps_to_this_interpreter():
     assert images.argv("local/python", ["/bin/echo", "hi"], None) == ["/bin/echo", "hi"]
 
 
+def _dockerfile(name: str) -> str | None:
+    found = re.findall(rf"^{name}\s+(.+)$", OPERATOR_DOCKERFILE.read_text(), flags=re.MULTILINE)
+    return found[-1].strip() if found else None
+
+
+def test_operator_image_runs_what_the_operator_dockerfile_runs():
+    rule = ImageMap().resolve("ghcr.io/tardigrade-dev/tardigrade-operator:0.1.0")
+    # ENTRYPOINT is a console script: the rule runs the module that script points at.
+    entrypoint = json.loads(_dockerfile("ENTRYPOINT") or "[]")
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module = scripts[entrypoint[0]].split(":")[0]
+    assert rule.entrypoint == ("python", "-m", module)
+    assert list(rule.cmd) == json.loads(_dockerfile("CMD") or "[]")
+    image_env = dict(pair.split("=", 1) for pair in (_dockerfile("ENV") or "").split())
+    assert dict(rule.env) == image_env
+    # The chart's args replace CMD, as a container runtime does.
+    args = ["operator", "run", "--namespace=ml", "--standalone"]
+    assert ImageMap().argv("example.com/tardigrade-operator@sha256:ab", None, args) == [
+        sys.executable, "-m", module, *args]
+
+
 def test_unknown_image_is_a_pull_error_and_extra_rules_win():
     with pytest.raises(ImagePullError, match='Failed to pull image "nginx:1"'):
         ImageMap().resolve("nginx:1")
     rule = ImageRule.from_dict({"pattern": "nginx", "entrypoint": ["true"]})
     images = ImageMap.with_extra([rule])
     assert images.argv("nginx:1", None, None) == ["true"]
+
+
+# --- API credentials ------------------------------------------------------------------------
+@pytest.mark.parametrize(("pod_setting", "account_setting", "mounted"), [
+    (None, None, True), (False, None, False), (None, False, False), (True, False, True),
+    (False, True, False),
+])
+def test_token_mount_follows_pod_then_service_account(pod_setting, account_setting, mounted):
+    spec = {} if pod_setting is None else {"automountServiceAccountToken": pod_setting}
+    account = {"metadata": {"name": "sa"}}
+    if account_setting is not None:
+        account["automountServiceAccountToken"] = account_setting
+    assert mounts_token(spec, account) is mounted
+
+
+def test_pod_kubeconfig_names_the_api_server_service_account_and_namespace(tmp_path):
+    from kubernetes import config
+
+    pod = {"metadata": {"name": "op-1", "namespace": "tardigrade-system", "uid": "u9"},
+           "spec": {"serviceAccountName": "tardigrade"}}
+    path = write_pod_credentials(tmp_path, "http://127.0.0.1:6443", pod)
+    _, active = config.list_kube_config_contexts(str(path))
+    assert active["context"]["namespace"] == "tardigrade-system"
+    assert active["context"]["user"] == "system:serviceaccount:tardigrade-system:tardigrade"
+    client = config.new_client_from_config(str(path))
+    assert client.configuration.host == "http://127.0.0.1:6443"
+    assert (tmp_path / "serviceaccount" / "namespace").read_text() == "tardigrade-system"
+    token = (tmp_path / "serviceaccount" / "token").read_text()
+    assert list(client.configuration.api_key.values()) == [f"Bearer {token}"]
 
 
 # --- env ------------------------------------------------------------------------------------

@@ -70,6 +70,25 @@ def _qos_class(spec: dict[str, Any]) -> str:
     return "Guaranteed"
 
 
+def _default_workload(kind: str, spec: dict[str, Any]) -> None:
+    spec.setdefault("replicas", 1)
+    if kind != "ReplicaSet":  # a ReplicaSet has no history of its own
+        spec.setdefault("revisionHistoryLimit", 10)
+    if kind == "Deployment":
+        spec.setdefault("progressDeadlineSeconds", 600)
+        strategy = spec.setdefault("strategy", {})
+        if isinstance(strategy, dict):
+            strategy.setdefault("type", "RollingUpdate")
+            if strategy["type"] == "RollingUpdate":
+                rolling = strategy.setdefault("rollingUpdate", {})
+                if isinstance(rolling, dict):
+                    rolling.setdefault("maxSurge", "25%")
+                    rolling.setdefault("maxUnavailable", "25%")
+    template = spec.get("template") or {}
+    if isinstance(template.get("spec"), dict):
+        _default_pod_spec(template["spec"])
+
+
 def default_on_create(kind: str, obj: dict[str, Any], used_ips: set[str] | None = None) -> None:
     used_ips = used_ips or set()
     spec = obj.get("spec")
@@ -98,11 +117,7 @@ def default_on_create(kind: str, obj: dict[str, Any], used_ips: set[str] | None 
         obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = (
             obj["metadata"]["name"])
     elif kind in ("Deployment", "StatefulSet", "ReplicaSet") and isinstance(spec, dict):
-        spec.setdefault("replicas", 1)
-        spec.setdefault("revisionHistoryLimit", 10)
-        template = spec.get("template") or {}
-        if isinstance(template.get("spec"), dict):
-            _default_pod_spec(template["spec"])
+        _default_workload(kind, spec)
         obj["status"] = {}
     elif kind == "Job" and isinstance(spec, dict):
         spec.setdefault("backoffLimit", 6)
@@ -133,11 +148,7 @@ def default_on_update(kind: str, obj: dict[str, Any], old: dict[str, Any]) -> No
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
     elif kind in ("Deployment", "StatefulSet", "ReplicaSet") and isinstance(spec, dict):
-        spec.setdefault("replicas", 1)
-        spec.setdefault("revisionHistoryLimit", 10)
-        template = spec.get("template") or {}
-        if isinstance(template.get("spec"), dict):
-            _default_pod_spec(template["spec"])
+        _default_workload(kind, spec)
     elif kind == "Namespace":
         obj.setdefault("metadata", {}).setdefault("labels", {})[
             "kubernetes.io/metadata.name"] = obj["metadata"]["name"]

@@ -161,16 +161,18 @@ class ApiServer:
 
 
 def write_kubeconfig(path: str | Path, url: str, context: str = "tardigrade-local",
-                     namespace: str = "default") -> Path:
-    """A kubeconfig pointing at `url` (plain HTTP on loopback, no credentials)."""
+                     namespace: str = "default", user: str | None = None,
+                     token: str = "tardigrade-local") -> Path:
+    """A kubeconfig pointing at `url` (plain HTTP on loopback; the server checks no token)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    user = user or context
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": context, "cluster": {"server": url}}],
-        "users": [{"name": context, "user": {"token": "tardigrade-local"}}],
-        "contexts": [{"name": context, "context": {"cluster": context, "user": context,
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": user,
                                                    "namespace": namespace}}],
         "current-context": context,
         "preferences": {},

@@ -166,6 +166,12 @@ def _deployment_row(d: dict[str, Any]) -> list[Any]:
             age(d["metadata"].get("creationTimestamp"))]
 
 
+def _replicaset_row(rs: dict[str, Any]) -> list[Any]:
+    spec, status = rs.get("spec", {}), rs.get("status", {})
+    return [rs["metadata"]["name"], spec.get("replicas", 0), status.get("replicas", 0),
+            status.get("readyReplicas", 0), age(rs["metadata"].get("creationTimestamp"))]
+
+
 _BUILTIN: dict[str, tuple[list[dict[str, Any]], Callable[[dict[str, Any]], list[Any]]]] = {
     "Pod": ([NAME_COLUMN, _col("Ready"), _col("Status"), _col("Restarts", "string"), AGE,
              _col("IP", priority=1), _col("Node", priority=1),
@@ -181,6 +187,8 @@ _BUILTIN: dict[str, tuple[list[dict[str, Any]], Callable[[dict[str, Any]], list[
                  _col("Port(s)"), AGE, _col("Selector", priority=1)], _service_row),
     "Deployment": ([NAME_COLUMN, _col("Ready"), _col("Up-to-date", "integer"),
                     _col("Available", "integer"), AGE], _deployment_row),
+    "ReplicaSet": ([NAME_COLUMN, _col("Desired", "integer"), _col("Current", "integer"),
+                    _col("Ready", "integer"), AGE], _replicaset_row),
     "ConfigMap": ([NAME_COLUMN, _col("Data", "integer"), AGE],
                   lambda o: [o["metadata"]["name"],
                              len(o.get("data") or {}) + len(o.get("binaryData") or {}),

@@ -34,7 +34,13 @@ class WatchExpired(Exception):
 
 def core_path(plural: str, namespace: str | None = None, name: str | None = None,
               sub: str | None = None) -> str:
-    path = "/api/v1"
+    return group_path("v1", plural, namespace, name, sub)
+
+
+def group_path(api_version: str, plural: str, namespace: str | None = None,
+               name: str | None = None, sub: str | None = None) -> str:
+    """The REST path of a kind in `api_version` ("v1" for the core group, "apps/v1", ...)."""
+    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     if namespace is not None:
         path += f"/namespaces/{namespace}"
     path += f"/{plural}"

@@ -32,6 +32,15 @@ class EventRecorder:
             ref["fieldPath"] = f"spec.containers{{{container}}}"
         self._emit(ref, reason, message, warning, component, host)
 
+    def about(self, obj: Mapping[str, Any], reason: str, message: str, component: str, *,
+              warning: bool = False) -> None:
+        """An event about any namespaced object, e.g. from a controller."""
+        meta = obj["metadata"]
+        ref = {"kind": obj.get("kind", ""), "apiVersion": obj.get("apiVersion", ""),
+               "namespace": meta.get("namespace") or "default", "name": meta["name"],
+               "uid": meta.get("uid", "")}
+        self._emit(ref, reason, message, warning, component, None)
+
     def node(self, name: str, reason: str, message: str, *, warning: bool = False) -> None:
         ref = {"kind": "Node", "apiVersion": "v1", "name": name, "uid": name}
         self._emit(ref, reason, message, warning, "kubelet", name)

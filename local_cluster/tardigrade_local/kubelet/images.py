@@ -44,6 +44,11 @@ _PY_ENV = (("PYTHONUNBUFFERED", "1"),)
 DEFAULT_RULES: tuple[ImageRule, ...] = (
     # The reference trainer image, from any registry (e.g. .../tardigrade-trainer:v1).
     ImageRule("*tardigrade-trainer", ("python", "-m", "tardigrade_trainer"), (), _PY_ENV),
+    # The operator image (operator/Dockerfile): ENTRYPOINT ["tardigrade"] is the console
+    # script of tardigrade_operator.cli; CMD and ENV as in the Dockerfile.
+    ImageRule("*tardigrade-operator", ("python", "-m", "tardigrade_operator.cli"),
+              ("operator", "run", "--all-namespaces"),
+              (("PYTHONDONTWRITEBYTECODE", "1"), ("PYTHONUNBUFFERED", "1"))),
     # A bare Python for tests and small demos: command/args say what to run.
     ImageRule("local/python", (), ("python",), _PY_ENV),
     ImageRule("python", (), ("python3",), _PY_ENV),

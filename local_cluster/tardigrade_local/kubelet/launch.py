@@ -15,6 +15,11 @@ from typing import Any
 from tardigrade_local.kubelet import crilog
 from tardigrade_local.kubelet.client import ApiClient, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
+from tardigrade_local.kubelet.credentials import (
+    mounts_token,
+    service_account_name,
+    write_pod_credentials,
+)
 from tardigrade_local.kubelet.env import container_env, expand, referenced_objects
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -26,6 +31,21 @@ FALLBACK_LOG_BYTES = 2048
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
 
 Sources = dict[str, dict[str, str]]
+
+
+async def pod_credentials(client: ApiClient, settings: KubeletSettings,
+                          pod: Mapping[str, Any]) -> str | None:
+    """The pod's kubeconfig (written now), or None if it opted out of API credentials."""
+    spec = pod["spec"]
+    namespace = pod["metadata"].get("namespace") or "default"
+    account = None
+    if spec.get("automountServiceAccountToken") is None:
+        account = await client.get(core_path("serviceaccounts", namespace,
+                                             service_account_name(spec)))
+    if not mounts_token(spec, account):
+        return None
+    pod_dir = settings.layout.pod_dir(namespace, pod["metadata"]["name"])
+    return str(write_pod_credentials(pod_dir, settings.api_url, pod))
 
 
 async def env_sources(client: ApiClient, namespace: str,
@@ -45,15 +65,17 @@ async def env_sources(client: ApiClient, namespace: str,
     return configmaps, secrets
 
 
-def pod_base_env(settings: KubeletSettings, pod: Mapping[str, Any], pod_ip: str) -> dict[str, str]:
+def pod_base_env(settings: KubeletSettings, pod: Mapping[str, Any], pod_ip: str,
+                 kubeconfig: str | None = None) -> dict[str, str]:
     meta, spec = pod["metadata"], pod["spec"]
     layout = settings.layout
     inherited = {k: v for k, v in os.environ.items() if k in INHERITED_ENV}
     python_path = [str(PODSITE_DIR), *settings.python_path]
-    # No KUBERNETES_SERVICE_HOST: without a service-account token file, in-cluster clients
-    # (e.g. JAX's Kubernetes auto-detection) would fail instead of staying out of the way.
+    # API access comes as KUBECONFIG, not KUBERNETES_SERVICE_HOST: see `credentials`.
+    credentials = {"KUBECONFIG": kubeconfig} if kubeconfig else {}
     return {
         **inherited,
+        **credentials,
         "HOME": str(layout.pod_dir(meta.get("namespace") or "default", meta["name"])),
         "HOSTNAME": spec.get("hostname") or meta["name"],
         "PYTHONPATH": os.pathsep.join(python_path),
@@ -65,9 +87,10 @@ def pod_base_env(settings: KubeletSettings, pod: Mapping[str, Any], pod_ip: str)
 
 def container_launch(settings: KubeletSettings, pod: Mapping[str, Any],
                      spec: Mapping[str, Any], pod_ip: str, host_ip: str,
-                     configmaps: Sources, secrets: Sources) -> tuple[list[str], dict[str, str]]:
+                     configmaps: Sources, secrets: Sources,
+                     kubeconfig: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and env of one container; raises ImagePullError or EnvError like the kubelet's
-    ErrImagePull and CreateContainerConfigError."""
+    ErrImagePull and CreateContainerConfigError. `kubeconfig`: the pod's API credentials."""
     meta = pod["metadata"]
     image_rule = settings.image_map.resolve(spec.get("image", ""))
     # The downward API sees the addresses this kubelet assigned, reported or not.
@@ -83,7 +106,7 @@ def container_launch(settings: KubeletSettings, pod: Mapping[str, Any],
     args = [expand(str(x), own_env) for x in spec.get("args") or []]
     argv = settings.image_map.argv(spec.get("image", ""), command, args)
     argv = [term_path if x == declared else x for x in argv]
-    base = pod_base_env(settings, pod, pod_ip)
+    base = pod_base_env(settings, pod, pod_ip, kubeconfig)
     env = {**base, **dict(image_rule.env), **own_env}
     if own_env.get("PYTHONPATH"):
         # The image's own packages and pod networking stay importable, as site-packages of a

@@ -24,7 +24,12 @@ from tardigrade_local.kubelet.config import KubeletSettings
 from tardigrade_local.kubelet.env import EnvError
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.images import ImagePullError
-from tardigrade_local.kubelet.launch import container_launch, env_sources, termination_message
+from tardigrade_local.kubelet.launch import (
+    container_launch,
+    env_sources,
+    pod_credentials,
+    termination_message,
+)
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
 from tardigrade_local.kubelet.process import ContainerProcess
 
@@ -67,6 +72,7 @@ class PodWorker:
                 record.wait("PodInitializing")
         self.initialized = not self.init_specs
         self.processes: dict[str, ContainerProcess] = {}
+        self._kubeconfig: str | None = None  # "" once it is known the pod gets none
         self.start_time = ps.now_rfc3339()
         self.terminal_phase: str | None = None
         self.reason: str | None = None
@@ -311,9 +317,12 @@ class PodWorker:
         return probes
 
     async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+        if self._kubeconfig is None:
+            # Once per pod, like the token volume a real kubelet mounts at pod start.
+            self._kubeconfig = await pod_credentials(self.client, self.settings, self.pod) or ""
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
-                                configmaps, secrets)
+                                configmaps, secrets, self._kubeconfig or None)
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping
