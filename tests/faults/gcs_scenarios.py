@@ -324,6 +324,8 @@ def trainer_rides_out_an_outage(proxy: FaultProxy, workdir: Path, resume: bool) 
             _check(restored is not True and restored[0]["step"] == steps[-1]
                    and restored[0]["regions_verified"] > 0,
                    f"restore {restored}:\n{again.describe()}")
+            wait_for(lambda: any(e["step"] > steps[-1] for e in again.events("step")), 300,
+                     "a step after the restore")
             again.signal(signal.SIGTERM)
             codes = again.wait(180)
         finally:

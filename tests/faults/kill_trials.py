@@ -36,6 +36,7 @@ from tests.trainer.trainer_harness import Gang, launch
 
 SAVE_POINTS = ("save_start", "after_prepare", "after_write", "before_commit", "after_commit",
                "after_gc")
+ROOT_ONLY_POINTS = ("before_commit", "after_commit")  # only process 0 commits
 GANG_TIMEOUT = 300.0
 
 
@@ -99,7 +100,10 @@ def plan_kill(rng: random.Random, processes: int, restored: int, interval: int,
     save_step = first_save + interval * rng.randrange(3)
     kind = rng.choice(["hook", "timer", "anywhere"])
     if kind == "hook":
-        return Kill("hook", victims, save_step, point=rng.choice(SAVE_POINTS))
+        point = rng.choice(SAVE_POINTS)
+        if point in ROOT_ONLY_POINTS and 0 not in victims:
+            victims = (0,)
+        return Kill("hook", victims, save_step, point=point)
     if kind == "timer":
         return Kill("timer", victims, save_step, delay=round(rng.uniform(0.0, 0.15), 4))
     if rng.random() < 0.25:  # start-up, rendezvous, restore, partial collection
@@ -191,10 +195,17 @@ class Campaign:
                 if gang.procs[rank].poll() is None:
                     gang.procs[rank].send_signal(signal.SIGKILL)
         others = [p for r, p in enumerate(gang.procs) if r not in kill.victims]
-        # Also stop waiting if a rank that is no victim exits: the kill may never come then.
-        wait_for(lambda: all(gang.procs[v].poll() is not None for v in kill.victims)
-                 or any(p.poll() is not None for p in others),
-                 GANG_TIMEOUT, f"victims {kill.victims} to die")
+        overdue = (kill.step or 0) + 10
+
+        # Also stop waiting if a rank that is no victim exits, or training runs far past the
+        # save that should have been hit: the kill will not come then.
+        def settled() -> bool:
+            return (all(gang.procs[v].poll() is not None for v in kill.victims)
+                    or any(p.poll() is not None for p in others)
+                    or (kill.kind != "anywhere" and any(
+                        e["step"] >= overdue for e in gang.events("step"))))
+
+        wait_for(settled, GANG_TIMEOUT, f"victims {kill.victims} to die")
         first_step = next(iter(gang.events("step")), None)
         if first_step is not None:
             self.startup_samples.append(max(1.0, first_step["time"] - launched))
