@@ -269,17 +269,21 @@ class Campaign:
             result.regions_verified += checked
 
     # --- the end: a clean preemption stop -----------------------------------------------------
-    def finish(self) -> TrialResult:
-        """SIGTERM a healthy gang: it must save, exit 75, and leave no partial checkpoint."""
+    def finish(self, at_restore: bool = False) -> TrialResult:
+        """SIGTERM a healthy gang: it must save, exit 75, and leave no partial checkpoint.
+
+        `at_restore`: the notice comes as soon as the restore is done, before the first step.
+        """
         started = time.monotonic()
         committed_before, partial_before = self.manager.list_steps()
         result = self._expect(Kill("sigterm", tuple(range(self.processes))), committed_before)
         gang = self._launch("finish", [])
         try:
             start = result.expected_restore or 0
-            wait_for(lambda: any(e["step"] >= start + 3 for e in gang.events("step"))
-                     or any(p.poll() is not None for p in gang.procs),
-                     GANG_TIMEOUT, "three steps after the restore")
+            wait_for(lambda: (gang.events("checkpoint_restored") if at_restore else any(
+                e["step"] >= start + 3 for e in gang.events("step")))
+                or any(p.poll() is not None for p in gang.procs),
+                GANG_TIMEOUT, "the restore" if at_restore else "three steps after the restore")
             gang.signal(signal.SIGTERM)
             codes = gang.wait(GANG_TIMEOUT)
         finally:
