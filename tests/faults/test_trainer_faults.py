@@ -66,11 +66,11 @@ def test_commit_records_a_digest_per_shard_and_restore_checks_them(tmp_path):
 @pytest.mark.slow
 def test_sigkill_inside_a_save_then_restore_and_clean_stop(tmp_path):
     print(f"kill trial seed {SEED}")
-    campaign = Campaign(tmp_path, processes=2, seed=SEED)
+    # One process keeps this CI subset cheap; the bench and test_multiprocess kill gangs of 2.
+    campaign = Campaign(tmp_path, processes=1, seed=SEED)
     try:
-        rng = random.Random(SEED)
-        point = rng.choice(["after_prepare", "after_write", "before_commit"])
-        killed = campaign.trial(Kill("hook", (rng.randrange(2),), step=4, point=point))
+        point = random.Random(SEED).choice(["after_prepare", "after_write", "before_commit"])
+        killed = campaign.trial(Kill("hook", (0,), step=4, point=point))
         assert killed.ok, killed
         assert killed.landed_in_save and killed.committed == [2] and killed.partial == [4]
         assert killed.checkpoints_verified == 1 and killed.regions_verified > 0
