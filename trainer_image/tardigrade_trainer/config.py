@@ -35,6 +35,12 @@ class TrainerConfig:
     checkpoint_barrier_timeout_seconds: float = 600.0
     # crc32c per chunk catches silent corruption; verifying it costs restore bandwidth.
     checkpoint_checksum: bool = True
+    # Object storage (gs://): retries of a failed or stalled request (429, 5xx, transport
+    # errors), and how long a request may receive nothing before it counts as failed.
+    checkpoint_storage_retries: int = 8
+    checkpoint_storage_stall_seconds: int = 60
+    # Compare the restored shards with the digests recorded at save time (one hash pass).
+    checkpoint_verify_restore: bool = True
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> TrainerConfig:
@@ -71,6 +77,9 @@ class TrainerConfig:
             if getattr(self, name) < 1:
                 value = getattr(self, name)
                 raise ConfigError(f"trainer config {name!r} must be >= 1, got {value}")
+        if self.checkpoint_storage_retries < 0 or self.checkpoint_storage_stall_seconds < 1:
+            raise ConfigError("checkpoint_storage_retries must be >= 0 and "
+                              "checkpoint_storage_stall_seconds >= 1")
         if self.devices_per_process is not None and self.devices_per_process < 1:
             raise ConfigError("trainer config 'devices_per_process' must be >= 1")
         if self.embed_dim % self.num_heads:

@@ -224,3 +224,26 @@ def barrier(name: str, timeout_seconds: float) -> None:
     if client is None or jax_distributed.global_state.num_processes in (None, 1):
         return
     client.wait_at_barrier(name, int(timeout_seconds * 1000))
+
+
+def gather_to_root(name: str, value: str, timeout_seconds: float) -> list[str]:
+    """Process 0 gets every process's `value` (in process order); the others get [].
+
+    Goes through the coordination service's key-value store, like `barrier`: safe from a
+    background thread, and small values (a few KB) cost one round trip per process.
+    """
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    count = jax_distributed.global_state.num_processes
+    if client is None or count in (None, 1):
+        return [value]
+    pid = jax_distributed.global_state.process_id
+    client.key_value_set(f"{name}/{pid}", value)
+    if pid != 0:
+        return []
+    values = [client.blocking_key_value_get(f"{name}/{p}", int(timeout_seconds * 1000))
+              for p in range(count)]
+    for p in range(count):
+        client.key_value_delete(f"{name}/{p}")
+    return values

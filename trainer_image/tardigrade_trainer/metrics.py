@@ -28,6 +28,9 @@ class Metrics:
         self.checkpoint_seconds = prometheus_client.Histogram(
             "tardigrade_checkpoint_save_seconds", "Background write+commit time per checkpoint",
             registry=r)
+        self.checkpoint_failures = prometheus_client.Counter(
+            "tardigrade_checkpoint_failures", "Checkpoint saves that failed (not committed)",
+            registry=r)
         self._lock = threading.Lock()
         self._report = ProgressReport(step=0)
 

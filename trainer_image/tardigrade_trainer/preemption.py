@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 class PreemptionWatcher:
     def __init__(self) -> None:
         self._local = threading.Event()
+        self._calls = 0
         self._uses_jax = (
             jax_distributed.global_state.client is not None
             and jax_distributed.global_state.preemption_sync_manager is not None
@@ -31,6 +32,11 @@ class PreemptionWatcher:
 
     def should_stop(self, step: int) -> bool:
         """Call at every step on every host; True at the one agreed step to save and stop."""
+        self._calls += 1
         if self._uses_jax:
-            return bool(multihost_utils.reached_preemption_sync_point(step))
+            # Count calls, not steps (every host starts at the same step and calls once per
+            # step, so the counts agree). JAX's counter starts at 0: with step numbers, a
+            # notice that arrives before the first call (during a restore or compilation)
+            # would set a sync point of 1, which a resumed run never reaches.
+            return bool(multihost_utils.reached_preemption_sync_point(self._calls))
         return self._local.is_set()

@@ -1,7 +1,9 @@
 """Fault-injection points for tests: kill or pause this process at a named point.
 
 Set TARDIGRADE_TEST_HOOKS to a JSON list of {"point", "action", "step"?, "process"?} where
-action is "kill" (SIGKILL itself, like a node loss) or "pause" (write a marker file into
+action is "kill" (SIGKILL itself, like a node loss), "kill_later" (SIGKILL itself
+"delay" seconds later, from a timer thread: a kill at an arbitrary moment of whatever runs
+next, e.g. the writes of a save) or "pause" (write a marker file into
 TARDIGRADE_TEST_HOOK_DIR, then block until killed). Unset in production: `hit` is a no-op.
 """
 
@@ -34,6 +36,10 @@ def hit(point: str, step: int, process_id: int) -> None:
             continue
         if hook["action"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif hook["action"] == "kill_later":
+            timer = threading.Timer(float(hook["delay"]), os.kill, (os.getpid(), signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
         elif hook["action"] == "pause":
             marker = os.path.join(os.environ[ENV_HOOK_DIR], f"{point}-{step}-{process_id}")
             with open(marker, "w") as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tardigrade_trainer import contract, data, mesh, model, testhooks
 from tardigrade_trainer.checkpoint import (
     CheckpointCorruptError,
+    CheckpointIOError,
     CheckpointManager,
     KeepEvery,
     KeepLast,
@@ -24,6 +26,7 @@ from tardigrade_trainer.checkpoint import (
     keep_union,
 )
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
+from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
 from tardigrade_trainer.logs import JsonLog
 from tardigrade_trainer.metrics import Metrics, ProgressServer
@@ -98,6 +101,9 @@ class Trainer:
             barrier_timeout_seconds=config.checkpoint_barrier_timeout_seconds,
             on_event=self._on_checkpoint_event,
             checksum=config.checkpoint_checksum,
+            storage=StorageRetries(max_retries=config.checkpoint_storage_retries,
+                                   stall_seconds=config.checkpoint_storage_stall_seconds),
+            verify_restore=config.checkpoint_verify_restore,
         )
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:
@@ -108,6 +114,8 @@ class Trainer:
             info = self.manager.last_committed
             self.metrics.report(checkpoint_step=event["step"], checkpoint_path=event["path"],
                                 checkpoint_time=info.time if info else None)
+        elif event["event"] == "checkpoint_failed":
+            self.metrics.checkpoint_failures.inc()
 
     def _init_state(self, key: jax.Array) -> dict[str, Any]:
         gpt = model.Gpt.init(self.config, key=key)
@@ -205,7 +213,13 @@ class Trainer:
                 self._save(step, state, reason="preemption" if preempted else "interval")
                 interval.saved()
             if preempted:
-                self.manager.wait()
+                try:
+                    self.manager.wait()
+                except CheckpointIOError as err:
+                    # Not "PreemptedSaved": the operator must resume from the older commit.
+                    self.log({"event": "preempted_unsaved", "step": step, "error": str(err)})
+                    return contract.EXIT_CHECKPOINT_IO_ERROR, self.termination(
+                        "CheckpointIOError", f"preempted at step {step}; saving it failed: {err}")
                 self.log({"event": "preempted", "step": step})
                 return contract.EXIT_PREEMPTED_SAVED, self.termination(
                     "PreemptedSaved", f"saved step {step} on SIGTERM")
@@ -214,6 +228,10 @@ class Trainer:
         return contract.EXIT_SUCCEEDED, self.termination("Succeeded")
 
     def _save(self, step: int, state: dict[str, Any], reason: str) -> None:
+        # Storage failed the previous save (logged and counted by its checkpoint_failed
+        # event)? The last commit is intact, so keep training and try again now.
+        with contextlib.suppress(CheckpointIOError):
+            self.manager.wait()
         if self.config.debug_state_hash:
             self.log({"event": "state_hash", "step": step, "hash": gathered_state_hash(state)})
         blocked = self.manager.save(

@@ -22,7 +22,9 @@ import numpy as np
 import tensorstore as ts
 
 from tardigrade_trainer import distributed, testhooks
+from tardigrade_trainer.checkpoint import digest
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
+from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ class CheckpointInfo:
     mesh: dict[str, int]
     arrays: dict[str, dict[str, Any]]
     extra: dict[str, Any]
+    # leaf name -> shard region -> digest of the bytes written (see digest.py)
+    digests: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         payload = {"format": FORMAT, **dataclasses.asdict(self)}
@@ -152,24 +156,32 @@ class CheckpointManager:
         barrier_timeout_seconds: float = 600.0,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         checksum: bool = True,
+        storage: StorageRetries | None = None,
+        verify_restore: bool = True,
     ) -> None:
         self.root = root.rstrip("/")
         self.keep = keep or KeepLast(3)
         self.barrier_timeout_seconds = barrier_timeout_seconds
         self.on_event = on_event or (lambda event: None)
         self.checksum = checksum
+        self.verify_restore = verify_restore
+        self.storage = storage or StorageRetries()
         self.process_id = jax.process_index()
         self.process_count = jax.process_count()
         self._kv_spec = kvstore_spec(self.root)
         # Each chunk file is fsynced on write (durability before commit); many files in
         # flight hide that latency, far beyond TensorStore's default of one per core.
-        self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
+        self._context = ts.Context({"file_io_concurrency": {"limit": 64},
+                                    **self.storage.context_spec()})
+        if self._kv_spec["driver"] == "gcs":
+            self.storage.apply_stall_timeout()
         try:
             self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
         except Exception as err:
             raise CheckpointIOError(f"cannot open checkpoint root {self.root}: {err}") from err
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "checkpoint-writer")
         self._pending: concurrent.futures.Future[CheckpointInfo | None] | None = None
+        self._saves = 0  # every process counts the same saves: a gang-wide save id
         self.last_committed: CheckpointInfo | None = None
 
     # --- inspection ---------------------------------------------------------------------------
@@ -213,7 +225,9 @@ class CheckpointManager:
             if data.get("format") != FORMAT or data.get("step") != step:
                 raise ValueError(f"unexpected format/step {data.get('format')}/{data.get('step')}")
             fields = {f.name for f in dataclasses.fields(CheckpointInfo)} - {"path"}
-            return CheckpointInfo(path=self.path_of(step), **{k: data[k] for k in fields})
+            # Checkpoints from before digests were recorded have none: nothing to check.
+            return CheckpointInfo(path=self.path_of(step),
+                                  **{k: data[k] for k in fields if k in data or k != "digests"})
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointCorruptError(
                 f"commit marker {self.path_of(step)}/{COMMIT_FILE} is unreadable: {err}"
@@ -245,6 +259,7 @@ class CheckpointManager:
         host_leaves = self._copy_to_host(state)
         blocked = time.perf_counter() - started
         self.on_event({"event": "checkpoint_started", "step": step, "blocked_s": round(blocked, 6)})
+        self._saves += 1
         self._pending = self._executor.submit(
             self._write_and_commit, step, host_leaves, dict(extra or {}), dict(mesh or {})
         )
@@ -366,6 +381,7 @@ class CheckpointManager:
                 for leaf in leaves if leaf.shards
             ]
             writes = []
+            save_id = self._saves
             for store_future, leaf in zip(opened, [lf for lf in leaves if lf.shards], strict=True):
                 store = store_future.result()
                 # Snapshots are private and never mutated: TensorStore may keep referencing
@@ -376,10 +392,15 @@ class CheckpointManager:
                     )
                     for index, data in leaf.shards
                 )
+            # Hashing the host copies overlaps the writes in flight (hashlib drops the GIL).
+            local = digest.shard_digests((lf.name, lf.shape, lf.shards) for lf in leaves)
             for write in writes:
                 write.result()
             nbytes = sum(d.nbytes for leaf in leaves for _, d in leaf.shards)
             testhooks.hit("after_write", step, pid)
+            gathered = distributed.gather_to_root(
+                f"tardigrade-checkpoint-{step}-{save_id}-digests", json.dumps(local),
+                self.barrier_timeout_seconds)
             self._barrier(step, "written")
             info = CheckpointInfo(
                 step=step,
@@ -389,15 +410,18 @@ class CheckpointManager:
                 mesh=mesh,
                 arrays={lf.name: {"shape": list(lf.shape), "dtype": lf.dtype} for lf in leaves},
                 extra=extra,
+                digests=digest.merge(json.loads(part) for part in gathered),
             )
             if pid == 0:
                 testhooks.hit("before_commit", step, pid)
                 self._kv.write(f"{directory}/{COMMIT_FILE}", info.to_json().encode()).result()
                 testhooks.hit("after_commit", step, pid)
             self._barrier(step, "committed")
-        except CheckpointError:
-            raise
         except Exception as err:
+            # Not committed: the previous commit stays the newest; this step dir is partial.
+            self.on_event({"event": "checkpoint_failed", "step": step, "error": str(err)})
+            if isinstance(err, CheckpointError):
+                raise
             raise CheckpointIOError(f"saving {self.path_of(step)} failed: {err}") from err
         self.last_committed = info
         self.on_event({
@@ -444,6 +468,16 @@ class CheckpointManager:
             self.collect_partials(below=newest)
         except Exception as err:  # cleanup is best effort; the next commit retries it
             log.warning("checkpoint garbage collection failed: %s", err)
+
+    def verify(self, step: int) -> tuple[int, list[str]]:
+        """Read committed checkpoint `step` back and compare every region with its digest.
+
+        Returns (regions checked, mismatches). For audits and tests: it reads the whole
+        checkpoint on this host.
+        """
+        info = self.read_info(step)
+        specs = {name: self._array_spec(step_dir(step), name) for name in info.digests}
+        return digest.verify_stored(specs, info.digests, self._context)
 
     # --- restore ------------------------------------------------------------------------------
     def restore(self, step: int, target: Any) -> tuple[Any, CheckpointInfo]:
@@ -492,7 +526,18 @@ class CheckpointManager:
                     jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, buffers)
                 )
         except Exception as err:
+            if is_unavailable(err):  # an outage, not bad data: retrying later may succeed
+                raise CheckpointIOError(
+                    f"checkpoint {info.path} cannot be read now: {err}") from err
             raise CheckpointCorruptError(f"checkpoint {info.path} cannot be read: {err}") from err
+        checked = 0
+        if self.verify_restore and info.digests:
+            checked, mismatches = digest.verify_restored(names, arrays, info.digests)
+            if mismatches:
+                raise CheckpointCorruptError(
+                    f"checkpoint {info.path} does not hold what was saved: "
+                    + "; ".join(mismatches[:5]))
         self.on_event({"event": "checkpoint_restored", "step": step, "path": info.path,
-                       "saved_process_count": info.process_count, "saved_mesh": info.mesh})
+                       "saved_process_count": info.process_count, "saved_mesh": info.mesh,
+                       "regions_verified": checked})
         return jax.tree_util.tree_unflatten(treedef, arrays), info

@@ -1,0 +1,341 @@
+"""Checkpoint saves and restores against a GCS emulator that fails or stalls on purpose.
+
+Each scenario drives a `CheckpointManager` on gs:// through a `FaultProxy`, checks what must
+hold (raising AssertionError otherwise) and returns one summary row. The pytest module and
+`bench/faults_trainer.py` run the same scenarios.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tardigrade_local.gcs import GcsEmulator, client_env
+from tardigrade_local.gcs_faults import FaultProxy, FaultRule
+from tardigrade_trainer import contract
+from tardigrade_trainer.checkpoint import CheckpointIOError, CheckpointManager
+from tardigrade_trainer.checkpoint.storage import (
+    ENV_LOW_SPEED_LIMIT,
+    ENV_LOW_SPEED_TIME,
+    StorageRetries,
+)
+
+from tests.polling import wait_for
+
+BUCKET = "tardigrade-faults"
+# Small bounds so that a persistent fault fails in seconds; a request may fail 4 times.
+RETRIES = StorageRetries(max_retries=4, initial_delay_seconds=0.05, max_delay_seconds=0.4,
+                         stall_seconds=1)
+SLACK_SECONDS = 20.0  # a loaded 2-core machine: process scheduling, emulator latency
+
+
+@dataclasses.dataclass
+class Outcome:
+    scenario: str
+    faults: str  # what was injected, counted by the proxy
+    result: str  # what the manager did
+    seconds: float
+
+
+@contextlib.contextmanager
+def faulty_gcs(seed: int = 0) -> Iterator[FaultProxy]:
+    """An emulator, a proxy in front of it, and this process's TensorStore pointed at it."""
+    keys = [*client_env("http://x"), ENV_LOW_SPEED_TIME, ENV_LOW_SPEED_LIMIT]
+    saved = {k: os.environ.get(k) for k in keys}
+    with GcsEmulator() as gcs, FaultProxy(gcs.url, seed=seed) as proxy:
+        gcs.create_bucket(BUCKET)
+        os.environ.update(client_env(proxy.url))
+        os.environ[ENV_LOW_SPEED_TIME] = str(RETRIES.stall_seconds)
+        os.environ[ENV_LOW_SPEED_LIMIT] = str(RETRIES.stall_bytes_per_second)
+        try:
+            yield proxy
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def _state(seed: int) -> dict[str, jax.Array]:
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    rng = np.random.default_rng(seed)
+    return {
+        "w": jax.device_put(rng.standard_normal((64, 32)).astype(np.float32),
+                            NamedSharding(mesh, PartitionSpec("data"))),
+        "b": jax.device_put(rng.standard_normal((32,)).astype(np.float32),
+                            NamedSharding(mesh, PartitionSpec())),
+        "count": jax.device_put(np.int32(seed), NamedSharding(mesh, PartitionSpec())),
+    }
+
+
+def _target(state: dict[str, jax.Array]) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+            for k, v in state.items()}
+
+
+def _same(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> bool:
+    return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def _check(condition: object, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+class Scenarios:
+    """One manager per scenario, each under its own prefix of one bucket."""
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+        self.events: list[dict[str, Any]] = []
+
+    def _manager(self, name: str, retries: StorageRetries = RETRIES) -> CheckpointManager:
+        self.events = []
+        return CheckpointManager(f"gs://{BUCKET}/{name}", storage=retries,
+                                 on_event=self.events.append)
+
+    def _faults(self) -> str:
+        return _faults(self.proxy)
+
+    def _run(self, name: str, body: Callable[[], str]) -> Outcome:
+        self.proxy.clear()
+        self.proxy.injected.clear()
+        started = time.monotonic()
+        try:
+            result = body()
+        finally:
+            self.proxy.clear()
+        return Outcome(name, self._faults(), result, round(time.monotonic() - started, 1))
+
+    def _committed_then(self, manager: CheckpointManager, step: int) -> dict[str, jax.Array]:
+        state = _state(step)
+        manager.save(step, state)
+        manager.wait()
+        return state
+
+    def _fails_within_bound(self, manager: CheckpointManager, step: int) -> float:
+        started = time.monotonic()
+        manager.save(step, _state(step))
+        try:
+            manager.wait()
+        except CheckpointIOError:
+            seconds = time.monotonic() - started
+            # Opening the arrays, writing and committing are at most a few rounds of requests.
+            bound = 4 * RETRIES.request_bound_seconds() + SLACK_SECONDS
+            _check(seconds <= bound, f"the failed save took {seconds:.1f}s > {bound:.1f}s")
+            _check(any(e["event"] == "checkpoint_failed" and e["step"] == step
+                       for e in self.events), "no checkpoint_failed event")
+            return seconds
+        raise AssertionError(f"save {step} committed through persistent faults")
+
+    def _intact(self, manager: CheckpointManager, committed: int, state: dict[str, jax.Array],
+                failed: int) -> None:
+        steps, _ = manager.list_steps()
+        _check(steps[-1] == committed, f"newest commit is {steps}, want {committed}")
+        _check(failed not in steps, f"failed step {failed} is marked committed")
+        checked, mismatches = manager.verify(committed)
+        _check(checked > 0 and not mismatches, f"step {committed}: {mismatches}")
+        restored, _ = manager.restore(committed, _target(state))
+        _check(_same(restored, state), f"step {committed} restored different values")
+
+    # --- saves --------------------------------------------------------------------------------
+    def transient_write_errors(self) -> Outcome:
+        def body() -> str:
+            manager = self._manager("transient-writes")
+            self.proxy.set_rules([FaultRule("write", status=503, count=2),
+                                  FaultRule("write", status=429, count=2)])
+            state = self._committed_then(manager, 10)
+            _check(sum(self.proxy.injected.values()) == 4, "the faults were not all injected")
+            self._intact(manager, 10, state, failed=-1)
+            manager.close()
+            return "retried; committed and verified"
+        return self._run("write 503/429, 4 requests", body)
+
+    def random_write_errors(self) -> Outcome:
+        def body() -> str:
+            # 8 retries: a request fails for good with probability 0.2^9 = 5e-7.
+            manager = self._manager("random-writes", dataclasses.replace(RETRIES,
+                                                                         max_retries=8))
+            self.proxy.set_rules([FaultRule("any", status=503, fraction=0.2)])
+            state = self._committed_then(manager, 10)
+            self._intact(manager, 10, state, failed=-1)
+            manager.close()
+            return "retried; committed, restored and verified"
+        return self._run("20% of all requests 503", body)
+
+    def _persistent_save_fault(self, name: str, rule: FaultRule) -> Outcome:
+        def body() -> str:
+            manager = self._manager(name)
+            state = self._committed_then(manager, 10)
+            self.proxy.set_rules([rule])
+            seconds = self._fails_within_bound(manager, 20)
+            self.proxy.clear()
+            self._intact(manager, 10, state, failed=20)
+            # The next save point commits, and the failed save's leftovers are collected.
+            newer = self._committed_then(manager, 30)
+            steps, partial = manager.list_steps()
+            _check(steps == [10, 30] and partial == [], f"after recovery: {steps}, {partial}")
+            self._intact(manager, 30, newer, failed=20)
+            manager.close()
+            return (f"failed in {seconds:.1f}s (CheckpointIOError), not committed; "
+                    "step 10 intact; next save committed, partial removed")
+        return self._run(name, body)
+
+    def persistent_write_errors(self) -> Outcome:
+        return self._persistent_save_fault("writes 503 until healed",
+                                           FaultRule("write", status=503))
+
+    def stalled_writes(self) -> Outcome:
+        return self._persistent_save_fault("writes stall until healed",
+                                           FaultRule("write", action="stall"))
+
+    def commit_marker_refused(self) -> Outcome:
+        return self._persistent_save_fault(
+            "commit marker write 500", FaultRule("write", status=500,
+                                                 path_contains="metadata.json"))
+
+    # --- restores -----------------------------------------------------------------------------
+    def transient_read_errors(self) -> Outcome:
+        def body() -> str:
+            manager = self._manager("transient-reads")
+            state = self._committed_then(manager, 10)
+            self.proxy.set_rules([FaultRule("read", status=503, count=4)])
+            restored, _ = manager.restore(10, _target(state))
+            _check(_same(restored, state), "restored different values")
+            _check(sum(self.proxy.injected.values()) == 4, "the faults were not all injected")
+            manager.close()
+            return "retried; restored and verified"
+        return self._run("read 503, 4 requests", body)
+
+    def _persistent_restore_fault(self, name: str, rule: FaultRule) -> Outcome:
+        def body() -> str:
+            manager = self._manager(name)
+            state = self._committed_then(manager, 10)
+            self.proxy.set_rules([rule])
+            started = time.monotonic()
+            try:
+                manager.restore(10, _target(state))
+            except CheckpointIOError:  # retryable, unlike CheckpointCorruptError
+                seconds = time.monotonic() - started
+            else:
+                raise AssertionError("restore succeeded through persistent faults")
+            bound = 4 * RETRIES.request_bound_seconds() + SLACK_SECONDS
+            _check(seconds <= bound, f"the failed restore took {seconds:.1f}s > {bound:.1f}s")
+            self.proxy.clear()
+            self._intact(manager, 10, state, failed=-1)
+            manager.close()
+            return (f"failed in {seconds:.1f}s as CheckpointIOError (retryable, not corrupt); "
+                    "restored after healing")
+        return self._run(name, body)
+
+    def persistent_read_errors(self) -> Outcome:
+        # Only chunk reads fail: the commit marker reads, so this is the restore itself.
+        return self._persistent_restore_fault("chunk reads 503 until healed",
+                                              FaultRule("read", status=503, path_contains="/c/"))
+
+    def stalled_reads(self) -> Outcome:
+        return self._persistent_restore_fault("chunk reads stall until healed",
+                                              FaultRule("read", action="stall",
+                                                        path_contains="/c/"))
+
+    def all(self) -> list[Callable[[], Outcome]]:
+        return [self.transient_write_errors, self.random_write_errors,
+                self.persistent_write_errors, self.stalled_writes, self.commit_marker_refused,
+                self.transient_read_errors, self.persistent_read_errors, self.stalled_reads]
+
+
+def trainer_rides_out_an_outage(proxy: FaultProxy, workdir: Path, resume: bool) -> Outcome:
+    """A real trainer: a failed save is reported and retried; a failed preemption save exits 74.
+
+    With `resume`, a new trainer then restores the newest commit through transient read errors.
+    """
+    from tests.trainer.trainer_harness import free_port, launch
+
+    started = time.monotonic()
+    proxy.clear()
+    proxy.injected.clear()
+    url = f"gs://{BUCKET}/trainer"
+    port = free_port()
+    config = {"steps": 100000, "devices_per_process": 1, "checkpoint_storage_retries": 2,
+              "checkpoint_storage_stall_seconds": 2}
+    env = {**client_env(proxy.url), ENV_LOW_SPEED_TIME: "2"}
+    gang = launch(workdir / "outage", processes=1, checkpoint_path=url, config=config,
+                  interval_steps=3, keep_last=2, progress_port=port, extra_env=env)
+    try:
+        def event(name: str, after: int = 0) -> dict[str, Any] | None:
+            found = [e for e in gang.events(name) if e["step"] > after]
+            _check(gang.procs[0].poll() is None, f"trainer exited early:\n{gang.describe()}")
+            return found[0] if found else None
+
+        first = wait_for(lambda: event("checkpoint_committed"), 300, "a first commit")
+        proxy.set_rules([FaultRule("write", status=503)])
+        failed = wait_for(lambda: event("checkpoint_failed", first["step"]), 120,
+                          "a failed save")["step"]
+        wait_for(lambda: event("step", failed + 1), 120, "training to go on")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        _check("tardigrade_checkpoint_failures_total 1.0" in metrics
+               or "tardigrade_checkpoint_failures_total 2.0" in metrics,
+               "the failure counter is not exported")
+        proxy.clear()
+        recovered = wait_for(lambda: event("checkpoint_committed", failed), 120,
+                             "the next save point to commit")["step"]
+        proxy.set_rules([FaultRule("write", status=503)])
+        gang.signal(signal.SIGTERM)
+        codes = gang.wait(180)
+    finally:
+        gang.kill()
+        proxy.clear()
+    _check(codes == [contract.EXIT_CHECKPOINT_IO_ERROR], f"exit {codes} on SIGTERM:\n"
+           + gang.describe())
+    message = gang.termination(0)
+    _check(message is not None and message.reason == "CheckpointIOError"
+           and "preempted" in message.message, f"termination message {message}")
+    manager = CheckpointManager(url, storage=RETRIES)
+    try:
+        steps, _ = manager.list_steps()
+        _check(failed not in steps, f"failed step {failed} is committed")
+        _check(message is not None and steps[-1] == message.checkpoint_step >= recovered,
+               f"newest commit {steps} vs termination message {message}")
+        checked, mismatches = manager.verify(steps[-1])
+        _check(checked > 0 and not mismatches, f"{mismatches}")
+    finally:
+        manager.close()
+    result = (f"save {failed} failed, logged + counted, training went on; save {recovered} "
+              f"committed; failed preemption save exited {codes[0]} naming step {steps[-1]}")
+    if resume:
+        proxy.set_rules([FaultRule("read", status=503, count=2)])
+        again = launch(workdir / "resume", processes=1, checkpoint_path=url, config=config,
+                       interval_steps=3, keep_last=2, extra_env=env)
+        try:
+            restored = wait_for(lambda: again.events("checkpoint_restored") or (
+                again.procs[0].poll() is not None), 300, "the restore")
+            _check(restored is not True and restored[0]["step"] == steps[-1]
+                   and restored[0]["regions_verified"] > 0,
+                   f"restore {restored}:\n{again.describe()}")
+            wait_for(lambda: any(e["step"] > steps[-1] for e in again.events("step")), 300,
+                     "a step after the restore")
+            again.signal(signal.SIGTERM)
+            codes = again.wait(180)
+        finally:
+            again.kill()
+            proxy.clear()
+        _check(codes == [contract.EXIT_PREEMPTED_SAVED], f"exit {codes}:\n{again.describe()}")
+        result += f"; resumed from {steps[-1]} through read errors, verified"
+    return Outcome("trainer: writes 503, then preempted", _faults(proxy), result,
+                   round(time.monotonic() - started, 1))
+
+
+def _faults(proxy: FaultProxy) -> str:
+    return ", ".join(f"{n} x {k}" for k, n in sorted(proxy.injected.items())) or "none"
