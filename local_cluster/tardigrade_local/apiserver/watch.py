@@ -70,6 +70,8 @@ async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
     """Stream events; `render` converts objects (e.g. to Tables), None sends them as stored."""
     rt = req.rt
     watcher = store.subscribe(rt.key, req.namespace)
+    if request.transport is not None:
+        watcher.abort = request.transport.abort
     try:
         backlog: list[tuple[str, dict[str, Any]]] = []
         rv_text = req.resource_version
