@@ -441,7 +441,7 @@ def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
 def _release_recorded(plan: Plan, obs: Observed, current: int) -> None:
     terminal_job = plan.status.phase in TERMINAL_PHASES
     for pod in obs.pods:
-        if pod.tracked and pod.terminal and (
+        if pod.tracked and (pod.terminal or pod.abandoned) and (
             pod.deleting or pod.attempt < current or terminal_job
         ):
             plan.release_pods.append(pod.name)

@@ -25,7 +25,7 @@ from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, decide
-from tardigrade_operator.kube import ClusterWriter, load_client_config
+from tardigrade_operator.kube import ClusterWriter, StaleStatus, load_client_config
 from tardigrade_operator.observe import PodView, parse_pod
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
@@ -130,7 +130,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     nodes_index: kopf.Index | None) -> None:
     namespace, name = key
     meta = body.get("metadata") or {}
-    status = _known_status(key, meta, body.get("status") or {}, memo)
+    status, version = _known_status(key, meta, body.get("status") or {}, memo)
     spec, spec_error = _parsed_spec(key, meta, body, memo)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     attempt = max([status.attempt, *(p.attempt for p in pods)])
@@ -159,7 +159,16 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         settings=memo.config.decision_settings(),
     )
     plan = decide(observed)
-    written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan)
+    try:
+        written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan,
+                                          version)
+    except StaleStatus:
+        # Decide again at once, on the job as the API server has it now.
+        fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
+        memo.written[key] = (_resource_version(fresh.get("metadata") or {}),
+                             _parse_status(key, fresh.get("status") or {}))
+        _wake(memo, key)
+        return
     if written is not None:
         memo.written[key] = (written, plan.status)
     for event in plan.events:
@@ -183,8 +192,9 @@ def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
 
 
 def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
-                  ) -> TrainingJobStatus:
-    """The status to decide on: ours from the last write until the watch has caught up.
+                  ) -> tuple[TrainingJobStatus, str]:
+    """The status to decide on, and the resourceVersion it is valid at: ours from the last
+    write (or fresh read) until the watch has caught up.
 
     Deciding twice on a stale status would count one preemption twice.
     """
@@ -192,8 +202,12 @@ def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
     if written is not None:
         version, status = written
         if _older(_resource_version(meta), version):
-            return status
+            return status, version
         memo.written.pop(key, None)
+    return _parse_status(key, raw), _resource_version(meta)
+
+
+def _parse_status(key: JobKey, raw: dict[str, Any]) -> TrainingJobStatus:
     try:
         return TrainingJobStatus.model_validate(raw)
     except ValidationError:

@@ -59,9 +59,15 @@ class PodView:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def abandoned(self) -> bool:
+        """Deleted before any node took it: no process ran and none ever will, so no kubelet
+        will report a final phase either."""
+        return self.deleting and not self.node_name and not self.terminal
+
+    @property
     def active(self) -> bool:
         """Still holds (or may hold) a running process."""
-        return not self.terminal
+        return not self.terminal and not self.abandoned
 
 
 @dataclasses.dataclass(frozen=True)

@@ -339,9 +339,15 @@ class FaultBed:
               note: str = "", checks: Callable[[dict[str, Any]], list[str]] | None = None
               ) -> TrialResult:
         """Wait for convergence, then check every invariant; always deletes the job."""
+        def settled() -> dict[str, Any] | None:
+            # At least the relaunches the faults call for must have happened: a gang that
+            # looks fine only because nobody reacted yet is not converged. More than that is
+            # a mismatch, found below.
+            status = self.converged(name)
+            return status if status and status["attempt"] >= expected.attempt else None
+
         try:
-            status = wait_for(lambda: self.converged(name), CONVERGE_TIMEOUT,
-                              f"{name} to converge")
+            status = wait_for(settled, CONVERGE_TIMEOUT, f"{name} to converge")
             seconds = time.monotonic() - started
         except (AssertionError, TrialFailed) as err:
             result = TrialResult(scenario, False, self.monitor.duplicates(name),
@@ -398,6 +404,15 @@ class FaultBed:
             "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
         wait_for(lambda: not self.cluster.pods(name) and self.cluster.job(name) is None, 60,
                  f"{name} and its pods to go")
+
+
+    def forget_jobs(self) -> None:
+        """After a trial broke off: delete whatever it left, so the next starts clean."""
+        jobs = self.cluster.custom.list_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs")["items"]
+        for job in jobs:
+            self.delete(job["metadata"]["name"])
+        self.wait_nodes(self.nodes)
 
 
 class TrialFailed(Exception):

@@ -384,3 +384,29 @@ def test_a_rank_that_vanishes_after_the_launch_was_seen_is_a_preemption():
     assert plan.create_pods == []
     assert cluster.status.restarts.preemptions == 1
     assert cluster.status.recoveries[-1].reason == "tiny-a1-1: gone"
+
+
+def test_a_deleted_pod_that_never_got_a_node_does_not_hold_up_the_relaunch():
+    settings = DecisionSettings(unschedulable_timeout=timedelta(seconds=60))
+    cluster = FakeCluster(spec(replicas=3, minReplicas=2), settings=settings)
+    cluster.reconcile()
+    cluster.run_all()
+    stuck = cluster.attempt_pods()[2]
+    stuck["spec"].pop("nodeName")
+    stuck["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "lastTransitionTime": "2026-12-02T12:00:00Z"}]}
+    cluster.advance(60)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Resizing"
+    assert "tiny-a1-2" in [name for name, _ in plan.delete_pods]
+    # The two that ran save and exit; the third stays Pending, deleted: no kubelet ever
+    # reports on it, and nothing of it needs recording.
+    for pod in cluster.attempt_pods()[:2]:
+        cluster.terminate(pod, SAVED, contract.TerminationMessage(
+            reason="PreemptedSaved", step=7, checkpoint_step=7).to_json())
+    assert cluster.pods["tiny-a1-2"]["status"]["phase"] == "Pending"
+    plan = cluster.reconcile()
+    assert "tiny-a1-2" in plan.release_pods
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
+    assert cluster.status.restarts.resizes == 1 and cluster.status.restarts.total == 1
