@@ -26,7 +26,7 @@ from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, decide
 from tardigrade_operator.kube import ClusterWriter, StaleStatus, load_client_config
-from tardigrade_operator.observe import PodView, parse_pod
+from tardigrade_operator.observe import NodeReadiness, PodView, newest_readiness, parse_pod
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
 
@@ -74,10 +74,12 @@ def gang_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[JobKey,
     return {(namespace, labels[naming.LABEL_JOB]): True}
 
 
-def node_readiness(name: str, status: kopf.Status, **_: Any) -> dict[str, bool]:
+def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
+                   **_: Any) -> dict[str, NodeReadiness]:
     conditions = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return {name: ready}
+    version = str(meta.get("resourceVersion") or "")
+    return {name: (int(version) if version.isdigit() else 0, ready)}
 
 
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
@@ -144,7 +146,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None
     if nodes_index is not None and len(nodes_index) > 0:
-        nodes_ready = {node: next(iter(store)) for node, store in nodes_index.items()}
+        nodes_ready = newest_readiness((node, list(store)) for node, store in nodes_index.items())
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=int(meta.get("generation") or 0),

@@ -158,6 +158,22 @@ def classify(
     return RankOutcome(Outcome.PENDING, "pending")
 
 
+# A node object's readiness as last seen, with its resourceVersion to tell objects apart.
+NodeReadiness = tuple[int, bool]
+
+
+def newest_readiness(index: Iterable[tuple[str, Iterable[NodeReadiness]]]) -> dict[str, bool]:
+    """Node name -> readiness of the newest object of that name.
+
+    A watch that is cut and resumed with 410 Gone relists, and a node deleted in the gap
+    never gets its DELETED event: its last state (NotReady, on its way out) stays in the
+    index beside the replacement registered under the same name, as clouds do when they
+    recreate a reclaimed VM. The older one must not make every rank placed on the new node
+    look preempted.
+    """
+    return {name: max(entries)[1] for name, entries in index if entries}
+
+
 def describe_failure(pod: PodView) -> str:
     text = f"{pod.name} exited with code {pod.exit_code}"
     if pod.terminated_reason and pod.terminated_reason not in ("Error", "Completed"):

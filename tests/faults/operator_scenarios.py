@@ -487,7 +487,12 @@ def _control_plane_fault(bed: FaultBed, index: int, fault: str) -> TrialResult:
     node = bed.node_of(name)
     started = time.monotonic()
     bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
-    time.sleep(rng.uniform(0, 2.0))  # the random moment of the fault, not a wait
+    if rng.random() < 0.5:
+        time.sleep(rng.uniform(0, 2.0))  # the random moment of the fault, not a wait
+    else:
+        # The moment the operator is writing the preemption into the status.
+        wait_for(lambda: any(p.attempt == 1 and not p.active for _, p in bed.monitor.pods(name)),
+                 60, "a rank of the preempted gang to stop", interval=0.005)
     if fault == "apiserver-restart":
         downtime = rng.uniform(0, 3.0)
         bed.local.restart_apiserver(downtime)
