@@ -1,6 +1,6 @@
 """Operator and control-plane faults: every trial must converge with exact bookkeeping.
 
-    python bench/faults_operator.py [--trials 20] [--seed N] [--only SUBSTRING]
+    python bench/faults_operator.py [--trials 20] [--seed N] [--only SUBSTRING,...]
 
 On one local cluster (3 nodes, simulated trainers, the operator as a killable process) each
 scenario of `tests/faults/operator_scenarios.py` runs `--trials` times: the operator
@@ -53,9 +53,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="", help="run the scenarios whose name has this")
+    parser.add_argument("--only", default="",
+                        help="comma-separated: run the scenarios whose name has one of these")
     args = parser.parse_args()
-    chosen = {k: v for k, v in SCENARIOS.items() if args.only.lower() in k.lower()}
+    wanted = [w.strip().lower() for w in args.only.split(",")]
+    chosen = {k: v for k, v in SCENARIOS.items() if any(w in k.lower() for w in wanted)}
     root = Path(tempfile.mkdtemp(prefix="tardigrade-faults-"))
     failures: list[TrialResult] = []
     rows = []
