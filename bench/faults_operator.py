@@ -87,7 +87,7 @@ def main() -> int:
                         f"| {sum(r.orphans for r in results)} "
                         f"| {sum(len(r.mismatches) for r in results)} "
                         f"| {p50:.1f} | {p99:.1f} | {p50 / base:.1f}x |")
-            print(f"  {scenario}: done ({len(results)} trials)", flush=True)
+            print(f"  {scenario}: done ({len(results)} trials)\n  {rows[-1]}", flush=True)
     print("\n| scenario | trials | converged | duplicate pods | orphans | counter mismatches "
           "| converge p50 s | p99 s | p50 / undisturbed launch |")
     print("|---|---|---|---|---|---|---|---|---|")
