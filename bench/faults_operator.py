@@ -14,6 +14,7 @@ the same run (the baseline). Exit status 1 when any trial broke an invariant.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import tempfile
@@ -56,6 +57,8 @@ def main() -> int:
     parser.add_argument("--only", default="",
                         help="comma-separated: run the scenarios whose name has one of these")
     args = parser.parse_args()
+    # SIGTERM (e.g. from `timeout`) must still stop the cluster, its pods and the operator.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     wanted = [w.strip().lower() for w in args.only.split(",")]
     chosen = {k: v for k, v in SCENARIOS.items() if any(w in k.lower() for w in wanted)}
     root = Path(tempfile.mkdtemp(prefix="tardigrade-faults-"))
