@@ -159,6 +159,29 @@ def crash(
     typer.echo(f"pod/{name} crashed")
 
 
+@app.command("restart-apiserver")
+def restart_apiserver(
+    downtime: float = typer.Option(0.0, help="Seconds the port refuses connections."),
+    keep_history: bool = typer.Option(
+        False, "--keep-history", help="Let watches resume from before the restart (no 410)."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Restart the API server: connections drop, objects and resourceVersions survive."""
+    _attach(state_dir).restart_apiserver(downtime, expire_history=not keep_history)
+    typer.echo("API server restarted")
+
+
+@app.command("cut-watches")
+def cut_watches(
+    expire_history: bool = typer.Option(
+        False, "--expire-history", help="Also answer 410 Gone to watches resumed from before."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Drop every open watch connection at once."""
+    cut = _attach(state_dir).cut_watches(expire_history)
+    typer.echo(f"{cut} watch connections cut")
+
+
 @app.command()
 def status(state_dir: Path | None = StateDir,
            as_json: bool = typer.Option(False, "--json")) -> None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from aiohttp import web
@@ -36,6 +36,9 @@ from tardigrade_local.disruptions import Disruptor
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
 from tardigrade_local.paths import StateLayout
+
+if TYPE_CHECKING:
+    from tardigrade_local.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ def crd_files(config: ClusterConfig) -> list[Path]:
     return files
 
 
-def _control_app(host: KubeletHost) -> web.Application:
+def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
     """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses."""
     background: set[asyncio.Task[Any]] = set()
 
@@ -151,6 +154,16 @@ def _control_app(host: KubeletHost) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(host.status())
 
+    async def restart_apiserver(request: web.Request) -> web.Response:
+        body = await request.json()
+        await api.restart(float(body.get("downtimeSeconds") or 0),
+                          bool(body.get("expireHistory", True)))
+        return web.json_response({"url": api.url})
+
+    async def cut_watches(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"cut": api.cut_watches(bool(body.get("expireHistory")))})
+
     @web.middleware
     async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
         try:
@@ -168,6 +181,8 @@ def _control_app(host: KubeletHost) -> web.Application:
         web.post("/nodes", add_node),
         web.post("/pods/{namespace}/{pod}/crash", crash),
         web.get("/status", status),
+        web.post("/apiserver/restart", restart_apiserver),
+        web.post("/apiserver/cut-watches", cut_watches),
     ])
     return app
 
@@ -213,7 +228,7 @@ async def serve(config: ClusterConfig) -> None:
         controllers = WorkloadControllers(api_url)
         await controllers.start()
         stack.push_async_callback(controllers.stop)
-        runner = web.AppRunner(_control_app(host), access_log=None)
+        runner = web.AppRunner(_control_app(host, api), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -415,6 +430,13 @@ class LocalCluster:
     def crash_pod(self, namespace: str, name: str, container: str | None = None,
                   sig: int = signal.SIGKILL) -> None:
         self.disruptor.crash_pod(namespace, name, container, sig)
+
+    def restart_apiserver(self, downtime_seconds: float = 0.0,
+                          expire_history: bool = True) -> None:
+        self.disruptor.restart_apiserver(downtime_seconds, expire_history)
+
+    def cut_watches(self, expire_history: bool = False) -> int:
+        return int(self.disruptor.cut_watches(expire_history)["cut"])
 
     def status(self) -> dict[str, Any]:
         return dict(self.disruptor.status())

@@ -10,7 +10,10 @@ real wire format:
   pods Failed with DisruptionTarget (DeletionByPodGC) and deletes them;
 - Eviction API: the API server adds DisruptionTarget (EvictionByEvictionAPI) and deletes the
   pod with its grace period; the kubelet reacts to the deletion;
-- a crash: the container's process dies on its own (SIGKILL: exit code 137, reason Error).
+- a crash: the container's process dies on its own (SIGKILL: exit code 137, reason Error);
+- control plane: the API server restarts (every connection drops, the port refuses
+  connections for a while, objects and resourceVersions survive as in etcd, watches resumed
+  from before get 410 Gone), or every open watch connection is cut at once.
 
 `Disruptor` drives them from outside the cluster process, through its control endpoint.
 """
@@ -84,6 +87,16 @@ class Disruptor:
                   sig: int = signal.SIGKILL) -> Any:
         return self._call("POST", f"/pods/{namespace}/{pod}/crash",
                           {"container": container, "signal": int(sig)})
+
+    def restart_apiserver(self, downtime_seconds: float = 0.0,
+                          expire_history: bool = True) -> Any:
+        """Returns once the API server serves again (after `downtime_seconds`)."""
+        return self._call("POST", "/apiserver/restart", {
+            "downtimeSeconds": downtime_seconds, "expireHistory": expire_history})
+
+    def cut_watches(self, expire_history: bool = False) -> Any:
+        """Drop every open watch connection; `{"cut": N}`."""
+        return self._call("POST", "/apiserver/cut-watches", {"expireHistory": expire_history})
 
     def status(self) -> Any:
         return self._call("GET", "/status")

@@ -30,6 +30,9 @@ from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
 from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# Reason of the Running condition from the status write that launches a gang until a pass has
+# seen every one of its pods: ranks missing meanwhile were never created, not lost.
+LAUNCHING = "Launching"
 # A pod stuck terminating this long past its deadline (node gone, kubelet dead) is forced.
 FORCE_DELETE_AFTER = timedelta(seconds=30)
 
@@ -150,24 +153,25 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         return
 
     missing = [r for r in range(status.replicas) if r not in outcomes]
-    started = status.phase == "Running" or any(
-        o.outcome is not Outcome.PENDING for o in outcomes.values()
-    )
-    if missing and started:
+    if missing and not _launching(status):
         # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
         for rank in missing:
             outcomes[rank] = RankOutcome(
                 Outcome.PREEMPTED, f"{naming.pod_name(obs.job.name, status.attempt, rank)}: gone"
             )
-    elif missing:
-        # Created only in part (the operator stopped mid-launch) and nothing ran yet: finish it.
-        launch = GangLaunch(status.attempt, status.replicas, _restore_step(status))
-        plan.create_pods = [pod for pod in build_gang(obs.job, spec, launch)
-                            if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing]
+        missing = []
 
     stopped = _first_disruption(outcomes)
     if stopped is not None:
         _handle_disruption(plan, obs, spec, gang, stopped)
+        return
+    if missing:
+        # The operator stopped part-way through creating this gang (the ranks it did create
+        # may be running already): finish the launch. The phase stays Launching until a pass
+        # sees every rank, so an interrupted finish is finished again, not counted.
+        launch = GangLaunch(status.attempt, status.replicas, _restore_step(status))
+        plan.create_pods = [pod for pod in build_gang(obs.job, spec, launch)
+                            if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing]
         return
     if _resize_requested(status, spec):
         _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
@@ -373,7 +377,7 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")
     message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"
-    _set_phase(plan, obs, phase, "Launching", message)
+    _set_phase(plan, obs, phase, LAUNCHING, message)
     plan.events.append(Event("Normal", "Launched", message))
 
 
@@ -382,6 +386,12 @@ def _restore_step(status: TrainingJobStatus) -> str:
     if status.last_checkpoint is not None:
         return str(status.last_checkpoint.step)
     return contract.RESTORE_LATEST
+
+
+def _launching(status: TrainingJobStatus) -> bool:
+    """True from the status write that launches a gang until a pass has seen all its pods."""
+    running = _condition(status, "Running")
+    return running is not None and running.reason == LAUNCHING
 
 
 def _pending_recovery(status: TrainingJobStatus) -> Recovery | None:
@@ -447,7 +457,7 @@ def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
 def _release_recorded(plan: Plan, obs: Observed, current: int) -> None:
     terminal_job = plan.status.phase in TERMINAL_PHASES
     for pod in obs.pods:
-        if pod.tracked and pod.terminal and (
+        if pod.tracked and (pod.terminal or pod.abandoned) and (
             pod.deleting or pod.attempt < current or terminal_job
         ):
             plan.release_pods.append(pod.name)

@@ -25,8 +25,8 @@ from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, decide
-from tardigrade_operator.kube import ChildRejected, ClusterWriter, load_client_config
-from tardigrade_operator.observe import PodView, parse_pod
+from tardigrade_operator.kube import ChildRejected, ClusterWriter, StaleStatus, load_client_config
+from tardigrade_operator.observe import NodeReadiness, PodView, newest_readiness, parse_pod
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
 
@@ -76,10 +76,12 @@ def gang_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[JobKey,
     return {(namespace, labels[naming.LABEL_JOB]): True}
 
 
-def node_readiness(name: str, status: kopf.Status, **_: Any) -> dict[str, bool]:
+def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
+                   **_: Any) -> dict[str, NodeReadiness]:
     conditions = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return {name: ready}
+    version = str(meta.get("resourceVersion") or "")
+    return {name: (int(version) if version.isdigit() else 0, ready)}
 
 
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
@@ -141,7 +143,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     nodes_index: kopf.Index | None) -> None:
     namespace, name = key
     meta = body.get("metadata") or {}
-    status = _known_status(key, meta, body.get("status") or {}, memo)
+    status, version = _known_status(key, meta, body.get("status") or {}, memo)
     spec, spec_error = _parsed_spec(key, meta, body, memo)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     attempt = max([status.attempt, *(p.attempt for p in pods)])
@@ -155,7 +157,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None
     if nodes_index is not None and len(nodes_index) > 0:
-        nodes_ready = {node: next(iter(store)) for node, store in nodes_index.items()}
+        nodes_ready = newest_readiness((node, list(store)) for node, store in nodes_index.items())
     generation = int(meta.get("generation") or 0)
     rejected = memo.rejected.get(key)
     observed = Observed(
@@ -174,7 +176,15 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     )
     plan = decide(observed)
     try:
-        written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan)
+        written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan,
+                                          version)
+    except StaleStatus:
+        # Decide again at once, on the job as the API server has it now.
+        fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
+        memo.written[key] = (_resource_version(fresh.get("metadata") or {}),
+                             _parse_status(key, fresh.get("status") or {}))
+        _wake(memo, key)
+        return
     except ChildRejected as err:
         # Retrying the same spec would be refused again (and hammer the API server); the next
         # pass records the refusal in status and stops there.
@@ -205,8 +215,9 @@ def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
 
 
 def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
-                  ) -> TrainingJobStatus:
-    """The status to decide on: ours from the last write until the watch has caught up.
+                  ) -> tuple[TrainingJobStatus, str]:
+    """The status to decide on, and the resourceVersion it is valid at: ours from the last
+    write (or fresh read) until the watch has caught up.
 
     Deciding twice on a stale status would count one preemption twice.
     """
@@ -214,8 +225,12 @@ def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
     if written is not None:
         version, status = written
         if _older(_resource_version(meta), version):
-            return status
+            return status, version
         memo.written.pop(key, None)
+    return _parse_status(key, raw), _resource_version(meta)
+
+
+def _parse_status(key: JobKey, raw: dict[str, Any]) -> TrainingJobStatus:
     try:
         return TrainingJobStatus.model_validate(raw)
     except ValidationError:

@@ -39,6 +39,10 @@ class ChildRejected(Exception):
 _PERMANENT_CREATE_ERRORS = (400, 413, 422)
 
 
+class StaleStatus(Exception):
+    """The job changed after the status the plan was decided on: decide again, freshly read."""
+
+
 class ClusterWriter:
     """Applies plans in a fixed order: status first (it records what is about to happen),
     then finalizer releases, deletions and creations. Every step tolerates being repeated."""
@@ -48,14 +52,29 @@ class ClusterWriter:
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
 
     def apply(self, namespace: str, name: str, old_status: TrainingJobStatus,
-              plan: Plan) -> str | None:
-        """Carry out the plan; returns the job's resourceVersion after a status write."""
+              plan: Plan, resource_version: str | None = None) -> str | None:
+        """Carry out the plan; returns the job's resourceVersion after a status write.
+
+        With `resource_version` (that of the status the plan was decided on) the status write
+        is conditional: a plan decided on a stale status (our previous write went through
+        but its answer was lost, and the watch has not caught up) would count the same
+        disruption twice; the API server refuses it instead and `StaleStatus` is raised.
+        """
         written = None
         new = status_json(plan.status)
         if new != status_json(old_status):
-            job = self.custom.patch_namespaced_custom_object_status(
-                types.GROUP, types.VERSION, namespace, types.PLURAL, name, {"status": new}
-            )
+            body: dict[str, Any] = {"status": new}
+            if resource_version:
+                body["metadata"] = {"resourceVersion": resource_version}
+            try:
+                job = self.custom.patch_namespaced_custom_object_status(
+                    types.GROUP, types.VERSION, namespace, types.PLURAL, name, body
+                )
+            except ApiException as err:
+                if err.status == 409:
+                    raise StaleStatus(f"{namespace}/{name} changed since resourceVersion "
+                                      f"{resource_version}") from None
+                raise
             written = str(job["metadata"]["resourceVersion"])
         for pod_name in plan.release_pods:
             self.release_pod(namespace, pod_name)
@@ -97,6 +116,10 @@ class ClusterWriter:
             # 404: gone already; 422: the list changed under us, the next pass retries.
             if err.status not in (404, 422):
                 raise
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(
+            types.GROUP, types.VERSION, namespace, types.PLURAL, name))
 
     def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The job's pods straight from the API server, as plain JSON dicts."""

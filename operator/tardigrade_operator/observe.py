@@ -61,9 +61,15 @@ class PodView:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def abandoned(self) -> bool:
+        """Deleted before any node took it: no process ran and none ever will, so no kubelet
+        will report a final phase either."""
+        return self.deleting and not self.node_name and not self.terminal
+
+    @property
     def active(self) -> bool:
         """Still holds (or may hold) a running process."""
-        return not self.terminal
+        return not self.terminal and not self.abandoned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +174,22 @@ def classify(
     if pod.phase == "Running" and pod.container_started:
         return RankOutcome(Outcome.RUNNING, "running")
     return RankOutcome(Outcome.PENDING, "pending")
+
+
+# A node object's readiness as last seen, with its resourceVersion to tell objects apart.
+NodeReadiness = tuple[int, bool]
+
+
+def newest_readiness(index: Iterable[tuple[str, Iterable[NodeReadiness]]]) -> dict[str, bool]:
+    """Node name -> readiness of the newest object of that name.
+
+    A watch that is cut and resumed with 410 Gone relists, and a node deleted in the gap
+    never gets its DELETED event: its last state (NotReady, on its way out) stays in the
+    index beside the replacement registered under the same name, as clouds do when they
+    recreate a reclaimed VM. The older one must not make every rank placed on the new node
+    look preempted.
+    """
+    return {name: max(entries)[1] for name, entries in index if entries}
 
 
 def describe_failure(pod: PodView) -> str:

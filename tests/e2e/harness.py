@@ -28,11 +28,13 @@ class OperatorProcess:
     """The operator as users run it (`tardigrade operator run`), in a subprocess we can kill."""
 
     def __init__(self, cluster: LocalCluster, log_path: Path,
-                 peering: tuple[str, int] | None = None) -> None:
+                 peering: tuple[str, int] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.cluster = cluster
         self.log_path = log_path
         # (peering object, priority) to run as one of several replicas; None: standalone.
         self.peering = peering
+        self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -44,6 +46,7 @@ class OperatorProcess:
             "TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "15",
             # Long enough that a busy CI machine never makes a live leader look dead.
             "TARDIGRADE_PEERING_LIFETIME_SECONDS": "20",
+            **self.extra_env,
         }
         mode = ["--standalone"] if self.peering is None else [
             f"--peering={self.peering[0]}", f"--priority={self.peering[1]}"]

@@ -1,4 +1,5 @@
-"""`tardigrade local up/status/preempt/down` as a user runs them, plus the GCS emulator."""
+"""`tardigrade local up/status/preempt/restart-apiserver/cut-watches/down` as a user runs
+them, plus the GCS emulator."""
 
 from __future__ import annotations
 
@@ -73,6 +74,16 @@ def test_up_preempt_status_down(tmp_path):
         if pod is not None:  # pod GC may already have removed it
             assert pod["status"]["phase"] == "Failed"
             assert container_status(pod)["state"]["terminated"]["exitCode"] == 143
+
+        # Control-plane faults: the state survives, and the kubelet watches again afterwards.
+        restart = tardigrade("restart-apiserver", "--downtime", "0.5", cwd=tmp_path)
+        assert restart.returncode == 0, restart.stderr
+        assert kubectl("get", "nodes", "-o", "name", env=env).split() == ["node/local-node-1"]
+        cut = tardigrade("cut-watches", "--expire-history", cwd=tmp_path)
+        assert cut.returncode == 0 and cut.stdout.endswith("watch connections cut\n"), cut
+        kube.create_pod(python_pod("after", "print('ran')", node="local-node-1"))
+        assert kube.wait_phase("after", ("Succeeded", "Failed"), timeout=60)["status"][
+            "phase"] == "Succeeded"
     finally:
         down = tardigrade("down", cwd=tmp_path)
     assert down.returncode == 0, down.stderr

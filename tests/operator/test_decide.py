@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.decide import DecisionSettings, decide
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
@@ -338,3 +338,75 @@ def test_a_spec_the_trainer_cannot_run_fails_at_once(code):
     assert cluster.status.restarts.failures == 0
     assert "global_batch_size=16 cannot be split evenly" in cluster.status.message
     assert any(e.reason == "CannotRun" for e in plan.events)
+
+
+def _partial_launch(cluster: FakeCluster, created: int) -> None:
+    """Apply the next plan as an operator killed after creating `created` of its pods."""
+    plan = decide(cluster.observe())
+    cluster.status = plan.status  # the status is written first
+    for pod in plan.create_pods[:created]:
+        cluster.pods[pod["metadata"]["name"]] = {**pod, "status": {"phase": "Pending"}}
+
+
+@pytest.mark.parametrize("created", [0, 1, 2])
+def test_a_relaunch_cut_short_is_finished_not_counted(created):
+    cluster = launched(FakeCluster(spec(replicas=3)))
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    _partial_launch(cluster, created)
+    cluster.run_all()  # the ranks that exist start training before the operator is back
+    plan = cluster.reconcile()
+    assert sorted(p["metadata"]["name"] for p in plan.create_pods) == [
+        f"tiny-a2-{rank}" for rank in range(created, 3)]
+    assert plan.delete_pods == []
+    assert cluster.status.restarts.preemptions == 1 and cluster.status.restarts.total == 1
+    assert [r.cause for r in cluster.status.recoveries] == ["Preemption"]
+    cluster.run_all()
+    cluster.reconcile()
+    assert (cluster.status.phase, cluster.status.attempt) == ("Running", 2)
+    assert cluster.status.restarts.total == 1
+
+
+def test_a_first_launch_cut_short_with_a_rank_running_is_finished():
+    cluster = FakeCluster(spec())
+    _partial_launch(cluster, 1)
+    cluster.run_all()
+    plan = cluster.reconcile()
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a1-1"]
+    assert cluster.status.restarts.total == 0 and cluster.status.recoveries == []
+
+
+def test_a_rank_that_vanishes_after_the_launch_was_seen_is_a_preemption():
+    cluster = launched(FakeCluster(spec()))
+    del cluster.pods["tiny-a1-1"]  # e.g. its finalizer stripped by hand, then deleted
+    plan = cluster.reconcile()
+    assert plan.create_pods == []
+    assert cluster.status.restarts.preemptions == 1
+    assert cluster.status.recoveries[-1].reason == "tiny-a1-1: gone"
+
+
+def test_a_deleted_pod_that_never_got_a_node_does_not_hold_up_the_relaunch():
+    settings = DecisionSettings(unschedulable_timeout=timedelta(seconds=60))
+    cluster = FakeCluster(spec(replicas=3, minReplicas=2), settings=settings)
+    cluster.reconcile()
+    cluster.run_all()
+    stuck = cluster.attempt_pods()[2]
+    stuck["spec"].pop("nodeName")
+    stuck["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "lastTransitionTime": "2026-12-02T12:00:00Z"}]}
+    cluster.advance(60)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Resizing"
+    assert "tiny-a1-2" in [name for name, _ in plan.delete_pods]
+    # The two that ran save and exit; the third stays Pending, deleted: no kubelet ever
+    # reports on it, and nothing of it needs recording.
+    for pod in cluster.attempt_pods()[:2]:
+        cluster.terminate(pod, SAVED, contract.TerminationMessage(
+            reason="PreemptedSaved", step=7, checkpoint_step=7).to_json())
+    assert cluster.pods["tiny-a1-2"]["status"]["phase"] == "Pending"
+    plan = cluster.reconcile()
+    assert "tiny-a1-2" in plan.release_pods
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
+    assert cluster.status.restarts.resizes == 1 and cluster.status.restarts.total == 1

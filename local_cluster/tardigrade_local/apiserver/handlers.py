@@ -415,6 +415,9 @@ class Handlers:
         pod = self.core.store.get(rt.key, ns, name)
         if pod is None:
             raise not_found(rt.plural, rt.group, name)
+        if pod["metadata"].get("deletionTimestamp"):
+            raise ApiError(409, "Conflict", f"pod {name} is being deleted, cannot be assigned "
+                           f"to a host", {"name": name, "kind": "pods/binding"})
         if pod["spec"].get("nodeName"):
             raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding '
                            f'"{name}": pod {name} is already assigned to node '

@@ -73,6 +73,45 @@ class ApiServer:
         self._load_crds()
         self.gc = GarbageCollector(self.core)
         self.gc.start()
+        await self._start_serving()
+        if self.state_dir is not None:
+            self._snapshot_task = asyncio.create_task(self._snapshot_loop())
+        log.info("API server listening on %s", self.url)
+        return self
+
+    async def stop(self) -> None:
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._snapshot_task
+        self.store.close_watchers()
+        await self._stop_serving()
+        if self.gc is not None:
+            await self.gc.stop()
+        self.save_state()
+
+    async def restart(self, downtime_seconds: float = 0.0, expire_history: bool = True) -> None:
+        """What clients see of a kube-apiserver restart: every connection drops, the port
+        refuses connections for `downtime_seconds`, then the same objects are served under the
+        same resourceVersions (etcd keeps them). The new server's watch cache starts empty, so
+        a watch resumed from before the restart gets 410 Gone and must relist, unless
+        `expire_history` is False."""
+        self.store.cut_watchers()
+        await self._stop_serving()
+        if expire_history:
+            self.store.compact()
+        await asyncio.sleep(downtime_seconds)
+        await self._start_serving()
+        log.info("API server restarted on %s", self.url)
+
+    def cut_watches(self, expire_history: bool = False) -> int:
+        """Drop every open watch connection; with `expire_history`, resuming from an old
+        resourceVersion then answers 410 Gone (as after an etcd compaction)."""
+        if expire_history:
+            self.store.compact()
+        return self.store.cut_watchers()
+
+    async def _start_serving(self) -> None:
         from aiohttp.web_log import AccessLogger
 
         self._runner = web.AppRunner(self.make_app(),
@@ -86,23 +125,11 @@ class ApiServer:
             server = site._server
             assert server is not None
             self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        if self.state_dir is not None:
-            self._snapshot_task = asyncio.create_task(self._snapshot_loop())
-        log.info("API server listening on %s", self.url)
-        return self
 
-    async def stop(self) -> None:
-        if self._snapshot_task is not None:
-            self._snapshot_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._snapshot_task
-        self.store.close_watchers()
+    async def _stop_serving(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self.gc is not None:
-            await self.gc.stop()
-        self.save_state()
 
     async def __aenter__(self) -> ApiServer:
         return await self.start()

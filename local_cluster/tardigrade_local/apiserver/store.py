@@ -52,6 +52,8 @@ class Watcher:
         self.namespace = namespace
         self.queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
         self.cut_off = False
+        # Drops the watch's connection without a clean end (set by the HTTP layer).
+        self.abort: Callable[[], None] | None = None
 
     def offer(self, event: WatchEvent) -> None:
         if self.cut_off:
@@ -226,6 +228,17 @@ class Store:
     def close_watchers(self) -> None:
         for watcher in self._watchers:
             watcher.queue.put_nowait(None)
+
+    def cut_watchers(self) -> int:
+        """Drop every open watch connection abruptly, as a network blip or a restarting
+        server does; clients must re-watch (or relist). Returns how many were cut."""
+        cut = list(self._watchers)
+        for watcher in cut:
+            watcher.cut_off = True
+            if watcher.abort is not None:
+                watcher.abort()
+            watcher.queue.put_nowait(None)
+        return len(cut)
 
     def replay(self, key: str, namespace: str | None, since: int) -> list[WatchEvent] | None:
         """Events after `since`, or None when history no longer reaches back that far."""

@@ -70,6 +70,8 @@ async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
     """Stream events; `render` converts objects (e.g. to Tables), None sends them as stored."""
     rt = req.rt
     watcher = store.subscribe(rt.key, req.namespace)
+    if request.transport is not None:
+        watcher.abort = request.transport.abort
     try:
         backlog: list[tuple[str, dict[str, Any]]] = []
         rv_text = req.resource_version
@@ -102,7 +104,9 @@ async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
             await _send(response, {"type": etype, "object": render(obj) if render else obj})
         if req.send_initial and req.bookmarks:
             await _send(response, _bookmark(rt, start_rv, initial_end=True))
-        await _stream(response, store, watcher, req, render, start_rv if initial else None)
+        # The client may go away, or the connection be cut on purpose, at any write.
+        with contextlib.suppress(ConnectionError):
+            await _stream(response, store, watcher, req, render, start_rv if initial else None)
         return response
     finally:
         store.unsubscribe(watcher)

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# How long a request keeps retrying while the API server is unreachable (restarting): like
+# client-go's controllers, the kubelet waits the control plane out instead of giving up.
+UNREACHABLE_RETRY_SECONDS = 60.0
 
 
 class ApiError(Exception):
@@ -72,6 +75,22 @@ class ApiClient:
     async def request(self, method: str, path: str, body: Any = None,
                       content_type: str = "application/json",
                       params: Mapping[str, str] | None = None) -> Obj:
+        delay, waited = 0.1, 0.0
+        while True:
+            try:
+                return await self._request_once(method, path, body, content_type, params)
+            except aiohttp.ClientConnectionError as err:
+                # Refused, reset or dropped: the server is restarting. A write it applied
+                # before the connection dropped is repeated; callers accept 404/409 answers.
+                if waited >= UNREACHABLE_RETRY_SECONDS:
+                    raise
+                log.debug("%s %s: API server unreachable (%s); retrying", method, path, err)
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 2.0)
+
+    async def _request_once(self, method: str, path: str, body: Any, content_type: str,
+                            params: Mapping[str, str] | None) -> Obj:
         data = None if body is None else json.dumps(body)
         headers = {"Accept": "application/json"}
         if data is not None:

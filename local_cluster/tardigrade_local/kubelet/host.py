@@ -134,6 +134,11 @@ class KubeletHost:
         await self.client.patch(path + "/status", {"status": body["status"]})
         self.binder.dirty.set()
         self.events.node(config.name, "RegisteredNode", f"Node {config.name} event: Registered")
+        # A kubelet starts by syncing the pods already bound to its node (a VM replaced under
+        # the same name finds pods bound to its predecessor that never started there).
+        for pod in list(self.pods.cache.values()):
+            if pod["spec"].get("nodeName") == config.name:
+                self._on_pod("MODIFIED", pod)
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
                            replace_after_seconds: float | None = None) -> None:
@@ -276,8 +281,14 @@ class KubeletHost:
         self._spawn(self._reap(agent, key, worker))
 
     async def _finalize(self, key: tuple[str, str, str]) -> None:
+        path = core_path("pods", key[0], key[1])
         try:
-            await self.client.delete(core_path("pods", key[0], key[1]), 0)
+            pod = self.pods.cache.get(key[:2])
+            if pod is not None and not _is_terminal(pod):
+                # Like the kubelet since 1.27: a deleted pod reaches a terminal phase before it
+                # goes, so controllers with a finalizer on it see it finish.
+                await self.client.patch(path + "/status", {"status": {"phase": "Failed"}})
+            await self.client.delete(path, 0)
         except ApiError as err:
             log.warning("finalizing pod %s/%s failed: %s", key[0], key[1], err)
         finally:

@@ -1,0 +1,614 @@
+"""Operator and control-plane faults on the local cluster: scenarios, invariants, one runner.
+
+Shared by `tests/faults/test_operator_faults.py` (a few trials) and `bench/faults_operator.py`
+(the long run). Each trial runs a TrainingJob of simulated trainers
+(`tardigrade_local.simtrainer`, no JAX) through injected faults and checks, with zero
+tolerance:
+- converged: the job is Running with exactly its gang (one running pod per rank of the
+  current attempt, no relaunch pending) before the deadline;
+- duplicate pods: one pod name created twice (two uids), i.e. a rank of one attempt launched
+  twice, or two pods claiming one (attempt, rank);
+- orphans: pods of an older attempt still running while a newer attempt has running pods (a
+  gang never overlaps its successor), or still present or running as processes after
+  convergence;
+- counter mismatches: status.attempt, replicas, restarts.* and the recovery causes against
+  what the trial injected (every job runs with maxRestarts 0, so a disruption mistaken for a
+  crash fails the job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from kubernetes import watch
+from tardigrade_local.cluster import LocalCluster
+
+from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess
+from tests.polling import wait_for
+
+LABEL_JOB = "tardigrade.dev/job"
+LABEL_ATTEMPT = "tardigrade.dev/attempt"
+LABEL_RANK = "tardigrade.dev/rank"
+SIM_COMMAND = ["python", "-m", "tardigrade_local.simtrainer"]
+POOL_LABEL = "faults.tardigrade.dev/pool"
+# Short enough that a capacity shrink happens within a trial; no grow-back probe meanwhile.
+OPERATOR_ENV = {"TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "4",
+                "TARDIGRADE_GROW_BACK_AFTER_SECONDS": "3600"}
+CONVERGE_TIMEOUT = 120.0
+# After convergence the counters must stay put this long (a late double count shows here).
+HOLD_SECONDS = 2.0
+GRACE_SECONDS = 5
+TERMINAL = ("Succeeded", "Failed")
+
+
+# ------------------------------------------------------------------------------ results ---
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    attempt: int
+    replicas: int
+    causes: tuple[str, ...] = ()  # recoveries' causes, oldest first
+
+    def counters(self) -> dict[str, int]:
+        counts = {key: 0 for key in ("preemptions", "failures", "resizes", "retries")}
+        for cause in self.causes:
+            key = {"Preemption": "preemptions", "Failure": "failures", "Resize": "resizes",
+                   "Retry": "retries"}.get(cause)
+            if key:
+                counts[key] += 1
+        counts["total"] = sum(counts.values())
+        return counts
+
+
+@dataclasses.dataclass
+class TrialResult:
+    scenario: str
+    converged: bool
+    duplicates: int
+    orphans: int
+    mismatches: list[str]
+    seconds: float  # from the (first) disruption to convergence
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.converged and not self.duplicates and not self.orphans \
+            and not self.mismatches
+
+    def describe(self) -> str:
+        return (f"{self.scenario}: converged={self.converged} duplicates={self.duplicates} "
+                f"orphans={self.orphans} mismatches={self.mismatches} "
+                f"seconds={self.seconds:.1f} {self.note}")
+
+
+def counter_mismatches(status: dict[str, Any], expected: Expected) -> list[str]:
+    restarts = status.get("restarts") or {}
+    recoveries = status.get("recoveries") or []
+    found = []
+    for key, want in expected.counters().items():
+        if restarts.get(key, 0) != want:
+            found.append(f"restarts.{key}={restarts.get(key, 0)} (want {want})")
+    for key, want in (("attempt", expected.attempt), ("replicas", expected.replicas)):
+        if status.get(key) != want:
+            found.append(f"{key}={status.get(key)} (want {want})")
+    causes = tuple(r["cause"] for r in recoveries)
+    if causes != expected.causes:
+        found.append(f"recovery causes {list(causes)} (want {list(expected.causes)}): "
+                     + "; ".join(f"{r['cause']} {r.get('reason', '')}" for r in recoveries))
+    attempts = [r["attempt"] for r in recoveries]
+    if attempts != list(range(2, len(attempts) + 2)):
+        found.append(f"recovery attempts {attempts} are not 2, 3, ...")
+    return found
+
+
+# ------------------------------------------------------------------------- pod monitor ---
+
+
+@dataclasses.dataclass(frozen=True)
+class PodState:
+    job: str
+    attempt: int
+    rank: int
+    uid: str
+    phase: str
+    node: str | None
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in TERMINAL
+
+
+class PodMonitor:
+    """Follows every trainer pod by list + watch (relisting after a cut or a 410) and records
+    invariant violations the moment they happen, not only at the end of a trial."""
+
+    def __init__(self, core: kubernetes.client.CoreV1Api) -> None:
+        self.core = core
+        self._lock = threading.Lock()
+        self._pods: dict[str, PodState] = {}
+        self._uids: dict[str, set[str]] = defaultdict(set)
+        self._created: dict[str, list[str]] = defaultdict(list)  # job -> pod names, in order
+        self._overlaps: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+        self._synced = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-monitor", daemon=True)
+
+    def start(self) -> PodMonitor:
+        self._thread.start()
+        if not self._synced.wait(30):
+            raise TimeoutError("the pod monitor could not list pods")
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                listing = self.core.list_namespaced_pod(NAMESPACE, label_selector=LABEL_JOB)
+                self._sync(listing.items)
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod, NAMESPACE, label_selector=LABEL_JOB,
+                    resource_version=listing.metadata.resource_version, timeout_seconds=20)
+                for event in stream:
+                    if self._stopped.is_set():
+                        return
+                    self._apply(event["type"], event["object"])
+            except Exception:  # cut, 410 Gone, server restarting: relist
+                self._stopped.wait(0.1)
+
+    def _sync(self, pods: list[Any]) -> None:
+        with self._lock:
+            listed = {p.metadata.name for p in pods}
+            for name in [n for n in self._pods if n not in listed]:
+                del self._pods[name]
+        for pod in pods:
+            self._apply("ADDED", pod)
+        self._synced.set()
+
+    def _apply(self, kind: str, pod: Any) -> None:
+        meta = pod.metadata
+        labels = meta.labels or {}
+        if LABEL_JOB not in labels:
+            return
+        state = PodState(job=labels[LABEL_JOB], attempt=int(labels.get(LABEL_ATTEMPT, -1)),
+                         rank=int(labels.get(LABEL_RANK, -1)), uid=meta.uid,
+                         phase=(pod.status.phase if pod.status else None) or "Pending",
+                         node=pod.spec.node_name if pod.spec else None)
+        with self._lock:
+            if kind == "DELETED":
+                self._pods.pop(meta.name, None)
+                return
+            if meta.uid not in self._uids[meta.name]:
+                self._uids[meta.name].add(meta.uid)
+                self._created[state.job].append(meta.name)
+            self._pods[meta.name] = state
+            active = tuple(sorted({p.attempt for p in self._pods.values()
+                                   if p.job == state.job and p.active}))
+            if len(active) > 1:
+                self._overlaps[state.job].add(active)
+
+    # --- questions -----------------------------------------------------------------------
+    def created(self, job: str, attempt: int | None = None) -> list[str]:
+        with self._lock:
+            names = list(self._created[job])
+        if attempt is None:
+            return names
+        return [n for n in names if n.rsplit("-", 2)[-2] == f"a{attempt}"]
+
+    def pods(self, job: str) -> list[tuple[str, PodState]]:
+        with self._lock:
+            return [(n, p) for n, p in self._pods.items() if p.job == job]
+
+    def duplicates(self, job: str) -> int:
+        with self._lock:
+            twice = sum(len(self._uids[n]) - 1 for n in set(self._created[job]))
+            claims: dict[tuple[int, int], set[str]] = defaultdict(set)
+            for name in set(self._created[job]):
+                _, attempt, rank = name.rsplit("-", 2)
+                claims[(int(attempt[1:]), int(rank))].add(name)
+        return twice + sum(len(names) - 1 for names in claims.values())
+
+    def overlaps(self, job: str) -> list[tuple[int, ...]]:
+        with self._lock:
+            return sorted(self._overlaps[job])
+
+
+# ----------------------------------------------------------------------------- the bed ---
+
+
+def sim_job(name: str, replicas: int, checkpoints: Path, **spec: Any) -> dict[str, Any]:
+    """A TrainingJob of simulated trainers that trains until deleted."""
+    body: dict[str, Any] = {
+        "replicas": replicas, "maxReplicas": 4,
+        "image": "python:3.11-slim", "command": SIM_COMMAND,
+        "trainer": {"steps": 10_000_000, "step_seconds": 0.05},
+        "checkpoint": {"path": str(checkpoints / name), "interval": {"steps": 20}},
+        # No restart budget: a disruption counted as a crash fails the job at once.
+        "failurePolicy": {"maxRestarts": 0, "backoffSeconds": 0},
+        "podTemplate": {"terminationGracePeriodSeconds": GRACE_SECONDS},
+    }
+    body.update(spec)
+    return {"apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": body}
+
+
+class FaultBed:
+    """One local cluster (3 nodes), the operator as a killable process, and a pod monitor."""
+
+    def __init__(self, root: Path, seed: int, nodes: int = 3) -> None:
+        self.root = root
+        self.rng = random.Random(seed)
+        self.nodes = nodes
+        self.local = LocalCluster(root / "cluster", nodes=nodes, with_gcs=False,
+                                  shutdown_grace_seconds=GRACE_SECONDS,
+                                  orphan_pod_gc_seconds=3)
+        self.cluster: Cluster
+        self.operator: OperatorProcess
+        self.monitor: PodMonitor
+
+    def __enter__(self) -> FaultBed:
+        self.local.start()
+        try:
+            self.cluster = Cluster(self.local)
+            self.operator = OperatorProcess(self.local, self.root / "operator.log",
+                                            env=OPERATOR_ENV)
+            self.operator.start()
+            self.monitor = PodMonitor(self.cluster.core).start()
+        except BaseException:
+            self.local.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.monitor.stop()
+        self.operator.stop()
+        self.local.stop()
+
+    # --- acting --------------------------------------------------------------------------
+    def apply(self, job: dict[str, Any]) -> None:
+        self.cluster.custom.create_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", job)
+
+    def scale(self, name: str, replicas: int) -> None:
+        self.cluster.custom.patch_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name,
+            {"spec": {"replicas": replicas}})
+
+    def restart_operator(self) -> None:
+        self.operator.kill()  # SIGKILL: no cleanup, no last status write
+        self.operator.start()
+
+    def node_of(self, name: str, rank: int | None = None) -> str:
+        """The node of a running rank of the job's current attempt (a random one)."""
+        def found() -> str | None:
+            attempt = self.cluster.status(name).get("attempt")
+            nodes = [p.node for _, p in self.monitor.pods(name)
+                     if p.attempt == attempt and p.node and p.active
+                     and (rank is None or p.rank == rank)]
+            return self.rng.choice(nodes) if nodes else None
+        return wait_for(found, 60, f"a bound pod of {name}")
+
+    def wait_nodes(self, count: int) -> None:
+        def ready() -> bool:
+            nodes = self.cluster.core.list_node().items
+            up = [n for n in nodes if POOL_LABEL not in (n.metadata.labels or {})
+                  and any(c.type == "Ready" and c.status == "True"
+                          for c in n.status.conditions or [])]
+            return len(up) >= count
+        wait_for(ready, 60, f"{count} ready nodes")
+
+    def kill_operator_when(self, moment: Callable[[], bool], what: str) -> None:
+        wait_for(moment, 60, what, interval=0.005)
+        self.restart_operator()
+
+    # --- judging -------------------------------------------------------------------------
+    def converged(self, name: str) -> dict[str, Any] | None:
+        """The status once the job runs exactly its gang and nothing is pending."""
+        job = self.cluster.job(name) or {}
+        status = job.get("status") or {}
+        if status.get("observedGeneration") != job.get("metadata", {}).get("generation"):
+            return None  # the operator has not seen the newest spec yet
+        if status.get("phase") == "Failed":
+            raise TrialFailed(f"{name} failed: {status.get('message')}")
+        if status.get("phase") != "Running":
+            return None
+        attempt, replicas = status.get("attempt"), status.get("replicas")
+        recoveries = status.get("recoveries") or []
+        if recoveries and recoveries[-1]["attempt"] > attempt:
+            return None
+        pods = self.cluster.pods(name)
+        current = [p for p in pods if p.metadata.labels[LABEL_ATTEMPT] == str(attempt)]
+        ranks = sorted(int(p.metadata.labels[LABEL_RANK]) for p in current)
+        if ranks != list(range(replicas or 0)):
+            return None
+        if any(p.status.phase != "Running" or p.metadata.deletion_timestamp for p in current):
+            return None
+        return status
+
+    def judge(self, scenario: str, name: str, expected: Expected, started: float,
+              note: str = "", checks: Callable[[dict[str, Any]], list[str]] | None = None
+              ) -> TrialResult:
+        """Wait for convergence, then check every invariant; always deletes the job."""
+        def settled() -> dict[str, Any] | None:
+            # At least the relaunches the faults call for must have happened: a gang that
+            # looks fine only because nobody reacted yet is not converged. More than that is
+            # a mismatch, found below.
+            status = self.converged(name)
+            return status if status and status["attempt"] >= expected.attempt else None
+
+        try:
+            status = wait_for(settled, CONVERGE_TIMEOUT, f"{name} to converge")
+            seconds = time.monotonic() - started
+        except (AssertionError, TrialFailed) as err:
+            result = TrialResult(scenario, False, self.monitor.duplicates(name),
+                                 len(self.monitor.overlaps(name)),
+                                 counter_mismatches(self.cluster.status(name), expected),
+                                 time.monotonic() - started, f"{note} {err}".strip())
+            self.delete(name)
+            return result
+        mismatches = counter_mismatches(status, expected)
+        held = self._hold(name, status)
+        if held:
+            mismatches.append(held)
+        if checks is not None:
+            mismatches += checks(status)
+        orphans = len(self.monitor.overlaps(name)) + self._leftovers(name, status["attempt"])
+        result = TrialResult(scenario, True, self.monitor.duplicates(name), orphans, mismatches,
+                             seconds, note)
+        self.delete(name)
+        return result
+
+    def _hold(self, name: str, status: dict[str, Any]) -> str:
+        deadline = time.monotonic() + HOLD_SECONDS
+        keys = ("attempt", "replicas", "restarts")
+        while time.monotonic() < deadline:
+            now = self.cluster.status(name)
+            if any(now.get(k) != status.get(k) for k in keys):
+                return (f"changed after convergence: {[status.get(k) for k in keys]} -> "
+                        f"{[now.get(k) for k in keys]}")
+            time.sleep(0.2)
+        return ""
+
+    def _leftovers(self, name: str, attempt: int) -> int:
+        """Old-attempt pods (objects or processes) still there once the gang converged."""
+        current = {f"{name}-a{attempt}-"}
+
+        def objects() -> list[str]:
+            return [p.metadata.name for p in self.cluster.pods(name)
+                    if not p.metadata.name.startswith(tuple(current))]
+
+        def processes() -> list[str]:
+            running = [pod.split("/", 1)[1] for node in self.local.status()["nodes"]
+                       for pod in node["pods"]]
+            return [p for p in running if p.startswith(f"{name}-a")
+                    and not p.startswith(tuple(current))]
+
+        try:
+            wait_for(lambda: not objects() and not processes(), 30, "old attempts to go")
+        except AssertionError:
+            return len(objects()) + len(processes())
+        return 0
+
+    def delete(self, name: str) -> None:
+        self.cluster.custom.delete_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
+        wait_for(lambda: not self.cluster.pods(name) and self.cluster.job(name) is None, 60,
+                 f"{name} and its pods to go")
+
+
+    def forget_jobs(self) -> None:
+        """After a trial broke off: delete whatever it left, so the next starts clean."""
+        jobs = self.cluster.custom.list_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs")["items"]
+        for job in jobs:
+            self.delete(job["metadata"]["name"])
+        self.wait_nodes(self.nodes)
+
+
+class TrialFailed(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- scenarios ---
+
+
+def _start(bed: FaultBed, name: str, replicas: int, **spec: Any) -> None:
+    bed.apply(sim_job(name, replicas, bed.root / "checkpoints", **spec))
+    wait_for(lambda: bed.converged(name), CONVERGE_TIMEOUT, f"{name} to start")
+
+
+def _kill_moment(bed: FaultBed, name: str, attempt: int, window: float, replicas: int = 2
+                 ) -> tuple[Callable[[], bool], str]:
+    """A random moment: after a random delay, or right after the k-th pod of the attempt
+    is created (the operator may be half-way through creating the gang)."""
+    rng = bed.rng
+    if rng.random() < 0.5:
+        delay = rng.uniform(0, window)
+        deadline = time.monotonic() + delay
+        return (lambda: time.monotonic() >= deadline), f"kill after {delay:.2f}s"
+    k = rng.randint(1, min(2, replicas))
+    return (lambda: len(bed.monitor.created(name, attempt)) >= k,
+            f"kill after pod {k} of attempt {attempt}")
+
+
+def kill_during_launch(bed: FaultBed, index: int) -> TrialResult:
+    name = f"launch-{index}"
+    replicas = bed.rng.choice([2, 3])
+    moment, how = _kill_moment(bed, name, 1, window=3.0)
+    started = time.monotonic()
+    bed.apply(sim_job(name, replicas, bed.root / "checkpoints"))
+    bed.kill_operator_when(moment, how)
+    return bed.judge("operator SIGKILL during launch", name, Expected(1, replicas), started,
+                     how)
+
+
+def kill_during_recovery(bed: FaultBed, index: int) -> TrialResult:
+    name = f"recover-{index}"
+    _start(bed, name, 2)
+    node = bed.node_of(name)
+    moment, how = _kill_moment(bed, name, 2, window=4.0)
+    started = time.monotonic()
+    bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+    bed.kill_operator_when(moment, how)
+    result = bed.judge("operator SIGKILL during recovery", name,
+                       Expected(2, 2, ("Preemption",)), started, how)
+    bed.wait_nodes(bed.nodes)
+    return result
+
+
+def kill_during_resize(bed: FaultBed, index: int) -> TrialResult:
+    name = f"resize-{index}"
+    _start(bed, name, 2)
+    target = bed.rng.choice([1, 3])
+    moment, how = _kill_moment(bed, name, 2, window=3.0, replicas=target)
+    started = time.monotonic()
+    bed.scale(name, target)
+    bed.kill_operator_when(moment, how)
+    return bed.judge("operator SIGKILL during resize", name, Expected(2, target, ("Resize",)),
+                     started, f"2->{target}, {how}")
+
+
+def _control_plane_fault(bed: FaultBed, index: int, fault: str) -> TrialResult:
+    """A preemption, the control-plane fault at a random moment of its recovery, then a
+    scale: the operator must still see spec changes (its watches came back)."""
+    rng = bed.rng
+    name = f"{fault}-{index}"
+    _start(bed, name, 2)
+    node = bed.node_of(name)
+    started = time.monotonic()
+    bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+    if rng.random() < 0.5:
+        time.sleep(rng.uniform(0, 2.0))  # the random moment of the fault, not a wait
+    else:
+        # The moment the operator is writing the preemption into the status.
+        wait_for(lambda: any(p.attempt == 1 and not p.active for _, p in bed.monitor.pods(name)),
+                 60, "a rank of the preempted gang to stop", interval=0.005)
+    if fault == "apiserver-restart":
+        downtime = rng.uniform(0, 3.0)
+        bed.local.restart_apiserver(downtime)
+        how = f"API server down {downtime:.1f}s"
+    else:
+        cuts = rng.randint(2, 4)
+        for _ in range(cuts):
+            bed.local.cut_watches(expire_history=rng.random() < 0.5)
+            time.sleep(rng.uniform(0, 1.0))
+        how = f"{cuts} watch cuts"
+    first = wait_for(lambda: bed.converged(name), CONVERGE_TIMEOUT, f"{name} to recover")
+    seconds = time.monotonic() - started
+    if first["attempt"] != 2:
+        bed.delete(name)
+        return TrialResult(f"{fault} mid-recovery", True, 0, 0,
+                           counter_mismatches(first, Expected(2, 2, ("Preemption",))), seconds)
+    bed.wait_nodes(bed.nodes)
+    bed.scale(name, 3)
+    result = bed.judge(f"{fault} mid-recovery", name,
+                       Expected(3, 3, ("Preemption", "Resize")), time.monotonic(), how)
+    result.seconds = seconds
+    return result
+
+
+def apiserver_restart(bed: FaultBed, index: int) -> TrialResult:
+    return _control_plane_fault(bed, index, "apiserver-restart")
+
+
+def watch_cuts(bed: FaultBed, index: int) -> TrialResult:
+    return _control_plane_fault(bed, index, "watch-cut")
+
+
+STORM_PREEMPTIONS = 10
+STORM_WINDOW_SECONDS = 60.0
+
+
+def preemption_storm(bed: FaultBed, index: int, preemptions: int = STORM_PREEMPTIONS
+                     ) -> TrialResult:
+    """Preemptions back to back: each one hits the newest gang as soon as it has a pod on a
+    node, before it has even started training."""
+    name = f"storm-{index}"
+    _start(bed, name, 2)
+    started = time.monotonic()
+    for hit in range(preemptions):
+        attempt = hit + 1
+
+        def current_gang_placed(attempt: int = attempt) -> str | None:
+            status = bed.cluster.status(name)
+            recoveries = status.get("recoveries") or []
+            if status.get("attempt") != attempt or (
+                    recoveries and recoveries[-1]["attempt"] > attempt):
+                return None
+            nodes = [p.node for _, p in bed.monitor.pods(name)
+                     if p.attempt == attempt and p.node and p.active]
+            return bed.rng.choice(nodes) if nodes else None
+
+        node = wait_for(current_gang_placed, 60, f"attempt {attempt} placed")
+        bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+        # Next hit only once this one is counted: each injection is one expected preemption.
+        wait_for(lambda hit=hit: (bed.cluster.status(name).get("restarts") or {}).get(
+            "preemptions", 0) > hit or bed.cluster.status(name).get("phase") == "Failed",
+            60, f"preemption {hit + 1} counted")
+    storm = time.monotonic() - started
+    note = f"{preemptions} preemptions in {storm:.0f}s"
+    result = bed.judge("preemption storm", name,
+                       Expected(preemptions + 1, 2, ("Preemption",) * preemptions),
+                       started, note)
+    if storm > STORM_WINDOW_SECONDS:
+        result.mismatches.append(f"storm took {storm:.0f}s > {STORM_WINDOW_SECONDS:.0f}s")
+    bed.wait_nodes(bed.nodes)
+    return result
+
+
+def node_lost_for_good(bed: FaultBed, index: int) -> TrialResult:
+    """Three one-pod nodes, a 3-rank gang (minReplicas 2); one node vanishes for good: the
+    gang is relaunched, cannot fit, and shrinks to the 2 nodes left, saying why."""
+    name = f"lost-{index}"
+    pool = f"pool{index}"
+    nodes = [f"{pool}-{i}" for i in range(3)]
+    for node in nodes:
+        bed.local.add_node(node, labels={POOL_LABEL: pool}, capacity={"pods": "1"})
+    _start(bed, name, 3, minReplicas=2,
+           podTemplate={"terminationGracePeriodSeconds": GRACE_SECONDS,
+                        "nodeSelector": {POOL_LABEL: pool}})
+    victim = bed.node_of(name)
+    started = time.monotonic()
+    bed.local.delete_node(victim)
+
+    def explained(status: dict[str, Any]) -> list[str]:
+        problems = []
+        limited = next((c for c in status.get("conditions") or []
+                        if c["type"] == "CapacityLimited"), None)
+        if not limited or limited["status"] != "True" or "unschedulable" not in \
+                limited.get("message", ""):
+            problems.append(f"CapacityLimited condition: {limited}")
+        events = bed.cluster.core.list_namespaced_event(
+            NAMESPACE, field_selector=f"involvedObject.name={name}").items
+        reasons = {e.reason for e in events}
+        if not {"Preemption", "Resize"} <= reasons:
+            problems.append(f"events {sorted(reasons)} lack Preemption/Resize")
+        return problems
+
+    result = bed.judge("node lost for good", name, Expected(3, 2, ("Preemption", "Resize")),
+                       started, f"lost {victim}", checks=explained)
+    for node in nodes:
+        if node != victim:
+            bed.local.delete_node(node)
+    return result
+
+
+SCENARIOS: dict[str, Callable[[FaultBed, int], TrialResult]] = {
+    "operator SIGKILL during launch": kill_during_launch,
+    "operator SIGKILL during recovery": kill_during_recovery,
+    "operator SIGKILL during resize": kill_during_resize,
+    "API server restart mid-recovery": apiserver_restart,
+    "watch connections cut mid-recovery": watch_cuts,
+    "preemption storm (10 in <60s)": preemption_storm,
+    "node lost for good (shrink 3->2)": node_lost_for_good,
+}
