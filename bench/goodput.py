@@ -75,7 +75,7 @@ class Settings:
 
     @classmethod
     def quick(cls) -> Settings:
-        return cls(steps=120, every_seconds=(20.0, 25.0), timeout_seconds=300.0)
+        return cls(steps=250, every_seconds=(20.0, 25.0))
 
 
 @dataclasses.dataclass

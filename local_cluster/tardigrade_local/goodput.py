@@ -122,7 +122,8 @@ def disruption_cost(runs: Sequence[StepRun], keep: Sequence[bool], disruption: D
     return DisruptionCost(
         disruption,
         recovery_seconds=since(r.time for r in later),
-        stopped_seconds=since([hit[1]]) if hit else None,
+        # Killed at once (no save), its last record may predate the disruption.
+        stopped_seconds=max(0.0, hit[1] - disruption.time) if hit else None,
         relaunch_seconds=since(first for a, (first, _) in lifetimes.items()
                                if a > disruption.attempt),
         steps_lost=lost,

@@ -49,11 +49,12 @@ def test_preemption_with_notice_loses_nothing_and_times_the_recovery():
 def test_steps_past_the_restored_checkpoint_are_lost():
     # No save on notice: attempt 2 restores step 5, so attempt 1's steps 6..10 were wasted.
     records = steps(1, 1, 10, T0 + 1) + steps(2, 6, 20, T0 + 20)
-    report = run_report(records, [Disruption("preemption", T0 + 9.5, attempt=1)], started=T0)
+    report = run_report(records, [Disruption("preemption", T0 + 10.5, attempt=1)], started=T0)
     assert report.steps_computed == 25
     assert report.steps_kept == 20
     assert report.kept_seconds == pytest.approx(20.0)
     assert report.costs[0].steps_lost == 5
+    assert report.costs[0].stopped_seconds == 0.0  # its last step came before the notice
     assert report.wall_seconds == pytest.approx(34.0)
 
 
