@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
+from tardigrade_local.kubelet import crilog
+from tardigrade_local.paths import StateLayout
+
 JOB_LABEL = "tardigrade.dev/job"
 RANK_LABEL = "tardigrade.dev/rank"
+ATTEMPT_LABEL = "tardigrade.dev/attempt"
 
 
 class StepLog:
     """Losses by step (a step trained twice keeps both), restores and saves, from `kubectl logs`.
 
     Call `collect()` often enough that a pod's log is read before the operator deletes the pod.
+    Every record gets the `attempt` of the pod that wrote it.
     """
 
-    def __init__(self, core: CoreV1Api, namespace: str, job: str) -> None:
+    def __init__(self, core: CoreV1Api | None, namespace: str, job: str) -> None:
         self.core = core
         self.namespace = namespace
         self.job = job
@@ -28,7 +34,24 @@ class StepLog:
         self.records: list[dict[str, Any]] = []
         self._lines_seen: dict[str, int] = {}
 
+    @classmethod
+    def from_container_logs(cls, layout: StateLayout, namespace: str, job: str) -> StepLog:
+        """The complete log, from the files the kubelet keeps: it still has the logs of pods
+        already deleted and of nodes that are gone, which the API can no longer serve."""
+        steplog = cls(None, namespace, job)
+        pod_name = re.compile(rf"{re.escape(namespace)}_{re.escape(job)}-a(\d+)-0")
+        pod_dirs = [(int(m.group(1)), d) for d in layout.pods_dir.glob(f"{namespace}_{job}-a*-0")
+                    if (m := pod_name.fullmatch(d.name))]
+        for attempt, pod_dir in sorted(pod_dirs):
+            for log_file in sorted(pod_dir.glob("*.log")):
+                if not log_file.name.endswith(".previous.log"):
+                    for line in crilog.text(log_file.read_bytes()).splitlines():
+                        steplog._read(line, attempt)
+        return steplog
+
     def collect(self) -> None:
+        if self.core is None:
+            return
         try:
             pods = self.core.list_namespaced_pod(
                 self.namespace, label_selector=f"{JOB_LABEL}={self.job},{RANK_LABEL}=0").items
@@ -43,17 +66,19 @@ class StepLog:
             lines = text.splitlines()
             # The last line may be half written: read it next time.
             complete = lines if text.endswith("\n") else lines[:-1]
+            attempt = int((pod.metadata.labels or {}).get(ATTEMPT_LABEL, 0))
             for line in complete[self._lines_seen.get(name, 0):]:
-                self._read(line)
+                self._read(line, attempt)
             self._lines_seen[name] = len(complete)
 
-    def _read(self, line: str) -> None:
+    def _read(self, line: str, attempt: int) -> None:
         try:
             record = json.loads(line)
         except ValueError:
             return
         if not isinstance(record, dict):
             return
+        record.setdefault("attempt", attempt)
         self.records.append(record)
         event = record.get("event")
         if event == "step":

@@ -67,6 +67,14 @@ def test_environment_contract_round_trips_from_the_pod():
     assert pod["spec"]["terminationGracePeriodSeconds"] == 30
 
 
+@pytest.mark.parametrize("save", [True, False])
+def test_save_on_preemption_reaches_the_trainer(save):
+    manifest = load_yaml(EXAMPLES / "trainingjob.yaml")
+    manifest["spec"]["checkpoint"]["saveOnPreemption"] = save
+    pod = build_pod(JOB, parse_trainingjob(manifest).spec, GangLaunch(1, 2, "latest"), rank=0)
+    assert contract.TrainerEnvironment.from_env(pod_env(pod)).save_on_preemption is save
+
+
 def test_gpu_spot_placement():
     pod = build_pod(JOB, _job("gke-gpu-spot.yaml"), GangLaunch(1, 4, "latest"), rank=0)
     spec = pod["spec"]

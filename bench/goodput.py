@@ -1,0 +1,353 @@
+"""Goodput of one training job under preemptions and resizes, on the local cluster.
+
+    python bench/goodput.py [--quick] [--seed 0] [--out DIR] [--arms a,b,c,d]
+
+The same TrainingJob (examples/trainingjob.yaml: the reference trainer, 2 ranks, a fixed
+number of steps) runs through the local cluster and the operator, one arm after the other:
+
+  a undisturbed    nobody touches it: the baseline every ratio is taken against;
+  b preempted      spot reclaims on a seeded schedule (every 45-60 s): the node of a random
+                   rank gets DisruptionTarget and SIGTERM, then is gone after the grace period;
+  c no-save        the same schedule with `checkpoint.saveOnPreemption: false`: only the
+                   periodic checkpoints survive, what JobSet- or Kubeflow-style restarts give;
+  d resized        `kubectl scale` 2 -> 1 -> 2 ... on the same schedule (down and up: a
+                   third rank would only oversubscribe a 2-core machine).
+
+Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
+wall time, its ratio to arm a, the time to recover per disruption (from the disruption to the
+first step of the relaunched gang; p50/p99) and the steps lost per disruption (computed but not
+kept). Step times come from the trainer's own log (see tardigrade_local/goodput.py).
+Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice (b, d).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
+
+from tardigrade_local.cluster import LocalCluster, operator_command  # noqa: E402
+from tardigrade_local.demo import demo_job  # noqa: E402
+from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
+from tardigrade_local.kubelet import NodeConfig  # noqa: E402
+from tardigrade_local.steplog import StepLog  # noqa: E402
+
+NS = "default"
+GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
+NODE_RETURNS_AFTER_SECONDS = 2.0  # a reclaimed spot VM's replacement joins the pool
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    key: str
+    name: str
+    disruption: str | None  # None, "preemption" or "resize"
+    save_on_preemption: bool = True
+
+
+ARMS = {
+    "a": Arm("a", "undisturbed", None),
+    "b": Arm("b", "preempted", "preemption"),
+    "c": Arm("c", "no-save", "preemption", save_on_preemption=False),
+    "d": Arm("d", "resized", "resize"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    steps: int = 1200
+    every_seconds: tuple[float, float] = (45.0, 60.0)
+    grace_seconds: float = 20.0
+    resize_between: tuple[int, int] = (1, 2)
+    timeout_seconds: float = 1800.0  # per arm: a guard against a stuck job, not a budget
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(steps=250, every_seconds=(20.0, 25.0), timeout_seconds=900.0)
+
+
+@dataclasses.dataclass
+class ArmResult:
+    arm: Arm
+    report: RunReport
+    submitted: float
+    disruptions: list[Disruption]
+    runs: list[dict[str, Any]]
+    recoveries: list[dict[str, Any]]  # the operator's own account (status.recoveries)
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster, settings: Settings, seed: int) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.seed = seed
+        client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.env = cluster.client_env()
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> None:
+        subprocess.run(["kubectl", *args], env=self.env, input=stdin, text=True, check=True,
+                       capture_output=True, timeout=60)
+
+    def status(self, name: str) -> dict[str, Any]:
+        try:
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+        except kubernetes.client.exceptions.ApiException:
+            return {}
+        return obj.get("status") or {}
+
+    def live_pods(self, name: str) -> list[Any]:
+        pods = self.core.list_namespaced_pod(
+            NS, label_selector=f"tardigrade.dev/job={name}").items
+        return [p for p in pods if p.status.phase == "Running"
+                and not p.metadata.deletion_timestamp and p.spec.node_name]
+
+    def job(self, arm: Arm) -> dict[str, Any]:
+        job = demo_job(self.settings.steps)
+        name = f"goodput-{arm.name}"
+        job["metadata"]["name"] = name
+        job["spec"]["trainer"]["log_every"] = 1  # every step's time: the goodput needs them
+        checkpoint = job["spec"]["checkpoint"]
+        checkpoint["path"] = f"gs://tardigrade/checkpoints/{name}-{self.seed}"
+        checkpoint["saveOnPreemption"] = arm.save_on_preemption
+        return job
+
+    def run(self, arm: Arm) -> ArmResult:
+        job = self.job(arm)
+        try:
+            return self._run(arm, job)
+        finally:
+            # Done or not, it must not compete with the next arm for the CPUs.
+            self.kubectl("delete", "trainingjob", job["metadata"]["name"], "--wait=false")
+
+    def _run(self, arm: Arm, job: dict[str, Any]) -> ArmResult:
+        name = job["metadata"]["name"]
+        # Every arm draws the same schedule: the same intervals, the same victims.
+        rng = random.Random(self.seed)
+        log = StepLog(self.core, NS, name)
+        disruptions: list[Disruption] = []
+        submitted = time.time()
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
+        next_at: float | None = None
+        replicas = int(job["spec"]["replicas"])
+        deadline = time.monotonic() + self.settings.timeout_seconds
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not finish in {self.settings.timeout_seconds}s")
+            log.collect()
+            status = self.status(name)
+            if status.get("phase") == "Failed":
+                raise RuntimeError(f"{name} failed: {status.get('message')}")
+            if status.get("phase") == "Succeeded":
+                break
+            now = time.time()
+            steps = [r for r in log.records if r.get("event") == "step"]
+            if arm.disruption and steps and next_at is None:
+                next_at = float(steps[0]["time"]) + rng.uniform(*self.settings.every_seconds)
+            gang = self.live_pods(name)
+            attempt = max((int(p.metadata.labels["tardigrade.dev/attempt"]) for p in gang),
+                          default=-1)
+            # Disrupt only a gang that trains (a recovery in progress defers the next one),
+            # and not in the last stretch, where it would measure nothing.
+            training = (status.get("phase") == "Running" and len(gang) == replicas
+                        and any(int(r["attempt"]) == attempt for r in steps))
+            if (arm.disruption and training and next_at is not None and now >= next_at
+                    and log.last_step < self.settings.steps * 0.9):
+                victim = rng.randrange(replicas)
+                when = time.time()
+                if arm.disruption == "preemption":
+                    pod = next(p for p in gang
+                               if p.metadata.labels["tardigrade.dev/rank"] == str(victim))
+                    self.cluster.preempt_node(pod.spec.node_name,
+                                              grace_seconds=self.settings.grace_seconds,
+                                              replace_after_seconds=NODE_RETURNS_AFTER_SECONDS)
+                    what = f"preempted {pod.spec.node_name} (rank {victim})"
+                else:
+                    low, high = self.settings.resize_between
+                    replicas = high if replicas == low else low
+                    self.kubectl("scale", f"trainingjob/{name}", f"--replicas={replicas}")
+                    what = f"scaled to {replicas}"
+                disruptions.append(Disruption(arm.disruption, when, attempt))
+                print(f"  {when - submitted:6.1f}s step {log.last_step}: {what}", flush=True)
+                next_at = when + rng.uniform(*self.settings.every_seconds)
+            time.sleep(0.5)
+        # The whole log, also what the API could not serve any more (pods on reclaimed nodes).
+        final = StepLog.from_container_logs(self.cluster.layout, NS, name)
+        report = run_report(final.records, disruptions, submitted)
+        runs = [{"attempt": int(r["attempt"]), "step": int(r["step"]),
+                 "time": float(r["time"]) - submitted}
+                for r in final.records if r.get("event") == "step"]
+        return ArmResult(arm, report, submitted, disruptions, runs,
+                         list(status.get("recoveries") or []))
+
+
+# --- what it prints and leaves behind --------------------------------------------------------
+def _fmt(value: float, spec: str = ".1f") -> str:
+    return "-" if value != value else format(value, spec)  # NaN: nothing measured
+
+
+def summary_rows(results: list[ArmResult]) -> list[dict[str, str]]:
+    base = next((r.report for r in results if r.arm.key == "a"), None)
+    rows = []
+    for result in results:
+        report = result.report
+        costs = report.costs
+        recovery = [c.recovery_seconds for c in costs if c.recovery_seconds is not None]
+        stopped = [c.stopped_seconds for c in costs if c.stopped_seconds is not None]
+        relaunch = [c.relaunch_seconds for c in costs if c.relaunch_seconds is not None]
+        lost = [c.steps_lost for c in costs]
+        rows.append({
+            "arm": f"({result.arm.key}) {result.arm.name}",
+            "disruptions": f"{len(costs)} {result.arm.disruption or ''}".strip(),
+            "wall s": _fmt(report.wall_seconds),
+            "wall vs (a)": _fmt(report.wall_seconds / base.wall_seconds, ".2f") if base else "-",
+            "goodput": _fmt(report.goodput, ".3f"),
+            "goodput vs (a)": _fmt(report.goodput / base.goodput, ".2f") if base else "-",
+            "recovery p50 / p99 s": (f"{_fmt(percentile(recovery, 0.5))} / "
+                                     f"{_fmt(percentile(recovery, 0.99))}") if costs else "-",
+            # Where the p50 recovery goes: old gang stopped (saved), new trainer started.
+            "gang stopped / trainer started p50 s": (
+                f"{_fmt(percentile(stopped, 0.5))} / {_fmt(percentile(relaunch, 0.5))}"
+                if costs else "-"),
+            "steps lost / disruption (mean, max)": (
+                f"{sum(lost) / len(lost):.1f}, {max(lost)}" if lost else "-"),
+            "steps computed / kept": f"{report.steps_computed} / {report.steps_kept}",
+        })
+    return rows
+
+
+def markdown(rows: list[dict[str, str]]) -> str:
+    headers = list(rows[0])
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row[h] for h in headers) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdicts(results: list[ArmResult]) -> list[str]:
+    by_key = {r.arm.key: r.report for r in results}
+    lines = []
+    if "a" in by_key and "b" in by_key:
+        ratio = by_key["b"].goodput / by_key["a"].goodput
+        lines.append(f"target (b) goodput >= 0.9 x (a): {ratio:.2f} x -> "
+                     f"{'met' if ratio >= 0.9 else 'MISSED'}")
+    for key in ("b", "d"):
+        if key in by_key and by_key[key].costs:
+            lost = sum(c.steps_lost for c in by_key[key].costs)
+            lines.append(f"target zero steps lost with notice ({key}): {lost} lost -> "
+                         f"{'met' if lost == 0 else 'MISSED'}")
+    return lines
+
+
+def write_outputs(results: list[ArmResult], settings: Settings, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "settings": dataclasses.asdict(settings),
+        "arms": [{
+            "arm": dataclasses.asdict(r.arm),
+            "wall_seconds": r.report.wall_seconds, "kept_seconds": r.report.kept_seconds,
+            "goodput": r.report.goodput, "steps_computed": r.report.steps_computed,
+            "steps_kept": r.report.steps_kept,
+            "disruptions": [{
+                "kind": c.disruption.kind, "at_seconds": c.disruption.time - r.submitted,
+                "attempt": c.disruption.attempt, "recovery_seconds": c.recovery_seconds,
+                "stopped_seconds": c.stopped_seconds, "relaunch_seconds": c.relaunch_seconds,
+                "steps_lost": c.steps_lost,
+            } for c in r.report.costs],
+            "operator_recoveries": r.recoveries,
+            "steps": r.runs,
+        } for r in results],
+    }
+    (out / "goodput.json").write_text(json.dumps(data, indent=2))
+    (out / "goodput.md").write_text(markdown(summary_rows(results)) + "\n\n"
+                                    + "\n".join(verdicts(results)) + "\n")
+    plot(results, out / "goodput.png")
+
+
+def plot(results: list[ArmResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here, and none needed
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 4.8), dpi=110)
+    colors = {"a": "0.45", "b": "tab:blue", "c": "tab:red", "d": "tab:orange"}
+    for result in results:
+        color = colors[result.arm.key]
+        runs = sorted(result.runs, key=lambda r: r["time"])
+        axis.plot([r["time"] for r in runs], [r["step"] for r in runs], ".", markersize=2,
+                  color=color, label=f"({result.arm.key}) {result.arm.name}: goodput "
+                  f"{result.report.goodput:.2f}")
+        for disruption in result.disruptions:
+            axis.axvline(disruption.time - result.submitted, color=color, linestyle=":",
+                         linewidth=1)
+    axis.set_xlabel("seconds since the job was submitted")
+    axis.set_ylabel("step computed")
+    axis.set_title("Training progress per arm (dotted: preemptions / resizes)")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short job, short intervals")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", default="a,b,c,d", help="which arms, in order (a,b,c,d)")
+    parser.add_argument("--steps", type=int, help="override the job's step count")
+    parser.add_argument("--out", type=Path, help="write goodput.json/.md/.png here")
+    args = parser.parse_args()
+    settings = Settings.quick() if args.quick else Settings()
+    if args.steps:
+        settings = dataclasses.replace(settings, steps=args.steps)
+    arms = [ARMS[key] for key in args.arms.split(",")]
+    nodes = [NodeConfig(f"local-node-{i}") for i in range(1, 4)]
+    started = time.monotonic()
+    results: list[ArmResult] = []
+    operator = operator_command(namespace=NS, resync_seconds=1)
+    with tempfile.TemporaryDirectory(prefix="tardigrade-goodput-") as state, \
+            LocalCluster(Path(state) / "cluster", nodes=nodes, operator_command=operator,
+                         shutdown_grace_seconds=settings.grace_seconds) as cluster:
+        bench = Bench(cluster, settings, args.seed)
+        for arm in arms:
+            print(f"arm ({arm.key}) {arm.name}: {settings.steps} steps", flush=True)
+            try:
+                results.append(bench.run(arm))
+            except (TimeoutError, RuntimeError) as err:
+                # The other arms still count; this one is reported as missing.
+                print(f"  arm ({arm.key}) gave no result: {err}", flush=True)
+                continue
+            report = results[-1].report
+            print(f"  done: wall {report.wall_seconds:.1f}s, goodput {report.goodput:.3f}",
+                  flush=True)
+            if args.out:
+                write_outputs(results, settings, args.out)
+    if not results:
+        raise SystemExit("no arm finished")
+    print(f"\n{len(results)} arms in {time.monotonic() - started:.0f}s; seed {args.seed}, "
+          f"{settings.steps} steps, disruptions every {settings.every_seconds[0]:g}-"
+          f"{settings.every_seconds[1]:g}s, grace {settings.grace_seconds:g}s\n")
+    print(markdown(summary_rows(results)))
+    print()
+    print("\n".join(verdicts(results)))
+    if args.out:
+        print(f"\nwrote {args.out}/goodput.json, goodput.md, goodput.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The goodput bench's arithmetic: kept steps, goodput and recovery from a step log."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tardigrade_local.goodput import Disruption, kept, percentile, run_report, step_runs
+from tardigrade_local.paths import StateLayout
+from tardigrade_local.steplog import StepLog
+
+T0 = 1_000_000.0
+
+
+def steps(attempt: int, first: int, last: int, start: float, every: float = 1.0,
+          first_takes: float | None = None) -> list[dict]:
+    """Step records of one attempt: `first` ends at `start`, then one every `every` s."""
+    records = [{"event": "start", "attempt": attempt, "time": start - (first_takes or every)}]
+    for i, step in enumerate(range(first, last + 1)):
+        records.append({"event": "step", "attempt": attempt, "step": step, "loss": 1.0,
+                        "time": start + i * every})
+    return records
+
+
+def test_undisturbed_run_keeps_every_step_and_ignores_compilation():
+    # The first step took 10 s (compilation); the others 0.5 s. Submitted 20 s before it.
+    records = steps(1, 1, 5, T0 + 20, every=0.5, first_takes=10)
+    report = run_report(records, [], started=T0)
+    assert report.steps_computed == report.steps_kept == 5
+    assert report.kept_seconds == pytest.approx(5 * 0.5)
+    assert report.wall_seconds == pytest.approx(22.0)
+    assert report.goodput == pytest.approx(2.5 / 22.0)
+
+
+def test_preemption_with_notice_loses_nothing_and_times_the_recovery():
+    # Notice at step 8's time; the gang agrees on step 10, saves, and the next attempt resumes
+    # at step 11, 12 s after the notice.
+    records = steps(1, 1, 10, T0 + 1) + steps(2, 11, 20, T0 + 20, first_takes=4)
+    notice = Disruption("preemption", T0 + 8, attempt=1)
+    report = run_report(records, [notice], started=T0)
+    assert report.steps_kept == 20
+    (cost,) = report.costs
+    assert cost.steps_lost == 0
+    assert cost.recovery_seconds == pytest.approx(12.0)
+    assert cost.stopped_seconds == pytest.approx(2.0)  # attempt 1's last step, at T0 + 10
+    assert cost.relaunch_seconds == pytest.approx(8.0)  # attempt 2 started at T0 + 16
+
+
+def test_steps_past_the_restored_checkpoint_are_lost():
+    # No save on notice: attempt 2 restores step 5, so attempt 1's steps 6..10 were wasted.
+    records = steps(1, 1, 10, T0 + 1) + steps(2, 6, 20, T0 + 20)
+    report = run_report(records, [Disruption("preemption", T0 + 10.5, attempt=1)], started=T0)
+    assert report.steps_computed == 25
+    assert report.steps_kept == 20
+    assert report.kept_seconds == pytest.approx(20.0)
+    assert report.costs[0].steps_lost == 5
+    assert report.costs[0].stopped_seconds == 0.0  # its last step came before the notice
+    assert report.wall_seconds == pytest.approx(34.0)
+
+
+def test_a_later_attempt_that_goes_further_back_discards_more():
+    runs = step_runs(steps(1, 1, 10, T0) + steps(2, 9, 12, T0 + 20) + steps(3, 7, 15, T0 + 40))
+    kept_steps = [(r.attempt, r.step) for r, k in zip(runs, kept(runs), strict=True) if k]
+    assert kept_steps == [(1, s) for s in range(1, 7)] + [(3, s) for s in range(7, 16)]
+
+
+def test_a_disruption_with_no_recovery_has_no_recovery_time():
+    records = steps(1, 1, 10, T0 + 1)
+    report = run_report(records, [Disruption("resize", T0 + 5, attempt=1)], started=T0)
+    assert report.costs[0].recovery_seconds is None
+    assert report.costs[0].steps_lost == 0
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert percentile([3.0, 1.0, 2.0], 0.99) == 3.0
+    assert percentile(list(map(float, range(1, 101))), 0.99) == 99.0
+    assert percentile([], 0.5) != percentile([], 0.5)  # NaN: nothing measured
+
+
+def _cri(lines: list[dict | str]) -> bytes:
+    out = []
+    for line in lines:
+        text = line if isinstance(line, str) else json.dumps(line)
+        out.append(f"2026-01-01T00:00:00.000000Z stdout F {text}\n")
+    return "".join(out).encode()
+
+
+def test_step_log_reads_rank_zero_of_every_attempt_from_the_kubelet_files(tmp_path):
+    layout = StateLayout(tmp_path)
+    logs = {
+        "default_job-a1-0": [{"event": "start", "time": 1.0}, "jax: a warning",
+                             {"event": "step", "step": 1, "loss": 2.0, "time": 2.0}],
+        "default_job-a2-0": [{"event": "checkpoint_restored", "step": 1, "time": 5.0},
+                             {"event": "step", "step": 2, "loss": 1.5, "time": 6.0}],
+        "default_job-a2-1": [{"event": "step", "step": 2, "loss": 9.0, "time": 6.0}],
+        "default_job-b-a1-0": [{"event": "step", "step": 7, "loss": 9.0, "time": 6.0}],
+    }
+    for pod, lines in logs.items():
+        (layout.pods_dir / pod).mkdir(parents=True)
+        (layout.pods_dir / pod / "trainer.log").write_bytes(_cri(lines))
+    log = StepLog.from_container_logs(layout, "default", "job")
+    assert [(r["event"], r["attempt"]) for r in log.records] == [
+        ("start", 1), ("step", 1), ("checkpoint_restored", 2), ("step", 2)]
+    assert log.curve() == {1: 2.0, 2: 1.5}
+    assert log.restored == [1]
