@@ -145,3 +145,13 @@ def test_docs_list_every_contract_variable_and_exit_code():
     codes = [k for k in vars(contract) if k.startswith("EXIT_")]
     assert [n for n in names if f"`{n}`" not in text] == []
     assert [c for c in codes if f"`{c}`" not in text] == []
+
+
+def test_compilation_cache_dir_is_a_string_option():
+    from tardigrade_trainer.config import ConfigError, TrainerConfig
+
+    assert TrainerConfig.from_mapping({}).compilation_cache_dir is None
+    config = TrainerConfig.from_mapping({"compilation_cache_dir": "/cache/jax"})
+    assert config.compilation_cache_dir == "/cache/jax"
+    with pytest.raises(ConfigError, match=r"compilation_cache_dir.*non-empty string"):
+        TrainerConfig.from_mapping({"compilation_cache_dir": 3})

@@ -40,6 +40,7 @@ def main() -> int:
     from tardigrade_trainer import distributed
 
     distributed.configure_host_devices(config.devices_per_process)
+    distributed.configure_compilation_cache(config.compilation_cache_dir)
     try:
         distributed.initialize(env)
     except distributed.PeerTimeoutError as err:

@@ -11,6 +11,10 @@ class ConfigError(ValueError):
     """The trainer config cannot run as written (exit code EXIT_CONFIG_ERROR)."""
 
 
+# Keys whose default is None, so their type cannot be read off the default.
+_STRING_KEYS = frozenset({"compilation_cache_dir"})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     steps: int = 100
@@ -41,6 +45,10 @@ class TrainerConfig:
     checkpoint_storage_stall_seconds: int = 60
     # Compare the restored shards with the digests recorded at save time (one hash pass).
     checkpoint_verify_restore: bool = True
+    # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
+    # here starts training seconds sooner. Must be shared by the hosts that relaunch (a volume,
+    # or the machine itself on the local cluster). Unset: JAX's own default (no cache).
+    compilation_cache_dir: str | None = None
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> TrainerConfig:
@@ -55,7 +63,9 @@ class TrainerConfig:
                 values[name] = None
                 continue
             want: type = int
-            if isinstance(default, bool):
+            if name in _STRING_KEYS:
+                want = str
+            elif isinstance(default, bool):
                 want = bool
             elif isinstance(default, float):
                 want = float
@@ -63,6 +73,9 @@ class TrainerConfig:
                 raise ConfigError(f"trainer config {name!r} must be true or false, got {value!r}")
             if want is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"trainer config {name!r} must be an integer, got {value!r}")
+            if want is str and not (isinstance(value, str) and value):
+                raise ConfigError(f"trainer config {name!r} must be a non-empty string, "
+                                  f"got {value!r}")
             if want is float and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise ConfigError(f"trainer config {name!r} must be a number, got {value!r}")
             values[name] = want(value)

@@ -40,6 +40,18 @@ def configure_host_devices(devices_per_process: int | None) -> None:
     os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
 
 
+def configure_compilation_cache(directory: str | None) -> None:
+    """Keep compiled programs across restarts; must run before the first compilation."""
+    if not directory:
+        return
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", directory)
+    # The train step compiles in seconds on small hosts: cache it whatever it cost.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
