@@ -87,9 +87,11 @@ def _page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised host array whose data starts on a page boundary.
 
     `jax.device_put` onto a CPU device adopts such a buffer as the device buffer instead of
-    copying it (numpy's own 16-byte alignment is not enough); restoring a host's shards this
-    way writes each byte into memory once instead of three times (TensorStore's result
-    array, then the device copy).
+    copying it (numpy's own 16-byte alignment is not enough). Reading into it replaces two
+    copies of the state into newly allocated memory (TensorStore's result array, then the
+    device buffer) with one; first touches of new memory dominate restore time on VMs that
+    hand freed pages back to their host. Replicas of a slice share one such buffer: JAX
+    treats adopted buffers as immutable and copies instead of reusing them when donated.
     """
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     page = mmap.PAGESIZE
