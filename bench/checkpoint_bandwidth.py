@@ -1,15 +1,26 @@
 """Checkpoint save/restore bandwidth against raw disk and orbax, in one run on one machine.
 
-    python bench/checkpoint_bandwidth.py --gib 1 [--dir DIR] [--devices 4] [--repeats 2]
+    python bench/checkpoint_bandwidth.py --gib 1 [--dir DIR] [--devices 4] [--repeats 3]
 
 Prints, for a sharded float32 state of about --gib GiB:
   * raw disk write (write + fsync) and read bandwidth of one file, dd-style: the baseline;
-  * tardigrade CheckpointManager save/restore bandwidth and their ratio to the baseline;
-  * training-loop time blocked per async save (steady state, i.e. the second save; the first
-    one is printed too), absolute and as a fraction of the full save;
+  * tardigrade CheckpointManager save/restore bandwidth and their ratio to the baseline, with
+    per-chunk checksums (the default) and without;
+  * training-loop time blocked per async save, absolute and as a fraction of the full save;
   * the same figures for orbax-checkpoint's StandardCheckpointer on the same state.
-Page-cache copies of every file are evicted (posix_fadvise DONTNEED) before each read so
-restores measure the disk, not memory. The best of --repeats runs is reported per figure.
+
+Fairness rules, each of which changed the figures when broken:
+  * one untimed warm-up round first (first save compiles, first restore after a save in the
+    same process, first use of fresh memory): a training job pays those once, not per save;
+  * `sync` before every timed phase, so that deferred work of the previous one (deleted files,
+    journal commits) is not charged to the next;
+  * page-cache copies of every file are evicted (fdatasync + POSIX_FADV_DONTNEED) before each
+    read, so restores measure the disk, not memory;
+  * each ratio pairs a figure with the raw figure of the same round (the machine's load
+    drifts within seconds), and the median over rounds is printed with its range;
+  * a restore must produce the state in newly allocated memory, so the read baseline reads
+    into new buffers (`os.read`) too; the dd-style figure (one reused buffer) is printed
+    beside it. On VMs that hand freed pages back to the host the two differ a lot.
 """
 
 from __future__ import annotations
@@ -17,10 +28,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BLOCK = 64 << 20
 
@@ -31,14 +45,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     parser.add_argument("--devices", type=int, default=4, help="CPU devices to shard over")
     parser.add_argument("--arrays", type=int, default=16, help="number of state leaves")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--no-checksum", action="store_true", help="skip crc32c per chunk")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up")
+    parser.add_argument("--skip-unverified", action="store_true",
+                        help="skip the tardigrade run without checksums")
     parser.add_argument("--skip-orbax", action="store_true")
     return parser.parse_args()
 
 
 def evict(path: Path) -> None:
     """Flush and drop a file or a tree from the page cache."""
+    os.sync()
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     for file in files:
         fd = os.open(file, os.O_RDONLY)
@@ -49,31 +65,135 @@ def evict(path: Path) -> None:
             os.close(fd)
 
 
-def raw_disk(scratch: Path, nbytes: int) -> tuple[float, float]:
+def timed(action: Callable[[], Any]) -> float:
+    os.sync()
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def raw_disk(scratch: Path, nbytes: int) -> dict[str, float]:
     """dd-style: sequential 64 MiB writes, fsync, then sequential reads of the evicted file."""
-    block = os.urandom(BLOCK)
+    block = memoryview(os.urandom(BLOCK))
     path = scratch / "raw.bin"
-    started = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        written = 0
-        while written < nbytes:
-            written += os.write(fd, block[: min(BLOCK, nbytes - written)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    write_s = time.perf_counter() - started
+
+    def write() -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            written = 0
+            while written < nbytes:
+                written += os.write(fd, block[: min(BLOCK, nbytes - written)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_into_new_memory() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while os.read(fd, BLOCK):
+                pass
+        finally:
+            os.close(fd)
+
+    reused = bytearray(BLOCK)
+
+    def read_dd_style() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while os.readv(fd, [reused]):
+                pass
+        finally:
+            os.close(fd)
+
+    figures = {"write": nbytes / timed(write)}
     evict(path)
-    started = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while os.read(fd, BLOCK):
-            pass
-    finally:
-        os.close(fd)
-    read_s = time.perf_counter() - started
+    figures["read"] = nbytes / timed(read_into_new_memory)
+    evict(path)
+    figures["read_dd"] = nbytes / timed(read_dd_style)
     path.unlink()
-    return nbytes / write_s, nbytes / read_s
+    return figures
+
+
+class Tardigrade:
+    def __init__(self, root: Path, checksum: bool) -> None:
+        from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
+
+        self.root = root
+        self.manager = CheckpointManager(str(root), checksum=checksum, keep=KeepLast(2))
+
+    def save(self, step: int, state: Any) -> float:
+        return self.manager.save(step, state)
+
+    def wait(self) -> None:
+        self.manager.wait()
+
+    def path(self, step: int) -> Path:
+        return self.root
+
+    def restore(self, step: int, target: Any) -> Any:
+        return self.manager.restore(step, target)[0]
+
+    def close(self) -> None:
+        self.manager.close()
+        shutil.rmtree(self.root)
+
+
+class Orbax:
+    def __init__(self, root: Path) -> None:
+        import orbax.checkpoint as ocp
+
+        self.root = root
+        self.checkpointer = ocp.StandardCheckpointer()
+
+    def save(self, step: int, state: Any) -> float:
+        started = time.perf_counter()
+        self.checkpointer.save(self.path(step), state)
+        return time.perf_counter() - started
+
+    def wait(self) -> None:
+        self.checkpointer.wait_until_finished()
+
+    def path(self, step: int) -> Path:
+        return self.root / str(step)
+
+    def restore(self, step: int, target: Any) -> Any:
+        return self.checkpointer.restore(self.path(step), target)
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        shutil.rmtree(self.root)
+
+
+def measure(checkpointer: Tardigrade | Orbax, state: Any, target: Any,
+            nbytes: int) -> dict[str, float]:
+    import jax
+    import numpy as np
+
+    figures = {"blocked_first": checkpointer.save(1, state)}
+    checkpointer.wait()
+    blocked = 0.0
+
+    def save() -> None:
+        nonlocal blocked
+        blocked = checkpointer.save(2, state)
+        checkpointer.wait()
+
+    total = timed(save)
+    figures.update(save=nbytes / total, blocked=blocked, blocked_frac=blocked / total)
+    evict(checkpointer.path(2))
+    restored = None
+
+    def restore() -> None:
+        nonlocal restored
+        restored = checkpointer.restore(2, target)
+        jax.block_until_ready(restored)
+
+    figures["restore"] = nbytes / timed(restore)
+    assert restored is not None
+    assert all(np.array_equal(restored[k], state[k]) for k in state), "restore differs"
+    del restored
+    checkpointer.close()
+    return figures
 
 
 def main() -> int:
@@ -85,7 +205,6 @@ def main() -> int:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
 
     mesh = Mesh(np.array(jax.devices()).reshape(args.devices), ("data",))
     sharding = NamedSharding(mesh, PartitionSpec("data", None))
@@ -100,87 +219,58 @@ def main() -> int:
     target = {k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
               for k, a in state.items()}
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
-    gb = 1e9
-    results: dict[str, list[float]] = {}
-
-    def record(key: str, value: float) -> None:
-        results.setdefault(key, []).append(value)
-
+    contenders: dict[str, Callable[[Path], Tardigrade | Orbax]] = {
+        "tardigrade": lambda root: Tardigrade(root, checksum=True)
+    }
+    if not args.skip_unverified:
+        contenders["tardigrade, no checksum"] = lambda root: Tardigrade(root, checksum=False)
+    if not args.skip_orbax:
+        contenders["orbax StandardCheckpointer"] = Orbax
+    rounds: list[dict[str, dict[str, float]]] = []
+    load_before = os.getloadavg()
     try:
-        for repeat in range(args.repeats):
-            write_bw, read_bw = raw_disk(scratch, nbytes)
-            record("raw_write", write_bw)
-            record("raw_read", read_bw)
-
-            root = scratch / f"tardigrade-{repeat}"
-            manager = CheckpointManager(str(root), checksum=not args.no_checksum,
-                                        keep=KeepLast(2))
-            # The first save compiles the snapshot copy; a training loop pays that once.
-            record("ours_blocked_first", manager.save(1, state))
-            manager.wait()
-            started = time.perf_counter()
-            blocked = manager.save(2, state)
-            manager.wait()
-            total = time.perf_counter() - started
-            record("ours_save", nbytes / total)
-            record("ours_blocked", blocked)
-            record("ours_blocked_frac", blocked / total)
-            evict(root)
-            started = time.perf_counter()
-            restored, _ = manager.restore(2, target)
-            jax.block_until_ready(restored)
-            record("ours_restore", nbytes / (time.perf_counter() - started))
-            assert all(np.array_equal(restored[k], state[k]) for k in ("layer00",))
-            manager.close()
-            del restored
-            shutil.rmtree(root)
-
-            if not args.skip_orbax:
-                import orbax.checkpoint as ocp
-
-                checkpointer = ocp.StandardCheckpointer()
-                started = time.perf_counter()
-                checkpointer.save(scratch / f"orbax-warmup-{repeat}", state)
-                record("orbax_blocked_first", time.perf_counter() - started)
-                checkpointer.wait_until_finished()
-                shutil.rmtree(scratch / f"orbax-warmup-{repeat}")
-                path = scratch / f"orbax-{repeat}"
-                started = time.perf_counter()
-                checkpointer.save(path, state)
-                blocked = time.perf_counter() - started
-                checkpointer.wait_until_finished()
-                total = time.perf_counter() - started
-                record("orbax_save", nbytes / total)
-                record("orbax_blocked", blocked)
-                record("orbax_blocked_frac", blocked / total)
-                evict(path)
-                started = time.perf_counter()
-                restored = checkpointer.restore(path, target)
-                jax.block_until_ready(restored)
-                record("orbax_restore", nbytes / (time.perf_counter() - started))
-                checkpointer.close()
-                del restored
-                shutil.rmtree(path)
+        for round_ in range(args.repeats + 1):
+            figures = {"raw": raw_disk(scratch, nbytes)}
+            for name, make in contenders.items():
+                figures[name] = measure(make(scratch / f"{name}-{round_}".replace(" ", "_")
+                                             .replace(",", "")), state, target, nbytes)
+            rounds.append(figures)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    load_after = os.getloadavg()
 
-    best = {k: (min(v) if "blocked" in k else max(v)) for k, v in results.items()}
+    warmup, timed_rounds = rounds[0], rounds[1:]
+    gb = 1e9
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    def spread(values: list[float], fmt: str) -> str:
+        low, mid, high = (format(v, fmt) for v in (min(values), median(values), max(values)))
+        return f"{mid} [{low}-{high}]"
+
+    raw = {k: [r["raw"][k] for r in timed_rounds] for k in ("write", "read", "read_dd")}
     print(f"state: {nbytes / (1 << 30):.2f} GiB in {args.arrays} float32 arrays sharded over "
-          f"{args.devices} CPU devices; best of {args.repeats}; checksum="
-          f"{'off' if args.no_checksum else 'crc32c'}")
-    print(f"raw disk (dd-style, fsync):  write {best['raw_write'] / gb:6.2f} GB/s   "
-          f"read {best['raw_read'] / gb:6.2f} GB/s")
-    for name in ("ours", "orbax"):
-        if f"{name}_save" not in best:
-            continue
-        label = "tardigrade" if name == "ours" else "orbax StandardCheckpointer"
-        print(f"{label + ':':28s} save  {best[f'{name}_save'] / gb:6.2f} GB/s "
-              f"({best[f'{name}_save'] / best['raw_write']:.2f}x raw)   "
-              f"restore {best[f'{name}_restore'] / gb:6.2f} GB/s "
-              f"({best[f'{name}_restore'] / best['raw_read']:.2f}x raw)   "
-              f"blocked {best[f'{name}_blocked'] * 1e3:7.1f} ms per save "
-              f"({best[f'{name}_blocked_frac']:.1%} of the full save; first save "
-              f"{best[f'{name}_blocked_first'] * 1e3:.1f} ms)")
+          f"{args.devices} CPU devices; median [min-max] of {args.repeats} rounds after a "
+          f"warm-up; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
+          f"({os.cpu_count()} CPUs)")
+    print(f"raw disk (fsync):  write {spread([v / gb for v in raw['write']], '.2f')} GB/s   "
+          f"read into new memory {spread([v / gb for v in raw['read']], '.2f')} GB/s   "
+          f"(dd-style reused buffer {spread([v / gb for v in raw['read_dd']], '.2f')} GB/s)")
+    for name in contenders:
+        runs = [r[name] for r in timed_rounds]
+        save_ratio = [r[name]["save"] / r["raw"]["write"] for r in timed_rounds]
+        restore_ratio = [r[name]["restore"] / r["raw"]["read"] for r in timed_rounds]
+        restore_dd = [r[name]["restore"] / r["raw"]["read_dd"] for r in timed_rounds]
+        print(f"{name}:")
+        print(f"    save    {median([f['save'] for f in runs]) / gb:6.2f} GB/s  "
+              f"{spread(save_ratio, '.2f')}x raw write")
+        print(f"    restore {median([f['restore'] for f in runs]) / gb:6.2f} GB/s  "
+              f"{spread(restore_ratio, '.2f')}x raw read into new memory  "
+              f"({median(restore_dd):.2f}x dd-style)")
+        print(f"    blocked {median([f['blocked'] for f in runs]) * 1e3:6.1f} ms per save  "
+              f"{spread([f['blocked_frac'] * 100 for f in runs], '.1f')}% of the full save  "
+              f"(first save in the process: {warmup[name]['blocked_first'] * 1e3:.1f} ms)")
     return 0
 
 

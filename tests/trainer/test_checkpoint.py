@@ -69,6 +69,27 @@ def test_save_then_restore_onto_other_meshes_is_bitwise_identical(tmp_path):
     manager.close()
 
 
+def test_restored_buffers_shared_by_replicas_survive_a_donating_step(tmp_path):
+    # On CPU, restore hands its read buffers to JAX without a copy, one buffer per distinct
+    # slice, shared by every device holding a replica of it: a step that donates the state
+    # must neither write through to the other replicas nor change a later restore.
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    manager.save(1, _state(mesh, seed=5))
+    manager.wait()
+    restored, _ = manager.restore(1, _target(mesh, PartitionSpec("data")))
+    expected = {k: np.asarray(v).copy() for k, v in restored.items()}
+    step = jax.jit(lambda state: jax.tree_util.tree_map(lambda x: x * 2, state),
+                   donate_argnums=0)
+    stepped = jax.block_until_ready(step(restored))
+    for name, value in stepped.items():
+        for shard in value.addressable_shards:
+            assert np.array_equal(shard.data, expected[name][shard.index] * 2), name
+    again, _ = manager.restore(1, _target(mesh, PartitionSpec("data")))
+    assert all(np.array_equal(again[k], expected[k]) for k in expected)
+    manager.close()
+
+
 def test_keep_policy_deletes_only_after_a_newer_commit(tmp_path):
     manager = CheckpointManager(str(tmp_path), keep=keep_union(KeepLast(2), KeepEvery(20)))
     mesh = _mesh(4, 1)

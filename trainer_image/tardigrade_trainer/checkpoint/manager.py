@@ -8,6 +8,7 @@ import datetime
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from tardigrade_trainer import distributed, testhooks
-from tardigrade_trainer.checkpoint import digest
+from tardigrade_trainer.checkpoint import digest, durability
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
 from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
@@ -73,6 +74,33 @@ class _HostLeaf:
     chunk: tuple[int, ...]
     # numpy data, or (CPU backend) a private on-device copy that is already host memory.
     shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingRead:
+    buffer: np.ndarray
+    write: ts.WriteFutures
+
+    def result(self) -> np.ndarray:
+        self.write.result()
+        return self.buffer
+
+
+def _page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised host array whose data starts on a page boundary.
+
+    `jax.device_put` onto a CPU device adopts such a buffer as the device buffer instead of
+    copying it (numpy's own 16-byte alignment is not enough). Reading into it replaces two
+    copies of the state into newly allocated memory (TensorStore's result array, then the
+    device buffer) with one; first touches of new memory dominate restore time on VMs that
+    hand freed pages back to their host. Replicas of a slice share one such buffer: JAX
+    treats adopted buffers as immutable and copies instead of reusing them when donated.
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    page = mmap.PAGESIZE
+    raw = np.empty(nbytes + page, np.uint8)
+    offset = -raw.ctypes.data % page
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 def step_dir(step: int) -> str:
@@ -169,12 +197,21 @@ class CheckpointManager:
         self.process_id = jax.process_index()
         self.process_count = jax.process_count()
         self._kv_spec = kvstore_spec(self.root)
-        # Each chunk file is fsynced on write (durability before commit); many files in
-        # flight hide that latency, far beyond TensorStore's default of one per core.
+        # Many files in flight hide per-file latency (open, rename, fsync where TensorStore
+        # does it), far beyond TensorStore's default of one per core.
         self._context = ts.Context({"file_io_concurrency": {"limit": 64},
                                     **self.storage.context_spec()})
         if self._kv_spec["driver"] == "gcs":
             self.storage.apply_stall_timeout()
+        # On a local filesystem a save's data files skip TensorStore's fsync per file and per
+        # directory: each host flushes its filesystem once before the "written" barrier.
+        # The commit marker and everything else still go through the fsyncing `_context`.
+        self._flush_filesystem = self._kv_spec["driver"] == "file" and durability.available()
+        self._write_context = ts.Context({
+            "file_io_concurrency": {"limit": 64},
+            "file_io_sync": not self._flush_filesystem,
+            **self.storage.context_spec(),
+        })
         try:
             self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
         except Exception as err:
@@ -345,6 +382,7 @@ class CheckpointManager:
         started = time.perf_counter()
         directory = step_dir(step)
         pid = self.process_id
+        flush: durability.FilesystemFlush | None = None
         try:
             if self._kv.read(f"{directory}/{COMMIT_FILE}").result().state == "value":
                 # Never rewrite a committed checkpoint (e.g. after restoring an older one).
@@ -355,6 +393,7 @@ class CheckpointManager:
             if pid == 0:
                 # Leftovers of an earlier crashed save of this step may use another chunk grid.
                 self._delete_dir(directory)
+                flush = self._open_flush(directory)
                 creates = [
                     ts.open(
                         {
@@ -368,7 +407,7 @@ class CheckpointManager:
                             },
                         },
                         create=True,
-                        context=self._context,
+                        context=self._write_context,
                     )
                     for leaf in leaves
                 ]
@@ -376,8 +415,11 @@ class CheckpointManager:
                     future.result()
             self._barrier(step, "prepared")
             testhooks.hit("after_prepare", step, pid)
+            flush = flush or self._open_flush(directory)
             opened = [
-                ts.open(self._array_spec(directory, leaf.name), open=True, context=self._context)
+                ts.open(
+                    self._array_spec(directory, leaf.name), open=True, context=self._write_context
+                )
                 for leaf in leaves if leaf.shards
             ]
             writes = []
@@ -396,6 +438,8 @@ class CheckpointManager:
             local = digest.shard_digests((lf.name, lf.shape, lf.shards) for lf in leaves)
             for write in writes:
                 write.result()
+            if flush is not None:
+                flush.flush()  # durable before the barrier, hence before the commit marker
             nbytes = sum(d.nbytes for leaf in leaves for _, d in leaf.shards)
             testhooks.hit("after_write", step, pid)
             gathered = distributed.gather_to_root(
@@ -423,6 +467,9 @@ class CheckpointManager:
             if isinstance(err, CheckpointError):
                 raise
             raise CheckpointIOError(f"saving {self.path_of(step)} failed: {err}") from err
+        finally:
+            if flush is not None:
+                flush.close()
         self.last_committed = info
         self.on_event({
             "event": "checkpoint_committed", "step": step, "path": info.path,
@@ -432,6 +479,12 @@ class CheckpointManager:
             self._collect_garbage(step)
         testhooks.hit("after_gc", step, pid)
         return info
+
+    def _open_flush(self, directory: str) -> durability.FilesystemFlush | None:
+        """Before this host's first write of the step, so that syncfs sees its errors."""
+        if not self._flush_filesystem:
+            return None
+        return durability.FilesystemFlush(self._kv_spec["path"] + directory)
 
     # --- garbage collection -------------------------------------------------------------------
     def _delete_dir(self, directory: str) -> None:
@@ -480,6 +533,11 @@ class CheckpointManager:
         return digest.verify_stored(specs, info.digests, self._context)
 
     # --- restore ------------------------------------------------------------------------------
+    def _read_into_new_buffer(self, source: ts.TensorStore) -> _PendingRead:
+        buffer = _page_aligned_empty(tuple(source.shape), source.dtype.numpy_dtype)
+        target = ts.array(buffer, copy=False, write=True, context=self._context)
+        return _PendingRead(buffer, target.write(source))
+
     def restore(self, step: int, target: Any) -> tuple[Any, CheckpointInfo]:
         """Read checkpoint `step` into the shapes and shardings of `target`.
 
@@ -516,12 +574,12 @@ class CheckpointManager:
                 ).items():
                     key = tuple((s.start, s.stop, s.step) for s in index)
                     if key not in by_index:
-                        by_index[key] = store[index].read()
+                        by_index[key] = self._read_into_new_buffer(store[index])
                     per_device.append((device, by_index[key]))
                 reads.append(per_device)
             arrays = []
             for leaf, per_device in zip(leaves, reads, strict=True):
-                buffers = [jax.device_put(future.result(), device) for device, future in per_device]
+                buffers = [jax.device_put(read.result(), device) for device, read in per_device]
                 arrays.append(
                     jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, buffers)
                 )
