@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
 import yaml
+
+# In-process checkpoint tests need several CPU devices. XLA reads this once, when jax first
+# initialises, and any test module collected earlier may import jax: so here, before them all
+# (this module imports none of it).
+if "jax" not in sys.modules:
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
