@@ -56,10 +56,8 @@ def explain(
             # A bad map key: name the map; the message quotes the key.
             loc = loc[:-2]
         message = item["msg"]
-        hint = PATTERN_HINTS.get(ctx.get("pattern", "")) if item["type"] == (
-            "string_pattern_mismatch") else None
-        if hint is not None:
-            message = hint
+        if item["type"] == "string_pattern_mismatch":
+            message = PATTERN_HINTS.get(ctx.get("pattern", ""), message)
         if item["type"] == "extra_forbidden":
             allowed = _allowed_fields(root, loc[:-1])
             message = "unknown field"

@@ -18,7 +18,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -322,7 +321,7 @@ class PodTemplateOverride(ApiModel):
 
     @field_validator("labels", "annotations")
     @classmethod
-    def _not_ours(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    def _not_ours(cls, value: dict[str, str]) -> dict[str, str]:
         reserved = sorted(k for k in value if k.startswith(RESERVED_PREFIX))
         if reserved:
             raise PydanticCustomError(
