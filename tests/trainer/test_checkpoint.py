@@ -65,7 +65,31 @@ def test_save_then_restore_onto_other_meshes_is_bitwise_identical(tmp_path):
         assert restored["w"].sharding.spec == spec
         assert gathered_state_hash(restored) == original
         assert restored_info.mesh == {"data": 4, "model": 1}
+        # Every saved region of `w` (4), `b` and `count` checked, however the mesh cut them.
+        assert events[-1]["event"] == "checkpoint_restored"
+        assert events[-1]["regions_verified"] >= 6
     assert [e["event"] for e in events][:2] == ["checkpoint_started", "checkpoint_committed"]
+    manager.close()
+
+
+def test_a_step_that_donates_the_state_right_after_save_does_not_change_the_save(tmp_path):
+    # save() returns once the snapshot is dispatched; the loop's next step donates (and may
+    # overwrite) the very buffers the snapshot is being copied from.
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    big = np.random.default_rng(4).standard_normal((4096, 1024)).astype(np.float32)
+    state = {"big": jax.device_put(big, sharding), "count": jax.device_put(np.int32(1))}
+    step = jax.jit(lambda s: jax.tree_util.tree_map(lambda x: x * 3 + 1, s), donate_argnums=0)
+    manager.save(1, state)
+    state = step(state)
+    state = step(state)
+    manager.wait()
+    target = {"big": jax.ShapeDtypeStruct(big.shape, big.dtype, sharding=sharding),
+              "count": jax.ShapeDtypeStruct((), np.int32, sharding=state["count"].sharding)}
+    restored, _ = manager.restore(1, target)
+    assert np.array_equal(np.asarray(restored["big"]), big) and int(restored["count"]) == 1
+    assert np.allclose(np.asarray(state["big"]), (big * 3 + 1) * 3 + 1, atol=1e-4)
     manager.close()
 
 
@@ -141,22 +165,85 @@ def _chunk_files(root: Path, step: int, leaf: str) -> list[Path]:
                   if p.is_file())
 
 
-def test_corrupt_chunk_and_corrupt_marker_are_reported_not_restored(tmp_path):
-    manager = CheckpointManager(str(tmp_path))
+@pytest.mark.parametrize(("checksum", "verify", "says"), [
+    (False, True, "does not hold what was saved: w\\[0:2,0:6\\]"),  # the digests (default)
+    (True, False, "cannot be read"),  # the zarr crc32c codec alone
+])
+def test_corrupt_chunk_and_corrupt_marker_are_reported_not_restored(tmp_path, checksum, verify,
+                                                                    says):
+    manager = CheckpointManager(str(tmp_path), checksum=checksum, verify_restore=verify)
     mesh = _mesh(4, 1)
     manager.save(10, _state(mesh, 1))
     manager.wait()
     chunk = _chunk_files(tmp_path, 10, "w")[0]
     data = bytearray(chunk.read_bytes())
-    data[0] ^= 0xFF  # same size, different bytes: only the checksum can tell
+    data[-1] ^= 0xFF  # same size, different bytes: only a checksum or digest can tell
     chunk.write_bytes(bytes(data))
-    with pytest.raises(CheckpointCorruptError, match="cannot be read"):
+    with pytest.raises(CheckpointCorruptError, match=says):
         manager.restore(10, _target(mesh, PartitionSpec("data")))
     (tmp_path / step_dir(10) / COMMIT_FILE).write_text("{not json")
     with pytest.raises(CheckpointCorruptError, match="unreadable"):
         manager.read_info(10)
     # Still committed (the marker exists), still there: reporting harms nothing.
     assert manager.list_steps() == ([10], [])
+    manager.close()
+
+
+@pytest.mark.parametrize(("mesh_shape", "spec"), [
+    ((2, 1), PartitionSpec("data")),  # the saved shard lies inside a restored slice
+    ((1, 3), PartitionSpec(None, "model")),  # every saved shard straddles restored slices
+    ((1, 1), PartitionSpec()),
+])
+def test_a_corrupt_shard_is_caught_when_restoring_onto_another_mesh(tmp_path, mesh_shape, spec):
+    manager = CheckpointManager(str(tmp_path))
+    manager.save(10, _state(_mesh(4, 1), 1))
+    manager.wait()
+    chunk = _chunk_files(tmp_path, 10, "w")[-1]  # rows 6:8
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError, match=r"w\[6:8,0:6\]"):
+        manager.restore(10, _target(_mesh(*mesh_shape), spec))
+    manager.close()
+
+
+def test_digests_of_a_commit_marker_must_cover_the_array(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    manager.save(10, _state(mesh, 1))
+    manager.wait()
+    marker = tmp_path / step_dir(10) / COMMIT_FILE
+    payload = json.loads(marker.read_text())
+    del payload["digests"]["w"]["2:4,0:6"]
+    marker.write_text(json.dumps(payload))
+    with pytest.raises(CheckpointCorruptError, match=r"digests are incomplete.*cover 36 of"):
+        manager.restore(10, _target(mesh, PartitionSpec()))
+    manager.close()
+
+
+def test_checkpoints_with_sha256_digests_still_restore_and_verify(tmp_path):
+    # Commit markers written before the algorithm was recorded hold SHA-256 digests.
+    from tardigrade_trainer.checkpoint import digest
+
+    manager = CheckpointManager(str(tmp_path))
+    mesh = _mesh(4, 1)
+    state = _state(mesh, 1)
+    manager.save(10, state)
+    manager.wait()
+    marker = tmp_path / step_dir(10) / COMMIT_FILE
+    payload = json.loads(marker.read_text())
+    assert payload.pop("digest_algorithm") == "xxh3-128"
+    w = np.asarray(state["w"])
+    payload["digests"]["w"] = {
+        f"{r}:{r + 2},0:6": digest.digest_array(w[r : r + 2], "sha256-128") for r in (0, 2, 4, 6)
+    }
+    payload["digests"]["b"] = {"0:6": digest.digest_array(np.asarray(state["b"]), "sha256-128")}
+    payload["digests"]["count"] = {"": digest.digest_array(np.int32(1), "sha256-128")}
+    marker.write_text(json.dumps(payload))
+    restored, info = manager.restore(10, _target(_mesh(1, 3), PartitionSpec(None, "model")))
+    assert info.digest_algorithm == "sha256-128"
+    assert gathered_state_hash(restored) == gathered_state_hash(state)
+    assert manager.verify(10) == (6, [])
     manager.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -15,15 +16,14 @@ import shutil
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
 from tardigrade_trainer import distributed, testhooks
-from tardigrade_trainer.checkpoint import digest, durability
+from tardigrade_trainer.checkpoint import chunkfiles, digest, durability
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
 from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
@@ -57,6 +57,7 @@ class CheckpointInfo:
     extra: dict[str, Any]
     # leaf name -> shard region -> digest of the bytes written (see digest.py)
     digests: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    digest_algorithm: str = digest.LEGACY_ALGORITHM
 
     def to_json(self) -> str:
         payload = {"format": FORMAT, **dataclasses.asdict(self)}
@@ -76,14 +77,71 @@ class _HostLeaf:
     shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
 
 
+class _Waitable(Protocol):
+    def result(self) -> Any: ...  # a read's digest of what it read, when it computed one
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkFileRead:
+    """A whole chunk read straight from its file, or through TensorStore if it has none."""
+
+    file: concurrent.futures.Future[tuple[bool, str | None]]
+    through_tensorstore: Callable[[], _Waitable]
+
+    def result(self) -> str | None:
+        found, digest_of_read = self.file.result()
+        if not found:
+            self.through_tensorstore().result()
+        return digest_of_read
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkFiles:
+    """Where an unencoded array's chunk files are, and its chunk shape."""
+
+    directory: str
+    chunk: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """One read into (part of) a restore buffer, and the digest it must match if recorded."""
+
+    write: _Waitable
+    piece: digest.Piece | None = None
+    view: np.ndarray | None = None  # the piece's place in the buffer, when read in place
+    scratch: np.ndarray | None = None  # the whole piece, when it sticks out of the buffer
+
+
 @dataclasses.dataclass(frozen=True)
 class _PendingRead:
-    buffer: np.ndarray
-    write: ts.WriteFutures
+    """A restore buffer being filled; `result` checks each piece as it lands."""
 
-    def result(self) -> np.ndarray:
-        self.write.result()
+    buffer: np.ndarray
+    box: digest.Region
+    parts: list[_Part]
+    algorithm: str
+
+    def result(self, mismatches: list[str], name: str) -> np.ndarray:
+        for part in self.parts:
+            got = part.write.result()
+            if part.piece is None:
+                continue
+            data = part.view if part.scratch is None else part.scratch
+            if not isinstance(got, str):
+                got = digest.digest_array(data, self.algorithm)
+            if got != part.piece.want:
+                mismatches.append(f"{name}[{part.piece.key}]: restored {got}, "
+                                  f"saved {part.piece.want}")
+            if part.scratch is not None:
+                overlap = part.piece.overlap(self.box)
+                _view(self.buffer, digest.local(overlap, self.box))[...] = _view(
+                    part.scratch, digest.local(overlap, part.piece.region))
         return self.buffer
+
+
+def _view(array: np.ndarray, region: digest.Region) -> np.ndarray:
+    return array[region] if region else array[...]
 
 
 def _page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -183,7 +241,7 @@ class CheckpointManager:
         keep: KeepPolicy | None = None,
         barrier_timeout_seconds: float = 600.0,
         on_event: Callable[[dict[str, Any]], None] | None = None,
-        checksum: bool = True,
+        checksum: bool = False,
         storage: StorageRetries | None = None,
         verify_restore: bool = True,
     ) -> None:
@@ -212,6 +270,10 @@ class CheckpointManager:
             "file_io_sync": not self._flush_filesystem,
             **self.storage.context_spec(),
         })
+        # Unencoded chunks on a local disk are read and written without TensorStore's copies
+        # (see chunkfiles.py); written ones rely on the syncfs above for durability.
+        self._chunk_io = chunkfiles.ChunkFileIO() if self._kv_spec["driver"] == "file" else None
+        self._write_chunk_files = self._flush_filesystem and not checksum
         try:
             self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
         except Exception as err:
@@ -262,9 +324,13 @@ class CheckpointManager:
             if data.get("format") != FORMAT or data.get("step") != step:
                 raise ValueError(f"unexpected format/step {data.get('format')}/{data.get('step')}")
             fields = {f.name for f in dataclasses.fields(CheckpointInfo)} - {"path"}
-            # Checkpoints from before digests were recorded have none: nothing to check.
-            return CheckpointInfo(path=self.path_of(step),
-                                  **{k: data[k] for k in fields if k in data or k != "digests"})
+            # Checkpoints from before digests were recorded have none: nothing to check; those
+            # from before the algorithm was recorded used SHA-256.
+            optional = {"digests", "digest_algorithm"}
+            info = CheckpointInfo(path=self.path_of(step),
+                                  **{k: data[k] for k in fields if k in data or k not in optional})
+            digest.check_algorithm(info.digest_algorithm)
+            return info
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointCorruptError(
                 f"commit marker {self.path_of(step)}/{COMMIT_FILE} is unreadable: {err}"
@@ -314,6 +380,8 @@ class CheckpointManager:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
+            if self._chunk_io is not None:
+                self._chunk_io.close()
 
     def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
         leaves = jax.tree_util.tree_leaves(state)
@@ -325,11 +393,17 @@ class CheckpointManager:
         }
         on_cpu = all(d.platform == "cpu" for ds in writers.values() for d in ds)
         if on_cpu:
-            # CPU "device" memory is host memory: a private copy made by XLA (dispatched
-            # asynchronously, ordered before any later donation of the original buffer) is
-            # the snapshot, and the background thread views it as numpy without copying.
-            leaves = [jnp.array(leaf, copy=True) if isinstance(leaf, jax.Array) else leaf
-                      for leaf in leaves]
+            # CPU "device" memory is host memory: a private copy made by the runtime
+            # (dispatched asynchronously, ordered before any later donation of the original
+            # buffer) is the snapshot, and the background thread views it as numpy without
+            # copying. One batched device_put dispatches all copies several times faster
+            # than a copy per leaf, and dispatch is all the loop waits for.
+            arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+            copies = jax.device_put([leaves[i] for i in arrays],
+                                    [leaves[i].sharding for i in arrays], may_alias=False)
+            leaves = list(leaves)
+            for i, copy in zip(arrays, copies, strict=True):
+                leaves[i] = copy
         else:
             for name, leaf in zip(names, leaves, strict=True):
                 if isinstance(leaf, jax.Array):
@@ -367,6 +441,9 @@ class CheckpointManager:
             },
         }
 
+    def _local_array_dir(self, directory: str, name: str) -> str:
+        return f"{self._kv_spec['path']}{directory}/arrays/{name}"
+
     def _codecs(self) -> list[dict[str, Any]]:
         codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
         if self.checksum:
@@ -403,6 +480,7 @@ class CheckpointManager:
                                 "data_type": leaf.dtype,
                                 "chunk_grid": {"name": "regular",
                                                "configuration": {"chunk_shape": list(leaf.chunk)}},
+                                "chunk_key_encoding": chunkfiles.CHUNK_KEY_ENCODING,
                                 "codecs": self._codecs(),
                             },
                         },
@@ -416,15 +494,26 @@ class CheckpointManager:
             self._barrier(step, "prepared")
             testhooks.hit("after_prepare", step, pid)
             flush = flush or self._open_flush(directory)
+            files: list[concurrent.futures.Future[int]] = []
+            through_tensorstore: list[tuple[_HostLeaf, list[Any]]] = []
+            for leaf in leaves:
+                shards: list[Any] = list(leaf.shards)
+                if self._chunk_io is not None and self._write_chunk_files and shards:
+                    in_flight, shards = self._chunk_io.write(
+                        self._local_array_dir(directory, leaf.name), leaf.shape, leaf.chunk,
+                        shards)
+                    files.extend(in_flight)
+                if shards:
+                    through_tensorstore.append((leaf, shards))
             opened = [
                 ts.open(
                     self._array_spec(directory, leaf.name), open=True, context=self._write_context
                 )
-                for leaf in leaves if leaf.shards
+                for leaf, _ in through_tensorstore
             ]
             writes = []
             save_id = self._saves
-            for store_future, leaf in zip(opened, [lf for lf in leaves if lf.shards], strict=True):
+            for store_future, (_, shards) in zip(opened, through_tensorstore, strict=True):
                 store = store_future.result()
                 # Snapshots are private and never mutated: TensorStore may keep referencing
                 # them instead of copying every shard once more.
@@ -432,10 +521,14 @@ class CheckpointManager:
                     store[index].write(
                         np.asarray(data), can_reference_source_data_indefinitely=True
                     )
-                    for index, data in leaf.shards
+                    for index, data in shards
                 )
-            # Hashing the host copies overlaps the writes in flight (hashlib drops the GIL).
+            # Hashing the host copies overlaps the writes in flight (xxhash drops the GIL).
             local = digest.shard_digests((lf.name, lf.shape, lf.shards) for lf in leaves)
+            # Every file write ends before the save may fail: none may outlive it.
+            concurrent.futures.wait(files)
+            for file in files:
+                file.result()
             for write in writes:
                 write.result()
             if flush is not None:
@@ -455,6 +548,7 @@ class CheckpointManager:
                 arrays={lf.name: {"shape": list(lf.shape), "dtype": lf.dtype} for lf in leaves},
                 extra=extra,
                 digests=digest.merge(json.loads(part) for part in gathered),
+                digest_algorithm=digest.DEFAULT_ALGORITHM,
             )
             if pid == 0:
                 testhooks.hit("before_commit", step, pid)
@@ -530,20 +624,76 @@ class CheckpointManager:
         """
         info = self.read_info(step)
         specs = {name: self._array_spec(step_dir(step), name) for name in info.digests}
-        return digest.verify_stored(specs, info.digests, self._context)
+        return digest.verify_stored(specs, info.digests, self._context,
+                                    info.digest_algorithm)
 
     # --- restore ------------------------------------------------------------------------------
-    def _read_into_new_buffer(self, source: ts.TensorStore) -> _PendingRead:
-        buffer = _page_aligned_empty(tuple(source.shape), source.dtype.numpy_dtype)
-        target = ts.array(buffer, copy=False, write=True, context=self._context)
-        return _PendingRead(buffer, target.write(source))
+    def _read_box(self, store: ts.TensorStore, box: digest.Region,
+                  recorded: Mapping[str, str] | None, algorithm: str,
+                  files: _ChunkFiles | None) -> _PendingRead:
+        """Read `box` of `store` into new memory, piece by recorded piece when checking."""
+        buffer = _page_aligned_empty(tuple(b.stop - b.start for b in box),
+                                     store.dtype.numpy_dtype)
+        if recorded is None:
+            read = self._read_region(store, box, buffer, files)
+            return _PendingRead(buffer, box, [_Part(read)], algorithm)
+        try:
+            pieces = digest.plan_pieces(box, recorded)
+        except ValueError as err:
+            raise CheckpointCorruptError(f"the commit marker's digests are incomplete: {err}"
+                                         ) from err
+        parts = []
+        for piece in pieces:
+            if piece.inside:
+                view = _view(buffer, digest.local(piece.region, box))
+                read = self._read_region(store, piece.region, view, files, algorithm)
+                parts.append(_Part(read, piece, view=view))
+            else:
+                scratch = _page_aligned_empty(tuple(r.stop - r.start for r in piece.region),
+                                              store.dtype.numpy_dtype)
+                read = self._read_region(store, piece.region, scratch, files, algorithm)
+                parts.append(_Part(read, piece, scratch=scratch))
+        return _PendingRead(buffer, box, parts, algorithm)
+
+    def _read_region(self, store: ts.TensorStore, region: digest.Region, into: np.ndarray,
+                     files: _ChunkFiles | None, algorithm: str | None = None) -> _Waitable:
+        """Start filling `into` with `region` of `store`: from its chunk file if it is one.
+
+        With `algorithm`, a chunk file read also hashes what it read, on its I/O thread.
+        """
+
+        def through_tensorstore() -> _Waitable:
+            target = ts.array(into, copy=False, write=True, context=self._context)
+            return target.write(store[region])
+
+        if files is not None and self._chunk_io is not None:
+            key = chunkfiles.chunk_key(region, store.shape, files.chunk)
+            if key is not None and self._chunk_io.can_read_into(into):
+                path = os.path.join(files.directory, key)
+                then = (None if algorithm is None
+                        else functools.partial(digest.digest_array, algorithm=algorithm))
+                return _ChunkFileRead(self._chunk_io.read_into(path, into, then),
+                                      through_tensorstore)
+        return through_tensorstore()
+
+    def _chunk_files(self, directory: str, name: str, store: ts.TensorStore
+                     ) -> _ChunkFiles | None:
+        if self._chunk_io is None:
+            return None
+        metadata = store.spec(retain_context=False).to_json().get("metadata", {})
+        if not chunkfiles.is_plain(store.codec.to_json(), metadata.get("chunk_key_encoding")):
+            return None
+        chunk = store.chunk_layout.read_chunk.shape
+        return _ChunkFiles(self._local_array_dir(directory, name), tuple(chunk or ()))
 
     def restore(self, step: int, target: Any) -> tuple[Any, CheckpointInfo]:
         """Read checkpoint `step` into the shapes and shardings of `target`.
 
         `target` is a pytree of `jax.ShapeDtypeStruct`s (or arrays) carrying `.sharding` for
         the CURRENT mesh; each host reads only the slices its devices hold, whatever mesh
-        or process count wrote them.
+        or process count wrote them. With `verify_restore`, every byte read is checked
+        against the digests in the commit marker: a saved shard that only partly overlaps
+        this host's slices (after a resharding) is read whole to be checked.
         """
         info = self.read_info(step)
         names = leaf_names(target)
@@ -559,42 +709,51 @@ class CheckpointManager:
                 f"checkpoint {info.path} does not match the model: " + "; ".join(problems[:5])
             )
         directory = step_dir(step)
+        # Checkpoints from before digests were recorded have none: crc32c, if on, is all.
+        check = self.verify_restore and bool(info.digests)
+        algorithm = info.digest_algorithm
+        mismatches: list[str] = []
+        checked = 0
         try:
             stores = [
                 ts.open(self._array_spec(directory, n), open=True, read=True, context=self._context)
                 for n in names
             ]
             reads: list[list[tuple[jax.Device, Any]]] = []
-            for store_future, leaf in zip(stores, leaves, strict=True):
+            for name, store_future, leaf in zip(names, stores, leaves, strict=True):
                 store = store_future.result()
-                by_index: dict[Any, Any] = {}
+                recorded = info.digests.get(name) if check else None
+                files = self._chunk_files(directory, name, store)
+                by_box: dict[str, _PendingRead] = {}  # slices are unhashable before 3.12
                 per_device = []
                 for device, index in leaf.sharding.addressable_devices_indices_map(
                     leaf.shape
                 ).items():
-                    key = tuple((s.start, s.stop, s.step) for s in index)
-                    if key not in by_index:
-                        by_index[key] = self._read_into_new_buffer(store[index])
-                    per_device.append((device, by_index[key]))
+                    key = digest.region_key(index, leaf.shape)
+                    if key not in by_box:
+                        by_box[key] = self._read_box(store, digest.parse_region(key), recorded,
+                                                     algorithm, files)
+                        checked += sum(part.piece is not None for part in by_box[key].parts)
+                    per_device.append((device, by_box[key]))
                 reads.append(per_device)
             arrays = []
-            for leaf, per_device in zip(leaves, reads, strict=True):
-                buffers = [jax.device_put(read.result(), device) for device, read in per_device]
+            for name, leaf, per_device in zip(names, leaves, reads, strict=True):
+                buffers = [jax.device_put(read.result(mismatches, name), device)
+                           for device, read in per_device]
                 arrays.append(
                     jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, buffers)
                 )
+        except CheckpointError:
+            raise
         except Exception as err:
             if is_unavailable(err):  # an outage, not bad data: retrying later may succeed
                 raise CheckpointIOError(
                     f"checkpoint {info.path} cannot be read now: {err}") from err
             raise CheckpointCorruptError(f"checkpoint {info.path} cannot be read: {err}") from err
-        checked = 0
-        if self.verify_restore and info.digests:
-            checked, mismatches = digest.verify_restored(names, arrays, info.digests)
-            if mismatches:
-                raise CheckpointCorruptError(
-                    f"checkpoint {info.path} does not hold what was saved: "
-                    + "; ".join(mismatches[:5]))
+        if mismatches:
+            raise CheckpointCorruptError(
+                f"checkpoint {info.path} does not hold what was saved: "
+                + "; ".join(mismatches[:5]))
         self.on_event({"event": "checkpoint_restored", "step": step, "path": info.path,
                        "saved_process_count": info.process_count, "saved_mesh": info.mesh,
                        "regions_verified": checked})
