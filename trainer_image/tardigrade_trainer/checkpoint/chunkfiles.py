@@ -40,11 +40,11 @@ import numpy as np
 
 # Pinned in the metadata of every array we create, so the file names below are its keys.
 CHUNK_KEY_ENCODING = {"name": "default", "configuration": {"separator": "/"}}
-THREADS = 4
+THREADS = 16
 # O_DIRECT needs the buffer address, the length and the file offset aligned to the logical
 # block size (512 or 4096 bytes on current disks): 4096 satisfies both.
 ALIGNMENT = 4096
-BOUNCE_BYTES = 4 << 20
+BOUNCE_BYTES = 2 << 20
 
 
 def chunk_key(index: Sequence[slice], shape: Sequence[int], chunk: Sequence[int]) -> str | None:
