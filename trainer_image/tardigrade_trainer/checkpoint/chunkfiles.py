@@ -84,6 +84,17 @@ def as_bytes(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the whole file at once: one extent to read back sequentially, not one per
+    write of whichever of the concurrent writers got there first."""
+    if size and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise  # ENOSPC: better now than half-way through the write
+
+
 def _write_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
@@ -120,6 +131,7 @@ class ChunkFileIO:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, direct = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
+            _reserve(fd, len(view))
             done = self._direct(self._write_aligned, fd, view) if direct else 0
         finally:
             os.close(fd)
