@@ -1,6 +1,6 @@
 """Checkpoint save/restore bandwidth against raw disk and orbax, in one run on one machine.
 
-    python bench/checkpoint_bandwidth.py --gib 1 [--dir DIR] [--devices 4] [--repeats 3]
+    python bench/checkpoint_bandwidth.py --gib 1 [--dir DIR] [--devices 4] [--repeats 5]
 
 Prints, for a sharded float32 state of about --gib GiB:
   * raw disk write (write + fsync) and read bandwidth of one file, dd-style: the baseline;
@@ -46,7 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     parser.add_argument("--devices", type=int, default=4, help="CPU devices to shard over")
     parser.add_argument("--arrays", type=int, default=16, help="number of state leaves")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds after the warm-up")
     parser.add_argument("--skip-crc", action="store_true",
                         help="skip the tardigrade run with the crc32c codec")
     parser.add_argument("--skip-orbax", action="store_true")

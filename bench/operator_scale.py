@@ -108,6 +108,11 @@ class ReplacementClock:
     def __init__(self, core: kubernetes.client.CoreV1Api) -> None:
         self.core = core
         self.failed_at: dict[str, float] = {}  # job -> when the failure was seen
+        # A failed pod keeps sending events (status writes, its deletion) after its
+        # replacement appeared, and every re-watch lists all pods as ADDED again: only the
+        # first Failed of a pod starts the clock, only a pod never seen before stops it.
+        self.seen: set[str] = set()
+        self.failed: set[str] = set()
         self.latencies: list[float] = []
         self.events = threading.Condition()
         self._stop = False
@@ -131,11 +136,15 @@ class ReplacementClock:
         for event in stream:
             pod = event["object"]
             jobname = pod.metadata.labels["tardigrade.dev/job"]
+            name = pod.metadata.name
             now = time.monotonic()
             with self.events:
-                if pod.status.phase == "Failed" and jobname not in self.failed_at:
-                    self.failed_at[jobname] = now
-                elif event["type"] == "ADDED" and jobname in self.failed_at:
+                new = name not in self.seen
+                self.seen.add(name)
+                if pod.status.phase == "Failed" and name not in self.failed:
+                    self.failed.add(name)
+                    self.failed_at.setdefault(jobname, now)
+                elif event["type"] == "ADDED" and new and jobname in self.failed_at:
                     self.latencies.append(now - self.failed_at.pop(jobname))
                     self.events.notify_all()
 
