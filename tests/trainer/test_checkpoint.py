@@ -193,6 +193,7 @@ def test_corrupt_chunk_and_corrupt_marker_are_reported_not_restored(tmp_path, ch
     ((2, 1), PartitionSpec("data")),  # the saved shard lies inside a restored slice
     ((1, 3), PartitionSpec(None, "model")),  # every saved shard straddles restored slices
     ((1, 1), PartitionSpec()),
+    ((4, 1), PartitionSpec()),  # one buffer shared by 4 replicas: checked and reported once
 ])
 def test_a_corrupt_shard_is_caught_when_restoring_onto_another_mesh(tmp_path, mesh_shape, spec):
     manager = CheckpointManager(str(tmp_path))
@@ -202,8 +203,9 @@ def test_a_corrupt_shard_is_caught_when_restoring_onto_another_mesh(tmp_path, me
     data = bytearray(chunk.read_bytes())
     data[-1] ^= 0x01
     chunk.write_bytes(bytes(data))
-    with pytest.raises(CheckpointCorruptError, match=r"w\[6:8,0:6\]"):
+    with pytest.raises(CheckpointCorruptError, match=r"w\[6:8,0:6\]") as caught:
         manager.restore(10, _target(_mesh(*mesh_shape), spec))
+    assert str(caught.value).count("restored") == 1
     manager.close()
 
 

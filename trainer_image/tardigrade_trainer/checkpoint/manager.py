@@ -103,40 +103,68 @@ class _ChunkFiles:
     chunk: tuple[int, ...]
 
 
+@dataclasses.dataclass
+class _Scratch:
+    """A saved shard that sticks out of this host's slices, read whole into scratch memory
+    once per restore, however many of the slices it straddles; checked once too."""
+
+    read: _Waitable
+    data: np.ndarray
+    got: str | None = None
+
+    def digest(self, algorithm: str) -> tuple[str, bool]:
+        """(digest of what was read, whether this call computed it)."""
+        if self.got is not None:
+            return self.got, False
+        got = self.read.result()
+        self.got = got if isinstance(got, str) else digest.digest_array(self.data, algorithm)
+        return self.got, True
+
+
 @dataclasses.dataclass(frozen=True)
 class _Part:
-    """One read into (part of) a restore buffer, and the digest it must match if recorded."""
+    """One read into (part of) a restore buffer, and the digest it must match if recorded:
+    either in place (`read` into `view`) or the overlap of a `scratch` read."""
 
-    write: _Waitable
-    piece: digest.Piece | None = None
-    view: np.ndarray | None = None  # the piece's place in the buffer, when read in place
-    scratch: np.ndarray | None = None  # the whole piece, when it sticks out of the buffer
+    piece: digest.Piece | None
+    read: _Waitable | None = None
+    view: np.ndarray | None = None
+    scratch: _Scratch | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _PendingRead:
-    """A restore buffer being filled; `result` checks each piece as it lands."""
+    """A restore buffer being filled; `result` checks each piece as it lands (once: every
+    device holding a replica of the slice asks for the same buffer)."""
 
     buffer: np.ndarray
     box: digest.Region
     parts: list[_Part]
     algorithm: str
+    finished: bool = False
 
     def result(self, mismatches: list[str], name: str) -> np.ndarray:
+        if self.finished:
+            return self.buffer
         for part in self.parts:
-            got = part.write.result()
-            if part.piece is None:
-                continue
-            data = part.view if part.scratch is None else part.scratch
-            if not isinstance(got, str):
-                got = digest.digest_array(data, self.algorithm)
-            if got != part.piece.want:
+            if part.scratch is not None:
+                got, first = part.scratch.digest(self.algorithm)
+            else:
+                assert part.read is not None and part.view is not None
+                got, first = part.read.result(), True
+                if part.piece is None:
+                    continue
+                if not isinstance(got, str):
+                    got = digest.digest_array(part.view, self.algorithm)
+            assert part.piece is not None
+            if got != part.piece.want and first:
                 mismatches.append(f"{name}[{part.piece.key}]: restored {got}, "
                                   f"saved {part.piece.want}")
             if part.scratch is not None:
                 overlap = part.piece.overlap(self.box)
                 _view(self.buffer, digest.local(overlap, self.box))[...] = _view(
-                    part.scratch, digest.local(overlap, part.piece.region))
+                    part.scratch.data, digest.local(overlap, part.piece.region))
+        self.finished = True
         return self.buffer
 
 
@@ -630,13 +658,16 @@ class CheckpointManager:
     # --- restore ------------------------------------------------------------------------------
     def _read_box(self, store: ts.TensorStore, box: digest.Region,
                   recorded: Mapping[str, str] | None, algorithm: str,
-                  files: _ChunkFiles | None) -> _PendingRead:
-        """Read `box` of `store` into new memory, piece by recorded piece when checking."""
+                  files: _ChunkFiles | None, scratches: dict[str, _Scratch]) -> _PendingRead:
+        """Read `box` of `store` into new memory, piece by recorded piece when checking.
+
+        `scratches` holds this leaf's saved shards read whole so far (shared between boxes).
+        """
         buffer = _page_aligned_empty(tuple(b.stop - b.start for b in box),
                                      store.dtype.numpy_dtype)
         if recorded is None:
             read = self._read_region(store, box, buffer, files)
-            return _PendingRead(buffer, box, [_Part(read)], algorithm)
+            return _PendingRead(buffer, box, [_Part(None, read, view=buffer)], algorithm)
         try:
             pieces = digest.plan_pieces(box, recorded)
         except ValueError as err:
@@ -647,12 +678,14 @@ class CheckpointManager:
             if piece.inside:
                 view = _view(buffer, digest.local(piece.region, box))
                 read = self._read_region(store, piece.region, view, files, algorithm)
-                parts.append(_Part(read, piece, view=view))
-            else:
-                scratch = _page_aligned_empty(tuple(r.stop - r.start for r in piece.region),
-                                              store.dtype.numpy_dtype)
-                read = self._read_region(store, piece.region, scratch, files, algorithm)
-                parts.append(_Part(read, piece, scratch=scratch))
+                parts.append(_Part(piece, read, view=view))
+                continue
+            if piece.key not in scratches:
+                data = _page_aligned_empty(tuple(r.stop - r.start for r in piece.region),
+                                           store.dtype.numpy_dtype)
+                scratches[piece.key] = _Scratch(
+                    self._read_region(store, piece.region, data, files, algorithm), data)
+            parts.append(_Part(piece, scratch=scratches[piece.key]))
         return _PendingRead(buffer, box, parts, algorithm)
 
     def _read_region(self, store: ts.TensorStore, region: digest.Region, into: np.ndarray,
@@ -725,6 +758,7 @@ class CheckpointManager:
                 recorded = info.digests.get(name) if check else None
                 files = self._chunk_files(directory, name, store)
                 by_box: dict[str, _PendingRead] = {}  # slices are unhashable before 3.12
+                scratches: dict[str, _Scratch] = {}
                 per_device = []
                 for device, index in leaf.sharding.addressable_devices_indices_map(
                     leaf.shape
@@ -732,9 +766,11 @@ class CheckpointManager:
                     key = digest.region_key(index, leaf.shape)
                     if key not in by_box:
                         by_box[key] = self._read_box(store, digest.parse_region(key), recorded,
-                                                     algorithm, files)
-                        checked += sum(part.piece is not None for part in by_box[key].parts)
+                                                     algorithm, files, scratches)
+                        checked += sum(part.piece is not None and part.scratch is None
+                                       for part in by_box[key].parts)
                     per_device.append((device, by_box[key]))
+                checked += len(scratches)
                 reads.append(per_device)
             arrays = []
             for name, leaf, per_device in zip(names, leaves, reads, strict=True):
