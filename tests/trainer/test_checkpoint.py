@@ -160,6 +160,12 @@ def test_a_committed_step_is_never_rewritten(tmp_path):
     manager.close()
 
 
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def _chunk_files(root: Path, step: int, leaf: str) -> list[Path]:
     return sorted(p for p in (root / step_dir(step) / "arrays" / leaf / "c").rglob("*")
                   if p.is_file())
@@ -175,10 +181,8 @@ def test_corrupt_chunk_and_corrupt_marker_are_reported_not_restored(tmp_path, ch
     mesh = _mesh(4, 1)
     manager.save(10, _state(mesh, 1))
     manager.wait()
-    chunk = _chunk_files(tmp_path, 10, "w")[0]
-    data = bytearray(chunk.read_bytes())
-    data[-1] ^= 0xFF  # same size, different bytes: only a checksum or digest can tell
-    chunk.write_bytes(bytes(data))
+    # Same size, different bytes: only a checksum or digest can tell.
+    _flip_last_byte(_chunk_files(tmp_path, 10, "w")[0])
     with pytest.raises(CheckpointCorruptError, match=says):
         manager.restore(10, _target(mesh, PartitionSpec("data")))
     (tmp_path / step_dir(10) / COMMIT_FILE).write_text("{not json")
@@ -199,10 +203,7 @@ def test_a_corrupt_shard_is_caught_when_restoring_onto_another_mesh(tmp_path, me
     manager = CheckpointManager(str(tmp_path))
     manager.save(10, _state(_mesh(4, 1), 1))
     manager.wait()
-    chunk = _chunk_files(tmp_path, 10, "w")[-1]  # rows 6:8
-    data = bytearray(chunk.read_bytes())
-    data[-1] ^= 0x01
-    chunk.write_bytes(bytes(data))
+    _flip_last_byte(_chunk_files(tmp_path, 10, "w")[-1])  # rows 6:8
     with pytest.raises(CheckpointCorruptError, match=r"w\[6:8,0:6\]") as caught:
         manager.restore(10, _target(_mesh(*mesh_shape), spec))
     assert str(caught.value).count("restored") == 1
