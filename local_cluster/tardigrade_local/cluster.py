@@ -30,9 +30,10 @@ import psutil
 from aiohttp import web
 
 import tardigrade_local
-from tardigrade_local import gcs, podnet
+from tardigrade_local import gcs, imagevenv, podnet
 from tardigrade_local.controllers import WorkloadControllers
 from tardigrade_local.disruptions import Disruptor
+from tardigrade_local.dockerfile import DockerfileError
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
 from tardigrade_local.paths import StateLayout
@@ -53,13 +54,16 @@ def repo_root() -> Path:
 
 def operator_command(namespace: str | None = None, resync_seconds: float | None = None
                      ) -> list[str]:
-    """The Tardigrade operator as the local cluster runs it (one standalone replica)."""
-    # Metrics off: a second local cluster's operator would collide on the port.
-    env = ["TARDIGRADE_METRICS_PORT=0"]
+    """The Tardigrade operator as the local cluster runs it (one standalone replica): the
+    operator image's console script, from the image's venv (`imagevenv`)."""
+    venv = imagevenv.image_venv(next(r for r in imagevenv.recipes() if r.name == "operator"))
+    # Metrics off: a second local cluster's operator would collide on the port. PYTHONPATH:
+    # only the pod network's site directory, not the checkout, as in an operator pod.
+    env = ["TARDIGRADE_METRICS_PORT=0", f"PYTHONPATH={PODSITE_DIR}"]
     if resync_seconds is not None:
         env.append(f"TARDIGRADE_RESYNC_SECONDS={resync_seconds:g}")
     scope = ["--namespace", namespace] if namespace else ["--all-namespaces"]
-    return ["env", *env, sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
+    return ["env", *env, str(venv.bin_dir / "tardigrade"), "operator", "run",
             *scope, "--standalone", "--health-port", "0"]
 
 
@@ -90,9 +94,7 @@ class ClusterConfig:
         data["state_dir"] = str(self.state_dir)
         data["nodes"] = [n.to_dict() for n in self.nodes]
         data["crd_files"] = [str(p) for p in self.crd_files]
-        data["image_rules"] = [
-            {"pattern": r.pattern, "entrypoint": list(r.entrypoint), "cmd": list(r.cmd),
-             "env": dict(r.env)} for r in self.image_rules]
+        data["image_rules"] = [r.to_dict() for r in self.image_rules]
         return data
 
     @classmethod
@@ -189,7 +191,7 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
 
 async def serve(config: ClusterConfig) -> None:
     """Run the whole cluster until SIGTERM/SIGINT."""
-    from tardigrade_local.apiserver import ApiServer, write_kubeconfig
+    from tardigrade_local.apiserver import ApiServer
 
     layout = StateLayout(config.state_dir.absolute())
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -200,9 +202,14 @@ async def serve(config: ClusterConfig) -> None:
     async with contextlib.AsyncExitStack() as stack:
         crds = crd_files(config)
         api = await stack.enter_async_context(
-            ApiServer(port=config.api_port, crd_paths=list(crds)))
+            ApiServer(port=config.api_port, crd_paths=list(crds), authorization_mode="RBAC",
+                      secure_port=0, pki_dir=layout.root / "pki", audit_log=layout.audit_log,
+                      # As strict as OpenShift: a chart that works here works there too.
+                      admission_plugins=("OwnerReferencesPermissionEnforcement",)))
         api_url: str = api.url
-        write_kubeconfig(layout.kubeconfig, api_url)
+        # Users, the kubelets and the controllers use the plain port, which is all-powerful;
+        # pods use the TLS port with their service account's token, and RBAC decides.
+        api.write_kubeconfig(layout.kubeconfig)
         pod_env = dict(gcs.offline_google_env())
         gcs_url = None
         if config.with_gcs:
@@ -215,8 +222,9 @@ async def serve(config: ClusterConfig) -> None:
             pod_env.update(emulator.client_env())
         pod_env.update(config.pod_env)
         settings = KubeletSettings(
-            layout=layout, api_url=api_url,
-            image_map=ImageMap.with_extra(config.image_rules), cluster_env=pod_env,
+            layout=layout, api_url=api_url, pod_api_url=api.secure_url, pod_api_ca=api.ca_pem,
+            image_map=ImageMap.with_extra([*config.image_rules, *imagevenv.shipped_image_rules()]),
+            cluster_env=pod_env,
             backoff_base_seconds=config.backoff_base_seconds,
             shutdown_grace_seconds=config.shutdown_grace_seconds,
             orphan_pod_gc_seconds=config.orphan_pod_gc_seconds,
@@ -338,6 +346,12 @@ class LocalCluster:
             shutil.rmtree(self.layout.root)
         self.layout.root.mkdir(parents=True)
         (self.layout.root / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2))
+        # Before the ready timeout starts: a first build takes about a minute, later calls
+        # only check (or reinstall our wheel after a source change).
+        try:
+            imagevenv.ensure_all()
+        except (imagevenv.ImageBuildError, DockerfileError) as err:
+            raise ClusterError(f"cannot prepare the shipped images: {err}") from err
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([*project_python_path(),
                                               os.environ.get("PYTHONPATH", "")])}

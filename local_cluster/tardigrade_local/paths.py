@@ -44,6 +44,11 @@ class StateLayout:
         return self.root / "cluster.log"
 
     @property
+    def audit_log(self) -> Path:
+        """The API server's authorization decisions, one JSON line each (apiserver/access.py)."""
+        return self.root / "audit.log"
+
+    @property
     def hosts_file(self) -> Path:
         """/etc/hosts-format names of pods (headless-service hostnames) -> pod IPs."""
         return self.root / "hosts"

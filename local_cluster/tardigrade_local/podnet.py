@@ -1,100 +1,37 @@
-"""Pod networking for Python processes on the shared loopback (standard library only).
+"""Pod-name resolution for processes beside the local cluster (tests, an operator process).
 
-The kubelet keeps an /etc/hosts-format file of headless-service pod names (`paths.hosts_file`).
-`install()` makes `socket.getaddrinfo` / `gethostbyname` consult it, and, inside a pod,
-rebinds wildcard IPv4 listeners to the pod's own IP and reports the pod's hostname. Pods get
-this automatically (`kubelet/podsite/sitecustomize.py`); a process outside the cluster that
-must reach pods by name, such as an operator run from a test, calls `install(hosts_file)`.
-Non-Python resolvers (e.g. C++ gRPC inside JAX) do not see it: resolve in Python first.
+The implementation lives in the pod site directory (`kubelet/podsite/tardigrade_podnet.py`)
+because pods, whose images do not contain `tardigrade_local`, load it from there. It is loaded
+here under its own top-level name, so a process that has the site directory on PYTHONPATH
+(`LocalCluster.client_env()`) and also imports this module patches the socket module once.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-from typing import Any
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
-ENV_HOSTS_FILE = "TARDIGRADE_HOSTS_FILE"
-ENV_POD_IP = "TARDIGRADE_POD_IP"
-
-_lock = threading.Lock()
-_state: dict[str, Any] = {"installed": False, "file": None, "mtime": None, "table": {},
-                          "pod_ip": None, "hostname": None}
+MODULE = "tardigrade_podnet"
 
 
-def _table() -> dict[str, str]:
-    path = _state["file"]
-    try:
-        mtime = os.stat(path).st_mtime_ns
-    except (OSError, TypeError):
-        return {}
-    with _lock:
-        if mtime != _state["mtime"]:
-            table: dict[str, str] = {}
-            with open(path, encoding="utf-8") as handle:
-                for line in handle:
-                    fields = line.split("#", 1)[0].split()
-                    for name in fields[1:]:
-                        table.setdefault(name.lower(), fields[0])
-            _state.update(mtime=mtime, table=table)
-        return _state["table"]
+def _load() -> ModuleType:
+    if MODULE in sys.modules:
+        return sys.modules[MODULE]
+    path = Path(__file__).resolve().parent / "kubelet" / "podsite" / f"{MODULE}.py"
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def lookup(host: Any) -> Any:
-    """The address for a cluster name, or `host` unchanged."""
-    if isinstance(host, bytes):
-        found = lookup(host.decode("idna", "replace"))
-        return found.encode() if isinstance(found, str) else host
-    if isinstance(host, str) and host:
-        if _state["hostname"] and host == _state["hostname"] and _state["pod_ip"]:
-            return _state["pod_ip"]
-        return _table().get(host.rstrip(".").lower(), host)
-    return host
-
-
-def install(hosts_file: str | os.PathLike[str], pod_ip: str | None = None,
-            hostname: str | None = None) -> None:
-    """Resolve cluster names in this process; with `pod_ip`, behave as that pod."""
-    _state.update(file=os.fspath(hosts_file), mtime=None, pod_ip=pod_ip, hostname=hostname)
-    if _state["installed"]:
-        return
-    _state["installed"] = True
-    getaddrinfo, gethostbyname, gethostbyname_ex = (
-        socket.getaddrinfo, socket.gethostbyname, socket.gethostbyname_ex)
-    bind = socket.socket.bind
-    gethostname = socket.gethostname
-
-    def patched_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        return getaddrinfo(lookup(host), *args, **kwargs)
-
-    def patched_gethostbyname(host: str) -> str:
-        return gethostbyname(lookup(host))
-
-    def patched_gethostbyname_ex(host: str) -> Any:
-        return gethostbyname_ex(lookup(host))
-
-    def patched_bind(self: socket.socket, address: Any) -> None:
-        pod = _state["pod_ip"]
-        if (pod and self.family == socket.AF_INET and isinstance(address, tuple)
-                and address[0] in ("", "0.0.0.0")):
-            address = (pod, *address[1:])
-        bind(self, address)
-
-    def patched_gethostname() -> str:
-        return _state["hostname"] or gethostname()
-
-    socket.getaddrinfo = patched_getaddrinfo
-    socket.gethostbyname = patched_gethostbyname
-    socket.gethostbyname_ex = patched_gethostbyname_ex
-    socket.socket.bind = patched_bind  # type: ignore[method-assign]
-    socket.gethostname = patched_gethostname
-
-
-def install_from_env() -> bool:
-    """What a pod does at start-up; False when the kubelet did not set the variables."""
-    hosts_file = os.environ.get(ENV_HOSTS_FILE)
-    if not hosts_file:
-        return False
-    install(hosts_file, os.environ.get(ENV_POD_IP), os.environ.get("HOSTNAME"))
-    return True
+_podnet = _load()
+ENV_HOSTS_FILE: str = _podnet.ENV_HOSTS_FILE
+ENV_POD_IP: str = _podnet.ENV_POD_IP
+install = _podnet.install
+install_from_env = _podnet.install_from_env
+lookup = _podnet.lookup

@@ -16,6 +16,7 @@ from typing import Literal
 from tardigrade_trainer import contract
 
 from tardigrade_operator import naming
+from tardigrade_operator.api.conditions import SUSPENDING, summary_conditions
 from tardigrade_operator.api.types import (
     MAX_RECOVERY_HISTORY,
     CheckpointRef,
@@ -91,6 +92,8 @@ def decide(obs: Observed) -> Plan:
 
     if obs.spec is None:
         _stop_all(plan, obs, obs.pods, grace=None)
+        _set_condition(status, obs, "InvalidSpec", "True", "SpecInvalid",
+                       obs.spec_error or "invalid spec")
         _finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
         return plan
     if obs.rejected is not None and status.phase not in TERMINAL_PHASES:
@@ -112,6 +115,10 @@ def decide(obs: Observed) -> Plan:
 
     if status.phase in TERMINAL_PHASES:
         _stop_all(plan, obs, gang, grace=None)
+        # A job that ended before the summary conditions existed gets them too.
+        ended = _condition(status, status.phase)
+        if ended is not None:
+            _set_summary(status, obs, status.phase, ended.reason, ended.message)
         return plan
     if not obs.service_exists:
         plan.create_service = build_service(obs.job)
@@ -142,7 +149,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
 
     if spec.suspend:
         _stop_all(plan, obs, gang, grace=None)
-        _set_phase(plan, obs, "Suspended", "Suspended", "stopping the gang after a save")
+        _set_phase(plan, obs, "Suspended", SUSPENDING, "stopping the gang after a save")
         plan.events.append(Event("Normal", "Suspending", "spec.suspend is true: stopping the gang"))
         return
     if len(gang) == status.replicas and all(
@@ -487,6 +494,7 @@ def _finish(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) 
     status.completion_time = status.completion_time or obs.now
     _set_condition(status, obs, phase, "True", reason, message)
     _set_condition(status, obs, "Running", "False", reason, message)
+    _set_summary(status, obs, phase, reason, message)
 
 
 def _set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) -> None:
@@ -497,6 +505,14 @@ def _set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: st
                    message)
     _set_condition(status, obs, "Suspended", "True" if phase == "Suspended" else "False",
                    reason, message)
+    _set_summary(status, obs, phase, reason, message)
+
+
+def _set_summary(status: TrainingJobStatus, obs: Observed, phase: Phase, reason: str,
+                 message: str) -> None:
+    for summary in summary_conditions(phase, reason, message):
+        _set_condition(status, obs, summary.type, summary.status, summary.reason,
+                       summary.message)
 
 
 def _condition(status: TrainingJobStatus, kind: str) -> Condition | None:
@@ -506,10 +522,13 @@ def _condition(status: TrainingJobStatus, kind: str) -> Condition | None:
 def _set_condition(status: TrainingJobStatus, obs: Observed, kind: str,
                    value: Literal["True", "False", "Unknown"], reason: str, message: str) -> None:
     existing = _condition(status, kind)
-    if existing is not None and existing.status == value:
-        existing.reason, existing.message = reason, message[:32768]
-        existing.observed_generation = obs.generation
-        return
+    # metav1.Condition: lastTransitionTime moves only when status does. Built anew each time
+    # so the model checks the reason (CamelCase) here, not the API server at the write.
+    same = existing is not None and existing.status == value
+    since = existing.last_transition_time if existing is not None and same else obs.now
     fresh = Condition(type=kind, status=value, reason=reason, message=message[:32768],
-                      last_transition_time=obs.now, observed_generation=obs.generation)
-    status.conditions = [c for c in status.conditions if c.type != kind] + [fresh]
+                      last_transition_time=since, observed_generation=obs.generation)
+    if same:
+        status.conditions = [fresh if c.type == kind else c for c in status.conditions]
+    else:
+        status.conditions = [c for c in status.conditions if c.type != kind] + [fresh]

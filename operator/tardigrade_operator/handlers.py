@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -19,7 +20,7 @@ import kopf
 import prometheus_client
 from pydantic import ValidationError
 
-from tardigrade_operator import metrics, naming
+from tardigrade_operator import finalizers, metrics, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
@@ -30,6 +31,8 @@ from tardigrade_operator.observe import NodeReadiness, PodView, newest_readiness
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
 
+# kopf's finalizer name. No TrainingJob carries it any more (see `_needs_no_finalizer`); kopf
+# removes it from jobs that an older operator version gave it.
 JOB_FINALIZER = f"{types.GROUP}/operator"
 JobKey = tuple[str, str]
 
@@ -53,6 +56,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.specs = {}
     # (namespace, name) -> (generation, why the API server refused a child of that spec)
     memo.rejected = {}
+    # uids of deleted jobs whose daemon has yet to notice and stop.
+    memo.gone = set()
     memo.session = aiohttp.ClientSession()
     load_client_config()
     memo.writer = ClusterWriter()
@@ -88,14 +93,40 @@ if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
 
 
+@kopf.index(types.GROUP, types.VERSION, types.PLURAL)
+def live_jobs(namespace: str, name: str, uid: str, meta: kopf.Meta,
+              **_: Any) -> dict[JobKey, str]:
+    """uid of every job not being deleted: whose pods still need their tracking finalizer."""
+    return {} if meta.get("deletionTimestamp") else {(namespace, name): uid}
+
+
 @kopf.on.event("pods", labels={naming.LABEL_JOB: kopf.PRESENT})
-def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    _wake(memo, (namespace, labels[naming.LABEL_JOB]))
+def pod_changed(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body,
+                memo: kopf.Memo, live_jobs: kopf.Index, **_: Any) -> None:
+    key = (namespace, labels[naming.LABEL_JOB])
+    _wake(memo, key)
+    # Pods left behind by a job deleted while no operator ran are found here, at the initial
+    # listing; the API server has the last word before one is released.
+    if type != "DELETED" and finalizers.orphaned(body, _values(live_jobs, key)):
+        memo.writer.release_orphan(namespace, body)
 
 
 @kopf.on.event(types.GROUP, types.VERSION, types.PLURAL)
-def job_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    _wake(memo, (namespace, name))
+def job_changed(type: str | None, namespace: str, name: str, uid: str, meta: kopf.Meta,
+                memo: kopf.Memo, **_: Any) -> None:
+    key = (namespace, name)
+    if type == "DELETED" or meta.get("deletionTimestamp"):
+        # Its pods need no tracking now: let the garbage collector take them.
+        memo.gone.add(uid)
+        memo.writer.release_all(namespace, name, uid)
+        memo.written.pop(key, None)
+        memo.specs.pop(key, None)
+        memo.rejected.pop(key, None)
+        metrics.forget(key)
+        _wake(memo, key)  # its daemon stops at once
+        memo.wakeups.pop(key, None)
+        return
+    _wake(memo, key)
 
 
 @kopf.daemon(types.GROUP, types.VERSION, types.PLURAL, initial_delay=0,
@@ -107,7 +138,7 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
     wake = memo.wakeups.setdefault(key, asyncio.Event())
     nodes: kopf.Index | None = kwargs.get("node_readiness")
     failures = 0
-    while not stopped:
+    while not stopped and uid not in memo.gone:
         wake.clear()
         started = time.perf_counter()
         try:
@@ -125,17 +156,25 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
             continue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=memo.config.resync_seconds)
+    memo.gone.discard(uid)
 
 
-@kopf.on.delete(types.GROUP, types.VERSION, types.PLURAL)
-async def release_children(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """Pods go by garbage collection (ownerReferences); checkpoints are never touched."""
-    await asyncio.to_thread(memo.writer.release_all, namespace, name)
-    memo.wakeups.pop((namespace, name), None)
-    memo.written.pop((namespace, name), None)
-    memo.specs.pop((namespace, name), None)
-    memo.rejected.pop((namespace, name), None)
-    metrics.forget((namespace, name))
+def _needs_no_finalizer(daemon: Any) -> None:
+    """Register `daemon` without the finalizer kopf gives every object that has a daemon.
+
+    kopf keeps the object until the daemon has stopped (nolar/kopf#833); with no operator
+    running, that finalizer blocks `kubectl delete` of the job and the deletion of its
+    namespace forever. This daemon needs no such guarantee: it stops on the job's DELETED event
+    (`memo.gone`), a pass still running then can only create pods owned by a uid that no longer
+    exists, which the garbage collector deletes, and checkpoints are never touched. kopf has no
+    public switch for this, hence the registry edit.
+    """
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [dataclasses.replace(h, requires_finalizer=False) if h.fn is daemon
+                          else h for h in spawning._handlers]
+
+
+_needs_no_finalizer(keep_gang)
 
 
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,

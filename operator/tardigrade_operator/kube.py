@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import naming
+from tardigrade_operator import finalizers, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Plan
@@ -126,12 +127,27 @@ class ClusterWriter:
         pods = self.core.list_namespaced_pod(namespace, label_selector=naming.job_selector(job))
         return [self.core.api_client.sanitize_for_serialization(p) for p in pods.items]
 
-    def release_all(self, namespace: str, job: str) -> None:
-        pods = self.core.list_namespaced_pod(
-            namespace, label_selector=naming.job_selector(job)
-        ).items
-        for pod in pods:
-            self.release_pod(namespace, pod.metadata.name)
+    def release_all(self, namespace: str, job: str, uid: str) -> None:
+        """Release every pod of the job with this uid (a new job of the same name keeps its)."""
+        for pod in self.list_job_pods(namespace, job):
+            if finalizers.owner_uid(pod) == uid:
+                self.release_pod(namespace, pod["metadata"]["name"])
+
+    def release_orphan(self, namespace: str, pod: Mapping[str, Any]) -> None:
+        """Release a pod whose job looks gone, once the API server confirms it: no job of that
+        name, another job of that name, or the job being deleted."""
+        job = pod["metadata"]["labels"][naming.LABEL_JOB]
+        try:
+            found = self.read_job(namespace, job)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            found = None
+        meta = (found or {}).get("metadata") or {}
+        if meta.get("uid") == finalizers.owner_uid(pod) and not meta.get("deletionTimestamp"):
+            return
+        log.info("releasing %s/%s: its TrainingJob is gone", namespace, pod["metadata"]["name"])
+        self.release_pod(namespace, pod["metadata"]["name"])
 
     @staticmethod
     def _create(create: Any, namespace: str, manifest: dict[str, Any]) -> None:

@@ -60,5 +60,22 @@ def render(job: dict[str, Any]) -> Group:
     return Group(summary(name, status), timeline_table(name, status))
 
 
+def as_json(job: dict[str, Any]) -> dict[str, Any]:
+    """The same facts for scripts (`-o json`): camelCase, as in the TrainingJob's status."""
+    meta = job.get("metadata") or {}
+    status = TrainingJobStatus.model_validate(job.get("status") or {})
+    wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return {
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        **{key: wire[key] for key in ("phase", "attempt", "replicas", "step", "totalSteps",
+                                      "loss", "lastCheckpoint", "restarts", "message",
+                                      "conditions") if key in wire},
+        "stepsLost": sum(r.steps_lost or 0 for r in status.recoveries),
+        "downtimeSeconds": round(sum(r.downtime_seconds or 0 for r in status.recoveries), 3),
+        "recoveries": wire["recoveries"],
+    }
+
+
 def _dash(value: object) -> str:
     return "-" if value is None else str(value)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from tardigrade_local.cluster import LocalCluster
 
+from tests.chart import grants
 from tests.conftest import REPO_ROOT
 from tests.e2e.harness import Cluster, trainingjob
 
@@ -31,8 +32,13 @@ def helm(*args: str) -> str:
     return result.stdout
 
 
-def render(*values: str, namespace: str = "tardigrade-system") -> list[dict]:
+def render(*values: str, namespace: str = "tardigrade-system", hooks: bool = False
+           ) -> list[dict]:
+    """The chart's manifests. Hooks (the uninstall hook) run only under helm itself, never
+    when the output is applied with kubectl, so they are left out unless asked for."""
     args = ["template", "tardigrade", str(CHART), "--namespace", namespace]
+    if not hooks:
+        args.append("--no-hooks")
     for value in values:
         args += ["--set", value]
     return [doc for doc in yaml.safe_load_all(helm(*args)) if doc]
@@ -128,6 +134,9 @@ def test_chart_installs_into_the_local_cluster_and_its_operator_runs_jobs(tmp_pa
             "kopf.dev", "v1", "clusterkopfpeerings", "tardigrade")
         peers = {key.split("@", 1)[1].split("/", 1)[0] for key in peering.get("status") or {}}
         assert peers == {p["metadata"]["name"] for p in pods}, peering
+        # It did so under the chart's ServiceAccount and RBAC, and nothing was denied.
+        grants.check_operator_calls(local.layout.audit_log, "tardigrade", "tardigrade-system",
+                                    grants.ALL_NAMESPACES)
         # Liveness held too: no operator container was restarted along the way.
         assert [c["restartCount"] for p in _operator_pods(cluster, selector)
                 for c in p["status"]["containerStatuses"]] == [0] * replicas

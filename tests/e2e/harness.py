@@ -5,27 +5,32 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
 import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
+from tardigrade_local import imagevenv
 from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.kubelet.config import PODSITE_DIR
 from tardigrade_local.steplog import StepLog
 
-from tests.conftest import EXAMPLES, REPO_ROOT, SOURCE_DIRS
+from tests.conftest import EXAMPLES, REPO_ROOT
 from tests.polling import wait_for
 
 T = TypeVar("T")
 NAMESPACE = "default"
 
 
+def operator_venv() -> imagevenv.ImageVenv:
+    """The operator image's virtualenv, built or refreshed from the current sources."""
+    return imagevenv.image_venv(next(r for r in imagevenv.recipes() if r.name == "operator"))
 
 
 class OperatorProcess:
-    """The operator as users run it (`tardigrade operator run`), in a subprocess we can kill."""
+    """The operator as its image runs it (`tardigrade operator run` from the operator image's
+    virtualenv, without the checkout on PYTHONPATH), in a subprocess we can kill."""
 
     def __init__(self, cluster: LocalCluster, log_path: Path,
                  peering: tuple[str, int] | None = None,
@@ -40,7 +45,8 @@ class OperatorProcess:
     def start(self) -> None:
         env = {
             **os.environ, **self.cluster.client_env(),
-            "PYTHONPATH": os.pathsep.join(str(p) for p in SOURCE_DIRS),
+            # Only the pod network's site directory, as in an operator pod (`operator_command`).
+            "PYTHONPATH": str(PODSITE_DIR),
             "TARDIGRADE_RESYNC_SECONDS": "1",
             "TARDIGRADE_METRICS_PORT": "0",
             "TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "15",
@@ -52,7 +58,7 @@ class OperatorProcess:
             f"--peering={self.peering[0]}", f"--priority={self.peering[1]}"]
         log = open(self.log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
+            [str(operator_venv().bin_dir / "tardigrade"), "operator", "run",
              "--namespace", NAMESPACE, *mode, "--health-port", "0"],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
         )

@@ -61,6 +61,11 @@ def test_apply_runs_to_success_with_truthful_status(cluster: Cluster, operator: 
     job["spec"]["checkpoint"]["interval"] = {"steps": 10}
     cluster.apply(job)
     log = cluster.step_log("e2e-success")
+    # As CI scripts wait for a job: Ready once the gang trains (or has already finished), and
+    # by then the operator is no longer reconciling (Flux's kstatus reads that as current).
+    cluster.kubectl("wait", "--for=condition=Ready", "tj/e2e-success", "--timeout=240s")
+    summary = {c["type"]: c["status"] for c in cluster.status("e2e-success")["conditions"]}
+    assert (summary["Reconciling"], summary["Stalled"]) == ("False", "False")
     status = cluster.wait_phase("e2e-success", {"Succeeded"}, timeout=300, collector=log)
     operator.assert_alive()
     assert status["step"] == 24
@@ -148,6 +153,7 @@ def test_crash_loop_fails_after_max_restarts_with_the_reason(cluster: Cluster,
     assert "maxRestarts=2" in status["message"]
     assert "dataset shard missing" in status["message"]
     assert status["attempt"] == 3
+    cluster.kubectl("wait", "--for=condition=Stalled", f"tj/{name}", "--timeout=10s")
     times = [r["time"] for r in status["recoveries"]]
     assert len(times) == 2
     events = cluster.kubectl("get", "events", "--field-selector",

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
-from tardigrade_local.apiserver import ApiServer, write_kubeconfig
+from tardigrade_local.apiserver import ApiServer
 
 from tests.polling import wait_for  # noqa: F401  (re-exported for the test modules)
 
@@ -56,7 +56,7 @@ class ThreadedServer:
 def running_server(tmp: Path, **kwargs: Any) -> Iterator[tuple[ThreadedServer, Path]]:
     threaded = ThreadedServer(**kwargs).start()
     try:
-        yield threaded, write_kubeconfig(tmp / "kubeconfig", threaded.url)
+        yield threaded, threaded.server.write_kubeconfig(tmp / "kubeconfig")
     finally:
         threaded.stop()
 

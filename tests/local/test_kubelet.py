@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 from kube_helpers import Kube, condition, container_status, kubectl, python_pod, wait_for
+from kubernetes import client
 from tardigrade_local import disruptions as d
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet import NodeConfig
@@ -345,23 +346,38 @@ def test_pod_sees_hostname_and_cluster_env(kube):
 
 
 def test_pods_get_api_credentials_unless_they_opt_out(kube):
+    """The pod's token is its service account's: RBAC grants it what the Role says."""
     script = """
         import json, os, socket
         import kubernetes
         kubernetes.config.load_kube_config()
         _, active = kubernetes.config.list_kube_config_contexts()
-        me = kubernetes.client.CoreV1Api().read_namespaced_pod(
-            socket.gethostname(), active["context"]["namespace"])
+        core = kubernetes.client.CoreV1Api()
+        me = core.read_namespaced_pod(socket.gethostname(), active["context"]["namespace"])
+        try:
+            core.list_node()
+        except kubernetes.client.ApiException as err:
+            denied = err.status
         print(json.dumps([me.metadata.name, me.spec.service_account_name,
-                          active["context"]["user"]]))
+                          active["context"]["user"], denied]))
     """
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role("default", {
+        "metadata": {"name": "read-pods"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
+    rbac.create_namespaced_role_binding("default", {
+        "metadata": {"name": "default-reads-pods"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "read-pods"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "default"}]})
     kube.create_pod(python_pod("with-token", script))
     kube.create_pod(python_pod("no-token", "import os; print('KUBECONFIG' in os.environ)",
                                automountServiceAccountToken=False))
     for name in ("with-token", "no-token"):
         kube.wait_phase(name, ("Succeeded", "Failed"), timeout=60)
     out = kube.core.read_namespaced_pod_log("with-token", "default")
-    assert out.strip() == '["with-token", "default", "system:serviceaccount:default:default"]'
+    assert out.strip() == ('["with-token", "default", "system:serviceaccount:default:default", '
+                           '403]')
     assert kube.core.read_namespaced_pod_log("no-token", "default").strip() == "False"
 
 

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-import tomllib
+from pathlib import Path
 
 import pytest
 from tardigrade_local.kubelet import network, scheduler
@@ -38,10 +38,30 @@ def test_repository_strips_tag_and_digest(image, repo):
     assert repository(image) == repo
 
 
-def test_trainer_image_runs_trainer_module_and_args_replace_cmd():
-    images = ImageMap()
+def _shipped_images(tmp_path, built=True) -> ImageMap:
+    """The cluster's image map with the shipped images' venvs under tmp_path (fake `bin/`)."""
+    from tardigrade_local.imagevenv import shipped_image_rules
+
+    rules = shipped_image_rules(tmp_path)
+    for rule in rules:
+        if built:
+            os.makedirs(rule.bin_dir, exist_ok=True)
+            for program in ("python", "tardigrade"):
+                (Path(rule.bin_dir) / program).touch()
+    return ImageMap.with_extra(rules)
+
+
+def test_trainer_image_runs_trainer_module_from_its_venv_and_args_replace_cmd(tmp_path):
+    images = _shipped_images(tmp_path)
     argv = images.argv("gcr.io/x/tardigrade-trainer:latest", None, ["--steps", "3"])
-    assert argv == [sys.executable, "-m", "tardigrade_trainer", "--steps", "3"]
+    assert argv == [str(tmp_path / "trainer-cpu" / "venv" / "bin" / "python"), "-m",
+                    "tardigrade_trainer", "--steps", "3"]
+
+
+def test_a_shipped_image_whose_venv_is_not_built_fails_like_a_pull(tmp_path):
+    images = _shipped_images(tmp_path, built=False)
+    with pytest.raises(ImagePullError, match=r"tardigrade-trainer.*not built"):
+        images.argv("gcr.io/x/tardigrade-trainer:latest", None, None)
 
 
 def test_command_overrides_entrypoint_and_python_maps_to_this_interpreter():
@@ -57,20 +77,22 @@ def _dockerfile(name: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def test_operator_image_runs_what_the_operator_dockerfile_runs():
-    rule = ImageMap().resolve("ghcr.io/tardigrade-dev/tardigrade-operator:0.1.0")
-    # ENTRYPOINT is a console script: the rule runs the module that script points at.
+def test_operator_image_runs_what_the_operator_dockerfile_runs(tmp_path):
+    images = _shipped_images(tmp_path)
+    rule = images.resolve("ghcr.io/tardigrade-dev/tardigrade-operator:0.1.0")
+    # ENTRYPOINT is the venv's console script, as /usr/local/bin/tardigrade is in the image.
     entrypoint = json.loads(_dockerfile("ENTRYPOINT") or "[]")
-    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    module = scripts[entrypoint[0]].split(":")[0]
-    assert rule.entrypoint == ("python", "-m", module)
+    assert entrypoint == ["tardigrade"]
+    bin_dir = tmp_path / "operator" / "venv" / "bin"
     assert list(rule.cmd) == json.loads(_dockerfile("CMD") or "[]")
     image_env = dict(pair.split("=", 1) for pair in (_dockerfile("ENV") or "").split())
     assert dict(rule.env) == image_env
     # The chart's args replace CMD, as a container runtime does.
     args = ["operator", "run", "--namespace=ml", "--standalone"]
-    assert ImageMap().argv("example.com/tardigrade-operator@sha256:ab", None, args) == [
-        sys.executable, "-m", module, *args]
+    assert images.argv("example.com/tardigrade-operator@sha256:ab", None, args) == [
+        str(bin_dir / "tardigrade"), *args]
+    assert images.argv("example.com/tardigrade-operator", None, None) == [
+        str(bin_dir / "tardigrade"), *json.loads(_dockerfile("CMD") or "[]")]
 
 
 def test_unknown_image_is_a_pull_error_and_extra_rules_win():
@@ -99,15 +121,15 @@ def test_pod_kubeconfig_names_the_api_server_service_account_and_namespace(tmp_p
 
     pod = {"metadata": {"name": "op-1", "namespace": "tardigrade-system", "uid": "u9"},
            "spec": {"serviceAccountName": "tardigrade"}}
-    path = write_pod_credentials(tmp_path, "http://127.0.0.1:6443", pod)
+    path = write_pod_credentials(tmp_path, "http://127.0.0.1:6443", pod, "signed.jwt.token")
     _, active = config.list_kube_config_contexts(str(path))
     assert active["context"]["namespace"] == "tardigrade-system"
     assert active["context"]["user"] == "system:serviceaccount:tardigrade-system:tardigrade"
     client = config.new_client_from_config(str(path))
     assert client.configuration.host == "http://127.0.0.1:6443"
     assert (tmp_path / "serviceaccount" / "namespace").read_text() == "tardigrade-system"
-    token = (tmp_path / "serviceaccount" / "token").read_text()
-    assert list(client.configuration.api_key.values()) == [f"Bearer {token}"]
+    assert (tmp_path / "serviceaccount" / "token").read_text() == "signed.jwt.token"
+    assert list(client.configuration.api_key.values()) == ["Bearer signed.jwt.token"]
 
 
 # --- env ------------------------------------------------------------------------------------
@@ -328,6 +350,28 @@ def test_launch_maps_termination_log_and_keeps_pod_networking_on_pythonpath(tmp_
     assert (env["HOSTNAME"], env["TARDIGRADE_POD_IP"]) == ("h", "127.16.0.3")
     assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:2"
     assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_a_shipped_image_gets_its_venv_path_and_env_but_not_the_checkout(tmp_path):
+    from tardigrade_local.kubelet.config import KubeletSettings
+    from tardigrade_local.kubelet.launch import container_launch
+    from tardigrade_local.paths import StateLayout
+
+    settings = KubeletSettings(layout=StateLayout(tmp_path / "state"),
+                               api_url="http://127.0.0.1:1",
+                               image_map=_shipped_images(tmp_path / "images"))
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {}}
+    spec = {"name": "trainer", "image": "ghcr.io/tardigrade-dev/tardigrade-trainer:0.1.0-cpu",
+            "env": [{"name": "JAX_PLATFORMS", "value": "cpu,tpu"}]}
+    argv, env = container_launch(settings, pod, spec, "127.16.0.3", "127.8.0.2", {}, {})
+    bin_dir = str(tmp_path / "images" / "trainer-cpu" / "venv" / "bin")
+    assert argv == [os.path.join(bin_dir, "python"), "-m", "tardigrade_trainer"]
+    # Only the pod network's site directory: the image's packages come from its venv.
+    assert env["PYTHONPATH"] == str(PODSITE_DIR)
+    assert env["PATH"].split(os.pathsep)[0] == bin_dir
+    # ENV from trainer_image/Dockerfile.cpu, under the pod's own env.
+    assert env["PIP_NO_CACHE_DIR"] == "1"
+    assert env["JAX_PLATFORMS"] == "cpu,tpu"
 
 
 # --- CRI logs -------------------------------------------------------------------------------

@@ -123,6 +123,8 @@ def test_progress_server_serves_report_and_metrics():
 
     metrics = Metrics()
     metrics.step.set(7)
+    metrics.tokens.inc(2048)
+    metrics.tokens.inc(2048)
     metrics.report(step=7, loss=1.5, checkpoint_step=5)
     server = ProgressServer(metrics, 0, host="127.0.0.1").start()
     try:
@@ -131,7 +133,10 @@ def test_progress_server_serves_report_and_metrics():
             report = contract.ProgressReport.from_json(response.read().decode())
         assert report == contract.ProgressReport(step=7, loss=1.5, checkpoint_step=5)
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
-            assert "tardigrade_train_step 7.0" in response.read().decode()
+            scraped = response.read().decode()
+        assert "tardigrade_train_step 7.0" in scraped
+        assert "# TYPE tardigrade_train_tokens_total counter" in scraped
+        assert "tardigrade_train_tokens_total 4096.0" in scraped
     finally:
         server.stop()
     assert json.loads(report.to_json())["step"] == 7

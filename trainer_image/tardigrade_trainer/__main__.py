@@ -25,7 +25,22 @@ def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
     return code
 
 
-def main() -> int:
+USAGE = f"""usage: python -m tardigrade_trainer
+
+The reference trainer of a Tardigrade TrainingJob. The operator configures it through the
+environment (the contract in tardigrade_trainer.contract), not through arguments:
+  {contract.ENV_JOB_NAME}, {contract.ENV_NUM_PROCESSES}, {contract.ENV_PROCESS_ID},
+  {contract.ENV_COORDINATOR_ADDRESS}, {contract.ENV_CHECKPOINT_PATH},
+  {contract.ENV_TRAINER_CONFIG}, ...
+Exit codes: {contract.EXIT_SUCCEEDED} done, {contract.EXIT_PREEMPTED_SAVED} saved and \
+preempted, {contract.EXIT_CONFIG_ERROR} config error, {contract.EXIT_FAILED} failed; the \
+termination message goes to ${contract.ENV_TERMINATION_LOG}."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        print(USAGE)
+        return 0
     logging.basicConfig(level=os.environ.get("TARDIGRADE_LOG_LEVEL", "WARNING"))
     try:
         env = contract.TrainerEnvironment.from_env()

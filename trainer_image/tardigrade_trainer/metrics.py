@@ -18,8 +18,11 @@ class Metrics:
                                             registry=r)
         self.loss = prometheus_client.Gauge("tardigrade_train_loss", "Loss of the last step",
                                             registry=r)
-        self.tokens_per_second = prometheus_client.Gauge(
-            "tardigrade_tokens_per_second", "Training throughput", registry=r)
+        # A counter, not a rate gauge: Prometheus derives any rate window from it, and a gauge
+        # sampled between log steps misses the steps in between.
+        self.tokens = prometheus_client.Counter(
+            "tardigrade_train_tokens", "Tokens trained by the whole gang (global batch x "
+            "sequence length per step) in this attempt", registry=r)
         self.checkpoint_step = prometheus_client.Gauge(
             "tardigrade_checkpoint_committed_step", "Newest committed checkpoint step", registry=r)
         self.checkpoint_blocked = prometheus_client.Histogram(

@@ -191,13 +191,13 @@ class Trainer:
                 loss_value = float(loss)  # waits for the step: only when we log
                 elapsed = time.perf_counter() - window_start
                 tps = tokens_per_step * window_steps / elapsed if elapsed > 0 else None
+                logged_steps = window_steps
                 window_start, window_steps = time.perf_counter(), 0
                 self.log({"event": "step", "step": step, "loss": loss_value,
                           "tokens_per_second": tps})
                 self.metrics.step.set(step)
                 self.metrics.loss.set(loss_value)
-                if tps:
-                    self.metrics.tokens_per_second.set(tps)
+                self.metrics.tokens.inc(tokens_per_step * logged_steps)
                 self.metrics.report(step=step, loss=loss_value, tokens_per_second=tps,
                                     total_steps=config.steps)
             testhooks.hit("step_end", step, jax.process_index())

@@ -1,13 +1,23 @@
+{{/* The app name in labels; nameOverride changes it (and the selector: reinstall then). */}}
+{{- define "tardigrade.name" -}}
+{{- default "tardigrade-operator" .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "tardigrade.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "tardigrade.labels" -}}
-app.kubernetes.io/name: tardigrade-operator
+app.kubernetes.io/name: {{ include "tardigrade.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -15,8 +25,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "tardigrade.selectorLabels" -}}
-app.kubernetes.io/name: tardigrade-operator
+app.kubernetes.io/name: {{ include "tardigrade.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Keep the operator off capacity that can be reclaimed at 30 s notice: a node without the
+label matches NotIn. Labels from GKE's "Spot VMs" and "Preemptible VMs" pages. */}}
+{{- define "tardigrade.offSpotNodeAffinity" -}}
+requiredDuringSchedulingIgnoredDuringExecution:
+  nodeSelectorTerms:
+    - matchExpressions:
+        - {key: cloud.google.com/gke-spot, operator: NotIn, values: ["true"]}
+        - {key: cloud.google.com/gke-preemptible, operator: NotIn, values: ["true"]}
 {{- end -}}
 
 {{- define "tardigrade.serviceAccountName" -}}
@@ -25,23 +45,4 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
-{{- end -}}
-
-{{/* Rules for the TrainingJobs and their children; shared by the Role and ClusterRole. */}}
-{{- define "tardigrade.jobRules" -}}
-- apiGroups: [tardigrade.dev]
-  resources: [trainingjobs]
-  verbs: [get, list, watch, patch, update]
-- apiGroups: [tardigrade.dev]
-  resources: [trainingjobs/status]
-  verbs: [get, patch, update]
-- apiGroups: [""]
-  resources: [pods]
-  verbs: [get, list, watch, create, delete, patch]
-- apiGroups: [""]
-  resources: [services]
-  verbs: [get, list, watch, create]
-- apiGroups: ["", events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
 {{- end -}}

@@ -8,16 +8,17 @@ import contextlib
 import logging
 import signal
 
-from .server import ApiServer, write_kubeconfig
+from .server import ApiServer
 
 
 async def _serve(args: argparse.Namespace) -> None:
     server = ApiServer(host=args.host, port=args.port, state_dir=args.state_dir,
                        crd_paths=args.crds, bookmark_interval=args.bookmark_interval,
-                       access_log=args.access_log)
+                       access_log=args.access_log,
+                       authorization_mode=args.authorization_mode, audit_log=args.audit_log)
     await server.start()
     if args.kubeconfig:
-        write_kubeconfig(args.kubeconfig, server.url)
+        server.write_kubeconfig(args.kubeconfig)
     # One line on stdout tells a parent process the server is up and where.
     print(f"listening on {server.url}", flush=True)
     stop = asyncio.Event()
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--access-log", action="store_true",
                         help="log every request (at INFO; use with --log-level INFO)")
+    parser.add_argument("--authorization-mode", default="AlwaysAllow",
+                        choices=["AlwaysAllow", "RBAC"])
+    parser.add_argument("--audit-log", default=None,
+                        help="append one JSON line per authorization decision to this file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level)
     with contextlib.suppress(KeyboardInterrupt):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from . import builtin_fields, crd_schema, crds, kinds
@@ -55,10 +56,16 @@ def _strip_rv(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# A validating admission plugin: (type, new object, old object or None, subresource); raises.
+AdmissionHook = Callable[[ResourceType, dict[str, Any], "dict[str, Any] | None", "str | None"],
+                         None]
+
+
 class Core:
     def __init__(self, store: Store, registry: Registry) -> None:
         self.store = store
         self.registry = registry
+        self.admission: list[AdmissionHook] = []
 
     # ---- bootstrap ---------------------------------------------------------------------
     def bootstrap(self) -> None:
@@ -227,6 +234,8 @@ class Core:
             crds.default_crd(obj)
         self._validate(rt, obj, None)
         self._check_namespace(rt, meta.get("namespace"))
+        for hook in self.admission:
+            hook(rt, obj, None, None)
         name = meta["name"]
         if self.store.peek(rt.key, meta.get("namespace", ""), name) is not None:
             raise already_exists(rt.plural, rt.group, name)
@@ -303,6 +312,8 @@ class Core:
         if "generation" in old["metadata"] and _spec_part(obj) != _spec_part(old):
             obj["metadata"]["generation"] = old["metadata"]["generation"] + 1
         self._validate(rt, obj, old)
+        for hook in self.admission:
+            hook(rt, obj, old, subresource)
         if _strip_rv(obj) == _strip_rv(old):
             return old  # a no-op write keeps the resourceVersion, like the real server
         if dry_run:

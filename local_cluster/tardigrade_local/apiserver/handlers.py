@@ -12,12 +12,15 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from . import apply, discovery, eviction, openapi, patch, protobuf, tables
+from .access import Access
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
 from .resources import ResourceType
+from .review import self_subject_access_review
 from .scale import scale_get, scale_update
 from .selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from .store import Store
+from .tokenrequest import token_request
 from .validation import check_request_size
 from .watch import WatchRequest, serve_watch
 
@@ -64,10 +67,12 @@ def error_response(err: ApiError) -> web.Response:
 
 
 class Handlers:
-    def __init__(self, core: Core, store: Store, bookmark_interval: float = 10.0) -> None:
+    def __init__(self, core: Core, store: Store, access: Access,
+                 bookmark_interval: float = 10.0) -> None:
         self.core = core
         self.store = store
         self.registry = core.registry
+        self.access = access
         self.bookmark_interval = bookmark_interval
 
     # ---- routing ----------------------------------------------------------------------------
@@ -101,6 +106,7 @@ class Handlers:
     # ---- entry point --------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
+            self.access.admit(request)
             return await self._dispatch(request)
         except ApiError as err:
             return error_response(err)
@@ -179,6 +185,9 @@ class Handlers:
                 if t.legacy_watch or q.get("watch") in ("true", "1"):
                     return await self._watch(request, rt, ns)
                 return self._list(request, rt, ns)
+            if method == "POST" and rt.kind == "SelfSubjectAccessReview":
+                body = await self._body(request)
+                return _json(self_subject_access_review(self.access, body), 201)
             if method == "POST":
                 body = await self._body(request)
                 created = self.core.create(rt, ns, body, dry_run=dry_run,
@@ -229,6 +238,10 @@ class Handlers:
             return await self._evict(request, rt, nskey, name, dry_run)
         if method == "POST" and sub == "binding":
             return await self._bind(request, rt, nskey, name)
+        if method == "POST" and sub == "token":
+            body = await self._body(request)
+            return _json(token_request(self.store, self.access.authenticator, nskey, name,
+                                       body), 201)
         raise method_not_allowed()
 
     # ---- reads -----------------------------------------------------------------------------------

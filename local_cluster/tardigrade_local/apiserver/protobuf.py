@@ -1,7 +1,8 @@
 """Decoding `application/vnd.kubernetes.protobuf` request bodies for common built-in kinds.
 
 Current kubectl sends protobuf from its typed clients (`kubectl create namespace|configmap|
-secret|serviceaccount|deployment|job`, evictions from `kubectl drain`). Answers stay JSON,
+secret|serviceaccount|deployment|job|token`, `kubectl auth can-i`, evictions from
+`kubectl drain`). Answers stay JSON,
 which those clients accept. The field numbers are those of k8s.io/api's generated.proto;
 kinds not described here answer 415 like a server without protobuf support would.
 """
@@ -71,6 +72,24 @@ MESSAGES: dict[str, Spec] = {
                       2: ("preconditions", "msg", "Preconditions"),
                       4: ("propagationPolicy", "str", None), 5: ("dryRun", "rep_str", None)},
     "Preconditions": {1: ("uid", "str", None), 2: ("resourceVersion", "str", None)},
+    # k8s.io/api/authentication/v1: `kubectl create token`.
+    "TokenRequest": {1: ("metadata", "msg", "ObjectMeta"), 2: ("spec", "msg", "TokenRequestSpec")},
+    "TokenRequestSpec": {1: ("audiences", "rep_str", None),
+                         3: ("boundObjectRef", "msg", "BoundObjectReference"),
+                         4: ("expirationSeconds", "int", None)},
+    "BoundObjectReference": {1: ("kind", "str", None), 2: ("apiVersion", "str", None),
+                             3: ("name", "str", None), 4: ("uid", "str", None)},
+    # k8s.io/api/authorization/v1: `kubectl auth can-i`.
+    "SelfSubjectAccessReview": {1: ("metadata", "msg", "ObjectMeta"),
+                                2: ("spec", "msg", "SelfSubjectAccessReviewSpec")},
+    "SelfSubjectAccessReviewSpec": {1: ("resourceAttributes", "msg", "ResourceAttributes"),
+                                    2: ("nonResourceAttributes", "msg",
+                                        "NonResourceAttributes")},
+    "ResourceAttributes": {1: ("namespace", "str", None), 2: ("verb", "str", None),
+                           3: ("group", "str", None), 4: ("version", "str", None),
+                           5: ("resource", "str", None), 6: ("subresource", "str", None),
+                           7: ("name", "str", None)},
+    "NonResourceAttributes": {1: ("path", "str", None), 2: ("verb", "str", None)},
 }
 # Pointer fields in Go: a zero value there was set on purpose and must be kept.
 _KEEP_ZERO = {"replicas", "parallelism", "completions", "backoffLimit",

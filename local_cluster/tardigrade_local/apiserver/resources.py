@@ -87,7 +87,10 @@ def builtin_types() -> list[ResourceType]:
             field_labels=("spec.unschedulable",)),
         _rt("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
         _rt("", "v1", "secrets", "Secret", True, [], field_labels=("type",)),
-        _rt("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"]),
+        _rt("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"],
+            extra_subresources={
+                "token": ("TokenRequest", "authentication.k8s.io", "v1", ["create"]),
+            }),
         _rt("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ["pvc"],
             status_subresource=True),
         _rt("apps", "v1", "deployments", "Deployment", True, ["deploy"], status_subresource=True,
@@ -107,14 +110,18 @@ def builtin_types() -> list[ResourceType]:
         _rt("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
             False),
         _rt("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ["pc"]),
+        # Answered, never stored (review.py).
+        _rt("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
+            "SelfSubjectAccessReview", False, verbs=["create"]),
         _rt("apiextensions.k8s.io", "v1", "customresourcedefinitions",
             "CustomResourceDefinition", False, ["crd", "crds"], status_subresource=True),
     ]
 
 
 # Preferred order of groups in discovery, like the real server (core first).
-GROUP_ORDER = ["", "apps", "events.k8s.io", "batch", "policy", "rbac.authorization.k8s.io",
-               "coordination.k8s.io", "scheduling.k8s.io", "apiextensions.k8s.io"]
+GROUP_ORDER = ["", "apps", "events.k8s.io", "authorization.k8s.io", "batch", "policy",
+               "rbac.authorization.k8s.io", "coordination.k8s.io", "scheduling.k8s.io",
+               "apiextensions.k8s.io"]
 
 
 class Registry:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import socket
+import ssl
+import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -13,15 +17,21 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from . import ownerrefs
+from .access import UNSECURED, Access, AuditLog
+from .authn import Authenticator, Keys
 from .core import CRD_KEY, Core
 from .gc import GarbageCollector
 from .handlers import Handlers
+from .policy import ensure_bootstrap_policy
 from .resources import Registry
 from .store import Store
+from .tls import ensure_serving_cert, server_context
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "apiserver-state.json"
+KEYS_FILE = "apiserver-keys.json"
 
 
 def free_port() -> int:
@@ -36,12 +46,24 @@ class ApiServer:
     Use as `async with ApiServer() as server: ... server.url ...`, or `await start()` /
     `await stop()`. With `state_dir`, objects are saved to a JSON snapshot (periodically and on
     stop) and loaded again on start, so a restart keeps the cluster's state.
+
+    `authorization_mode`: "AlwaysAllow" (upstream's default) or "RBAC". Clients with
+    `admin_token` are in `system:masters` either way (see `access.py`); `audit_log`: a file
+    that gets one JSON line per authorization decision. With `secure_port` (0: any free
+    port), the server also listens with TLS there (`secure_url`, certificate `ca_pem`, made
+    in `pki_dir`) and authenticates and authorizes only that port: the plain port becomes
+    the all-powerful insecure port (see `access.py`). `admission_plugins`: plugins off by
+    default upstream to turn on ("OwnerReferencesPermissionEnforcement", see `ownerrefs.py`).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  state_dir: str | Path | None = None, crd_paths: list[str | Path] | None = None,
                  history_size: int = 10_000, bookmark_interval: float = 10.0,
-                 snapshot_interval: float = 2.0, access_log: bool = False) -> None:
+                 snapshot_interval: float = 2.0, access_log: bool = False,
+                 authorization_mode: str = "AlwaysAllow",
+                 audit_log: str | Path | None = None, secure_port: int | None = None,
+                 pki_dir: str | Path | None = None,
+                 admission_plugins: tuple[str, ...] = ()) -> None:
         self.host = host
         # Port 0 binds an ephemeral port at start (no race with other processes); `url`
         # is final once `start()` returns.
@@ -51,28 +73,89 @@ class ApiServer:
         self.store = Store(history_size)
         self.registry = Registry()
         self.core = Core(self.store, self.registry)
-        self.handlers = Handlers(self.core, self.store, bookmark_interval)
+        self.secure_port = secure_port
+        self.pki_dir = Path(pki_dir) if pki_dir else None
+        self.ca_pem: str | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self.keys = self._load_keys()
+        audit = AuditLog(Path(audit_log)) if audit_log else None
+        self.access = Access(Authenticator(self.store, self.keys), authorization_mode, audit)
+        self.handlers = Handlers(self.core, self.store, self.access, bookmark_interval)
+        for plugin in admission_plugins:
+            self._enable_admission(plugin)
         self.gc: GarbageCollector | None = None
         self.snapshot_interval = snapshot_interval
         self.access_log = access_log
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self._snapshot_task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def make_app(self) -> web.Application:
+    @property
+    def admin_token(self) -> str:
+        """A bearer token of user `admin` in group `system:masters`."""
+        return self.keys.admin_token
+
+    def write_kubeconfig(self, path: str | Path, url: str | None = None,
+                         **options: Any) -> Path:
+        """An admin kubeconfig for this server (its plain port unless `url` says otherwise;
+        see `write_kubeconfig` for `options`)."""
+        return write_kubeconfig(path, url or self.url, token=self.admin_token, **options)
+
+    def _load_keys(self) -> Keys:
+        """The admin token and signing key; kept in `state_dir` so that kubeconfigs and pod
+        tokens stay valid across restarts (as the key files of kube-apiserver do)."""
+        path = self.state_dir / KEYS_FILE if self.state_dir is not None else None
+        if path is not None and path.exists():
+            return Keys.from_json(json.loads(path.read_text()))
+        keys = Keys()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(keys.as_json()))
+            path.chmod(0o600)
+        return keys
+
+    @property
+    def secure_url(self) -> str | None:
+        return f"https://{self.host}:{self.secure_port}" if self._ssl is not None else None
+
+    def make_app(self, unsecured: bool = False) -> web.Application:
         app = web.Application(client_max_size=4 * 1024 * 1024)
+        app[UNSECURED] = unsecured
         app.router.add_route("*", "/{tail:.*}", self.handlers.dispatch)
         return app
+
+    def _enable_admission(self, plugin: str) -> None:
+        """`--enable-admission-plugins`: only those that differ from upstream's defaults."""
+        if plugin != ownerrefs.NAME:
+            raise ValueError(f"unknown admission plugin {plugin!r}: this server emulates "
+                             f"{ownerrefs.NAME} only")
+        if self.access.rbac is None:
+            raise ValueError(f"{plugin} authorizes requests: it needs authorization_mode RBAC")
+        self.core.admission.append(ownerrefs.OwnerReferencesPermissionEnforcement(
+            self.registry, self.access.authorize))
+
+    def _setup_tls(self) -> None:
+        if self.secure_port is None or self._ssl is not None:
+            return
+        pki = self.pki_dir or (self.state_dir / "pki" if self.state_dir else None)
+        if pki is None:
+            pki = Path(tempfile.mkdtemp(prefix="apiserver-pki-"))
+        cert, key = ensure_serving_cert(pki)
+        self.ca_pem = cert.read_text()
+        self._ssl = server_context(cert, key)
 
     async def start(self) -> ApiServer:
         self._load_state()
         self.core.bootstrap()
+        if self.access.mode == "RBAC":
+            ensure_bootstrap_policy(self.core)
         self._load_crds()
         self.gc = GarbageCollector(self.core)
         self.gc.start()
+        self._setup_tls()
         await self._start_serving()
         if self.state_dir is not None:
             self._snapshot_task = asyncio.create_task(self._snapshot_loop())
@@ -88,6 +171,8 @@ class ApiServer:
         await self._stop_serving()
         if self.gc is not None:
             await self.gc.stop()
+        if self.access.audit is not None:
+            self.access.audit.close()
         self.save_state()
 
     async def restart(self, downtime_seconds: float = 0.0, expire_history: bool = True) -> None:
@@ -111,25 +196,32 @@ class ApiServer:
             self.store.compact()
         return self.store.cut_watchers()
 
-    async def _start_serving(self) -> None:
+    async def _serve_on(self, port: int, unsecured: bool,
+                        ssl_context: ssl.SSLContext | None) -> int:
         from aiohttp.web_log import AccessLogger
 
-        self._runner = web.AppRunner(self.make_app(),
-                                     access_log=log if self.access_log else None,
-                                     access_log_class=AccessLogger,
-                                     handler_cancellation=True, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        runner = web.AppRunner(self.make_app(unsecured),
+                               access_log=log if self.access_log else None,
+                               access_log_class=AccessLogger,
+                               handler_cancellation=True, shutdown_timeout=1.0)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
-        if self.port == 0:
-            server = site._server
-            assert server is not None
-            self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        server = site._server
+        assert server is not None
+        return int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    async def _start_serving(self) -> None:
+        # With a TLS port, the plain port is the insecure one: no authentication.
+        self.port = await self._serve_on(self.port, self._ssl is not None, None)
+        if self._ssl is not None and self.secure_port is not None:
+            self.secure_port = await self._serve_on(self.secure_port, False, self._ssl)
 
     async def _stop_serving(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners = []
 
     async def __aenter__(self) -> ApiServer:
         return await self.start()
@@ -188,16 +280,20 @@ class ApiServer:
 
 
 def write_kubeconfig(path: str | Path, url: str, context: str = "tardigrade-local",
-                     namespace: str = "default", user: str | None = None,
-                     token: str = "tardigrade-local") -> Path:
-    """A kubeconfig pointing at `url` (plain HTTP on loopback; the server checks no token)."""
+                     namespace: str = "default", user: str | None = None, *,
+                     token: str, ca_pem: str | None = None) -> Path:
+    """A kubeconfig pointing at `url` with a bearer `token`; `ca_pem`: the CA certificate
+    an https `url` is checked against."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     user = user or context
+    cluster: dict[str, Any] = {"server": url}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem.encode()).decode()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "clusters": [{"name": context, "cluster": cluster}],
         "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": user,
                                                    "namespace": namespace}}],

@@ -36,7 +36,20 @@ _LABEL_NAMED = {"Namespace"}
 _DNS1035_NAMED = {"Service"}
 
 
+# RBAC objects take any path segment (`system:discovery`): pkg/apis/rbac/validation
+# `ValidateRBACName` is apimachinery's `path.IsValidPathSegmentName`.
+_PATH_SEGMENT_NAMED = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+
+
+def _path_segment_errors(name: str, field: str) -> list[FieldCause]:
+    problems = [f"may not be '{name}'"] if name in (".", "..") else []
+    problems += [f"may not contain '{c}'" for c in "/%" if c in name]
+    return [cause_invalid(field, name, p) for p in problems]
+
+
 def name_errors(kind: str, name: str, field: str = "metadata.name") -> list[FieldCause]:
+    if kind in _PATH_SEGMENT_NAMED:
+        return _path_segment_errors(name, field)
     if kind in _DNS1035_NAMED:
         pattern, msg, limit = _DNS1035, DNS1035_MSG, 63
     elif kind in _LABEL_NAMED:

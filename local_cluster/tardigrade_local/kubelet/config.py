@@ -51,6 +51,10 @@ class NodeConfig:
 class KubeletSettings:
     layout: StateLayout
     api_url: str
+    # Where pods reach the API server (its TLS port) and the CA that signed its certificate;
+    # None: `api_url`, plain HTTP.
+    pod_api_url: str | None = None
+    pod_api_ca: str | None = None
     image_map: ImageMap = dataclasses.field(default_factory=ImageMap)
     # Environment every pod gets before its own env (e.g. the GCS emulator endpoint).
     cluster_env: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -1,20 +1,27 @@
 """API credentials for pods, standing in for the service-account token mount.
 
-A real kubelet mounts `token`, `ca.crt` and `namespace` at
-/var/run/secrets/kubernetes.io/serviceaccount and sets KUBERNETES_SERVICE_HOST/PORT; in-cluster
-clients then talk to https://HOST:PORT with that token. That cannot be reproduced here: pod
-processes share one filesystem (no per-pod mount at that fixed path), and the local API server
-speaks plain HTTP, while `load_incluster_config()` always builds an https URL and wants a CA
-file. What both the official `kubernetes` client and kopf do next is read KUBECONFIG (kopf
-tries in-cluster first, then the kubeconfig; so does the operator's `load_client_config`). So
-the kubelet writes the same three files into the pod's directory plus a kubeconfig naming the
-local API server, the service account as user and the pod's namespace as default, and sets
-KUBECONFIG to it. KUBERNETES_SERVICE_HOST stays unset: code that sees it assumes a working
-in-cluster config (JAX's Kubernetes cluster detection, for one, would then fail in trainers).
+A real kubelet asks the API server for a token bound to the pod (TokenRequest,
+`POST /api/v1/namespaces/{ns}/serviceaccounts/{name}/token` with a `boundObjectRef` to the
+pod and `expirationSeconds: 3607`; `pkg/kubelet/token/token_manager.go`), mounts it with
+`ca.crt` and `namespace` at /var/run/secrets/kubernetes.io/serviceaccount, and sets
+KUBERNETES_SERVICE_HOST/PORT; in-cluster clients then talk to https://HOST:PORT with that
+token. This kubelet gets the token the same way; pods reach the API server's TLS port with
+it, where the server authenticates it as `system:serviceaccount:<ns>:<name>` and authorizes
+it with RBAC (kubectl and client-go send bearer tokens over TLS only).
+
+The mount cannot be reproduced: pod processes share one filesystem, so there is no per-pod
+file at the fixed path /var/run/secrets/kubernetes.io/serviceaccount that in-cluster
+configuration (`load_incluster_config()`, kopf's in-cluster login) reads. What both the
+official `kubernetes` client and kopf do next is read KUBECONFIG (kopf tries in-cluster
+first, then the kubeconfig; so does the operator's `load_client_config`). So the kubelet
+writes `token`, `namespace` and `ca.crt` into the pod's directory plus a kubeconfig naming
+the API server's TLS port and CA, the service account as user, the token, and the pod's
+namespace as default, and sets KUBECONFIG to it. KUBERNETES_SERVICE_HOST stays unset: code
+that sees it assumes a working in-cluster config (JAX's Kubernetes cluster detection, for
+one, would then fail in trainers).
 
 Pods opt out as upstream: `automountServiceAccountToken: false` on the pod, or on the
-ServiceAccount when the pod does not say. The API server checks no token (no authentication or
-RBAC), so the chart's RBAC is not exercised here.
+ServiceAccount when the pod does not say.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from tardigrade_local.apiserver import write_kubeconfig
 
 SERVICE_ACCOUNT_DIR = "serviceaccount"
 CONTEXT = "tardigrade-local"
+# What the kubelet asks for (`WarnOnlyBoundTokenExpirationSeconds`); the server extends it.
+TOKEN_EXPIRATION_SECONDS = 3607
 
 
 def mounts_token(pod_spec: Mapping[str, Any], service_account: Mapping[str, Any] | None) -> bool:
@@ -43,17 +52,27 @@ def service_account_name(pod_spec: Mapping[str, Any]) -> str:
     return str(pod_spec.get("serviceAccountName") or pod_spec.get("serviceAccount") or "default")
 
 
-def write_pod_credentials(pod_dir: Path, api_url: str, pod: Mapping[str, Any]) -> Path:
-    """Write the pod's token files and kubeconfig; returns the kubeconfig's path."""
+def token_request(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The TokenRequest a kubelet sends for a pod's projected service-account token."""
     meta = pod["metadata"]
-    namespace = meta.get("namespace") or "default"
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": TOKEN_EXPIRATION_SECONDS,
+                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                        "name": meta["name"], "uid": meta.get("uid", "")}}}
+
+
+def write_pod_credentials(pod_dir: Path, api_url: str, pod: Mapping[str, Any], token: str,
+                          ca_pem: str | None = None) -> Path:
+    """Write the pod's token files and kubeconfig; returns the kubeconfig's path."""
+    namespace = pod["metadata"].get("namespace") or "default"
     account = service_account_name(pod["spec"])
     directory = pod_dir / SERVICE_ACCOUNT_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    # Opaque: the local API server accepts any token; this one at least says whose it is.
-    token = f"local.{namespace}.{account}.{meta.get('uid', '')}"
     (directory / "token").write_text(token)
     (directory / "namespace").write_text(namespace)
+    if ca_pem is not None:
+        (directory / "ca.crt").write_text(ca_pem)
     return write_kubeconfig(directory / "kubeconfig", api_url, context=CONTEXT,
                             namespace=namespace,
-                            user=f"system:serviceaccount:{namespace}:{account}", token=token)
+                            user=f"system:serviceaccount:{namespace}:{account}", token=token,
+                            ca_pem=ca_pem)

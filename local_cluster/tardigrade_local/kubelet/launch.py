@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from tardigrade_local.kubelet import crilog
-from tardigrade_local.kubelet.client import ApiClient, core_path
+from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
 from tardigrade_local.kubelet.credentials import (
     mounts_token,
     service_account_name,
+    token_request,
     write_pod_credentials,
 )
-from tardigrade_local.kubelet.env import container_env, expand, referenced_objects
+from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
@@ -44,8 +45,14 @@ async def pod_credentials(client: ApiClient, settings: KubeletSettings,
                                              service_account_name(spec)))
     if not mounts_token(spec, account):
         return None
+    path = core_path("serviceaccounts", namespace, service_account_name(spec), "token")
+    try:
+        answer = await client.create(path, token_request(pod))
+    except ApiError as err:
+        raise EnvError(f"failed to fetch token: {err}") from err
     pod_dir = settings.layout.pod_dir(namespace, pod["metadata"]["name"])
-    return str(write_pod_credentials(pod_dir, settings.api_url, pod))
+    return str(write_pod_credentials(pod_dir, settings.pod_api_url or settings.api_url, pod,
+                                     answer["status"]["token"], settings.pod_api_ca))
 
 
 async def env_sources(client: ApiClient, namespace: str,
@@ -107,6 +114,11 @@ def container_launch(settings: KubeletSettings, pod: Mapping[str, Any],
     argv = settings.image_map.argv(spec.get("image", ""), command, args)
     argv = [term_path if x == declared else x for x in argv]
     base = pod_base_env(settings, pod, pod_ip, kubeconfig)
+    if image_rule.bin_dir:
+        # A shipped image runs from its own venv: none of the checkout's sources, only the pod
+        # network that the runtime (not the image) provides.
+        base["PYTHONPATH"] = str(PODSITE_DIR)
+        base["PATH"] = image_rule.search_path(base.get("PATH", os.defpath))
     env = {**base, **dict(image_rule.env), **own_env}
     if own_env.get("PYTHONPATH"):
         # The image's own packages and pod networking stay importable, as site-packages of a

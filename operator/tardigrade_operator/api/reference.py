@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tardigrade_operator.api.conditions import CATALOG
 from tardigrade_operator.api.crd import openapi_schema
 
 HEADER = """# TrainingJob field reference
@@ -31,7 +32,27 @@ def render_reference() -> str:
             sections.append("\nCross-field rules (checked by the API server):\n\n")
             sections.append("".join(f"- `{path}`: {message}\n" for path, message in rules))
         sections.append("\n")
+    sections.append(_conditions())
     return "".join(sections)
+
+
+CONDITIONS_HEAD = """## status.conditions
+
+Each entry is a `metav1.Condition`; the list holds one per type. `lastTransitionTime` changes
+only when `status` does. `Ready`, `Reconciling` and `Stalled` follow the kstatus conventions
+(sigs.k8s.io/cli-utils `pkg/kstatus`) read by Flux, Argo CD and `kubectl wait`:
+`kubectl wait --for=condition=Ready tj/NAME` returns once the gang trains (or the job has
+already succeeded); `--for=condition=Succeeded` waits for the end of the run.
+
+| type | True when | False when | reasons |
+|---|---|---|---|
+"""
+
+
+def _conditions() -> str:
+    rows = "".join(f"| `{c.type}` | {_cell(c.true_when)} | {_cell(c.false_when)} | "
+                   f"{_cell(c.reasons)} |\n" for c in CATALOG)
+    return CONDITIONS_HEAD + rows
 
 
 def _rows(node: dict[str, Any], path: str, out: list[str]) -> None:

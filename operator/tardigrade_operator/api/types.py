@@ -492,15 +492,28 @@ Phase = Literal["Pending", "Running", "Restarting", "Resizing", "Suspended", "Su
 RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume"]
 
 
+# metav1.Condition's validation, as upstream declares it (apimachinery pkg/apis/meta/v1/types.go,
+# type Condition), so tools that read conditions generically can rely on the shape.
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
 class Condition(ApiModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
-    type: str = Field(max_length=316)
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN,
+                      description="Condition type, CamelCase (see the conditions table).")
     status: Literal["True", "False", "Unknown"]
-    reason: str = Field("", max_length=1024)
-    message: str = Field("", max_length=32768)
-    last_transition_time: Timestamp | None = None
-    observed_generation: int | None = Field(None, ge=0)
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN,
+                        description="Why the condition last changed, CamelCase.")
+    message: str = Field(max_length=32768, description="Human-readable detail; may be empty.")
+    last_transition_time: Timestamp = Field(
+        description="When status last changed (not when reason or message did).")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation the condition was computed from.")
 
 
 class CheckpointRef(ApiModel):
@@ -557,7 +570,14 @@ class TrainingJobStatus(ApiModel):
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
-    conditions: list[Condition] = Field(default_factory=list, max_length=32)
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=32,
+        description="metav1.Conditions, one per type (Ready, Reconciling, Stalled...).",
+        # A list-map keyed on type, as for core types: one entry per type, and server-side
+        # apply merges entries by type instead of replacing the list.
+        json_schema_extra={"x-kubernetes-list-type": "map",
+                           "x-kubernetes-list-map-keys": ["type"]},
+    )
     message: str = Field("", max_length=32768)
     recoveries: list[Recovery] = Field(default_factory=list, max_length=MAX_RECOVERY_HISTORY)
 

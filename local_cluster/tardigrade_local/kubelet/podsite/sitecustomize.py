@@ -1,6 +1,8 @@
 """Loaded by every Python process the local kubelet starts (its directory is on PYTHONPATH).
 
-Gives the process the pod network it would have in a real pod: see `tardigrade_local.podnet`.
+Gives the process the pod network it would have in a real pod: see `tardigrade_podnet.py`
+beside this file. Standard library only: shipped images run from venvs without our local
+cluster package.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ def _chain() -> None:
 
 
 if os.environ.get("TARDIGRADE_HOSTS_FILE"):
-    # A pod whose PYTHONPATH lost our packages still starts, without cluster names.
+    # A pod whose own PYTHONPATH hides this directory still starts, without cluster names.
     with contextlib.suppress(ImportError):
-        from tardigrade_local.podnet import install_from_env
+        from tardigrade_podnet import install_from_env
 
         install_from_env()
 _chain()

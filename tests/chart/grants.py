@@ -1,0 +1,176 @@
+"""The operator's RBAC grants, each with the call that needs it, and how to check them.
+
+`GRANTS` is the one table: a grant in the chart that is not here, or a row here the chart
+does not grant, fails `test_rbac_grants.py`; the chart e2e tests run the operator under the
+chart's ServiceAccount in the local cluster (RBAC and OwnerReferencesPermissionEnforcement
+on) and fail on any denial. Later work adds its rows here and its rules to
+`charts/tardigrade/templates/rbac.yaml` together.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Rendered configurations of the chart (helm --set values) the table is checked against.
+ALL_NAMESPACES = "all-namespaces"
+NAMESPACED = "namespaced"
+STANDALONE = "standalone"
+CONFIGS: dict[str, tuple[str, ...]] = {
+    ALL_NAMESPACES: (),
+    NAMESPACED: ("watch.allNamespaces=false", "watch.namespaces={ml,lab}"),
+    STANDALONE: ("leaderElection.enabled=false",),
+}
+EVERY = frozenset(CONFIGS)
+CLUSTER_WIDE = frozenset({ALL_NAMESPACES, STANDALONE})
+PEERING_ALL = frozenset({ALL_NAMESPACES})
+PEERING_NS = frozenset({NAMESPACED})
+NAMESPACE_LIST = frozenset({NAMESPACED})
+
+# Where a grant applies: "cluster" always cluster-wide (ClusterRole + ClusterRoleBinding);
+# "jobs" where TrainingJobs are watched (cluster-wide, or a Role in each watched namespace).
+CLUSTER = "cluster"
+JOBS = "jobs"
+
+
+@dataclass(frozen=True)
+class Grant:
+    group: str
+    resource: str  # "pods" or "trainingjobs/status"
+    verb: str
+    scope: str
+    configs: frozenset[str]
+    needed_by: str
+
+
+KOPF_CRDS = "kopf's resource observer lists and watches CRDs to resolve the kinds it serves"
+KOPF_NS = ("kopf's namespace observer lists and watches namespaces when the operator serves "
+           "a list of them (not with --all-namespaces)")
+NODES = ("node readiness index (handlers.py `node_readiness`, TARDIGRADE_WATCH_NODES), "
+         "cluster-wide mode only")
+PEERING = "kopf peering: watches the peering object and patches its keepalive into it"
+TJ = "tardigrade.dev"
+
+GRANTS: list[Grant] = [
+    Grant("apiextensions.k8s.io", "customresourcedefinitions", "list", CLUSTER, EVERY,
+          KOPF_CRDS),
+    Grant("apiextensions.k8s.io", "customresourcedefinitions", "watch", CLUSTER, EVERY,
+          KOPF_CRDS),
+    Grant("", "namespaces", "list", CLUSTER, NAMESPACE_LIST, KOPF_NS),
+    Grant("", "namespaces", "watch", CLUSTER, NAMESPACE_LIST, KOPF_NS),
+    Grant("", "nodes", "list", CLUSTER, CLUSTER_WIDE, NODES),
+    Grant("", "nodes", "watch", CLUSTER, CLUSTER_WIDE, NODES),
+    Grant("kopf.dev", "clusterkopfpeerings", "list", CLUSTER, PEERING_ALL, PEERING),
+    Grant("kopf.dev", "clusterkopfpeerings", "watch", CLUSTER, PEERING_ALL, PEERING),
+    Grant("kopf.dev", "clusterkopfpeerings", "patch", CLUSTER, PEERING_ALL, PEERING),
+    Grant("kopf.dev", "kopfpeerings", "list", JOBS, PEERING_NS, PEERING),
+    Grant("kopf.dev", "kopfpeerings", "watch", JOBS, PEERING_NS, PEERING),
+    Grant("kopf.dev", "kopfpeerings", "patch", JOBS, PEERING_NS, PEERING),
+    Grant(TJ, "trainingjobs", "list", JOBS, EVERY, "kopf index, event and daemon handlers"),
+    Grant(TJ, "trainingjobs", "watch", JOBS, EVERY, "kopf index, event and daemon handlers"),
+    Grant(TJ, "trainingjobs", "patch", JOBS, EVERY,
+          "kopf removes the finalizer `tardigrade.dev/operator` that older operator versions "
+          "gave jobs (handlers.py JOB_FINALIZER)"),
+    Grant(TJ, "trainingjobs", "get", JOBS, EVERY,
+          "kube.Writer.read_job: the daemon's fresh read, and release_orphan's owner check"),
+    Grant(TJ, "trainingjobs/status", "patch", JOBS, EVERY, "kube.Writer.apply: status patch"),
+    Grant(TJ, "trainingjobs/finalizers", "update", JOBS, EVERY,
+          "pods and the service carry a blockOwnerDeletion ownerReference to the job "
+          "(render.py); OwnerReferencesPermissionEnforcement (OpenShift) requires this"),
+    Grant("", "pods", "list", JOBS, EVERY, "kopf pod index and event handler; list_job_pods"),
+    Grant("", "pods", "watch", JOBS, EVERY, "kopf pod index and event handler"),
+    Grant("", "pods", "create", JOBS, EVERY, "kube.Writer.apply: the gang's pods"),
+    Grant("", "pods", "delete", JOBS, EVERY,
+          "kube.Writer.delete_pod (stopping an attempt); also what "
+          "OwnerReferencesPermissionEnforcement asks of a creator that sets an ownerReference"),
+    Grant("", "pods", "get", JOBS, EVERY, "kube.Writer.release_pod reads the pod's finalizers"),
+    Grant("", "pods", "patch", JOBS, EVERY,
+          "kube.Writer.release_pod: JSON patch that drops the gang-tracking finalizer"),
+    Grant("", "services", "list", JOBS, EVERY, "kopf service index"),
+    Grant("", "services", "watch", JOBS, EVERY, "kopf service index"),
+    Grant("", "services", "create", JOBS, EVERY, "kube.Writer.apply: the gang's headless service"),
+    Grant("", "services", "delete", JOBS, EVERY,
+          "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
+          "an ownerReference (\"cannot set an ownerRef on a resource you can't delete\")"),
+    Grant("", "events", "create", JOBS, EVERY, "kopf.event / kopf's event posting"),
+]
+
+
+def expected_grants(config: str, namespaces: tuple[str, ...] = ("ml", "lab")
+                    ) -> set[tuple[str, str, str, str]]:
+    """(where, group, resource, verb) the table gives `config`; where: "cluster" or "ns:x"."""
+    out = set()
+    for g in GRANTS:
+        if config not in g.configs:
+            continue
+        wheres = ["cluster"] if g.scope == CLUSTER or config != NAMESPACED else [
+            f"ns:{ns}" for ns in namespaces]
+        out |= {(w, g.group, g.resource, g.verb) for w in wheres}
+    return out
+
+
+def rendered_grants(docs: list[dict[str, Any]], account: str, account_namespace: str
+                    ) -> set[tuple[str, str, str, str]]:
+    """(where, group, resource, verb) the rendered chart grants the ServiceAccount."""
+    roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    out = set()
+    for binding in docs:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                   and s.get("namespace") == account_namespace
+                   for s in binding.get("subjects") or []):
+            continue
+        namespace = binding["metadata"].get("namespace", "")
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], namespace if ref["kind"] == "Role" else "", ref["name"])]
+        where = f"ns:{namespace}" if binding["kind"] == "RoleBinding" else "cluster"
+        for rule in role.get("rules") or []:
+            out |= {(where, group, resource, verb) for group in rule.get("apiGroups") or []
+                    for resource in rule.get("resources") or [] for verb in rule["verbs"]}
+    return out
+
+
+def audited_calls(audit_log: Path, user: str) -> list[dict[str, Any]]:
+    """The API server's authorization decisions for `user` (see apiserver/access.py)."""
+    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line]
+    return [e for e in events if e["user"]["username"] == user]
+
+
+def call_key(event: dict[str, Any]) -> tuple[str, str, str]:
+    ref = event.get("objectRef") or {}
+    resource = ref.get("resource", event.get("requestURI", ""))
+    if ref.get("subresource"):
+        resource += "/" + ref["subresource"]
+    return ref.get("apiGroup", ""), resource, event["verb"]
+
+
+def denials(events: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for e in events:
+        notes = e["annotations"]
+        if notes["authorization.k8s.io/decision"] == "allow":
+            continue
+        group, resource, verb = call_key(e)
+        where = (e.get("objectRef") or {}).get("namespace", "")
+        by = notes.get("tardigrade.dev/checked-by")
+        out.append(f"{verb} {resource} in API group {group!r}"
+                   + (f" in {where}" if where else "") + (f" (checked by {by})" if by else ""))
+    return sorted(set(out))
+
+
+def check_operator_calls(audit_log: Path, account: str, namespace: str,
+                         config: str) -> set[tuple[str, str, str]]:
+    """Fail on any denial of the operator's ServiceAccount, or a call outside the table;
+    returns the (group, resource, verb) it used."""
+    calls = audited_calls(audit_log, f"system:serviceaccount:{namespace}:{account}")
+    assert calls, f"no request of {account} reached the API server (audit log {audit_log})"
+    denied = denials(calls)
+    assert not denied, "the operator was denied:\n" + "\n".join(denied)
+    used = {call_key(e) for e in calls if (e.get("objectRef") or {})}
+    table = {(g.group, g.resource, g.verb) for g in GRANTS if config in g.configs}
+    assert used <= table, f"calls missing from GRANTS: {sorted(used - table)}"
+    return used

@@ -1,0 +1,134 @@
+"""What the chart's values render to: CRD, disruption budget, placement, names, NOTES."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import kubernetes_validate
+import yaml
+
+from tests.chart.test_helm import CHART, _helm, render
+from tests.conftest import CRD_FILE
+
+OFF_SPOT = [{"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]},
+            {"key": "cloud.google.com/gke-preemptible", "operator": "NotIn", "values": ["true"]}]
+
+
+def is_hook(doc: dict) -> bool:
+    return "helm.sh/hook" in (doc["metadata"].get("annotations") or {})
+
+
+def kinds(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pod_spec(docs: list[dict]) -> dict:
+    return kinds(docs, "Deployment")[0]["spec"]["template"]["spec"]
+
+
+def test_crd_is_the_generated_one_owned_by_the_release_and_kept():
+    [crd] = kinds(render(), "CustomResourceDefinition")
+    meta = crd["metadata"]
+    assert meta["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    generated = yaml.safe_load(CRD_FILE.read_text())
+    # Exactly the generated CRD (numbers and all survive the template round trip), plus the
+    # release's labels and the keep annotation.
+    assert generated["metadata"]["labels"].items() <= meta["labels"].items()
+    for key in ("labels", "annotations"):
+        meta.pop(key)
+        generated["metadata"].pop(key, None)
+    assert crd == generated
+
+
+def test_crd_values():
+    assert kinds(render("crds.install=false"), "CustomResourceDefinition") == []
+    [crd] = kinds(render("crds.keep=false"), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+def test_disruption_budget_only_with_a_standby():
+    [pdb] = kinds(render(), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    deployment = kinds(render(), "Deployment")[0]
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert kinds(render("replicaCount=1"), "PodDisruptionBudget") == []
+    assert kinds(render("podDisruptionBudget.enabled=false"), "PodDisruptionBudget") == []
+
+
+def test_operator_stays_off_spot_nodes_unless_told_otherwise():
+    required = pod_spec(render())["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == [{"matchExpressions": OFF_SPOT}]
+    assert "affinity" not in pod_spec(render("avoidSpotNodes=false"))
+    # A nodeAffinity of the user's replaces ours; other affinity kinds sit beside it.
+    mine = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}
+    args = ["template", "t", str(CHART), "--set-json",
+            f"affinity={json.dumps({'nodeAffinity': mine})}"]
+    result = subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert pod_spec(docs)["affinity"] == {"nodeAffinity": mine}
+
+
+def test_priority_class_and_name_overrides():
+    assert "priorityClassName" not in pod_spec(render())
+    assert pod_spec(render("priorityClassName=system-cluster-critical"))[
+        "priorityClassName"] == "system-cluster-critical"
+    named = render("fullnameOverride=trainer-ops")
+    assert kinds(named, "Deployment")[0]["metadata"]["name"] == "trainer-ops"
+    assert kinds(named, "ServiceAccount")[0]["metadata"]["name"] == "trainer-ops"
+    renamed = render("nameOverride=tg")
+    deployment = kinds(renamed, "Deployment")[0]
+    assert deployment["metadata"]["name"] == "tardigrade-tg"
+    assert deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "tg"
+
+
+def test_bad_new_values_are_refused_naming_the_value():
+    for value in ("priorityClassName=Not_A_Name", "podDisruptionBudget.maxUnavailable=0",
+                  "avoidSpotNodes=maybe"):
+        result = subprocess.run([_helm(), "template", "t", str(CHART), "--set", value],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0, value
+        assert value.split("=")[0].split(".")[-1] in result.stderr, result.stderr
+
+
+def test_notes_say_how_to_check_the_operator_and_run_a_job():
+    args = ["install", "tg", str(CHART), "-n", "ops", "--dry-run=client",
+            "--set", "watch.allNamespaces=false", "--set", "watch.namespaces={ml}"]
+    result = subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kubectl -n ops rollout status deployment/tg-tardigrade" in notes
+    assert "watching namespaces ml" in notes
+    assert "kubectl apply -n ml -f examples/trainingjob.yaml" in notes
+
+
+def test_uninstall_hook_grants_live_only_with_the_hook_and_only_for_it():
+    docs = render("watch.allNamespaces=false", "watch.namespaces={ml,lab}", hooks=True)
+    hooks = [d for d in docs if is_hook(d)]
+    for doc in hooks:
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+    assert {(d["kind"], d["metadata"].get("namespace")) for d in hooks} == {
+        ("ServiceAccount", "tardigrade-system"), ("Pod", "tardigrade-system"),
+        ("Role", "tardigrade-system"), ("RoleBinding", "tardigrade-system"),
+        ("Role", "ml"), ("RoleBinding", "ml"), ("Role", "lab"), ("RoleBinding", "lab")}
+    for doc in hooks:
+        annotations = doc["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+        if doc["kind"] == "RoleBinding":
+            assert doc["subjects"] == [{"kind": "ServiceAccount", "name": "tardigrade-uninstall",
+                                        "namespace": "tardigrade-system"}]
+    [pod] = kinds(hooks, "Pod")
+    # RBAC first (lower weight), and the pod must not look like one of the operator's.
+    assert int(pod["metadata"]["annotations"]["helm.sh/hook-weight"]) > max(
+        int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks if d is not pod)
+    selector = kinds(docs, "Deployment")[0]["spec"]["selector"]["matchLabels"]
+    assert not selector.items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["containers"][0]["args"] == [
+        "operator", "release", "--deployment=tardigrade-system/tardigrade",
+        "--namespace=ml", "--namespace=lab"]
+    assert not [d for d in render("uninstallHook.enabled=false", hooks=True) if is_hook(d)]
