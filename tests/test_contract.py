@@ -80,3 +80,16 @@ def test_contract_module_imports_without_jax():
         "assert 'jax' not in sys.modules, 'contract pulled in jax'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(trainer_dir)})
+
+
+def test_shutdown_window_defaults_to_gke_spots_regular_pod_share_and_is_checked():
+    rendered = _environment(shutdown_window_seconds=42.5).to_env()
+    assert rendered[contract.ENV_SHUTDOWN_WINDOW_SECONDS] == "42.5"
+    assert contract.TrainerEnvironment.from_env(rendered).shutdown_window_seconds == 42.5
+    del rendered[contract.ENV_SHUTDOWN_WINDOW_SECONDS]  # an operator older than the variable
+    assert contract.TrainerEnvironment.from_env(rendered).shutdown_window_seconds == 15
+    for bad, error in (("soon", "not a number"), ("0", "must be > 0")):
+        rendered[contract.ENV_SHUTDOWN_WINDOW_SECONDS] = bad
+        with pytest.raises(contract.ContractError,
+                           match=f"{contract.ENV_SHUTDOWN_WINDOW_SECONDS}.*{error}"):
+            contract.TrainerEnvironment.from_env(rendered)

@@ -17,6 +17,7 @@ from tardigrade_local.cluster import (
     kill_leftover_pods,
     operator_command,
 )
+from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet import ImageRule, NodeConfig
 from tardigrade_local.paths import StateLayout
 
@@ -51,7 +52,10 @@ def up(
     foreground: bool = typer.Option(False, "--foreground/--background",
                                     help="Stay attached; Ctrl-C stops the cluster."),
     gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator."),
-    shutdown_grace: float = typer.Option(30.0, help="Seconds pods get when a node is preempted."),
+    shutdown_grace: float = typer.Option(
+        REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
+        help="Seconds a pod gets (at most its own grace) when its node shuts down: the kubelet's "
+        "grace for regular pods; GKE spot VMs give them 15 s of the 30 s notice."),
     operator: bool = typer.Option(True, "--operator/--no-operator",
                                   help="Run the Tardigrade operator in the cluster."),
     operator_command: str | None = typer.Option(

@@ -32,7 +32,7 @@ from aiohttp import web
 import tardigrade_local
 from tardigrade_local import gcs, imagevenv, podnet
 from tardigrade_local.controllers import WorkloadControllers
-from tardigrade_local.disruptions import Disruptor
+from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
 from tardigrade_local.dockerfile import DockerfileError
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
@@ -83,7 +83,8 @@ class ClusterConfig:
     load_repo_crds: bool = True
     image_rules: list[ImageRule] = dataclasses.field(default_factory=list)
     pod_env: dict[str, str] = dataclasses.field(default_factory=dict)
-    shutdown_grace_seconds: float = 30.0
+    # What regular pods get on a node shutdown (GKE spot: 15 s of the 30 s notice).
+    shutdown_grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
     orphan_pod_gc_seconds: float = 40.0
     backoff_base_seconds: float = 10.0
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).

@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 
 from tardigrade_local.cluster import LocalCluster, operator_command, repo_root
+from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet import NodeConfig
 from tardigrade_local.steplog import StepLog
 
@@ -35,12 +36,13 @@ class DemoSettings:
     preempt_at: int = 100
     resize_at: int = 200
     resize_to: int = 3
-    grace_seconds: float = 20.0
+    # What a GKE spot reclaim gives a trainer pod: 15 s of the 30 s notice.
+    grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
     timeout_seconds: float = 900.0
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(steps=90, preempt_at=30, resize_at=60, grace_seconds=15.0)
+        return cls(steps=90, preempt_at=30, resize_at=60)
 
 
 @dataclasses.dataclass

@@ -5,7 +5,9 @@ operator's classification (preempted / evicted / node lost / crashed) is tested 
 real wire format:
 - spot reclaim / node shutdown: the node's kubelet sets DisruptionTarget
   (TerminationByKubelet), SIGTERMs, waits the grace period, SIGKILLs; pods end Failed with
-  `status.reason: Terminated`; then the Node object disappears;
+  `status.reason: Terminated`; then the Node object disappears. The grace is the shutdown
+  grace for regular pods, or the pod's own terminationGracePeriodSeconds if smaller
+  (`node_shutdown_pod_grace`);
 - node lost: the processes die without notice, the Node object is deleted, pod GC marks the
   pods Failed with DisruptionTarget (DeletionByPodGC) and deletes them;
 - Eviction API: the API server adds DisruptionTarget (EvictionByEvictionAPI) and deletes the
@@ -37,6 +39,32 @@ NODE_SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdow
 NODE_SHUTDOWN_NODE_MESSAGE = "node is shutting down"
 POD_GC_MESSAGE = "PodGC: node no longer exists"
 EVICTION_MESSAGE = "Eviction API: evicting"
+
+
+# The kubelet's graceful node shutdown as GKE configures it for spot VMs: a 30 s notice
+# (shutdownGracePeriod), of which the last 15 s are for critical system pods
+# (shutdownGracePeriodCriticalPods). pkg/kubelet/nodeshutdown/nodeshutdown_manager.go,
+# migrateConfig, turns the two into a group of regular pods with 30 - 15 = 15 s and one of
+# critical pods with 15 s; GKE "Spot VMs" concept page ("Termination and graceful shutdown of
+# Spot VMs"; node pools can opt in to a longer window, up to 120 s, on 1.35.0-gke.1171000+).
+SHUTDOWN_GRACE_PERIOD_SECONDS = 30.0
+SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS_SECONDS = 15.0
+REGULAR_POD_SHUTDOWN_GRACE_SECONDS = (
+    SHUTDOWN_GRACE_PERIOD_SECONDS - SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS_SECONDS
+)
+
+
+def node_shutdown_pod_grace(pod_grace: float | None, group_grace: float) -> float:
+    """Seconds between SIGTERM and SIGKILL for a pod on a node that shuts down.
+
+    `podManager.killPods` (nodeshutdown_manager.go): the grace of the pod's priority group,
+    unless the pod's terminationGracePeriodSeconds is set and not larger. Every pod the local
+    cluster runs is a regular pod (no system-cluster-critical priority), so `group_grace` is
+    the regular pods' share.
+    """
+    if pod_grace is not None and pod_grace <= group_grace:
+        return float(pod_grace)
+    return float(group_grace)
 
 
 class DisruptionError(RuntimeError):

@@ -27,7 +27,14 @@ from tardigrade_operator.api.types import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
+from tardigrade_operator.observe import (
+    Outcome,
+    PodView,
+    RankOutcome,
+    ServiceView,
+    classify,
+    owned,
+)
 from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -42,6 +49,9 @@ FORCE_DELETE_AFTER = timedelta(seconds=30)
 class DecisionSettings:
     unschedulable_timeout: timedelta = timedelta(seconds=60)
     grow_back_after: timedelta = timedelta(minutes=5)
+    # How long a new job waits for the garbage collector to delete the Service of a previous
+    # job of the same name before it reports the name as taken.
+    previous_service_wait: timedelta = timedelta(seconds=120)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +63,9 @@ class Observed:
     spec: TrainingJobSpec | None
     spec_error: str | None
     status: TrainingJobStatus
+    # Pods labelled with the job's name; `decide` keeps those whose owner is this job's uid.
     pods: list[PodView]
-    service_exists: bool
+    service: ServiceView | None  # the Service with the job's name, if one exists
     now: datetime
     progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
     nodes_ready: Mapping[str, bool] | None = None
@@ -83,6 +94,10 @@ class Plan:
 
 
 def decide(obs: Observed) -> Plan:
+    # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
+    # never adopt, stop, release or count them; the garbage collector deletes them.
+    previous = [p for p in obs.pods if p.owner_uid != obs.job.uid]
+    obs = dataclasses.replace(obs, pods=owned(obs.pods, obs.job.uid))
     status = obs.status.model_copy(deep=True)
     plan = Plan(status=status)
     status.observed_generation = obs.generation
@@ -120,15 +135,20 @@ def decide(obs: Observed) -> Plan:
         if ended is not None:
             _set_summary(status, obs, status.phase, ended.reason, ended.message)
         return plan
-    if not obs.service_exists:
+    pending = _pending_recovery(status)
+    first_launch = current == 0 and pending is None
+    if _held_by_another(plan, obs, previous, first_launch):
+        return plan
+    if obs.service is None:
         plan.create_service = build_service(obs.job)
 
-    pending = _pending_recovery(status)
-    if current == 0 and pending is None:
+    if first_launch:
         if spec.suspend:
             _set_phase(plan, obs, "Suspended", "Suspended", "suspended before the first launch")
             return plan
-        _launch(plan, obs, spec, attempt=1, replicas=spec.replicas)
+        # Pod names carry the attempt: start past a previous job's, whose pods may linger.
+        attempt = 1 + max((p.attempt for p in previous), default=0)
+        _launch(plan, obs, spec, attempt=attempt, replicas=spec.replicas)
         return plan
     if pending is not None or status.phase == "Suspended":
         _tear_down_then_launch(plan, obs, spec, gang, pending)
@@ -213,7 +233,8 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
 
 def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
     # A preemption explains the crashes of its peers (their collectives fail), so it wins.
-    for kind in (Outcome.PREEMPTED, Outcome.FATAL, Outcome.RETRYABLE, Outcome.FAILED):
+    for kind in (Outcome.PREEMPTED, Outcome.REJECTED, Outcome.FATAL, Outcome.RETRYABLE,
+                 Outcome.FAILED):
         for rank in sorted(outcomes):
             if outcomes[rank].outcome is kind:
                 return outcomes[rank]
@@ -222,13 +243,14 @@ def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
 
 def _handle_disruption(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                        gang: list[PodView], stopped: RankOutcome) -> None:
+    _forget_streaks_after_healthy_run(plan.status, obs, spec)
     verdict = _give_up(plan.status, spec, stopped)
     if verdict is not None:
         _stop_all(plan, obs, gang, grace=None)
         _finish(plan, obs, "Failed", *verdict)
         return
-    cause: RecoveryCause = {Outcome.FAILED: "Failure", Outcome.PREEMPTED: "Preemption"}.get(
-        stopped.outcome, "Retry")
+    cause: RecoveryCause = {Outcome.FAILED: "Failure", Outcome.PREEMPTED: "Preemption",
+                            Outcome.REJECTED: "NodeRejected"}.get(stopped.outcome, "Retry")
     _begin_recovery(plan, obs, gang, cause, plan.status.replicas, stopped.reason)
 
 
@@ -243,6 +265,12 @@ def _give_up(status: TrainingJobStatus, spec: TrainingJobSpec,
         return ("RestartBudgetExhausted",
                 f"failed after {status.restarts.failures} restarts "
                 f"(failurePolicy.maxRestarts={policy.max_restarts}): {stopped.reason}")
+    streak = status.restarts.consecutive_retries
+    if stopped.outcome is Outcome.RETRYABLE and streak >= policy.max_retries:
+        return ("RetryBudgetExhausted",
+                f"retried {streak} times in a row without a gang running for "
+                f"{policy.backoff_reset_seconds:g}s (failurePolicy.maxRetries="
+                f"{policy.max_retries}): {stopped.reason}")
     budget = policy.max_preemptions
     if stopped.outcome is Outcome.PREEMPTED and budget is not None \
             and status.restarts.preemptions >= budget:
@@ -295,6 +323,41 @@ def _grow_back(plan: Plan, obs: Observed, spec: TrainingJobSpec, gang: list[PodV
     return True
 
 
+def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
+                     first_launch: bool) -> bool:
+    """True when a previous job's children stop this pass: the job waits, or fails."""
+    ns, name = obs.job.namespace, naming.service_name(obs.job.name)
+    service = obs.service
+    if service is not None and service.owner_uid != obs.job.uid:
+        since = plan.status.start_time or obs.now
+        if (first_launch and service.owner_uid is not None
+                and obs.now - since < obs.settings.previous_service_wait):
+            # Owned by a deleted job of this name: the garbage collector removes it shortly.
+            _set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
+                       f"Service {ns}/{name} belongs to a previous TrainingJob of this name "
+                       f"({service.owner}); waiting for the garbage collector to delete it")
+            return True
+        _stop_all(plan, obs, obs.pods, grace=None)
+        _finish(plan, obs, "Failed", "ServiceNameTaken",
+                f"Service {ns}/{name} exists and is not owned by this TrainingJob (owner: "
+                f"{service.owner}); the ranks need a headless Service of that name to find "
+                f"each other. Delete it (kubectl delete service -n {ns} {name}) or rename the "
+                "job, then delete and re-apply the TrainingJob")
+        return True
+    running = [p for p in previous if p.active and (
+        p.deletion_timestamp is None or obs.now < p.deletion_timestamp)]
+    if first_launch and running:
+        # They may still be saving to the same checkpoint path: two gangs must not both
+        # write it. Bounded by their grace period once the garbage collector deletes them.
+        names = ", ".join(p.name for p in running[:5])
+        _set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
+                   f"pods of a previous TrainingJob of this name are still running ({names}); "
+                   "waiting for them to stop (delete them if they are not being deleted: "
+                   f"kubectl delete pod -n {ns} {running[0].name})")
+        return True
+    return False
+
+
 # ---------------------------------------------------------------------- recovery & launch ---
 
 
@@ -309,9 +372,14 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
         counters.failures += 1
     elif cause == "Retry":
         counters.retries += 1
+        counters.consecutive_retries += 1
+    elif cause == "NodeRejected":
+        counters.rejections += 1
+        counters.consecutive_rejections += 1
     elif cause == "Resize":
         counters.resizes += 1
-    counters.total = counters.preemptions + counters.failures + counters.resizes + counters.retries
+    counters.total = (counters.preemptions + counters.failures + counters.resizes
+                      + counters.retries + counters.rejections)
     status.recoveries = [*status.recoveries, Recovery(
         cause=cause, time=obs.now, attempt=status.attempt + 1,
         from_replicas=status.replicas, to_replicas=replicas, reason=reason[:1024],
@@ -343,14 +411,15 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     elif spec.suspend:
         _set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
         return
-    if pending.cause == "Failure":
-        wait = backoff_seconds(spec, status.restarts.failures)
-        ready_at = pending.time + timedelta(seconds=wait)
-        if obs.now < ready_at:
-            _set_phase(plan, obs, "Restarting", "BackOff",
-                       f"restarting after a failure in {(ready_at - obs.now).total_seconds():.0f}s"
-                       f" (backoff {wait:.0f}s): {pending.reason}")
-            return
+    wait = relaunch_backoff_seconds(spec, status, pending.cause)
+    ready_at = pending.time + timedelta(seconds=wait)
+    if obs.now < ready_at:
+        after = {"Failure": "a failure", "Retry": "a retryable exit",
+                 "NodeRejected": "an admission rejection"}[pending.cause]
+        _set_phase(plan, obs, "Restarting", "BackOff",
+                   f"restarting after {after} in {(ready_at - obs.now).total_seconds():.0f}s"
+                   f" (backoff {wait:.0f}s): {pending.reason}")
+        return
     limited = _condition(status, "CapacityLimited")
     # The newest spec.replicas wins (a scale during a restart is folded in), unless the gang
     # was shrunk on purpose for lack of capacity.
@@ -362,6 +431,37 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
 def backoff_seconds(spec: TrainingJobSpec, failures: int) -> float:
     policy = spec.failure_policy
     return min(policy.backoff_seconds * 2 ** max(0, failures - 1), policy.max_backoff_seconds)
+
+
+def relaunch_backoff_seconds(spec: TrainingJobSpec, status: TrainingJobStatus,
+                             cause: RecoveryCause) -> float:
+    """How long a relaunch for `cause` waits after it was recorded (counters already bumped)."""
+    policy, counts = spec.failure_policy, status.restarts
+    if cause == "Failure":
+        return backoff_seconds(spec, counts.failures)
+    if cause == "Retry":
+        streak = counts.consecutive_retries
+    elif cause == "NodeRejected":
+        # The first rejection relaunches at once (elsewhere, most likely); repeats back off.
+        streak = counts.consecutive_rejections - 1
+    else:
+        return 0.0
+    if streak < 1:
+        return 0.0
+    return min(policy.retry_backoff_seconds * 2 ** (streak - 1),
+               policy.max_retry_backoff_seconds)
+
+
+def _forget_streaks_after_healthy_run(status: TrainingJobStatus, obs: Observed,
+                                      spec: TrainingJobSpec) -> None:
+    """A gang that trained for backoffResetSeconds ends the retry and rejection streaks."""
+    running = _condition(status, "Running")
+    if running is None or running.status != "True" or running.last_transition_time is None:
+        return
+    healthy = obs.now - running.last_transition_time
+    if healthy >= timedelta(seconds=spec.failure_policy.backoff_reset_seconds):
+        status.restarts.consecutive_retries = 0
+        status.restarts.consecutive_rejections = 0
 
 
 def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, replicas: int,

@@ -27,7 +27,15 @@ from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, decide
 from tardigrade_operator.kube import ChildRejected, ClusterWriter, StaleStatus, load_client_config
-from tardigrade_operator.observe import NodeReadiness, PodView, newest_readiness, parse_pod
+from tardigrade_operator.observe import (
+    NodeReadiness,
+    PodView,
+    ServiceView,
+    newest_readiness,
+    owned,
+    parse_pod,
+    parse_service,
+)
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
 
@@ -77,8 +85,9 @@ def gang_pods(namespace: str, labels: kopf.Labels, body: kopf.Body,
 
 
 @kopf.index("services", labels={naming.LABEL_JOB: kopf.PRESENT})
-def gang_services(namespace: str, labels: kopf.Labels, **_: Any) -> dict[JobKey, bool]:
-    return {(namespace, labels[naming.LABEL_JOB]): True}
+def gang_services(namespace: str, labels: kopf.Labels, body: kopf.Body,
+                  **_: Any) -> dict[JobKey, ServiceView]:
+    return {(namespace, labels[naming.LABEL_JOB]): parse_service(body)}
 
 
 def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
@@ -185,14 +194,14 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     status, version = _known_status(key, meta, body.get("status") or {}, memo)
     spec, spec_error = _parsed_spec(key, meta, body, memo)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
-    attempt = max([status.attempt, *(p.attempt for p in pods)])
-    if status.attempt and sum(p.attempt == attempt for p in pods) < status.replicas:
+    attempt = max([status.attempt, *(p.attempt for p in owned(pods, uid))])
+    if status.attempt and sum(p.attempt == attempt for p in owned(pods, uid)) < status.replicas:
         # Fewer ranks than launched: before calling them gone, make sure it is not the index
         # lagging (just created, or rebuilt after a peering pause) by asking the API server.
         listed = await asyncio.to_thread(memo.writer.list_job_pods, namespace, name)
         pods = [view for view in (parse_pod(p) for p in listed) if view]
-        attempt = max([status.attempt, *(p.attempt for p in pods)])
-    gang: list[PodView] = [p for p in pods if p.attempt == attempt]
+        attempt = max([status.attempt, *(p.attempt for p in owned(pods, uid))])
+    gang: list[PodView] = [p for p in owned(pods, uid) if p.attempt == attempt]
     progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None
     if nodes_index is not None and len(nodes_index) > 0:
@@ -206,7 +215,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         spec_error=spec_error,
         status=status,
         pods=pods,
-        service_exists=bool(_values(services_index, key)),
+        service=await _service(key, uid, status, services_index, memo),
         now=datetime.now(UTC),
         progress=progress,
         nodes_ready=nodes_ready,
@@ -236,6 +245,20 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)
+
+
+async def _service(key: JobKey, uid: str, status: TrainingJobStatus,
+                   services_index: kopf.Index, memo: kopf.Memo) -> ServiceView | None:
+    """The Service with the job's name. The index holds only Services with our job label; one
+    made by someone else lacks it, and a create would just answer AlreadyExists, so until the
+    index shows ours the API server is asked."""
+    name = naming.service_name(key[1])
+    seen = [s for s in _values(services_index, key) if s.name == name]
+    ours = next((s for s in seen if s.owner_uid == uid), None)
+    if ours is not None or status.phase in ("Succeeded", "Failed"):
+        return ours or (seen[0] if seen else None)
+    found = await asyncio.to_thread(memo.writer.read_service, key[0], name)
+    return parse_service(found) if found is not None else None
 
 
 def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo

@@ -122,6 +122,15 @@ class ClusterWriter:
         return dict(self.custom.get_namespaced_custom_object(
             types.GROUP, types.VERSION, namespace, types.PLURAL, name))
 
+    def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Service of that name as plain JSON, or None. A list by name, not a get: the
+        operator is granted list (and watch) on Services, which is all its index needs."""
+        found = self.core.list_namespaced_service(
+            namespace, field_selector=f"metadata.name={name}").items
+        if not found:
+            return None
+        return dict(self.core.api_client.sanitize_for_serialization(found[0]))
+
     def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The job's pods straight from the API server, as plain JSON dicts."""
         pods = self.core.list_namespaced_pod(namespace, label_selector=naming.job_selector(job))

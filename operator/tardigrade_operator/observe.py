@@ -11,12 +11,33 @@ from typing import Any
 from tardigrade_trainer import contract
 
 from tardigrade_operator import naming
+from tardigrade_operator.finalizers import owner_uid
 
 # pod.status.reason values that mean the node went away or the pod was pushed off it.
 PREEMPTION_POD_REASONS = frozenset(
-    {"Evicted", "Preempting", "Terminated", "NodeShutdown", "Shutdown", "NodeLost",
-     "NodeAffinity", "OutOfcpu", "OutOfmemory"}
+    {"Evicted", "Preempting", "Terminated", "NodeShutdown", "Shutdown", "NodeLost"}
 )
+# pod.status.reason values the kubelet writes when it refuses to run a pod bound to its node
+# (phase Failed, message "Pod was rejected: ...", no container started): the kubelet's
+# `admissionRejectionReasons` (pkg/kubelet/kubelet.go) and `rejectPod`. A placement or capacity
+# problem of that node, never the trainer's fault.
+ADMISSION_REJECTION_REASONS = frozenset({
+    # pkg/kubelet/lifecycle/predicate.go, predicateAdmitHandler.Admit
+    "PodOSSelectorNodeLabelDoesNotMatch", "PodOSNotSupported", "InvalidNodeInfo",
+    "InitContainerRestartPolicyForbidden", "SupplementalGroupsPolicyNotSupported",
+    "UnexpectedAdmissionError", "UnknownReason", "UnexpectedPredicateFailureType",
+    # ... the failed predicate's name (scheduler.AdmissionCheck, generalFilter)
+    "NodeName", "NodeAffinity", "NodePorts", "TaintToleration",
+    # pkg/kubelet/lifecycle/handlers.go
+    "AppArmor", "PodLevelResourcesNotSupported", "PodFeatureUnsupported",
+    "Evicted",  # pkg/kubelet/eviction: Admit under node pressure
+    "SysctlForbidden",  # pkg/kubelet/sysctl
+    "TopologyAffinityError",  # pkg/kubelet/cm/topologymanager
+    "NodeShutdown",  # pkg/kubelet/nodeshutdown: bound to a node that is shutting down
+})
+# predicate.go: InsufficientResourceError -> "OutOf" + resource name (OutOfcpu, OutOfpods,
+# OutOfnvidia.com/gpu, OutOfgoogle.com/tpu...).
+INSUFFICIENT_RESOURCE_PREFIX = "OutOf"
 # Exit codes from a signal we did not send: 143 = SIGTERM, 137 = SIGKILL.
 SIGTERM_EXIT = 143
 
@@ -26,6 +47,7 @@ class Outcome(enum.Enum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     PREEMPTED = "Preempted"  # spot reclaim, eviction, node lost: never uses up maxRestarts
+    REJECTED = "Rejected"  # the kubelet refused to admit the pod: placement, not the trainer
     RETRYABLE = "Retryable"  # exit code marked retryable
     FATAL = "Fatal"  # the trainer says the spec cannot run (config error, corrupt checkpoint)
     FAILED = "Failed"  # a real crash
@@ -42,6 +64,7 @@ class PodView:
     unschedulable_since: datetime | None = None
     disruption: str | None = None  # DisruptionTarget reason, when the condition is True
     status_reason: str | None = None  # pod.status.reason (Evicted, Terminated, ...)
+    status_message: str = ""  # pod.status.message ("Pod was rejected: ...")
     container_started: bool = False
     exit_code: int | None = None
     terminated_reason: str | None = None  # Completed, Error, OOMKilled
@@ -51,6 +74,9 @@ class PodView:
     tracked: bool = False  # still carries our finalizer
     # Why the container has not started (ErrImagePull, CreateContainerConfigError, ...).
     waiting: str | None = None
+    # uid of the TrainingJob in the pod's ownerReferences: a job deleted and re-created under
+    # the same name has a new uid, and the old one's pods carry the same labels.
+    owner_uid: str | None = None
 
     @property
     def deleting(self) -> bool:
@@ -111,6 +137,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         disruption=(disruption.get("reason") or "DisruptionTarget")
         if disruption and disruption.get("status") == "True" else None,
         status_reason=status.get("reason"),
+        status_message=status.get("message") or "",
         container_started="running" in state or bool(terminated),
         exit_code=terminated.get("exitCode"),
         terminated_reason=terminated.get("reason"),
@@ -119,6 +146,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         pod_ip=status.get("podIP"),
         tracked=naming.POD_FINALIZER in (meta.get("finalizers") or []),
         waiting=_waiting(state.get("waiting") or {}),
+        owner_uid=owner_uid(pod),
     )
 
 
@@ -143,10 +171,20 @@ def classify(
     nodes_ready: Mapping[str, bool] | None = None,
 ) -> RankOutcome:
     """Why a rank is where it is. The order matters: a disruption explains the crash after it."""
-    if pod.phase == "Succeeded":
+    # The trainer container decides, not the pod phase: a non-native sidecar (a second regular
+    # container) keeps the pod Running after the trainer exited, and fails it when the trainer
+    # succeeded but the sidecar did not.
+    if pod.phase == "Succeeded" or pod.exit_code == 0:
         return RankOutcome(Outcome.SUCCEEDED, "completed")
     if pod.disruption:
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: {pod.disruption}")
+    if pod.phase == "Failed" and is_admission_rejection(pod.status_reason):
+        # Re-admission after a kubelet restart can reject a pod that already ran: then it was
+        # pushed off a node like an eviction; one that never started is relaunched with backoff
+        # so a node that keeps rejecting cannot make a tight loop.
+        kind = Outcome.PREEMPTED if pod.container_started else Outcome.REJECTED
+        detail = f": {pod.status_message}" if pod.status_message else ""
+        return RankOutcome(kind, f"{pod.name}: {pod.status_reason}{detail}")
     if pod.status_reason in PREEMPTION_POD_REASONS:
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: {pod.status_reason}")
     if pod.phase == "Unknown":
@@ -157,7 +195,7 @@ def classify(
         pod.node_name
     ) is False:
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node {pod.node_name} not ready")
-    if pod.phase == "Failed":
+    if pod.phase == "Failed" or pod.exit_code is not None:
         code = pod.exit_code
         if code == contract.EXIT_PREEMPTED_SAVED:
             return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: saved and stopped")
@@ -174,6 +212,14 @@ def classify(
     if pod.phase == "Running" and pod.container_started:
         return RankOutcome(Outcome.RUNNING, "running")
     return RankOutcome(Outcome.PENDING, "pending")
+
+
+def is_admission_rejection(reason: str | None) -> bool:
+    """True for a pod.status.reason the kubelet writes when it refuses to admit a pod."""
+    return bool(reason) and (
+        reason in ADMISSION_REJECTION_REASONS
+        or str(reason).startswith(INSUFFICIENT_RESOURCE_PREFIX)
+    )
 
 
 # A node object's readiness as last seen, with its resourceVersion to tell objects apart.
@@ -206,6 +252,9 @@ def describe_failure(pod: PodView) -> str:
 
 
 def _trainer_status(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:
+    # Native sidecars (init containers with restartPolicy Always) are not in
+    # containerStatuses, and are shut down once the regular containers completed (core/v1
+    # Container.restartPolicy); regular sidecars are here, beside the trainer.
     for status in statuses:
         if status.get("name") == naming.TRAINER_CONTAINER:
             return status
@@ -216,3 +265,32 @@ def _time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+# ------------------------------------------------------------------------------ ownership ---
+# A job deleted and re-created under the same name gets a new uid while the old one's pods and
+# Service, with the same names and labels, wait for the garbage collector (which deletes
+# dependents whose owner uid no longer exists: "Garbage Collection" in the Kubernetes docs).
+# Children are matched to a job by the uid of its ownerReference, never by name or label.
+
+
+def owned(pods: Iterable[PodView], uid: str) -> list[PodView]:
+    """The pods of the job with this uid; pods of a previous job of the same name are not."""
+    return [p for p in pods if p.owner_uid == uid]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceView:
+    """The Service that has the job's name, whoever made it."""
+
+    name: str
+    owner_uid: str | None  # the TrainingJob in its ownerReferences, if any
+    owner: str  # who owns it, for messages: "TrainingJob uid ...", "Deployment web", "nobody"
+
+
+def parse_service(service: Mapping[str, Any]) -> ServiceView:
+    meta = service.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    owners = ", ".join(f"{r.get('kind')} {r.get('name')} (uid {r.get('uid')})" for r in refs)
+    return ServiceView(name=meta.get("name", ""), owner_uid=owner_uid(service),
+                       owner=owners or "no owner")

@@ -92,6 +92,10 @@ def trainer_environment(
         progress_port=contract.DEFAULT_PROGRESS_PORT,
         trainer_config=spec.trainer,
         termination_log=TERMINATION_MESSAGE_PATH,
+        # The kubelet's node-shutdown kill takes the smaller of the two (nodeshutdown_manager.go,
+        # podManager.killPods); a stop by the operator gives the whole pod grace.
+        shutdown_window_seconds=min(spec.preemption.shutdown_window_seconds,
+                                    spec.pod_template.termination_grace_period_seconds),
     )
 
 

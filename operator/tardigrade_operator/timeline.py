@@ -43,7 +43,8 @@ def summary(name: str, status: TrainingJobStatus) -> Text:
         f"last checkpoint: {'-' if checkpoint is None else checkpoint.step}"
         + (f" at {checkpoint.path}" if checkpoint and checkpoint.path else ""),
         f"restarts: {restarts.preemptions} preemptions, {restarts.failures} failures, "
-        f"{restarts.resizes} resizes, {restarts.retries} retries",
+        f"{restarts.resizes} resizes, {restarts.retries} retries, "
+        f"{restarts.rejections} node rejections",
         f"steps lost: {sum(r.steps_lost or 0 for r in status.recoveries)}, downtime: "
         f"{sum(r.downtime_seconds or 0 for r in status.recoveries):.1f}s",
     ]

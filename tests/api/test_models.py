@@ -28,6 +28,8 @@ def test_defaults_are_filled_in(example_job):
     assert spec.failure_policy.max_restarts == 3
     assert spec.failure_policy.max_preemptions is None
     assert spec.pod_template.termination_grace_period_seconds == 30
+    # GKE spot: regular pods get 15 s of the 30 s notice (the rest is for system pods).
+    assert spec.preemption.shutdown_window_seconds == 15
     assert spec.spot.enabled is False
     assert spec.spot.node_selector == {"cloud.google.com/gke-spot": "true"}
 

@@ -88,7 +88,9 @@ GRANTS: list[Grant] = [
     Grant("", "pods", "get", JOBS, EVERY, "kube.Writer.release_pod reads the pod's finalizers"),
     Grant("", "pods", "patch", JOBS, EVERY,
           "kube.Writer.release_pod: JSON patch that drops the gang-tracking finalizer"),
-    Grant("", "services", "list", JOBS, EVERY, "kopf service index"),
+    Grant("", "services", "list", JOBS, EVERY,
+          "kopf service index; kube.Writer.read_service (a fieldSelector on the name: who owns "
+          "a Service with the job's name, which a user's Service lacks the label to be indexed)"),
     Grant("", "services", "watch", JOBS, EVERY, "kopf service index"),
     Grant("", "services", "create", JOBS, EVERY, "kube.Writer.apply: the gang's headless service"),
     Grant("", "services", "delete", JOBS, EVERY,

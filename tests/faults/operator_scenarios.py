@@ -59,10 +59,11 @@ class Expected:
     causes: tuple[str, ...] = ()  # recoveries' causes, oldest first
 
     def counters(self) -> dict[str, int]:
-        counts = {key: 0 for key in ("preemptions", "failures", "resizes", "retries")}
+        counts = {key: 0 for key in ("preemptions", "failures", "resizes", "retries",
+                                     "rejections")}
         for cause in self.causes:
             key = {"Preemption": "preemptions", "Failure": "failures", "Resize": "resizes",
-                   "Retry": "retries"}.get(cause)
+                   "Retry": "retries", "NodeRejected": "rejections"}.get(cause)
             if key:
                 counts[key] += 1
         counts["total"] = sum(counts.values())

@@ -6,6 +6,7 @@ One cluster serves the module; tests that destroy nodes add their own first.
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import subprocess
 import sys
@@ -540,3 +541,20 @@ def test_missing_executable_is_a_start_error(kube):
     terminated = container_status(pod)["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
     assert 'exec: "no-such-program": executable file not found in $PATH' in terminated["message"]
+
+
+def test_kubelet_rejects_a_pod_bound_past_its_allocatable(kube):
+    # Bound by name, the scheduler never saw it: the kubelet's own admission refuses it
+    # (pkg/kubelet/lifecycle/predicate.go; Kubelet.rejectPod writes the status).
+    body = python_pod("too-big", "print('never runs')", nodeName="node-b",
+                      container={"resources": {"requests": {"cpu": "3"}}})
+    kube.create_pod(body)
+    pod = kube.wait_phase("too-big", ("Failed", "Running", "Succeeded"))
+    assert pod["status"]["phase"] == "Failed"
+    assert pod["status"]["reason"] == "OutOfcpu"
+    # `used` counts whatever else of this module still runs on node-b.
+    assert re.fullmatch(r"Pod was rejected: Node didn't have enough resource: cpu, "
+                        r"requested: 3000, used: \d+, capacity: 2000", pod["status"]["message"])
+    assert not pod["status"].get("containerStatuses")
+    kube.core.delete_namespaced_pod("too-big", "default")
+    kube.wait_gone("too-big")

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tardigrade_local import disruptions as d
 from tardigrade_local.kubelet import network, scheduler
 from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
@@ -395,3 +396,18 @@ def test_cri_log_records_round_trip_with_partial_lines_and_tail():
     assert b"".join(r.render(False) for r in tail2) == b"y" * (crilog.MAX_RECORD_BYTES + 5) + b"\n"
     stamped = records[0].render(True).decode()
     assert stamped.endswith(" one\n") and stamped[:4].isdigit()
+
+
+@pytest.mark.parametrize(
+    ("pod_grace", "group_grace", "expected"),
+    [
+        (None, d.REGULAR_POD_SHUTDOWN_GRACE_SECONDS, 15.0),  # no pod grace: the group's
+        (30, d.REGULAR_POD_SHUTDOWN_GRACE_SECONDS, 15.0),  # the API server's default 30 s
+        (15, 15.0, 15.0),
+        (5, 15.0, 5.0),  # a shorter pod grace wins
+        (150, 105.0, 105.0),  # a GKE node pool opted in to a 120 s notice
+    ],
+)
+def test_node_shutdown_gives_regular_pods_the_smaller_grace(pod_grace, group_grace, expected):
+    assert d.SHUTDOWN_GRACE_PERIOD_SECONDS == 30.0  # GKE spot's notice, split 15 + 15
+    assert d.node_shutdown_pod_grace(pod_grace, group_grace) == expected

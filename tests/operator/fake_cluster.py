@@ -9,7 +9,7 @@ from typing import Any
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import DecisionSettings, Observed, Plan, decide
-from tardigrade_operator.observe import parse_pod
+from tardigrade_operator.observe import parse_pod, parse_service
 from tardigrade_operator.render import JobRef
 from tardigrade_trainer import contract
 
@@ -50,6 +50,7 @@ class FakeCluster:
     settings: DecisionSettings = dataclasses.field(default_factory=DecisionSettings)
     plans: list[Plan] = dataclasses.field(default_factory=list)
     rejected: str | None = None  # the API server refused a child of this spec
+    job: JobRef = JOB  # another uid: the job was deleted and re-created under its name
 
     def observe(self) -> Observed:
         try:
@@ -58,8 +59,9 @@ class FakeCluster:
             parsed, error = None, str(err)
         views = [v for v in (parse_pod(p) for p in self.pods.values()) if v is not None]
         return Observed(
-            job=JOB, generation=self.generation, spec=parsed, spec_error=error,
-            status=self.status, pods=views, service_exists=self.service is not None,
+            job=self.job, generation=self.generation, spec=parsed, spec_error=error,
+            status=self.status, pods=views,
+            service=None if self.service is None else parse_service(self.service),
             now=self.now, progress=self.progress, nodes_ready=self.nodes_ready,
             settings=self.settings, rejected=self.rejected,
         )

@@ -95,7 +95,11 @@ def test_preemption_stops_the_gang_and_relaunches_from_the_coordinated_save():
 @pytest.mark.parametrize(
     ("pod_status", "description"),
     [
-        ({"reason": "Evicted", "phase": "Failed"}, "evicted"),
+        # The eviction manager stops a running pod: its container ran (pkg/kubelet/eviction).
+        ({"reason": "Evicted", "phase": "Failed",
+          "message": "The node was low on resource: memory.",
+          "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+              "exitCode": 137, "reason": "Error"}}}]}, "evicted"),
         ({"phase": "Unknown"}, "node unreachable"),
         ({"phase": "Failed", "reason": "Terminated"}, "GKE node shutdown"),
     ],

@@ -103,3 +103,24 @@ def test_service_is_headless_and_publishes_unready_ranks():
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {"tardigrade.dev/job": "gpt"}
+
+
+@pytest.mark.parametrize(
+    ("preemption", "grace", "window"),
+    [
+        (None, None, 15),  # defaults: GKE spot's regular-pod share of the 30 s notice
+        ({"shutdownWindowSeconds": 105}, 150, 105),  # a node pool opted in to 120 s
+        ({"shutdownWindowSeconds": 105}, 30, 30),  # the pod's own grace is smaller
+        (None, 10, 10),
+    ],
+)
+def test_the_shutdown_window_reaches_the_trainer_as_the_kubelet_computes_it(
+        preemption, grace, window):
+    manifest = load_yaml(EXAMPLES / "trainingjob.yaml")
+    if preemption is not None:
+        manifest["spec"]["preemption"] = preemption
+    if grace is not None:
+        manifest["spec"].setdefault("podTemplate", {})["terminationGracePeriodSeconds"] = grace
+    pod = build_pod(JOB, parse_trainingjob(manifest).spec, GangLaunch(1, 2, "latest"), rank=0)
+    assert pod_env(pod)[contract.ENV_SHUTDOWN_WINDOW_SECONDS] == str(window)
+    assert contract.TrainerEnvironment.from_env(pod_env(pod)).shutdown_window_seconds == window

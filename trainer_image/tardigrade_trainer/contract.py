@@ -32,6 +32,8 @@ ENV_PROGRESS_PORT = "TARDIGRADE_PROGRESS_PORT"
 ENV_TRAINER_CONFIG = "TARDIGRADE_TRAINER_CONFIG"  # JSON object: spec.trainer
 ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
 ENV_INIT_TIMEOUT_SECONDS = "TARDIGRADE_INIT_TIMEOUT_SECONDS"
+# Seconds between SIGTERM and SIGKILL on a node shutdown: the save-on-notice deadline.
+ENV_SHUTDOWN_WINDOW_SECONDS = "TARDIGRADE_SHUTDOWN_WINDOW_SECONDS"
 # The pod's own IP (downward API). Servers bind to it rather than 0.0.0.0, so that pods that
 # share one network namespace (the local cluster) do not collide on the same ports.
 ENV_POD_IP = "TARDIGRADE_POD_IP"
@@ -41,6 +43,10 @@ RESTORE_NONE = "none"
 DEFAULT_COORDINATOR_PORT = 8476
 DEFAULT_PROGRESS_PORT = 8477
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+# What the kubelet gives regular pods on a GKE spot reclaim: min(pod grace, shutdownGracePeriod
+# - shutdownGracePeriodCriticalPods) = the first 15 s of the 30 s notice
+# (pkg/kubelet/nodeshutdown/nodeshutdown_manager.go: migrateConfig, podManager.killPods).
+DEFAULT_SHUTDOWN_WINDOW_SECONDS = 15
 # Kubernetes truncates termination messages beyond this many bytes.
 TERMINATION_MESSAGE_LIMIT = 4096
 
@@ -83,6 +89,7 @@ class TrainerEnvironment:
     trainer_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     termination_log: str = DEFAULT_TERMINATION_LOG
     init_timeout_seconds: float = 300.0
+    shutdown_window_seconds: float = DEFAULT_SHUTDOWN_WINDOW_SECONDS
 
     def to_env(self) -> dict[str, str]:
         """Render as environment variables (unset optional values are left out)."""
@@ -99,6 +106,7 @@ class TrainerEnvironment:
             ENV_TRAINER_CONFIG: json.dumps(self.trainer_config, sort_keys=True),
             ENV_TERMINATION_LOG: self.termination_log,
             ENV_INIT_TIMEOUT_SECONDS: _format_number(self.init_timeout_seconds),
+            ENV_SHUTDOWN_WINDOW_SECONDS: _format_number(self.shutdown_window_seconds),
         }
         optional = {
             ENV_CHECKPOINT_INTERVAL_STEPS: self.checkpoint_interval_steps,
@@ -158,6 +166,9 @@ class TrainerEnvironment:
         if not isinstance(trainer_config, dict):
             raise ContractError(f"{ENV_TRAINER_CONFIG} must be a JSON object")
         save_flag = (env.get(ENV_SAVE_ON_PREEMPTION) or "true").lower()
+        window = optional_float(ENV_SHUTDOWN_WINDOW_SECONDS)
+        if window is not None and window <= 0:
+            raise ContractError(f"{ENV_SHUTDOWN_WINDOW_SECONDS}={window:g} must be > 0 seconds")
         return cls(
             job_name=env.get(ENV_JOB_NAME) or "local",
             namespace=env.get(ENV_NAMESPACE) or "default",
@@ -177,6 +188,7 @@ class TrainerEnvironment:
             trainer_config=trainer_config,
             termination_log=env.get(ENV_TERMINATION_LOG) or DEFAULT_TERMINATION_LOG,
             init_timeout_seconds=optional_float(ENV_INIT_TIMEOUT_SECONDS) or 300.0,
+            shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
         )
 
 

@@ -4,12 +4,17 @@ Kubernetes sends SIGTERM to each pod of a preempted gang, possibly not all at on
 distributed run JAX's preemption sync manager (installed by `jax.distributed.initialize`)
 catches SIGTERM on any host and makes `reached_preemption_sync_point` return True on every
 host at the same step. Without it (plain single-process use) a Python handler stands in.
+
+The save must commit inside the window a node shutdown gives (`TARDIGRADE_SHUTDOWN_WINDOW_SECONDS`:
+the kubelet's grace for regular pods, 15 s on a GKE spot reclaim). Nothing here can shorten a
+save, so one that overran is reported, for the user to checkpoint more often or save less.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType
 
 from jax._src import distributed as jax_distributed
@@ -20,6 +25,9 @@ class PreemptionWatcher:
     def __init__(self) -> None:
         self._local = threading.Event()
         self._calls = 0
+        # time.monotonic() of the notice: the SIGTERM itself with the Python handler; with
+        # JAX's (which gives no time) the agreed step, so the measured time is a lower bound.
+        self.noticed_at: float | None = None
         self._uses_jax = (
             jax_distributed.global_state.client is not None
             and jax_distributed.global_state.preemption_sync_manager is not None
@@ -28,7 +36,12 @@ class PreemptionWatcher:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self.noticed_at is None:
+            self.noticed_at = time.monotonic()
         self._local.set()
+
+    def seconds_since_notice(self) -> float:
+        return 0.0 if self.noticed_at is None else time.monotonic() - self.noticed_at
 
     def should_stop(self, step: int) -> bool:
         """Call at every step on every host; True at the one agreed step to save and stop."""
@@ -38,5 +51,18 @@ class PreemptionWatcher:
             # step, so the counts agree). JAX's counter starts at 0: with step numbers, a
             # notice that arrives before the first call (during a restore or compilation)
             # would set a sync point of 1, which a resumed run never reaches.
-            return bool(multihost_utils.reached_preemption_sync_point(self._calls))
+            reached = bool(multihost_utils.reached_preemption_sync_point(self._calls))
+            if reached and self.noticed_at is None:
+                self.noticed_at = time.monotonic()
+            return reached
         return self._local.is_set()
+
+
+def window_overrun(seconds_used: float, window_seconds: float) -> str | None:
+    """A warning when the save on notice took longer than a node shutdown allows, else None."""
+    if seconds_used <= window_seconds:
+        return None
+    return (f"the save on notice took {seconds_used:.1f}s, more than the {window_seconds:g}s a "
+            "node shutdown gives (spec.preemption.shutdownWindowSeconds): on a spot reclaim the "
+            "rank is killed before it commits and the job resumes from the previous checkpoint; "
+            "checkpoint more often (spec.checkpoint.interval) or save less state")

@@ -30,7 +30,7 @@ from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
 from tardigrade_trainer.logs import JsonLog
 from tardigrade_trainer.metrics import Metrics, ProgressServer
-from tardigrade_trainer.preemption import PreemptionWatcher
+from tardigrade_trainer.preemption import PreemptionWatcher, window_overrun
 
 
 def make_optimizer(config: TrainerConfig) -> optax.GradientTransformation:
@@ -220,7 +220,14 @@ class Trainer:
                     self.log({"event": "preempted_unsaved", "step": step, "error": str(err)})
                     return contract.EXIT_CHECKPOINT_IO_ERROR, self.termination(
                         "CheckpointIOError", f"preempted at step {step}; saving it failed: {err}")
-                self.log({"event": "preempted", "step": step})
+                used = watcher.seconds_since_notice() if watcher is not None else 0.0
+                self.log({"event": "preempted", "step": step,
+                          "seconds_since_notice": round(used, 3),
+                          "shutdown_window_seconds": env.shutdown_window_seconds})
+                overrun = window_overrun(used, env.shutdown_window_seconds)
+                if overrun is not None:
+                    self.log({"event": "shutdown_window_exceeded", "level": "warning",
+                              "step": step, "message": overrun})
                 return contract.EXIT_PREEMPTED_SAVED, self.termination(
                     "PreemptedSaved", f"saved step {step} on SIGTERM")
         self.manager.close()

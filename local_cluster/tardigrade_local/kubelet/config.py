@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import tardigrade_local
+from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet.images import ImageMap
 from tardigrade_local.paths import StateLayout
 
@@ -61,8 +62,9 @@ class KubeletSettings:
     # CrashLoopBackOff: first delay, doubling up to the cap (the real kubelet: 10 s, 300 s).
     backoff_base_seconds: float = 10.0
     backoff_max_seconds: float = 300.0
-    # Node shutdown (spot reclaim): grace given to pods.
-    shutdown_grace_seconds: float = 30.0
+    # Node shutdown (spot reclaim): grace of regular pods, capped by each pod's own
+    # (disruptions.node_shutdown_pod_grace); GKE spot: 15 s of the 30 s notice.
+    shutdown_grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
     # Pod GC deletes pods bound to a vanished node after this quarantine (real: 40 s).
     orphan_pod_gc_seconds: float = 40.0
     python_path: tuple[str, ...] = dataclasses.field(

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from tardigrade_local import disruptions as d
-from tardigrade_local.kubelet import network
+from tardigrade_local.kubelet import admission, network
 from tardigrade_local.kubelet.binder import Binder
 from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
 from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
@@ -157,9 +157,8 @@ class KubeletHost:
                 message=d.NODE_SHUTDOWN_NODE_MESSAGE)})
         workers = list(agent.workers.values())
         for worker in workers:
-            pod_grace = worker.pod["spec"].get("terminationGracePeriodSeconds",
-                                               DEFAULT_GRACE_SECONDS)
-            worker.request_stop(Stop.NODE_SHUTDOWN, min(float(pod_grace), grace))
+            pod_grace = worker.pod["spec"].get("terminationGracePeriodSeconds")
+            worker.request_stop(Stop.NODE_SHUTDOWN, d.node_shutdown_pod_grace(pod_grace, grace))
         await asyncio.gather(*(w.done.wait() for w in workers))
         await self._retire(agent)
         with contextlib.suppress(ApiError):
@@ -273,12 +272,29 @@ class KubeletHost:
             return
         if agent.state != "ready" or _is_terminal(pod) or uid in self._finished:
             return
+        active = [w.pod for w in agent.workers.values() if w.terminal_phase is None]
+        rejection = admission.admit(pod, agent.config.capacity, active)
+        if rejection is not None:
+            self._finished.add(uid)
+            self._spawn(self._reject(pod, rejection))
+            return
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
                            self.ips.allocate(), pod, self.events)
         agent.workers[key] = worker
         self._write_hosts()
         worker.start()
         self._spawn(self._reap(agent, key, worker))
+
+    async def _reject(self, pod: Obj, rejection: admission.Rejection) -> None:
+        """Kubelet.rejectPod: a Warning event, then the pod Failed with the reason."""
+        meta = pod["metadata"]
+        path = core_path("pods", meta.get("namespace") or "default", meta["name"])
+        self.events.pod(pod, rejection.reason, rejection.message, warning=True,
+                        host=pod["spec"].get("nodeName"))
+        try:
+            await self.client.patch(path + "/status", {"status": rejection.pod_status()})
+        except ApiError as err:
+            log.warning("rejecting pod %s failed: %s", path, err)
 
     async def _finalize(self, key: tuple[str, str, str]) -> None:
         path = core_path("pods", key[0], key[1])

@@ -71,8 +71,10 @@ CATALOG: tuple[ConditionDoc, ...] = (
         "the gang is training (phase Running) or the job has Succeeded",
         "the gang is launching, restarting, resizing or suspended, or the job Failed",
         "the phase's reason: `GangRunning`, `Completed`, `Launching`, `GangStarting`, "
-        "`ContainerCannotStart`, `Preemption`, `Failure`, `Retry`, `Resize`, `BackOff`, "
-        "`Suspending`, `Suspended`, or a failure reason (see Stalled)",
+        "`ContainerCannotStart`, `Preemption`, `Failure`, `Retry`, `NodeRejected` (a kubelet "
+        "refused a pod: OutOf<resource>, NodeAffinity...), `Resize`, `BackOff`, "
+        "`Suspending`, `Suspended`, `WaitingForPreviousJob` (a deleted job of the same name "
+        "still has running pods or its Service), or a failure reason (see Stalled)",
     ),
     ConditionDoc(
         RECONCILING,
@@ -88,7 +90,8 @@ CATALOG: tuple[ConditionDoc, ...] = (
         "the job failed and only a change by a user helps",
         "otherwise",
         "`InvalidSpec`, `PodRejected`, `CannotRun`, `RestartBudgetExhausted`, "
-        "`PreemptionBudgetExhausted` (True); the phase's reason (False)",
+        "`RetryBudgetExhausted`, `PreemptionBudgetExhausted`, `ServiceNameTaken` (True); the "
+        "phase's reason (False)",
     ),
     ConditionDoc(
         "Running",
@@ -107,7 +110,8 @@ CATALOG: tuple[ConditionDoc, ...] = (
     ConditionDoc(
         "Failed", "the job gave up (terminal)", "never set False",
         "`InvalidSpec`, `PodRejected`, `CannotRun`, `RestartBudgetExhausted`, "
-        "`PreemptionBudgetExhausted`",
+        "`RetryBudgetExhausted`, `PreemptionBudgetExhausted`, `ServiceNameTaken` (a Service "
+        "with the job's name is not the job's own)",
     ),
     ConditionDoc(
         "InvalidSpec", "the spec fails a check the API server cannot make (e.g. TPU slice "

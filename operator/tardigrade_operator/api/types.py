@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
+from tardigrade_trainer import contract
 
 from tardigrade_operator.api.cel import CelRule, CelValidated
 
@@ -315,8 +316,10 @@ class PodTemplateOverride(ApiModel):
         None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     termination_grace_period_seconds: int = Field(
         30, ge=1, le=3600,
-        description="Time between SIGTERM and SIGKILL; GKE spot VMs give 30 s. The trainer "
-        "saves a checkpoint inside it.",
+        description="Time between SIGTERM and SIGKILL when the operator stops the gang (resize, "
+        "suspend, relaunch); the trainer saves a checkpoint inside it. On a node shutdown the "
+        "kubelet gives less: the smaller of this and the node's shutdown grace for regular pods "
+        "(spec.preemption.shutdownWindowSeconds).",
     )
 
     @field_validator("labels", "annotations")
@@ -382,6 +385,21 @@ class CheckpointSpec(ApiModel):
     )
 
 
+class PreemptionSpec(ApiModel):
+    """What the nodes give a rank when they go away."""
+
+    shutdown_window_seconds: int = Field(
+        contract.DEFAULT_SHUTDOWN_WINDOW_SECONDS, ge=1, le=3600,
+        description="Seconds a rank has between SIGTERM and SIGKILL when its node shuts down: "
+        "the kubelet's shutdown grace for regular pods (shutdownGracePeriod minus "
+        "shutdownGracePeriodCriticalPods). GKE spot VMs get a 30 s notice of which regular "
+        "pods get the first 15 s (the default; node pools that opt in to a 120 s notice give "
+        "more). Neither the operator nor the trainer can see it, so it is set here; the "
+        "trainer gets the smaller of it and podTemplate.terminationGracePeriodSeconds as its "
+        "save-on-notice deadline.",
+    )
+
+
 class FailurePolicy(ApiModel):
     """How the operator treats failed ranks. Preemptions never use up maxRestarts."""
 
@@ -397,13 +415,40 @@ class FailurePolicy(ApiModel):
     )
     retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
         default_factory=list, max_length=64,
-        description="Exit codes treated like preemptions (restart without using maxRestarts).",
+        description="Exit codes that restart the gang without using maxRestarts (the "
+        "trainer's own retryable codes, storage errors and peer timeouts, always are). They "
+        "have their own budget, maxRetries, and backoff, retryBackoffSeconds.",
+    )
+    max_retries: int = Field(
+        10, ge=0, le=1000,
+        description="Restarts allowed after retryable exit codes in a row: the job fails "
+        "(RetryBudgetExhausted) on the next one. The count starts over once a gang has run "
+        "for backoffResetSeconds.",
+    )
+    retry_backoff_seconds: float = Field(
+        10, ge=1, le=3600,
+        description="Wait before relaunching after a retryable exit code; doubles with each "
+        "one in a row, up to maxRetryBackoffSeconds (as the Job controller's pod failure "
+        "backoff, 10 s to 10 min). Also paces relaunches after kubelet admission rejections "
+        "(OutOfnvidia.com/gpu, NodeAffinity...), the first of which relaunches at once. At "
+        "least 1 s: no spec can relaunch in a tight loop.",
+    )
+    max_retry_backoff_seconds: float = Field(
+        600, ge=1, le=86400, description="Cap of the retry and admission-rejection backoff."
+    )
+    backoff_reset_seconds: float = Field(
+        600, ge=1, le=86400,
+        description="A gang that runs this long clears the retry and admission-rejection "
+        "counts in a row (as the kubelet forgets a crash-loop backoff after 10 minutes).",
     )
 
     cel_rules = (
         CelRule("self.backoffSeconds <= self.maxBackoffSeconds",
                 "failurePolicy.backoffSeconds must be <= failurePolicy.maxBackoffSeconds",
                 ".backoffSeconds"),
+        CelRule("self.retryBackoffSeconds <= self.maxRetryBackoffSeconds",
+                "failurePolicy.retryBackoffSeconds must be <= "
+                "failurePolicy.maxRetryBackoffSeconds", ".retryBackoffSeconds"),
     )
 
 
@@ -434,6 +479,8 @@ class TrainingJobSpec(ApiModel):
     )
     checkpoint: CheckpointSpec = Field(description="Checkpoint location and policy.")
     failure_policy: FailurePolicy = nested(FailurePolicy, "Restart budget and backoff.")
+    preemption: PreemptionSpec = nested(
+        PreemptionSpec, "The window a node shutdown gives the ranks to save.")
     suspend: bool = Field(False, description="Stop all pods (after a save) and keep the job.")
 
     cel_rules = (
@@ -489,7 +536,7 @@ class TrainingJobSpec(ApiModel):
 # -------------------------------------------------------------------------------- status ---
 
 Phase = Literal["Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"]
-RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume"]
+RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume", "NodeRejected"]
 
 
 # metav1.Condition's validation, as upstream declares it (apimachinery pkg/apis/meta/v1/types.go,
@@ -531,7 +578,16 @@ class RestartCounts(ApiModel):
     failures: int = Field(0, ge=0)
     resizes: int = Field(0, ge=0)
     retries: int = Field(0, ge=0, description="Restarts after exit codes marked retryable.")
+    rejections: int = Field(
+        0, ge=0, description="Relaunches after a kubelet refused to admit a pod (OutOf<resource>, "
+        "NodeAffinity, NodeShutdown...): a placement problem, never charged to maxRestarts.")
     total: int = Field(0, ge=0, description="Sum of the above, for `kubectl get`.")
+    consecutive_retries: int = Field(
+        0, ge=0, description="Retries since a gang last ran for failurePolicy."
+        "backoffResetSeconds: bounded by maxRetries, and sets the retry backoff.")
+    consecutive_rejections: int = Field(
+        0, ge=0, description="Admission rejections since a gang last ran for failurePolicy."
+        "backoffResetSeconds: sets their backoff.")
 
 
 class Recovery(ApiModel):

@@ -1,0 +1,40 @@
+"""The save-on-notice deadline: when the notice came, and a save that overran the window."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tardigrade_trainer.preemption import PreemptionWatcher, window_overrun
+
+
+def test_the_watcher_times_the_notice_from_the_sigterm():
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        watcher = PreemptionWatcher()  # no jax.distributed: the Python handler stands in
+        assert watcher.noticed_at is None and watcher.seconds_since_notice() == 0.0
+        assert not watcher.should_stop(1)
+        before = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while watcher.noticed_at is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler runs between bytecodes of the main thread
+        assert watcher.should_stop(2)
+        assert watcher.noticed_at is not None and watcher.noticed_at >= before
+        first = watcher.noticed_at
+        watcher._on_sigterm(signal.SIGTERM, None)  # a second notice does not restart the clock
+        assert watcher.noticed_at == first
+        assert 0 < watcher.seconds_since_notice() <= time.monotonic() - first
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_save_longer_than_the_shutdown_window_is_reported_with_the_fix():
+    assert window_overrun(14.9, 15) is None
+    assert window_overrun(15.0, 15) is None
+    message = window_overrun(21.25, 15)
+    assert message is not None
+    assert "21.2s" in message and "15s" in message
+    assert "spec.preemption.shutdownWindowSeconds" in message
+    assert "spec.checkpoint.interval" in message
