@@ -17,8 +17,13 @@ from tardigrade_local.cluster import (
     kill_leftover_pods,
     operator_command,
 )
-from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
+from tardigrade_local.disruptions import (
+    DEFAULT_REPLACE_AFTER_SECONDS,
+    REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
+)
 from tardigrade_local.kubelet import ImageRule, NodeConfig
+from tardigrade_local.kubelet.autoscaler import NodePool
+from tardigrade_local.kubelet.config import DEFAULT_POOL
 from tardigrade_local.paths import StateLayout
 
 app = typer.Typer(help="Run a local Kubernetes (API server + process kubelet + GCS emulator).")
@@ -29,6 +34,7 @@ ImageMapOption = typer.Option(
     None, "--image-map", help="YAML list of image rules {pattern, entrypoint, cmd, env}; they "
     "take precedence over the built-in ones (e.g. *tardigrade-trainer).")
 LabelOption = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable.")
+SPOT_POOL = "spot-pool"
 
 
 def _layout(state_dir: Path | None) -> StateLayout:
@@ -61,17 +67,35 @@ def up(
     operator_command: str | None = typer.Option(
         None, help="Run this command as the operator instead (KUBECONFIG is set for it)."),
     image_map: Path | None = ImageMapOption,
+    replace_after: float = typer.Option(
+        DEFAULT_REPLACE_AFTER_SECONDS, min=0,
+        help="Seconds until a preempted node comes back under its name, as a GKE node pool's "
+        "managed instance group recreates a reclaimed spot VM (no delay is promised there)."),
+    replace: bool = typer.Option(True, "--replace/--no-replace",
+                                 help="Whether preempted nodes come back at all."),
+    autoscale_max: int = typer.Option(
+        0, min=0, help="Run a cluster autoscaler that grows each pool up to this many nodes "
+        "for unschedulable pods (TriggeredScaleUp / NotTriggerScaleUp events); 0: none."),
+    provision_seconds: float = typer.Option(
+        30.0, min=0, help="Seconds an autoscaled node takes to register (GPU/TPU: minutes)."),
 ) -> None:
     """Start the cluster and print the `export KUBECONFIG=...` line."""
     rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
         if image_map else []
+    spot_labels = {"cloud.google.com/gke-spot": "true"}
     configs = [NodeConfig(f"local-node-{i}") for i in range(1, nodes + 1)]
-    configs += [NodeConfig(f"local-spot-{i}", labels={"cloud.google.com/gke-spot": "true"})
+    configs += [NodeConfig(f"local-spot-{i}", labels=spot_labels, pool=SPOT_POOL)
                 for i in range(1, spot_nodes + 1)]
+    pools = [NodePool(DEFAULT_POOL, autoscale_max, NodeConfig("template"), provision_seconds)]
+    if spot_nodes:
+        pools.append(NodePool(SPOT_POOL, autoscale_max,
+                              NodeConfig("template", labels=spot_labels), provision_seconds))
     cluster = LocalCluster(_layout(state_dir).root, nodes=configs, with_gcs=gcs,
                            remove_on_exit=True, shutdown_grace_seconds=shutdown_grace,
                            operator_command=_operator_command(operator, operator_command),
-                           image_rules=rules)
+                           image_rules=rules,
+                           replace_after_seconds=replace_after if replace else None,
+                           node_pools=pools if autoscale_max else [])
     try:
         cluster.start()
     except ClusterError as err:
@@ -114,11 +138,12 @@ def preempt(
     namespace: str = typer.Option("default", "--namespace", "-n"),
     grace: float | None = typer.Option(None, help="Grace seconds [default: the cluster's]."),
     replace_after: float | None = typer.Option(
-        None, help="Bring the node back after this many seconds."),
+        None, help="Bring the node back after this many seconds [default: the cluster's, "
+        "set by `local up --replace-after/--no-replace`]."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Return when the node is gone."),
     state_dir: Path | None = StateDir,
 ) -> None:
-    """Spot reclaim: DisruptionTarget, SIGTERM, grace, SIGKILL, then the Node disappears."""
+    """Spot reclaim: SIGTERM, grace, SIGKILL, the Node disappears; its pool recreates it."""
     cluster = _attach(state_dir)
     nodes = {n["name"] for n in cluster.status()["nodes"]}
     if target in nodes:
@@ -135,6 +160,37 @@ def delete_node(node: str, state_dir: Path | None = StateDir) -> None:
     """Node lost: its processes die at once and the Node object is deleted."""
     _attach(state_dir).delete_node(node)
     typer.echo(f"node/{node} lost")
+
+
+@app.command()
+def halt(
+    node: str,
+    back_after: float | None = typer.Option(
+        None, help="The VM boots again under the same name after this many seconds "
+        "(default: it does not come back)."),
+    wait: bool = typer.Option(False, "--wait/--no-wait",
+                              help="Return once the VM is back (with --back-after)."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Ungraceful loss: the VM stops without a shutdown. Its processes freeze, the kubelet goes
+    silent, the Node object stays: Unknown and tainted unreachable after the node monitor grace
+    period, its pods deleted by taint eviction after their toleration (300 s) and Terminating
+    until the node is back, deleted, or tainted node.kubernetes.io/out-of-service."""
+    _attach(state_dir).halt_node(node, back_after, wait)
+    typer.echo(f"node/{node} halted")
+
+
+@app.command()
+def partition(
+    node: str,
+    seconds: float = typer.Option(..., help="How long the kubelet cannot reach the API."),
+    wait: bool = typer.Option(False, "--wait/--no-wait", help="Return once it is over."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """A NotReady flap: the node's kubelet is cut off from the control plane (partition,
+    kubelet restart) while its pods run on; Unknown after the node monitor grace period."""
+    _attach(state_dir).partition_node(node, seconds, wait)
+    typer.echo(f"node/{node} partitioned for {seconds:g}s")
 
 
 @app.command("add-node")
@@ -199,5 +255,5 @@ def status(state_dir: Path | None = StateDir,
     typer.echo(f"API server: {report['api_url']}\nkubeconfig: {report['kubeconfig']}")
     typer.echo(f"GCS:        {report['gcs_url'] or '-'}")
     for node in report["nodes"]:
-        typer.echo(f"node {node['name']} ({node['state']}, {node['ip']}): "
+        typer.echo(f"node {node['name']} ({node['state']}, {node['pool']}, {node['ip']}): "
                    f"{', '.join(node['pods']) or 'no pods'}")

@@ -35,7 +35,9 @@ from tardigrade_local.controllers import WorkloadControllers
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
 from tardigrade_local.dockerfile import DockerfileError
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
+from tardigrade_local.kubelet.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
+from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS
 from tardigrade_local.paths import StateLayout
 
 if TYPE_CHECKING:
@@ -86,7 +88,17 @@ class ClusterConfig:
     # What regular pods get on a node shutdown (GKE spot: 15 s of the 30 s notice).
     shutdown_grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
     orphan_pod_gc_seconds: float = 40.0
+    # kube-controller-manager --node-monitor-grace-period (50 s since 1.32): a silent
+    # kubelet's node turns Unknown and is tainted unreachable after it.
+    node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
     backoff_base_seconds: float = 10.0
+    # A reclaimed spot VM comes back under its name after this many seconds, as its node
+    # pool's managed instance group recreates it; None: never. `tardigrade local up` turns it
+    # on (disruptions.DEFAULT_REPLACE_AFTER_SECONDS); tests choose per preemption.
+    replace_after_seconds: float | None = None
+    # Pools a cluster autoscaler may grow for unschedulable pods (none: no autoscaler).
+    node_pools: list[NodePool] = dataclasses.field(default_factory=list)
+    autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
     operator_command: list[str] | None = None
 
@@ -96,6 +108,7 @@ class ClusterConfig:
         data["nodes"] = [n.to_dict() for n in self.nodes]
         data["crd_files"] = [str(p) for p in self.crd_files]
         data["image_rules"] = [r.to_dict() for r in self.image_rules]
+        data["node_pools"] = [p.to_dict() for p in self.node_pools]
         return data
 
     @classmethod
@@ -105,6 +118,7 @@ class ClusterConfig:
         fields["nodes"] = [NodeConfig.from_dict(n) for n in data.get("nodes") or []]
         fields["crd_files"] = [Path(p) for p in data.get("crd_files") or []]
         fields["image_rules"] = [ImageRule.from_dict(r) for r in data.get("image_rules") or []]
+        fields["node_pools"] = [NodePool.from_dict(p) for p in data.get("node_pools") or []]
         return cls(**fields)
 
 
@@ -137,6 +151,20 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
         host._agent(node)  # unknown node -> KeyError -> 404
         await run(host.preempt_node(node, body.get("graceSeconds"),
                                     body.get("replaceAfterSeconds")), bool(body.get("wait")))
+        return web.json_response({"node": node})
+
+    async def halt(request: web.Request) -> web.Response:
+        body = await request.json()
+        node = request.match_info["node"]
+        host._agent(node)  # unknown node -> KeyError -> 404
+        await run(host.halt_node(node, body.get("backAfterSeconds")), bool(body.get("wait")))
+        return web.json_response({"node": node})
+
+    async def partition(request: web.Request) -> web.Response:
+        body = await request.json()
+        node = request.match_info["node"]
+        host._agent(node)
+        await run(host.partition_node(node, float(body["seconds"])), bool(body.get("wait")))
         return web.json_response({"node": node})
 
     async def delete_node(request: web.Request) -> web.Response:
@@ -180,6 +208,8 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
     app.add_routes([
         web.post("/nodes/{node}/preempt", preempt),
         web.post("/pods/{namespace}/{pod}/preempt", preempt),
+        web.post("/nodes/{node}/halt", halt),
+        web.post("/nodes/{node}/partition", partition),
         web.delete("/nodes/{node}", delete_node),
         web.post("/nodes", add_node),
         web.post("/pods/{namespace}/{pod}/crash", crash),
@@ -229,10 +259,17 @@ async def serve(config: ClusterConfig) -> None:
             backoff_base_seconds=config.backoff_base_seconds,
             shutdown_grace_seconds=config.shutdown_grace_seconds,
             orphan_pod_gc_seconds=config.orphan_pod_gc_seconds,
+            node_monitor_grace_seconds=config.node_monitor_grace_seconds,
+            replace_after_seconds=config.replace_after_seconds,
         )
         host = KubeletHost(settings, config.nodes)
         await host.start()
         stack.push_async_callback(host.stop)
+        if config.node_pools:
+            autoscaler = NodeAutoscaler(host, config.node_pools, config.autoscaler_scan_seconds)
+            autoscaler_task = asyncio.create_task(autoscaler.run())
+            stack.callback(autoscaler_task.cancel)
+            stack.push_async_callback(autoscaler.stop)
         # Started after the kubelets so that it stops first: no new pods during shutdown.
         controllers = WorkloadControllers(api_url)
         await controllers.start()
@@ -436,6 +473,13 @@ class LocalCluster:
 
     def delete_node(self, name: str) -> None:
         self.disruptor.delete_node(name)
+
+    def halt_node(self, name: str, back_after_seconds: float | None = None,
+                  wait: bool = False) -> None:
+        self.disruptor.halt_node(name, back_after_seconds, wait)
+
+    def partition_node(self, name: str, seconds: float, wait: bool = False) -> None:
+        self.disruptor.partition_node(name, seconds, wait)
 
     def add_node(self, name: str, labels: dict[str, str] | None = None,
                  taints: list[dict[str, str]] | None = None,

@@ -67,6 +67,15 @@ def node_shutdown_pod_grace(pod_grace: float | None, group_grace: float) -> floa
     return float(group_grace)
 
 
+# A GKE node pool is a Compute Engine managed instance group; the MIG recreates a preempted
+# Spot VM, under the same instance (and so node) name, "when resources become available"
+# (Compute Engine "Create a MIG that uses preemptible VMs"; MIG repair: the group retries until
+# the VM is created). No delay is promised: this default is a local stand-in (a VM boot plus
+# kubelet registration is tens of seconds), short of the operator's 60 s unschedulable timeout
+# so a replaced node is back before an elastic job would shrink.
+DEFAULT_REPLACE_AFTER_SECONDS = 20.0
+
+
 class DisruptionError(RuntimeError):
     pass
 
@@ -100,6 +109,21 @@ class Disruptor:
         return self._call("POST", f"/pods/{namespace}/{pod}/preempt", {
             "graceSeconds": grace_seconds, "replaceAfterSeconds": replace_after_seconds,
             "wait": wait})
+
+    def halt_node(self, node: str, back_after_seconds: float | None = None,
+                  wait: bool = False) -> Any:
+        """The VM stops without a shutdown: processes freeze, the kubelet goes silent, the Node
+        object stays (Unknown after the node monitor grace period); with `back_after_seconds`
+        the VM boots again under the same name. `wait`: return once it is back."""
+        return self._call("POST", f"/nodes/{node}/halt", {
+            "backAfterSeconds": back_after_seconds, "wait": wait})
+
+    def partition_node(self, node: str, seconds: float, wait: bool = False) -> Any:
+        """The kubelet cannot reach the control plane for `seconds` (partition, kubelet
+        restart): the node turns Unknown after the node monitor grace period while its pods
+        run on; then Ready again. `wait`: return once it is over."""
+        return self._call("POST", f"/nodes/{node}/partition", {"seconds": seconds,
+                                                               "wait": wait})
 
     def delete_node(self, node: str) -> Any:
         """Node lost: processes die at once, the Node object is deleted."""

@@ -16,6 +16,10 @@ class OperatorConfig:
     progress_timeout_seconds: float = 1.0
     unschedulable_timeout_seconds: float = 60.0
     grow_back_after_seconds: float = 300.0
+    # How long a node scale-up the autoscaler announced for a rank holds off a shrink.
+    scale_up_wait_seconds: float = 900.0
+    # A rank whose node is not Ready this long, with the gang making no progress, is lost.
+    node_lost_after_seconds: float = 60.0
     # Node objects are cluster-scoped; a namespaced install may not be allowed to read them.
     watch_nodes: bool = True
     metrics_port: int = 9090
@@ -41,6 +45,10 @@ class OperatorConfig:
                                                  cls.unschedulable_timeout_seconds),
             grow_back_after_seconds=number("TARDIGRADE_GROW_BACK_AFTER_SECONDS",
                                            cls.grow_back_after_seconds),
+            scale_up_wait_seconds=number("TARDIGRADE_SCALE_UP_WAIT_SECONDS",
+                                         cls.scale_up_wait_seconds),
+            node_lost_after_seconds=number("TARDIGRADE_NODE_LOST_AFTER_SECONDS",
+                                           cls.node_lost_after_seconds),
             watch_nodes=os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false",
             metrics_port=int(number("TARDIGRADE_METRICS_PORT", cls.metrics_port)),
             peering_lifetime_seconds=number("TARDIGRADE_PEERING_LIFETIME_SECONDS",
@@ -51,4 +59,6 @@ class OperatorConfig:
         return DecisionSettings(
             unschedulable_timeout=timedelta(seconds=self.unschedulable_timeout_seconds),
             grow_back_after=timedelta(seconds=self.grow_back_after_seconds),
+            node_lost_after=timedelta(seconds=self.node_lost_after_seconds),
+            scale_up_wait=timedelta(seconds=self.scale_up_wait_seconds),
         )

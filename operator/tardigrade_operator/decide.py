@@ -16,7 +16,11 @@ from typing import Literal
 from tardigrade_trainer import contract
 
 from tardigrade_operator import naming
-from tardigrade_operator.api.conditions import SUSPENDING, summary_conditions
+from tardigrade_operator.api.conditions import (
+    SUSPENDING,
+    WAITING_FOR_CAPACITY,
+    summary_conditions,
+)
 from tardigrade_operator.api.types import (
     MAX_RECOVERY_HISTORY,
     CheckpointRef,
@@ -27,6 +31,8 @@ from tardigrade_operator.api.types import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
+from tardigrade_operator.autoscaling import ScaleUpSignal
+from tardigrade_operator.nodeloss import NodeWatch
 from tardigrade_operator.observe import (
     Outcome,
     PodView,
@@ -49,6 +55,14 @@ FORCE_DELETE_AFTER = timedelta(seconds=30)
 class DecisionSettings:
     unschedulable_timeout: timedelta = timedelta(seconds=60)
     grow_back_after: timedelta = timedelta(minutes=5)
+    # A rank whose node has not been Ready this long (from the Ready condition's last
+    # transition, itself the node monitor grace period after the last heartbeat) while the
+    # gang made no progress for as long is lost; shorter outages (kubelet restart, partition)
+    # are ridden out. See nodeloss.py.
+    node_lost_after: timedelta = timedelta(seconds=60)
+    # How long a scale-up the autoscaler announced (TriggeredScaleUp) holds off shrinking: the
+    # cluster autoscaler itself gives a node group --max-node-provision-time (15 min) to deliver.
+    scale_up_wait: timedelta = timedelta(minutes=15)
     # How long a new job waits for the garbage collector to delete the Service of a previous
     # job of the same name before it reports the name as taken.
     previous_service_wait: timedelta = timedelta(seconds=120)
@@ -69,9 +83,14 @@ class Observed:
     now: datetime
     progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
     nodes_ready: Mapping[str, bool] | None = None
+    # Node name -> when its Ready condition left True (lastTransitionTime), for nodes not Ready.
+    nodes_not_ready_since: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
     settings: DecisionSettings = DecisionSettings()
     # Why the API server refused a pod or service rendered from this generation of the spec.
     rejected: str | None = None
+    # Pod name -> the node autoscaler's newest verdict on it (autoscaling.newest_signals), for
+    # the current gang's unschedulable pods.
+    scale_up: Mapping[str, ScaleUpSignal] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +182,8 @@ def decide(obs: Observed) -> Plan:
 def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                         gang: list[PodView]) -> None:
     status = plan.status
-    outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes, obs.nodes_ready)
-                for p in gang}
+    outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes) for p in gang}
+    _judge_unready_nodes(outcomes, node_watch(obs), gang)
     _note_recovered(status, obs)
 
     if spec.suspend:
@@ -215,11 +234,14 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         if status.phase != "Running":
             plan.events.append(Event("Normal", "Running",
                                      f"attempt {status.attempt}: all {running} ranks running"))
+        _capacity_found(status, obs)
         _set_phase(plan, obs, "Running", "GangRunning",
                    f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
         message = f"attempt {status.attempt}: {running}/{status.replicas} ranks running"
+        if _report_capacity(plan, obs, gang, phase, message):
+            return
         stuck = next((p for p in gang if p.waiting and not p.deleting), None)
         if stuck is None:
             _set_phase(plan, obs, phase, "GangStarting", message)
@@ -239,6 +261,31 @@ def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
             if outcomes[rank].outcome is kind:
                 return outcomes[rank]
     return None
+
+
+def node_watch(obs: Observed) -> NodeWatch:
+    return NodeWatch(ready=obs.nodes_ready, not_ready_since=obs.nodes_not_ready_since,
+                     now=obs.now, lost_after=obs.settings.node_lost_after,
+                     last_progress=obs.status.last_progress_time,
+                     confirm_within=FORCE_DELETE_AFTER)
+
+
+def _judge_unready_nodes(outcomes: dict[int, RankOutcome], nodes: NodeWatch,
+                         gang: list[PodView]) -> None:
+    """Ranks on nodes that are not Ready: lost (a preemption), or ridden out."""
+    suspects = [p for p in gang if nodes.suspect(p)]
+    lost = [p for p in suspects if nodes.lost(p)]
+    for pod in lost:
+        outcomes[pod.rank] = RankOutcome(Outcome.PREEMPTED, nodes.describe(pod))
+    if lost or not suspects:
+        return
+    # A peer that crashed while a node is out crashed on a broken collective: the node's
+    # outage explains it, not the trainer.
+    for rank, outcome in outcomes.items():
+        if outcome.outcome in (Outcome.FAILED, Outcome.RETRYABLE):
+            outcomes[rank] = RankOutcome(
+                Outcome.PREEMPTED, f"{outcome.reason}; while {nodes.describe(suspects[0])}")
+            return
 
 
 def _handle_disruption(plan: Plan, obs: Observed, spec: TrainingJobSpec,
@@ -288,25 +335,103 @@ def _resize_requested(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
     return not (limited and limited.status == "True" and status.replicas < spec.replicas)
 
 
+@dataclasses.dataclass(frozen=True)
+class CapacityView:
+    """The gang's unschedulable pods, by what is known about capacity for them."""
+
+    # A node autoscaler is adding a node for these (TriggeredScaleUp within scale_up_wait).
+    scaling_up: list[tuple[PodView, ScaleUpSignal]]
+    # No capacity is coming: the autoscaler said no (NotTriggerScaleUp) or failed
+    # (FailedScaleUp), or the pod stayed unschedulable past the timeout with no scale-up.
+    unavailable: list[tuple[PodView, str]]
+
+
+def capacity_view(obs: Observed, gang: list[PodView]) -> CapacityView:
+    settings = obs.settings
+    scaling_up: list[tuple[PodView, ScaleUpSignal]] = []
+    unavailable: list[tuple[PodView, str]] = []
+    # The autoscaler tells only the pods that triggered a scale-up; the ones it packed onto
+    # the same upcoming nodes hear nothing. So a scale-up for any rank covers the rest, unless
+    # the autoscaler said no to a rank itself.
+    triggered = [s for p in gang if (s := obs.scale_up.get(p.name)) is not None
+                 and s.in_progress(obs.now, settings.scale_up_wait)]
+    gang_signal = max(triggered, key=lambda s: s.time, default=None)
+    for pod in gang:
+        since = pod.unschedulable_since
+        if since is None or pod.node_name or pod.deleting:
+            continue
+        signal = obs.scale_up.get(pod.name) or gang_signal
+        if signal is not None and signal.in_progress(obs.now, settings.scale_up_wait):
+            scaling_up.append((pod, signal))
+        elif signal is not None and not signal.triggered:
+            unavailable.append((pod, f"{signal.reason}: {signal.message}"))
+        elif signal is not None and signal.triggered:
+            waited = int(settings.scale_up_wait.total_seconds())
+            unavailable.append((pod, f"the node scale-up it triggered did not deliver within "
+                                     f"{waited}s"))
+        elif obs.now - since >= settings.unschedulable_timeout:
+            waited = int(settings.unschedulable_timeout.total_seconds())
+            unavailable.append((pod, f"unschedulable for {waited}s and no node scale-up under "
+                                     "way"))
+    return CapacityView(scaling_up, unavailable)
+
+
 def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                          gang: list[PodView]) -> bool:
     status = plan.status
     if spec.min_replicas is None or status.replicas <= spec.min_replicas:
         return False
-    stuck = [p for p in gang if p.unschedulable_since is not None
-             and obs.now - p.unschedulable_since >= obs.settings.unschedulable_timeout]
-    if not stuck:
+    view = capacity_view(obs, gang)
+    # A node on its way is worth the (bounded) wait: a smaller gang trains slower for hours.
+    if view.scaling_up or not view.unavailable:
         return False
     scheduled = sum(1 for p in gang if p.node_name)
     target = max(spec.min_replicas, scheduled)
     if target >= status.replicas:
         return False
-    reason = (f"{len(stuck)} pods unschedulable for "
-              f"{int(obs.settings.unschedulable_timeout.total_seconds())}s: "
+    pod, why = view.unavailable[0]
+    reason = (f"{len(view.unavailable)} pods cannot be placed ({pod.name}: {why}): "
               f"shrinking from {status.replicas} to {target} replicas")
     _set_condition(status, obs, "CapacityLimited", "True", "Unschedulable", reason)
     _begin_recovery(plan, obs, gang, "Resize", target, reason)
     return True
+
+
+def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phase,
+                     message: str) -> bool:
+    """Say what the gang waits for when pods cannot be placed; True when it did."""
+    view = capacity_view(obs, gang)
+    status = plan.status
+    if view.scaling_up:
+        pod, signal = view.scaling_up[0]
+        limit = int(obs.settings.scale_up_wait.total_seconds())
+        # No clock in the message: it would change the status on every pass.
+        since = signal.time.strftime("%Y-%m-%dT%H:%M:%SZ")
+        _set_phase(plan, obs, phase, "WaitingForScaleUp",
+                   f"{message}; {pod.name} waits for a node scale-up triggered at {since} "
+                   f"(for at most {limit}s): {signal.message}")
+        return True
+    if not view.unavailable:
+        return False
+    pod, why = view.unavailable[0]
+    text = (f"{message}; waiting for capacity: {len(view.unavailable)} pods cannot be placed "
+            f"({pod.name}: {why})")
+    limited = _condition(status, "CapacityLimited")
+    if limited is None or limited.status != "True":
+        plan.events.append(Event("Warning", WAITING_FOR_CAPACITY, text))
+    _set_condition(status, obs, "CapacityLimited", "True", WAITING_FOR_CAPACITY, text)
+    _set_phase(plan, obs, "Pending", WAITING_FOR_CAPACITY, text)
+    return True
+
+
+def _capacity_found(status: TrainingJobStatus, obs: Observed) -> None:
+    """A gang that waited for capacity at full size got it: the condition ends."""
+    limited = _condition(status, "CapacityLimited")
+    if limited is not None and limited.status == "True" and \
+            limited.reason == WAITING_FOR_CAPACITY and status.replicas >= (
+                obs.spec.replicas if obs.spec else 0):
+        _set_condition(status, obs, "CapacityLimited", "False", "CapacityAvailable",
+                       f"all {status.replicas} ranks placed and running")
 
 
 def _grow_back(plan: Plan, obs: Observed, spec: TrainingJobSpec, gang: list[PodView]) -> bool:
@@ -396,7 +521,11 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                            gang: list[PodView], pending: Recovery | None) -> None:
     status = plan.status
     _stop_all(plan, obs, gang, grace=None)
-    if any(p.active for p in gang):
+    nodes = node_watch(obs)
+    gone = [p for p in gang if nodes.given_up(p)]
+    # Their tracking is over: no kubelet will report them, and the finalizer would keep them.
+    plan.release_pods.extend(p.name for p in gone if p.tracked and p.name not in plan.release_pods)
+    if any(p.active and p not in gone for p in gang):
         return  # still saving; wait for every rank of the old gang to exit
     if pending is None:  # suspended
         if spec.suspend:
@@ -526,6 +655,8 @@ def _record_progress(status: TrainingJobStatus, obs: Observed, gang: list[PodVie
     """Fold what the trainer reported (progress endpoint, termination messages) into status."""
     progress = obs.progress
     if progress is not None:
+        if status.step is None or progress.step > status.step:
+            status.last_progress_time = obs.now
         status.step = max(status.step or 0, progress.step)
         status.total_steps = progress.total_steps or status.total_steps
         if progress.loss is not None:
@@ -563,10 +694,10 @@ def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
 
 def _release_recorded(plan: Plan, obs: Observed, current: int) -> None:
     terminal_job = plan.status.phase in TERMINAL_PHASES
+    nodes = node_watch(obs)
     for pod in obs.pods:
-        if pod.tracked and (pod.terminal or pod.abandoned) and (
-            pod.deleting or pod.attempt < current or terminal_job
-        ):
+        final = pod.terminal or pod.abandoned or (pod.attempt < current and nodes.given_up(pod))
+        if pod.tracked and final and (pod.deleting or pod.attempt < current or terminal_job):
             plan.release_pods.append(pod.name)
 
 

@@ -18,9 +18,10 @@ from typing import Any
 import aiohttp
 import kopf
 import prometheus_client
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tardigrade_operator import finalizers, metrics, naming
+from tardigrade_operator import autoscaling, finalizers, metrics, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
@@ -32,6 +33,7 @@ from tardigrade_operator.observe import (
     PodView,
     ServiceView,
     newest_readiness,
+    not_ready_since,
     owned,
     parse_pod,
     parse_service,
@@ -93,9 +95,11 @@ def gang_services(namespace: str, labels: kopf.Labels, body: kopf.Body,
 def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
                    **_: Any) -> dict[str, NodeReadiness]:
     conditions = status.get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    condition = next((c for c in conditions if c.get("type") == "Ready"), {})
+    ready = condition.get("status") == "True"
     version = str(meta.get("resourceVersion") or "")
-    return {name: (int(version) if version.isdigit() else 0, ready)}
+    since = str(condition.get("lastTransitionTime") or "")
+    return {name: (int(version) if version.isdigit() else 0, ready, since)}
 
 
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
@@ -204,10 +208,13 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     gang: list[PodView] = [p for p in owned(pods, uid) if p.attempt == attempt]
     progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None
+    nodes_down: dict[str, datetime] = {}
     if nodes_index is not None and len(nodes_index) > 0:
         nodes_ready = newest_readiness((node, list(store)) for node, store in nodes_index.items())
+        nodes_down = not_ready_since((node, list(store)) for node, store in nodes_index.items())
     generation = int(meta.get("generation") or 0)
     rejected = memo.rejected.get(key)
+    scale_up = await _scale_up_signals(namespace, gang, memo)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,
@@ -219,8 +226,10 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         now=datetime.now(UTC),
         progress=progress,
         nodes_ready=nodes_ready,
+        nodes_not_ready_since=nodes_down,
         settings=memo.config.decision_settings(),
         rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
+        scale_up=scale_up,
     )
     plan = decide(observed)
     try:
@@ -245,6 +254,24 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)
+
+
+async def _scale_up_signals(namespace: str, gang: list[PodView], memo: kopf.Memo
+                            ) -> dict[str, autoscaling.ScaleUpSignal]:
+    """The autoscaler's newest verdict on each rank of the gang; read only while some rank is
+    unschedulable, so a training gang costs no event lists."""
+    if not any(p.unschedulable_since is not None and not p.node_name for p in gang):
+        return {}
+    names = {p.name for p in gang}
+    try:
+        events = await asyncio.to_thread(memo.writer.list_scale_up_events, namespace)
+    except ApiException as err:
+        # Without events the unschedulable timeout alone decides: still bounded, only slower.
+        logging.getLogger(__name__).warning("%s: cannot list autoscaler events: %s",
+                                            namespace, err.reason)
+        return {}
+    signals = autoscaling.newest_signals(events)
+    return {name: signal for name, signal in signals.items() if name in names}
 
 
 async def _service(key: JobKey, uid: str, status: TrainingJobStatus,

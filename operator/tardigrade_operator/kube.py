@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import finalizers, naming
+from tardigrade_operator import autoscaling, finalizers, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Plan
@@ -135,6 +135,16 @@ class ClusterWriter:
         """The job's pods straight from the API server, as plain JSON dicts."""
         pods = self.core.list_namespaced_pod(namespace, label_selector=naming.job_selector(job))
         return [self.core.api_client.sanitize_for_serialization(p) for p in pods.items]
+
+    def list_scale_up_events(self, namespace: str) -> list[dict[str, Any]]:
+        """The node autoscaler's Events on pods in the namespace (autoscaling.SCALE_UP_REASONS):
+        one list per reason, since a field selector cannot say "one of"."""
+        events: list[dict[str, Any]] = []
+        for reason in sorted(autoscaling.SCALE_UP_REASONS):
+            listed = self.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.kind=Pod,reason={reason}")
+            events += [self.core.api_client.sanitize_for_serialization(e) for e in listed.items]
+        return events
 
     def release_all(self, namespace: str, job: str, uid: str) -> None:
         """Release every pod of the job with this uid (a new job of the same name keeps its)."""

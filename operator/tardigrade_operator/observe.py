@@ -40,6 +40,10 @@ ADMISSION_REJECTION_REASONS = frozenset({
 INSUFFICIENT_RESOURCE_PREFIX = "OutOf"
 # Exit codes from a signal we did not send: 143 = SIGTERM, 137 = SIGKILL.
 SIGTERM_EXIT = 143
+# The terminated reason (exit code 137) the kubelet reports for a container that used to run
+# and that it cannot find any more (kubecontainer.ContainerReasonStatusUnknown,
+# pkg/kubelet/kubelet_pods.go convertToAPIContainerStatuses).
+CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"
 
 
 class Outcome(enum.Enum):
@@ -165,12 +169,11 @@ def _waiting(waiting: Mapping[str, Any]) -> str | None:
     return f"{reason}: {message}" if message else str(reason)
 
 
-def classify(
-    pod: PodView,
-    retryable_exit_codes: Iterable[int] = (),
-    nodes_ready: Mapping[str, bool] | None = None,
-) -> RankOutcome:
-    """Why a rank is where it is. The order matters: a disruption explains the crash after it."""
+def classify(pod: PodView, retryable_exit_codes: Iterable[int] = ()) -> RankOutcome:
+    """Why a rank is where it is. The order matters: a disruption explains the crash after it.
+
+    A rank on a node that is not Ready is judged with the gang (nodeloss.py), not here: a
+    kubelet restart or a short partition looks the same as a lost VM for a while."""
     # The trainer container decides, not the pod phase: a non-native sidecar (a second regular
     # container) keeps the pod Running after the trainer exited, and fails it when the trainer
     # succeeded but the sidecar did not.
@@ -189,12 +192,11 @@ def classify(
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: {pod.status_reason}")
     if pod.phase == "Unknown":
         return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node unreachable")
-    # Only a node known to be NotReady counts: one missing from the index may just be newer
-    # than it (a replacement node); pods on deleted nodes are failed by the pod GC anyway.
-    if nodes_ready is not None and pod.node_name and pod.active and nodes_ready.get(
-        pod.node_name
-    ) is False:
-        return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: node {pod.node_name} not ready")
+    if pod.terminated_reason == CONTAINER_STATUS_UNKNOWN:
+        # The kubelet lost the container with its VM (a VM recreated under the node's name,
+        # a pod deleted while its node was away): nothing the trainer did.
+        return RankOutcome(Outcome.PREEMPTED,
+                           f"{pod.name}: container lost with its node ({CONTAINER_STATUS_UNKNOWN})")
     if pod.phase == "Failed" or pod.exit_code is not None:
         code = pod.exit_code
         if code == contract.EXIT_PREEMPTED_SAVED:
@@ -222,8 +224,9 @@ def is_admission_rejection(reason: str | None) -> bool:
     )
 
 
-# A node object's readiness as last seen, with its resourceVersion to tell objects apart.
-NodeReadiness = tuple[int, bool]
+# A node object's readiness as last seen: (resourceVersion, to tell objects of one name
+# apart; Ready; the Ready condition's lastTransitionTime, RFC 3339, "" when absent).
+NodeReadiness = tuple[int, bool, str]
 
 
 def newest_readiness(index: Iterable[tuple[str, Iterable[NodeReadiness]]]) -> dict[str, bool]:
@@ -236,6 +239,19 @@ def newest_readiness(index: Iterable[tuple[str, Iterable[NodeReadiness]]]) -> di
     look preempted.
     """
     return {name: max(entries)[1] for name, entries in index if entries}
+
+
+def not_ready_since(
+    index: Iterable[tuple[str, Iterable[NodeReadiness]]],
+) -> dict[str, datetime]:
+    """Node name -> since when the newest object of that name has not been Ready."""
+    found: dict[str, datetime] = {}
+    for name, entries in index:
+        newest = max(entries, default=None)
+        when = _time(newest[2]) if newest is not None and not newest[1] else None
+        if when is not None:
+            found[name] = when
+    return found
 
 
 def describe_failure(pod: PodView) -> str:

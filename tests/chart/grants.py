@@ -97,6 +97,9 @@ GRANTS: list[Grant] = [
           "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
           "an ownerReference (\"cannot set an ownerRef on a resource you can't delete\")"),
     Grant("", "events", "create", JOBS, EVERY, "kopf.event / kopf's event posting"),
+    Grant("", "events", "list", JOBS, EVERY,
+          "kube.Writer.list_scale_up_events: the autoscaler's TriggeredScaleUp / "
+          "NotTriggerScaleUp / FailedScaleUp on unschedulable ranks (handlers._scale_up_signals)"),
 ]
 
 

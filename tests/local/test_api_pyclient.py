@@ -193,8 +193,10 @@ def test_live_watch_sees_events(core):
 
     t = threading.Thread(target=consume)
     t.start()
-    wait_for(lambda: core.create_namespaced_config_map("default", cm(label, labels={"l": label}))
-             if not received else True, what="create")
+    core.create_namespaced_config_map("default", cm(label, labels={"l": label}))
+    # Patch only once the watch has seen the object: a watch that connects after the patch
+    # starts from the current state and gets one ADDED, correctly.
+    wait_for(lambda: received, what="the ADDED event")
     core.patch_namespaced_config_map(label, "default", {"data": {"k": "2"}})
     assert done.wait(6)
     assert received == ["ADDED", "MODIFIED"]

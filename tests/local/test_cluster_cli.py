@@ -27,8 +27,9 @@ def tardigrade(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Comple
 
 
 def test_up_preempt_status_down(tmp_path):
+    # --no-replace: the reclaimed VM never returns (the default recreates it: next test).
     up = tardigrade("up", "--nodes", "1", "--spot-nodes", "1", "--shutdown-grace", "2",
-                    cwd=tmp_path)
+                    "--no-replace", cwd=tmp_path)
     assert up.returncode == 0, up.stderr
     state = tmp_path / ".tardigrade" / "local"
     assert up.stdout.strip() == f"export KUBECONFIG={state / 'kubeconfig'}"
@@ -65,6 +66,7 @@ def test_up_preempt_status_down(tmp_path):
         status = json.loads(tardigrade("status", "--json", cwd=tmp_path).stdout)
         spot_node = next(n for n in status["nodes"] if n["name"] == "local-spot-1")
         assert spot_node["pods"] == ["default/victim"]
+        assert spot_node["pool"] == "spot-pool"
 
         preempt = tardigrade("preempt", "victim", cwd=tmp_path)
         assert preempt.returncode == 0, preempt.stderr
@@ -90,6 +92,33 @@ def test_up_preempt_status_down(tmp_path):
     assert not state.exists()
     again = tardigrade("status", cwd=tmp_path)
     assert again.returncode == 1 and "no local cluster" in again.stderr
+
+
+def test_up_recreates_preempted_nodes_and_autoscales_by_default_pools(tmp_path):
+    up = tardigrade("up", "--no-gcs", "--no-operator", "--replace-after", "1",
+                    "--autoscale-max", "2", "--provision-seconds", "1", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    try:
+        kubeconfig = str(tmp_path / ".tardigrade" / "local" / "kubeconfig")
+        kube = Kube(kubeconfig)
+        preempt = tardigrade("preempt", "local-node-1", "--grace", "1", cwd=tmp_path)
+        assert preempt.returncode == 0, preempt.stderr
+        assert "local-node-1" not in kube.node_names()
+        wait_for(lambda: "local-node-1" in kube.node_names(), 30, "local-node-1 recreated")
+        # Two pods of 6 cpus on 8-cpu nodes: the second needs a node the autoscaler adds.
+        for name in ("first", "second"):
+            kube.create_pod(python_pod(name, "import time; time.sleep(60)",
+                                       container={"resources": {"requests": {"cpu": "6"}}}))
+        nodes = {kube.wait_phase(n, ("Running",), timeout=60)["spec"]["nodeName"]
+                 for n in ("first", "second")}
+        assert len(nodes) == 2 and "local-node-1" in nodes
+        status = json.loads(tardigrade("status", "--json", cwd=tmp_path).stdout)
+        assert {n["pool"] for n in status["nodes"]} == {"default-pool"}
+        reasons = [e.reason for e in kube.core.list_namespaced_event(
+            "default", field_selector="involvedObject.kind=Pod").items]
+        assert reasons.count("TriggeredScaleUp") == 1
+    finally:
+        assert tardigrade("down", cwd=tmp_path).returncode == 0
 
 
 def test_up_with_an_image_map_runs_mapped_images(tmp_path):

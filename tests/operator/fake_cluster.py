@@ -8,6 +8,7 @@ from typing import Any
 
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.autoscaling import newest_signals
 from tardigrade_operator.decide import DecisionSettings, Observed, Plan, decide
 from tardigrade_operator.observe import parse_pod, parse_service
 from tardigrade_operator.render import JobRef
@@ -47,10 +48,13 @@ class FakeCluster:
     generation: int = 1
     progress: contract.ProgressReport | None = None
     nodes_ready: dict[str, bool] | None = None
+    nodes_not_ready_since: dict[str, datetime] = dataclasses.field(default_factory=dict)
     settings: DecisionSettings = dataclasses.field(default_factory=DecisionSettings)
     plans: list[Plan] = dataclasses.field(default_factory=list)
     rejected: str | None = None  # the API server refused a child of this spec
     job: JobRef = JOB  # another uid: the job was deleted and re-created under its name
+    # Events in the job's namespace (API JSON), e.g. the cluster autoscaler's on pods.
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def observe(self) -> Observed:
         try:
@@ -63,7 +67,9 @@ class FakeCluster:
             status=self.status, pods=views,
             service=None if self.service is None else parse_service(self.service),
             now=self.now, progress=self.progress, nodes_ready=self.nodes_ready,
+            nodes_not_ready_since=self.nodes_not_ready_since,
             settings=self.settings, rejected=self.rejected,
+            scale_up=newest_signals(self.events),
         )
 
     def reconcile(self) -> Plan:

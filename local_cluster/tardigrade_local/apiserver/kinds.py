@@ -53,6 +53,29 @@ def _default_pod_spec(spec: dict[str, Any]) -> None:
             _default_container(c)
 
 
+# The DefaultTolerationSeconds admission plugin (on by default, on create and update;
+# plugin/pkg/admission/defaulttolerationseconds/admission.go, Admit): a pod that does not
+# tolerate these NoExecute taints gets a toleration of 300 s for each
+# (--default-not-ready-toleration-seconds, --default-unreachable-toleration-seconds), so taint
+# eviction deletes it 5 min after its node went NotReady or unreachable.
+DEFAULT_TOLERATION_SECONDS = 300
+DEFAULT_TOLERATED_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _default_toleration_seconds(spec: dict[str, Any]) -> None:
+    tolerations = spec.get("tolerations")
+    if not isinstance(tolerations, list):
+        tolerations = []
+    for key in DEFAULT_TOLERATED_TAINTS:
+        # Admit: an empty key (with Exists) or effect matches too.
+        if any(isinstance(t, dict) and t.get("key", "") in (key, "")
+               and t.get("effect", "") in ("NoExecute", "") for t in tolerations):
+            continue
+        tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                            "tolerationSeconds": DEFAULT_TOLERATION_SECONDS})
+    spec["tolerations"] = tolerations
+
+
 def _qos_class(spec: dict[str, Any]) -> str:
     """Guaranteed, Burstable or BestEffort, from the containers' requests and limits."""
     containers = [c for c in itertools.chain(spec.get("containers") or [],
@@ -95,6 +118,7 @@ def default_on_create(kind: str, obj: dict[str, Any], used_ips: set[str] | None 
     if kind == "Pod":
         spec = obj.setdefault("spec", {})
         _default_pod_spec(spec)
+        _default_toleration_seconds(spec)
         # A new pod is Pending until a kubelet says otherwise.
         obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
     elif kind == "Service":
@@ -137,6 +161,7 @@ def default_on_update(kind: str, obj: dict[str, Any], old: dict[str, Any]) -> No
         _fold_string_data(obj)
     elif kind == "Pod" and isinstance(spec, dict):
         _default_pod_spec(spec)
+        _default_toleration_seconds(spec)  # the plugin admits updates too
     elif kind == "Service" and isinstance(spec, dict):
         old_spec = old.get("spec") or {}
         spec.setdefault("type", old_spec.get("type", "ClusterIP"))

@@ -10,10 +10,14 @@ from typing import Any
 import tardigrade_local
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet.images import ImageMap
+from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS
 from tardigrade_local.paths import StateLayout
 
 PODSITE_DIR = Path(__file__).resolve().parent / "podsite"
 DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+# GKE's default node pool name, and the label GKE puts on every node with its pool's name.
+DEFAULT_POOL = "default-pool"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
 def project_python_path() -> list[str]:
@@ -24,7 +28,8 @@ def project_python_path() -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class NodeConfig:
-    """One local node: its name, labels, taints and allocatable resources."""
+    """One local node: its name, labels, taints, allocatable resources and node pool (a GKE
+    node pool is a managed instance group: it recreates a reclaimed VM under the same name)."""
 
     name: str
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -32,6 +37,7 @@ class NodeConfig:
     capacity: Mapping[str, str] = dataclasses.field(
         default_factory=lambda: dict(DEFAULT_NODE_CAPACITY)
     )
+    pool: str = DEFAULT_POOL
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
@@ -41,11 +47,13 @@ class NodeConfig:
             taints=tuple(dict(t) for t in data.get("taints") or ()),
             capacity={**DEFAULT_NODE_CAPACITY,
                       **{str(k): str(v) for k, v in (data.get("capacity") or {}).items()}},
+            pool=str(data.get("pool") or DEFAULT_POOL),
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "labels": dict(self.labels),
-                "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity)}
+                "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity),
+                "pool": self.pool}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +73,15 @@ class KubeletSettings:
     # Node shutdown (spot reclaim): grace of regular pods, capped by each pod's own
     # (disruptions.node_shutdown_pod_grace); GKE spot: 15 s of the 30 s notice.
     shutdown_grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
+    # A reclaimed spot VM's node pool (managed instance group) recreates it under the same
+    # name after this many seconds; None: it never comes back (`tardigrade local up
+    # --no-replace`). See disruptions.DEFAULT_REPLACE_AFTER_SECONDS.
+    replace_after_seconds: float | None = None
     # Pod GC deletes pods bound to a vanished node after this quarantine (real: 40 s).
     orphan_pod_gc_seconds: float = 40.0
+    # A kubelet silent this long gets its node marked Unknown and tainted unreachable
+    # (kube-controller-manager --node-monitor-grace-period; nodelifecycle.py).
+    node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
     python_path: tuple[str, ...] = dataclasses.field(
         default_factory=lambda: tuple(project_python_path())
     )

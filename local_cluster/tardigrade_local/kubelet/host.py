@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +26,7 @@ from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.logs import log_app
 from tardigrade_local.kubelet.node import node_object, node_status
+from tardigrade_local.kubelet.nodelifecycle import NodeLifecycle
 from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
@@ -32,6 +35,8 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 SHUTDOWN_KILL_GRACE_SECONDS = 3.0
+CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"  # kubecontainer.ContainerReasonStatusUnknown
+CONTAINER_LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
 @dataclasses.dataclass
@@ -42,6 +47,12 @@ class NodeAgent:
     port: int = 0  # the kubelet endpoint (logs), on the node's own IP
     site: web.TCPSite | None = None
     workers: dict[tuple[str, str, str], PodWorker] = dataclasses.field(default_factory=dict)
+    # time.monotonic() of the last heartbeat of a kubelet that stopped posting (VM halted
+    # without a shutdown); None while it posts.
+    silent_since: float | None = None
+    # uids of pods whose containers died with a halted VM: its successor under the same
+    # name reports them (`_report_lost`).
+    lost_pods: set[str] = dataclasses.field(default_factory=set)
 
 
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -55,6 +66,10 @@ class KubeletHost:
         self.events = EventRecorder(self.client)
         self.initial_nodes = list(nodes)
         self.agents: dict[str, NodeAgent] = {}
+        # Reclaimed VMs their pool's managed instance group is recreating, by name: an
+        # autoscaler counts them as upcoming nodes, as the cluster autoscaler counts a MIG's
+        # instances being created.
+        self.recreating: dict[str, NodeConfig] = {}
         self.ips = network.IpAllocator()
         self._node_index = 0
         self.pods = Informer(self.client, core_path("pods"), self._on_pod)
@@ -62,6 +77,9 @@ class KubeletHost:
         self.services = Informer(self.client, core_path("services"), self._on_service)
         self.binder = Binder(self.client, self.pods, self.nodes, self.events)
         self.pod_gc = PodGC(self.client, self.pods, self.nodes, settings.orphan_pod_gc_seconds)
+        self.node_lifecycle = NodeLifecycle(self.client, self.pods, self.nodes,
+                                            self._silent_since,
+                                            settings.node_monitor_grace_seconds)
         self._hosts_dirty = asyncio.Event()
         self._finalizing: set[tuple[str, str, str]] = set()
         # Pods whose worker has ended never run again here, even if a stale event says Running.
@@ -85,6 +103,7 @@ class KubeletHost:
             asyncio.create_task(self.binder.run()),
             asyncio.create_task(self._hosts_loop()),
             asyncio.create_task(self.pod_gc.run()),
+            asyncio.create_task(self.node_lifecycle.run()),
         ]
 
     async def stop(self) -> None:
@@ -111,11 +130,12 @@ class KubeletHost:
         return task
 
     # --- nodes ---------------------------------------------------------------------------
-    async def add_node(self, config: NodeConfig) -> None:
+    async def add_node(self, config: NodeConfig, lost_pods: set[str] | None = None) -> None:
         if config.name in self.agents and self.agents[config.name].state != "gone":
             raise ValueError(f"node {config.name} already exists")
         self._node_index += 1
-        agent = NodeAgent(config, network.node_ip(self._node_index))
+        agent = NodeAgent(config, network.node_ip(self._node_index),
+                          lost_pods=set(lost_pods or ()))
         assert self._runner is not None
         agent.site = web.TCPSite(self._runner, agent.ip, 0)
         await agent.site.start()
@@ -142,7 +162,9 @@ class KubeletHost:
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
                            replace_after_seconds: float | None = None) -> None:
-        """Spot reclaim: graceful node shutdown, then the Node object goes away."""
+        """Spot reclaim: graceful node shutdown, then the Node object goes away; the node pool
+        recreates the VM under the same name after `replace_after_seconds` (default: the
+        cluster's setting; None there: never)."""
         agent = self._agent(name)
         if agent.state != "ready":
             return
@@ -164,9 +186,21 @@ class KubeletHost:
         with contextlib.suppress(ApiError):
             await self.client.delete(path)
         self.binder.dirty.set()
+        if replace_after_seconds is None:
+            replace_after_seconds = self.settings.replace_after_seconds
         if replace_after_seconds is not None:
-            await asyncio.sleep(replace_after_seconds)
-            await self.add_node(agent.config)
+            # In the background: a `wait`ing caller returns once the node is gone.
+            self.recreating[name] = agent.config
+            self._spawn(self._recreate(agent, replace_after_seconds))
+
+    async def _recreate(self, agent: NodeAgent, delay: float) -> None:
+        """The pool's managed instance group recreates the VM under its name."""
+        try:
+            await asyncio.sleep(delay)
+            if self.agents.get(agent.config.name) is agent:  # nobody took the name meanwhile
+                await self.add_node(agent.config)
+        finally:
+            self.recreating.pop(agent.config.name, None)
 
     async def lose_node(self, name: str, delete_object: bool = True) -> None:
         """The machine vanished: processes die now, nothing more is reported."""
@@ -182,6 +216,74 @@ class KubeletHost:
                 await self.client.delete(core_path("nodes", name=name))
         await asyncio.gather(*(w.done.wait() for w in workers))
         self.binder.dirty.set()
+
+    async def halt_node(self, name: str, back_after_seconds: float | None = None) -> None:
+        """The VM stops without a shutdown (host error, a stop the kubelet never hears of):
+        its processes freeze (SIGSTOP: a stopped VM closes no connection, so its peers see
+        silence, not a reset), the kubelet goes silent, the Node object stays for the node
+        lifecycle controller to mark Unknown. With `back_after_seconds` the VM boots again
+        under the same name (the frozen processes are gone: SIGKILL) and its kubelet
+        re-registers."""
+        agent = self._agent(name)
+        if agent.state == "gone":
+            return
+        workers = list(agent.workers.values())
+        for worker in workers:
+            worker.silent = True
+            for proc in list(worker.processes.values()):
+                proc.signal_group(signal.SIGSTOP)
+        agent.lost_pods = {key[2] for key in agent.workers}
+        agent.silent_since = time.monotonic()
+        await self._retire(agent)
+        self.binder.dirty.set()
+        if back_after_seconds is None:
+            return
+        await asyncio.sleep(back_after_seconds)
+        for worker in workers:
+            worker.request_stop(Stop.NODE_LOST, 0)
+        await asyncio.gather(*(w.done.wait() for w in workers))
+        if self.agents.get(name) is agent:
+            await self.add_node(agent.config, lost_pods=agent.lost_pods)
+
+    async def partition_node(self, name: str, seconds: float) -> None:
+        """The kubelet cannot reach the control plane for `seconds` (a network partition, a
+        kubelet restart): it stops posting while its pods run on and reach each other. Then it
+        posts its status again, Ready (its status setters move lastTransitionTime on the
+        Unknown -> True change). Pod status writes in between are not held back."""
+        agent = self._agent(name)
+        if agent.state != "ready" or agent.silent_since is not None:
+            return
+        agent.silent_since = time.monotonic()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            agent.silent_since = None
+        if agent.state == "ready":
+            with contextlib.suppress(ApiError):
+                await self.client.patch(core_path("nodes", name=name) + "/status", {
+                    "status": node_status(agent.config, agent.ip, agent.port)})
+
+    def _silent_since(self, name: str) -> float | None:
+        agent = self.agents.get(name)
+        return None if agent is None else agent.silent_since
+
+    async def _report_lost(self, pod: Obj) -> None:
+        """A rebooted kubelet's first sync of a pod whose container it cannot find: the
+        container used to run and, with restartPolicy Never, will not be restarted, so it is
+        reported terminated, ContainerStatusUnknown, exit code 137, and the pod Failed
+        (pkg/kubelet/kubelet_pods.go convertToAPIContainerStatuses, getPhase)."""
+        meta = pod["metadata"]
+        path = core_path("pods", meta.get("namespace") or "default", meta["name"])
+        statuses = []
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            statuses.append({**container, "ready": False, "started": False, "state": {
+                "terminated": {"exitCode": 137, "reason": CONTAINER_STATUS_UNKNOWN,
+                               "message": CONTAINER_LOST_MESSAGE}}})
+        try:
+            await self.client.patch(path + "/status", {"status": {
+                "phase": "Failed", "containerStatuses": statuses}})
+        except ApiError as err:
+            log.warning("reporting lost pod %s failed: %s", path, err)
 
     async def _retire(self, agent: NodeAgent) -> None:
         agent.state = "gone"
@@ -221,7 +323,7 @@ class KubeletHost:
     def status(self) -> dict[str, Any]:
         return {
             "nodes": [
-                {"name": n, "state": a.state, "ip": a.ip,
+                {"name": n, "state": a.state, "ip": a.ip, "pool": a.config.pool,
                  "pods": sorted(f"{k[0]}/{k[1]}" for k in a.workers)}
                 for n, a in sorted(self.agents.items())
             ],
@@ -269,6 +371,10 @@ class KubeletHost:
             if key not in self._finalizing:
                 self._finalizing.add(key)
                 self._spawn(self._finalize(key))
+            return
+        if uid in agent.lost_pods and agent.state == "ready" and not _is_terminal(pod):
+            agent.lost_pods.discard(uid)
+            self._spawn(self._report_lost(pod))
             return
         if agent.state != "ready" or _is_terminal(pod) or uid in self._finished:
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from tardigrade_local.kubelet.config import NodeConfig
+from tardigrade_local.kubelet.config import NODE_POOL_LABEL, NodeConfig
 from tardigrade_local.kubelet.podstatus import now_rfc3339
 
 KUBELET_VERSION = "v1.33.0-tardigrade-local"
@@ -25,6 +25,7 @@ def node_labels(config: NodeConfig) -> dict[str, str]:
         "beta.kubernetes.io/os": "linux",
         "beta.kubernetes.io/arch": _arch(),
         "node.kubernetes.io/instance-type": "local",
+        NODE_POOL_LABEL: config.pool,
         **config.labels,
     }
 

@@ -141,6 +141,16 @@ def _insufficient(requests: Mapping[str, Decimal], node: Obj, used: Mapping[str,
     return None
 
 
+def unfit_reason(pod: Obj, node: Obj, bound_pods: Iterable[Obj] = ()) -> str | None:
+    """Why `pod` does not fit `node` (with `bound_pods` on it), in the scheduler's words;
+    None when it fits. The cluster autoscaler asks this of a node group's template node."""
+    decision = schedule(pod, [node], bound_pods)
+    if decision.node is not None:
+        return None
+    # "0/1 nodes are available: 1 <reason>. preemption: ..."
+    return decision.message.split(": ", 1)[1].split(". preemption", 1)[0].split(" ", 1)[1]
+
+
 def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj]) -> Decision:
     """Pick a node for `pod`; `bound_pods` are all pods with a nodeName (incl. just bound)."""
     nodes = list(nodes)

@@ -22,6 +22,10 @@ RECONCILING = "Reconciling"
 STALLED = "Stalled"
 # The phase reason while a suspended gang is still saving and stopping (work in progress).
 SUSPENDING = "Suspending"
+# The phase reason (and CapacityLimited reason) while ranks cannot be placed and no node is
+# on its way: nothing the operator does helps until capacity returns (a VM recreated, quota,
+# an autoscaler that can grow), so kstatus tools see it as Stalled, not as work in progress.
+WAITING_FOR_CAPACITY = "WaitingForCapacity"
 
 # Phases in which the job is where its spec wants it: training, or done.
 _READY_PHASES: frozenset[str] = frozenset({"Running", "Succeeded"})
@@ -47,11 +51,13 @@ def summary_conditions(phase: Phase, reason: str, message: str) -> list[Summary]
     Reconciling is True only while a gang is being (re)launched or stopped, never for a whole
     training run: Flux waits for it to turn False and times out otherwise.
     """
-    reconciling = phase in _RECONCILING_PHASES or (phase == "Suspended" and reason == SUSPENDING)
+    stalled = phase in _STALLED_PHASES or reason == WAITING_FOR_CAPACITY
+    reconciling = not stalled and (
+        phase in _RECONCILING_PHASES or (phase == "Suspended" and reason == SUSPENDING))
     values = {
         READY: phase in _READY_PHASES,
         RECONCILING: reconciling,
-        STALLED: phase in _STALLED_PHASES,
+        STALLED: stalled,
     }
     return [Summary(kind, "True" if value else "False", reason, message)
             for kind, value in values.items()]
@@ -74,7 +80,9 @@ CATALOG: tuple[ConditionDoc, ...] = (
         "`ContainerCannotStart`, `Preemption`, `Failure`, `Retry`, `NodeRejected` (a kubelet "
         "refused a pod: OutOf<resource>, NodeAffinity...), `Resize`, `BackOff`, "
         "`Suspending`, `Suspended`, `WaitingForPreviousJob` (a deleted job of the same name "
-        "still has running pods or its Service), or a failure reason (see Stalled)",
+        "still has running pods or its Service), `WaitingForScaleUp` (a node autoscaler "
+        "announced a node for an unschedulable rank: TriggeredScaleUp), `WaitingForCapacity` "
+        "(see Stalled), or a failure reason (see Stalled)",
     ),
     ConditionDoc(
         RECONCILING,
@@ -87,11 +95,14 @@ CATALOG: tuple[ConditionDoc, ...] = (
     ),
     ConditionDoc(
         STALLED,
-        "the job failed and only a change by a user helps",
+        "the job failed and only a change by a user helps, or it waits for capacity that "
+        "nothing under way will bring (`WaitingForCapacity`, phase Pending: ranks unschedulable "
+        "past the timeout, or the autoscaler answered NotTriggerScaleUp/FailedScaleUp, and "
+        "minReplicas does not allow a smaller gang); it resumes by itself when nodes appear",
         "otherwise",
-        "`InvalidSpec`, `PodRejected`, `CannotRun`, `RestartBudgetExhausted`, "
-        "`RetryBudgetExhausted`, `PreemptionBudgetExhausted`, `ServiceNameTaken` (True); the "
-        "phase's reason (False)",
+        "`WaitingForCapacity`, `InvalidSpec`, `PodRejected`, `CannotRun`, "
+        "`RestartBudgetExhausted`, `RetryBudgetExhausted`, `PreemptionBudgetExhausted`, "
+        "`ServiceNameTaken` (True); the phase's reason (False)",
     ),
     ConditionDoc(
         "Running",
@@ -119,7 +130,9 @@ CATALOG: tuple[ConditionDoc, ...] = (
         "`SpecInvalid` (True), `Valid` (False)",
     ),
     ConditionDoc(
-        "CapacityLimited", "the gang runs below spec.replicas (no capacity, elastic jobs)",
-        "the operator is growing back to spec.replicas", "`Unschedulable`, `GrowingBack`",
+        "CapacityLimited", "the gang runs below spec.replicas (no capacity, elastic jobs), "
+        "or waits for nodes to place its ranks",
+        "the operator is growing back to spec.replicas, or the waiting gang got its nodes",
+        "`Unschedulable` (shrunk), `WaitingForCapacity`, `GrowingBack`, `CapacityAvailable`",
     ),
 )

@@ -623,6 +623,9 @@ class TrainingJobStatus(ApiModel):
     total_steps: int | None = Field(None, ge=0)
     loss: float | None = None
     last_checkpoint: CheckpointRef | None = None
+    last_progress_time: Timestamp | None = Field(
+        None, description="When rank 0's reported step was last seen advancing: a rank whose "
+        "node stopped reporting is declared lost only once the gang stopped making progress.")
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None

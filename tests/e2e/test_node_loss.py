@@ -1,0 +1,114 @@
+"""End to end: a VM stops without a shutdown under a training gang (the Node object stays),
+and comes back later under its name. Real operator, real multi-process JAX trainers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from tardigrade_local.cluster import LocalCluster
+
+from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+
+pytestmark = pytest.mark.slow
+
+NODE_MONITOR_GRACE = 3.0
+NODE_LOST_AFTER = 8.0
+# The surviving rank's SIGTERM grace (terminationGracePeriodSeconds): its save on notice
+# cannot finish without the frozen peer, and the relaunch waits for it to be gone.
+POD_GRACE = 30.0
+BACK_AFTER = 90.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("nodeloss")
+    with LocalCluster(root / "cluster", nodes=3,
+                      node_monitor_grace_seconds=NODE_MONITOR_GRACE) as local:
+        yield Cluster(local)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("operator") / "operator.log",
+                              env={"TARDIGRADE_NODE_LOST_AFTER_SECONDS": f"{NODE_LOST_AFTER:g}"})
+    process.start()
+    yield process
+    process.stop()
+
+
+def _ready(cluster: Cluster, node: str) -> str:
+    conditions = cluster.core.read_node(node).status.conditions or []
+    return next((c.status for c in conditions if c.type == "Ready"), "Unknown")
+
+
+def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
+        cluster: Cluster, operator: OperatorProcess):
+    name = "e2e-halt"
+    job = trainingjob(name, steps=60)
+    job["spec"]["checkpoint"]["interval"] = {"steps": 5}
+    cluster.apply(job)
+    log = cluster.step_log(name)
+    wait_for(lambda: (log.collect(), (cluster.status(name).get("lastCheckpoint") or {}).get(
+        "step", 0) >= 5)[1], 300, "a committed checkpoint")
+    victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
+    node = victim.spec.node_name
+    halted = time.monotonic()
+    cluster.local.halt_node(node, back_after_seconds=BACK_AFTER)
+
+    def relaunched() -> dict | None:
+        log.collect()
+        status = cluster.status(name)
+        return status if status.get("attempt", 0) >= 2 else None
+
+    status = wait_for(relaunched, 120, "the relaunch")
+    # Bounded: the node monitor grace, the operator's tolerance, the survivor's grace, a few
+    # passes; not the 300 s of taint eviction, and not the VM's return.
+    assert time.monotonic() - halted < NODE_MONITOR_GRACE + NODE_LOST_AFTER + POD_GRACE + 20
+    assert _ready(cluster, node) == "Unknown"
+    old = cluster.core.read_namespaced_pod(victim.metadata.name, "default")
+    assert old.status.phase == "Running"  # the API still says so: nobody reported otherwise
+    assert "tardigrade.dev/gang-tracking" not in (old.metadata.finalizers or [])
+    recovery = status["recoveries"][-1]
+    assert recovery["cause"] == "Preemption", recovery
+    assert f"node {node} not ready" in recovery["reason"], recovery
+
+    status = cluster.wait_phase(name, {"Succeeded"}, timeout=600, collector=log)
+    operator.assert_alive()
+    assert status["restarts"]["preemptions"] == 1, status["recoveries"]
+    assert status["restarts"]["failures"] == 0
+    assert log.restored == [status["recoveries"][-1]["restoreStep"]]
+    # The VM came back under its name; its kubelet reported the old pod, which then went.
+    wait_for(lambda: _ready(cluster, node) == "True", 120, "the VM back")
+    wait_for(lambda: not any(p.metadata.name == victim.metadata.name
+                             for p in cluster.pods(name)), 120, "the old pod to go")
+    for step, losses in log.losses.items():
+        assert max(losses) - min(losses) <= 1e-5 * max(1.0, abs(losses[0])), (step, losses)
+
+
+def test_a_node_unknown_while_the_gang_trains_on_is_not_a_loss(
+        cluster: Cluster, operator: OperatorProcess):
+    name = "e2e-flap"
+    job = trainingjob(name, steps=1_000_000)  # trains for as long as the test looks
+    job["spec"]["checkpoint"]["interval"] = {"steps": 1000}
+    cluster.apply(job)
+    cluster.wait_phase(name, {"Running"}, timeout=300)
+    wait_for(lambda: (cluster.status(name).get("step") or 0) >= 5, 120, "training past step 5")
+    victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
+    node = victim.spec.node_name
+    # The kubelet is cut off from the control plane past the operator's tolerance; the ranks
+    # still reach each other and rank 0's step keeps advancing.
+    cluster.local.partition_node(node, NODE_MONITOR_GRACE + NODE_LOST_AFTER + 6)
+    wait_for(lambda: _ready(cluster, node) == "Unknown", 30, "the node Unknown")
+    before = cluster.status(name)["step"]
+    wait_for(lambda: _ready(cluster, node) == "True", 60, "the node back")
+    wait_for(lambda: cluster.status(name)["step"] > before + 10, 60, "training on")
+    status = cluster.status(name)
+    operator.assert_alive()
+    assert status["phase"] == "Running", status
+    assert status["restarts"]["total"] == 0, status["recoveries"]
+    assert status["attempt"] == 1
+    assert {p.metadata.name for p in cluster.pods(name)} == {f"{name}-a1-0", f"{name}-a1-1"}
+    cluster.kubectl("delete", "trainingjob", name, "--wait=false")

@@ -1,0 +1,180 @@
+"""Node pools: a reclaimed spot VM recreated by its managed instance group, and a cluster
+autoscaler that grows pools for unschedulable pods (with its events on the pods)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_helpers import Kube, python_pod, wait_for
+from tardigrade_local.cluster import ClusterConfig, LocalCluster
+from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.kubelet.autoscaler import (
+    MAX_SIZE_REACHED,
+    NOT_TRIGGER_SCALE_UP,
+    TRIGGERED_SCALE_UP,
+    NodePool,
+    is_unschedulable,
+    plan_scale_up,
+)
+from tardigrade_local.kubelet.config import DEFAULT_POOL, NODE_POOL_LABEL
+from tardigrade_local.kubelet.node import node_labels
+
+# Nodes of 2 cpus (the rest of the default capacity).
+SMALL = NodeConfig.from_dict({"name": "template", "capacity": {"cpu": "2"}})
+
+
+def pending_pod(name: str, cpu: str = "1", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}],
+                 **spec},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }
+
+
+def verdicts(plan: Any) -> dict[str, tuple[str, str]]:
+    return {v.pod["metadata"]["name"]: (v.reason, v.message) for v in plan.verdicts}
+
+
+# --------------------------------------------------------------------- pure: the decision ---
+
+
+def test_a_pod_that_fits_a_new_node_grows_the_pool_and_is_told_so():
+    pool = NodePool("pool-a", max_size=3, template=SMALL)
+    plan = plan_scale_up([pending_pod("p")], [pool], sizes={"pool-a": 1}, upcoming=[])
+    assert plan.grow == {"pool-a": 1}
+    assert verdicts(plan) == {
+        "p": (TRIGGERED_SCALE_UP, "pod triggered scale-up: [{pool-a 1->2 (max: 3)}]")}
+
+
+def test_pods_are_packed_onto_new_and_upcoming_nodes():
+    pool = NodePool("pool-a", max_size=5, template=SMALL)
+    pods = [pending_pod(f"p{i}") for i in range(3)]  # 1 cpu each, 2 per node
+    plan = plan_scale_up(pods, [pool], sizes={"pool-a": 0}, upcoming=[])
+    assert plan.grow == {"pool-a": 2}
+    assert {r for r, _ in verdicts(plan).values()} == {TRIGGERED_SCALE_UP}
+    # Next scan: the two nodes are on their way and take all three; nothing more happens.
+    coming = [pool.node_config("pool-a-1"), pool.node_config("pool-a-2")]
+    again = plan_scale_up(pods, [pool], sizes={"pool-a": 0}, upcoming=coming)
+    assert (again.grow, again.verdicts) == ({}, [])
+
+
+def test_a_vm_its_instance_group_recreates_is_upcoming_even_in_a_pool_not_autoscaled():
+    autoscaled = NodePool("burst", max_size=3, template=SMALL)
+    recreated = dataclasses.replace(SMALL, name="spot-1", pool=DEFAULT_POOL)
+    plan = plan_scale_up([pending_pod("p")], [autoscaled], sizes={"burst": 0},
+                         upcoming=[recreated])
+    assert (plan.grow, plan.verdicts) == ({}, [])
+
+
+@pytest.mark.parametrize(("cpu", "sizes", "message"), [
+    ("1", {"pool-a": 2}, f"1 {MAX_SIZE_REACHED}"),
+    ("4", {"pool-a": 0}, "1 Insufficient cpu"),
+])
+def test_a_pod_no_pool_can_take_is_told_why(cpu, sizes, message):
+    pool = NodePool("pool-a", max_size=2, template=SMALL)
+    plan = plan_scale_up([pending_pod("p", cpu)], [pool], sizes=sizes, upcoming=[])
+    assert plan.grow == {}
+    assert verdicts(plan) == {
+        "p": (NOT_TRIGGER_SCALE_UP, f"pod didn't trigger scale-up: {message}")}
+
+
+def test_the_pool_whose_nodes_match_the_selector_grows():
+    pools = [NodePool("a-cpu", 4, SMALL),
+             NodePool("b-gpu", 4, NodeConfig("t", labels={"gpu": "yes"}, capacity=SMALL.capacity))]
+    plan = plan_scale_up([pending_pod("p", nodeSelector={"gpu": "yes"})], pools,
+                         sizes={}, upcoming=[])
+    assert plan.grow == {"b-gpu": 1}
+    no_match = plan_scale_up([pending_pod("q", nodeSelector={"tpu": "yes"})], pools,
+                             sizes={}, upcoming=[])
+    assert verdicts(no_match)["q"] == (
+        NOT_TRIGGER_SCALE_UP,
+        "pod didn't trigger scale-up: 2 node(s) didn't match Pod's node affinity/selector")
+
+
+def test_only_unschedulable_pods_count():
+    assert is_unschedulable(pending_pod("p"))
+    bound = pending_pod("b")
+    bound["spec"]["nodeName"] = "n"
+    assert not is_unschedulable(bound)
+    assert not is_unschedulable({**pending_pod("f"), "status": {"phase": "Pending"}})
+
+
+def test_nodes_carry_their_pool_and_the_config_round_trips():
+    node = NodeConfig("n", pool="spot-pool")
+    assert node_labels(node)[NODE_POOL_LABEL] == "spot-pool"
+    assert node_labels(NodeConfig("m"))[NODE_POOL_LABEL] == DEFAULT_POOL
+    assert NodeConfig.from_dict(node.to_dict()) == node
+    with pytest.raises(ValueError, match="max_size must be >= 0"):
+        NodePool("bad", max_size=-1)
+    config = ClusterConfig(state_dir=Path("x"), replace_after_seconds=3,
+                           node_pools=[NodePool("pool-a", 2, SMALL, 5)])
+    again = ClusterConfig.from_json(config.to_json())
+    assert (again.node_pools, again.replace_after_seconds) == (config.node_pools, 3)
+
+
+# ------------------------------------------------------------------- against the cluster ---
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("pools") / "state"
+    nodes = [NodeConfig.from_dict({"name": "spot-1", "capacity": {"cpu": "2"}})]
+    with LocalCluster(state, nodes=nodes, with_gcs=False, shutdown_grace_seconds=2,
+                      replace_after_seconds=1.0, autoscaler_scan_seconds=0.5,
+                      node_pools=[NodePool(DEFAULT_POOL, 2, SMALL, provision_seconds=1.0)]
+                      ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kube(cluster):
+    return Kube(str(cluster.kubeconfig))
+
+
+def events_on(kube: Kube, pod: str) -> list[tuple[str, str]]:
+    listed = kube.core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}")
+    return [(e.reason, e.message) for e in listed.items]
+
+
+@pytest.mark.slow
+def test_a_preempted_node_is_recreated_under_its_name_by_default(cluster, kube):
+    cluster.preempt_node("spot-1", wait=True)
+    assert "spot-1" not in kube.node_names()
+    wait_for(lambda: "spot-1" in kube.node_names(), timeout=30, what="spot-1 recreated")
+    node = kube.core.read_node("spot-1")
+    assert node.metadata.labels[NODE_POOL_LABEL] == DEFAULT_POOL
+
+
+@pytest.mark.slow
+def test_an_unschedulable_pod_triggers_a_scale_up_and_runs_on_the_new_node(cluster, kube):
+    wait_for(lambda: "spot-1" in kube.node_names(), timeout=30, what="spot-1")
+    big = python_pod("needs-a-node", "import time; time.sleep(60)",
+                     container={"resources": {"requests": {"cpu": "1500m"}}})
+    filler = python_pod("filler", "import time; time.sleep(60)",
+                        container={"resources": {"requests": {"cpu": "1"}}})
+    kube.create_pod(filler)
+    kube.wait_phase("filler", ("Running",))
+    kube.create_pod(big)
+    reasons = wait_for(lambda: [r for r, _ in events_on(kube, "needs-a-node")
+                                if r == TRIGGERED_SCALE_UP] or None,
+                       timeout=30, what="TriggeredScaleUp")
+    assert reasons == [TRIGGERED_SCALE_UP]
+    pod = kube.wait_phase("needs-a-node", ("Running",), timeout=60)
+    assert pod["spec"]["nodeName"] not in ("spot-1", None)
+    assert len(kube.node_names()) == 2
+
+
+@pytest.mark.slow
+def test_a_pod_no_pool_can_take_gets_not_trigger_scale_up(cluster, kube):
+    kube.create_pod(python_pod("too-big", "print(1)",
+                               container={"resources": {"requests": {"cpu": "64"}}}))
+    found = wait_for(lambda: [m for r, m in events_on(kube, "too-big")
+                              if r == NOT_TRIGGER_SCALE_UP] or None,
+                     timeout=30, what="NotTriggerScaleUp")
+    assert found == ["pod didn't trigger scale-up: 1 Insufficient cpu"]
