@@ -238,17 +238,26 @@ def markdown(rows: list[dict[str, str]]) -> str:
 
 
 def verdicts(results: list[ArmResult]) -> list[str]:
+    """Each target judged only on an arm that saw what the target is about: an arm with no
+    disruption measured nothing, whatever its ratio (a run too short for the schedule)."""
     by_key = {r.arm.key: r.report for r in results}
     lines = []
     if "a" in by_key and "b" in by_key:
-        ratio = by_key["b"].goodput / by_key["a"].goodput
-        lines.append(f"target (b) goodput >= 0.9 x (a): {ratio:.2f} x -> "
-                     f"{'met' if ratio >= 0.9 else 'MISSED'}")
+        target = "target (b) goodput >= 0.9 x (a)"
+        if not by_key["b"].costs:
+            lines.append(f"{target}: not judged, arm (b) saw no preemption (run too short)")
+        else:
+            ratio = by_key["b"].goodput / by_key["a"].goodput
+            lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio >= 0.9 else 'MISSED'}")
     for key in ("b", "d"):
-        if key in by_key and by_key[key].costs:
-            lost = sum(c.steps_lost for c in by_key[key].costs)
-            lines.append(f"target zero steps lost with notice ({key}): {lost} lost -> "
-                         f"{'met' if lost == 0 else 'MISSED'}")
+        if key not in by_key:
+            continue
+        target = f"target zero steps lost with notice ({key})"
+        if not by_key[key].costs:
+            lines.append(f"{target}: not judged, arm ({key}) saw no disruption")
+            continue
+        lost = sum(c.steps_lost for c in by_key[key].costs)
+        lines.append(f"{target}: {lost} lost -> {'met' if lost == 0 else 'MISSED'}")
     return lines
 
 

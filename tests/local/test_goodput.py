@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from tardigrade_local.goodput import Disruption, kept, percentile, run_report, step_runs
+from tardigrade_local.goodput import (
+    Disruption,
+    DisruptionCost,
+    RunReport,
+    kept,
+    percentile,
+    run_report,
+    step_runs,
+)
 from tardigrade_local.paths import StateLayout
 from tardigrade_local.steplog import StepLog
 
@@ -104,3 +112,42 @@ def test_step_log_reads_rank_zero_of_every_attempt_from_the_kubelet_files(tmp_pa
         ("start", 1), ("step", 1), ("checkpoint_restored", 2), ("step", 2)]
     assert log.curve() == {1: 2.0, 2: 1.5}
     assert log.restored == [1]
+
+
+def _bench_goodput():
+    """bench/goodput.py, loaded from its file (bench/ is scripts, not a package)."""
+    import importlib.util
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_goodput", REPO_ROOT / "bench" /
+                                                  "goodput.py")
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses resolve the module of the classes they decorate through sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _arm_result(bench, key: str, goodput: float, lost: list[int]):
+    costs = tuple(DisruptionCost(Disruption("preemption", T0, 1), 5.0, 1.0, 3.0, n)
+                  for n in lost)
+    report = RunReport(wall_seconds=100.0, kept_seconds=100.0 * goodput, steps_kept=10,
+                             steps_computed=10, costs=costs)
+    return bench.ArmResult(bench.ARMS[key], report, T0, [], [], [])
+
+
+def test_goodput_bench_judges_no_target_on_an_arm_that_saw_no_disruption():
+    bench = _bench_goodput()
+    quiet = bench.verdicts([_arm_result(bench, "a", 0.9, []), _arm_result(bench, "b", 0.9, []),
+                            _arm_result(bench, "d", 0.8, [])])
+    assert quiet == [
+        "target (b) goodput >= 0.9 x (a): not judged, arm (b) saw no preemption (run too short)",
+        "target zero steps lost with notice (b): not judged, arm (b) saw no disruption",
+        "target zero steps lost with notice (d): not judged, arm (d) saw no disruption",
+    ]
+    disrupted = bench.verdicts([_arm_result(bench, "a", 0.9, []),
+                                _arm_result(bench, "b", 0.72, [0, 2])])
+    assert disrupted == ["target (b) goodput >= 0.9 x (a): 0.80 x -> MISSED",
+                         "target zero steps lost with notice (b): 2 lost -> MISSED"]
