@@ -162,7 +162,7 @@ def test_the_image_imports_every_module_it_runs_and_not_the_local_cluster(image,
 
 @pytest.fixture(scope="module")
 def operator_image() -> imagevenv.ImageVenv:
-    venv = imagevenv.image_venv(next(r for r in SHIPPED if r.name == "operator"))
+    venv = imagevenv.shipped_image("operator")
     imagevenv.ensure(venv)
     return venv
 

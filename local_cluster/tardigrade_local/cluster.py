@@ -58,7 +58,7 @@ def operator_command(namespace: str | None = None, resync_seconds: float | None 
                      ) -> list[str]:
     """The Tardigrade operator as the local cluster runs it (one standalone replica): the
     operator image's console script, from the image's venv (`imagevenv`)."""
-    venv = imagevenv.image_venv(next(r for r in imagevenv.recipes() if r.name == "operator"))
+    venv = imagevenv.shipped_image("operator")
     # Metrics off: a second local cluster's operator would collide on the port. PYTHONPATH:
     # only the pod network's site directory, not the checkout, as in an operator pod.
     env = ["TARDIGRADE_METRICS_PORT=0", f"PYTHONPATH={PODSITE_DIR}"]

@@ -120,6 +120,11 @@ def image_venv(recipe: ImageRecipe, root: Path | None = None) -> ImageVenv:
     return ImageVenv(recipe, (root or cache_root()) / recipe.name)
 
 
+def shipped_image(name: str, root: Path | None = None) -> ImageVenv:
+    """The venv of the shipped image called `name` ("operator", "trainer-cpu")."""
+    return image_venv(next(r for r in recipes() if r.name == name), root)
+
+
 def shipped_image_rules(root: Path | None = None) -> list[ImageRule]:
     """Kubelet rules for the shipped images (built or not: a missing venv fails the pull)."""
     return [image_venv(recipe, root).rule() for recipe in recipes()]

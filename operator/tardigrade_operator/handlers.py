@@ -198,14 +198,16 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     status, version = _known_status(key, meta, body.get("status") or {}, memo)
     spec, spec_error = _parsed_spec(key, meta, body, memo)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
-    attempt = max([status.attempt, *(p.attempt for p in owned(pods, uid))])
-    if status.attempt and sum(p.attempt == attempt for p in owned(pods, uid)) < status.replicas:
+    mine = owned(pods, uid)
+    attempt = max([status.attempt, *(p.attempt for p in mine)])
+    if status.attempt and sum(p.attempt == attempt for p in mine) < status.replicas:
         # Fewer ranks than launched: before calling them gone, make sure it is not the index
         # lagging (just created, or rebuilt after a peering pause) by asking the API server.
         listed = await asyncio.to_thread(memo.writer.list_job_pods, namespace, name)
         pods = [view for view in (parse_pod(p) for p in listed) if view]
-        attempt = max([status.attempt, *(p.attempt for p in owned(pods, uid))])
-    gang: list[PodView] = [p for p in owned(pods, uid) if p.attempt == attempt]
+        mine = owned(pods, uid)
+        attempt = max([status.attempt, *(p.attempt for p in mine)])
+    gang: list[PodView] = [p for p in mine if p.attempt == attempt]
     progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None
     nodes_down: dict[str, datetime] = {}

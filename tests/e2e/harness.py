@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +27,7 @@ NAMESPACE = "default"
 
 def operator_venv() -> imagevenv.ImageVenv:
     """The operator image's virtualenv, built or refreshed from the current sources."""
-    return imagevenv.image_venv(next(r for r in imagevenv.recipes() if r.name == "operator"))
+    return imagevenv.shipped_image("operator")
 
 
 class OperatorProcess:
@@ -147,3 +149,15 @@ def trainingjob(name: str, steps: int, replicas: int = 2, **spec: Any) -> dict[s
     for key, value in spec.items():
         job["spec"][key] = value
     return job
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Cluster, log_dir: Path, env: dict[str, str] | None = None
+                     ) -> Iterator[OperatorProcess]:
+    """A standalone operator for a test module, logging into `log_dir`; stopped afterwards."""
+    process = OperatorProcess(cluster.local, log_dir / "operator.log", env=env)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

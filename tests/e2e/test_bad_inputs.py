@@ -18,7 +18,14 @@ from kubernetes.client.exceptions import ApiException
 from tardigrade_local.cluster import LocalCluster
 
 from tests.conftest import bad_trainingjob_cases, corpus_cases
-from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import (
+    NAMESPACE,
+    Cluster,
+    OperatorProcess,
+    running_operator,
+    trainingjob,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +42,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("op") / "operator.log")
-    process.start()
-    yield process
-    process.stop()
+    with running_operator(cluster, tmp_path_factory.mktemp("op")) as process:
+        yield process
 
 
 def _named(document: dict[str, Any], name: str, renamed: bool = True) -> dict[str, Any]:

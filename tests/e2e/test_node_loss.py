@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +32,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("operator") / "operator.log",
-                              env={"TARDIGRADE_NODE_LOST_AFTER_SECONDS": f"{NODE_LOST_AFTER:g}"})
-    process.start()
-    yield process
-    process.stop()
+    with running_operator(cluster, tmp_path_factory.mktemp("operator"),
+                          env={"TARDIGRADE_NODE_LOST_AFTER_SECONDS": f"{NODE_LOST_AFTER:g}"}
+                          ) as process:
+        yield process
 
 
 def _ready(cluster: Cluster, node: str) -> str:

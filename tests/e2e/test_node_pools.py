@@ -17,7 +17,7 @@ from tardigrade_local.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
 from tardigrade_local.kubelet import NodeConfig
 from tardigrade_local.kubelet.autoscaler import NodePool
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,12 +46,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
     # Longer than the default pool's VM recreation (20 s), shorter than a spot-pool scale-up.
-    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("op") / "operator.log",
-                              env={"TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS":
-                                   str(UNSCHEDULABLE_TIMEOUT_SECONDS)})
-    process.start()
-    yield process
-    process.stop()
+    with running_operator(cluster, tmp_path_factory.mktemp("op"),
+                          env={"TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS":
+                               str(UNSCHEDULABLE_TIMEOUT_SECONDS)}) as process:
+        yield process
 
 
 def test_the_only_node_preempted_comes_back_and_the_job_recovers_at_full_size(

@@ -10,7 +10,7 @@ import pytest
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("operator") / "operator.log")
-    process.start()
-    yield process
-    process.stop()
+    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
+        yield process
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,14 @@ from collections.abc import Iterator
 import pytest
 from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import (
+    NAMESPACE,
+    Cluster,
+    OperatorProcess,
+    running_operator,
+    trainingjob,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +29,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(cluster.local, tmp_path_factory.mktemp("operator") / "operator.log")
-    process.start()
-    yield process
-    process.stop()
+    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
+        yield process
 
 
 def _owner_uids(objects: list[object]) -> set[str]:

@@ -45,12 +45,8 @@ PROBE = """
 """
 
 
-def _venv(name: str) -> imagevenv.ImageVenv:
-    return imagevenv.image_venv(next(r for r in imagevenv.recipes() if r.name == name))
-
-
 def test_operator_image_pods_run_the_venv_console_script(tmp_path):
-    venv = _venv("operator")
+    venv = imagevenv.shipped_image("operator")
     with LocalCluster(tmp_path / "state", nodes=1, with_gcs=False) as cluster:
         kube = Kube(str(cluster.kubeconfig))
         # No command: ENTRYPOINT ["tardigrade"] from the venv; args replace CMD.
@@ -74,7 +70,7 @@ def test_operator_image_pods_run_the_venv_console_script(tmp_path):
 
 
 def test_trainer_image_pods_run_from_the_image_venv_and_resolve_pod_names(tmp_path):
-    venv = _venv("trainer-cpu")
+    venv = imagevenv.shipped_image("trainer-cpu")
     with LocalCluster(tmp_path / "state", nodes=1, with_gcs=False) as cluster:
         kube = Kube(str(cluster.kubeconfig))
         kube.core.create_namespaced_service("default", {
