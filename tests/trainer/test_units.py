@@ -79,12 +79,15 @@ def _env(rank: int, n: int, port: int, attempt: int = 0) -> contract.TrainerEnvi
     )
 
 
-def _rendezvous_all(envs: list[contract.TrainerEnvironment], timeout: float) -> list[object]:
+def _rendezvous_all(
+    envs: list[contract.TrainerEnvironment], timeout: float | list[float]
+) -> list[object]:
+    timeouts = timeout if isinstance(timeout, list) else [timeout] * len(envs)
     results: list[object] = [None] * len(envs)
 
     def run(i: int) -> None:
         try:
-            distributed.rendezvous(envs[i], timeout)
+            distributed.rendezvous(envs[i], timeouts[i])
             results[i] = "ok"
         except distributed.PeerTimeoutError as err:
             results[i] = err
@@ -93,7 +96,7 @@ def _rendezvous_all(envs: list[contract.TrainerEnvironment], timeout: float) -> 
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout + 10)
+        t.join(max(timeouts) + 10)
     return results
 
 
@@ -104,7 +107,9 @@ def test_rendezvous_completes_when_everyone_arrives():
 
 def test_rendezvous_names_the_missing_peer_instead_of_hanging():
     port = free_port()
-    results = _rendezvous_all([_env(0, 3, port), _env(1, 3, port)], 1.5)
+    # Rank 1 waits longer than the coordinator, so it is still present when rank 0 gives up
+    # (with equal deadlines it may leave first and be named missing too, which is also true).
+    results = _rendezvous_all([_env(0, 3, port), _env(1, 3, port)], [1.5, 4.0])
     assert isinstance(results[0], distributed.PeerTimeoutError)
     assert "ranks [2] of 3" in str(results[0])
     assert isinstance(results[1], distributed.PeerTimeoutError)
