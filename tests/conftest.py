@@ -35,12 +35,17 @@ def expand(value: Any) -> Any:
         return {k: expand(v) for k, v in value.items()}
     if isinstance(value, list):
         return [expand(v) for v in value]
-    if not (isinstance(value, str) and value.startswith("!repeat")):
+    if not (isinstance(value, str) and value.startswith(("!repeat", "!nest"))):
         return value
     kind, *rest = value.split()
     if kind == "!repeat":
         return rest[0] * int(rest[1])
     count = int(rest[0])
+    if kind == "!nest":
+        nested: Any = 1
+        for _ in range(count):
+            nested = {"n": nested}
+        return nested
     if kind == "!repeat-env":
         return [{"name": f"VAR_{i}", "value": "x"} for i in range(count)]
     if kind == "!repeat-toleration":

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from datetime import timedelta
 
+from tardigrade_operator import checkpoint_scope
 from tardigrade_operator.decide import DecisionSettings
 
 
@@ -25,6 +26,9 @@ class OperatorConfig:
     metrics_port: int = 9090
     # A leader that stops refreshing its peering entry this long is presumed dead.
     peering_lifetime_seconds: float = 60.0
+    # Admin rule: each namespace's jobs checkpoint only below this prefix, e.g.
+    # "gs://bucket/{namespace}/" (checkpoint_scope.py); None: any path the CRD accepts.
+    checkpoint_path_prefix: str | None = None
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -53,6 +57,8 @@ class OperatorConfig:
             metrics_port=int(number("TARDIGRADE_METRICS_PORT", cls.metrics_port)),
             peering_lifetime_seconds=number("TARDIGRADE_PEERING_LIFETIME_SECONDS",
                                             cls.peering_lifetime_seconds),
+            checkpoint_path_prefix=_prefix_template(
+                os.environ.get("TARDIGRADE_CHECKPOINT_PATH_PREFIX", "")),
         )
 
     def decision_settings(self) -> DecisionSettings:
@@ -61,4 +67,14 @@ class OperatorConfig:
             grow_back_after=timedelta(seconds=self.grow_back_after_seconds),
             node_lost_after=timedelta(seconds=self.node_lost_after_seconds),
             scale_up_wait=timedelta(seconds=self.scale_up_wait_seconds),
+            checkpoint_path_prefix=self.checkpoint_path_prefix,
         )
+
+
+def _prefix_template(value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        return checkpoint_scope.check_prefix_template(value)
+    except ValueError as err:
+        raise SystemExit(f"TARDIGRADE_CHECKPOINT_PATH_PREFIX: {err}") from None

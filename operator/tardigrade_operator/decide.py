@@ -15,7 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import naming
+from tardigrade_operator import checkpoint_scope, naming
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -66,6 +66,9 @@ class DecisionSettings:
     # How long a new job waits for the garbage collector to delete the Service of a previous
     # job of the same name before it reports the name as taken.
     previous_service_wait: timedelta = timedelta(seconds=120)
+    # Admin rule: jobs may only checkpoint below this prefix, "{namespace}" filled in
+    # (checkpoint_scope.py); None allows any path the CRD accepts.
+    checkpoint_path_prefix: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,8 @@ class Observed:
     service: ServiceView | None  # the Service with the job's name, if one exists
     now: datetime
     progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
+    # Why rank 0's answer was not a report: it broke the contract (contract.MalformedReport).
+    progress_error: str | None = None
     nodes_ready: Mapping[str, bool] | None = None
     # Node name -> when its Ready condition left True (lastTransitionTime), for nodes not Ready.
     nodes_not_ready_since: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
@@ -137,6 +142,13 @@ def decide(obs: Observed) -> Plan:
                 "the job")
         return plan
     spec = obs.spec
+    outside = checkpoint_scope.refusal(spec.checkpoint.path, obs.job.namespace,
+                                       obs.settings.checkpoint_path_prefix)
+    if outside is not None:
+        _stop_all(plan, obs, obs.pods, grace=None)
+        _set_condition(status, obs, "InvalidSpec", "True", "CheckpointPathNotAllowed", outside)
+        _finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)
+        return plan
     _set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
 
     # Pods of an attempt newer than the status knows: a status write was lost; adopt them.
@@ -145,6 +157,7 @@ def decide(obs: Observed) -> Plan:
     gang = sorted((p for p in obs.pods if p.attempt == current), key=lambda p: p.rank)
     _delete_old_attempts(plan, obs, current)
     _record_progress(status, obs, gang)
+    _note_malformed_progress(plan, obs)
     _release_recorded(plan, obs, current)
 
     if status.phase in TERMINAL_PHASES:
@@ -671,6 +684,20 @@ def _record_progress(status: TrainingJobStatus, obs: Observed, gang: list[PodVie
         if message.step is not None:
             status.step = max(status.step or 0, message.step)
         _note_checkpoint(status, message.checkpoint_step, message.checkpoint_path, obs.now)
+
+
+def _note_malformed_progress(plan: Plan, obs: Observed) -> None:
+    """A malformed report is ignored; one Warning says so, not one per poll."""
+    status = plan.status
+    if obs.progress_error is None:
+        if obs.progress is not None:
+            status.ignored_progress_report = None
+        return
+    message = obs.progress_error[:4096]
+    if status.ignored_progress_report is None:
+        plan.events.append(Event("Warning", "MalformedProgressReport",
+                                 f"{message}; its reports are ignored until a valid one comes"))
+    status.ignored_progress_report = message
 
 
 def _note_checkpoint(status: TrainingJobStatus, step: int | None, path: str | None,

@@ -21,7 +21,7 @@ import prometheus_client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tardigrade_operator import autoscaling, finalizers, metrics, naming
+from tardigrade_operator import autoscaling, finalizers, metrics, naming, watchdog
 from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
@@ -49,6 +49,9 @@ JobKey = tuple[str, str]
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Before kopf starts its watch streams (they wait for the startup handlers).
+    watchdog.allow_api_server_depth()
+    watchdog.track_tasks(asyncio.get_running_loop())
     config = OperatorConfig.from_env()
     settings.persistence.finalizer = JOB_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=types.GROUP)
@@ -73,6 +76,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.writer = ClusterWriter()
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
+
+
+@kopf.on.probe(id="watch_streams")
+def watch_streams(**_: Any) -> str:
+    """Fails /healthz once a watch stream has died: kopf never restarts one, and without it
+    no job of that kind is reconciled again."""
+    dead = watchdog.dead_watchers()
+    if dead:
+        raise kopf.PermanentError(f"watch streams stopped: {'; '.join(dead)}; the operator "
+                                  f"must restart")
+    return "ok"
 
 
 @kopf.on.cleanup()
@@ -208,7 +222,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         mine = owned(pods, uid)
         attempt = max([status.attempt, *(p.attempt for p in mine)])
     gang: list[PodView] = [p for p in mine if p.attempt == attempt]
-    progress = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
+    fetched = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
     nodes_ready = None
     nodes_down: dict[str, datetime] = {}
     if nodes_index is not None and len(nodes_index) > 0:
@@ -226,7 +240,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         pods=pods,
         service=await _service(key, uid, status, services_index, memo),
         now=datetime.now(UTC),
-        progress=progress,
+        progress=fetched.report,
+        progress_error=fetched.malformed,
         nodes_ready=nodes_ready,
         nodes_not_ready_since=nodes_down,
         settings=memo.config.decision_settings(),

@@ -47,6 +47,7 @@ class FakeCluster:
     now: datetime = T0
     generation: int = 1
     progress: contract.ProgressReport | None = None
+    progress_error: str | None = None  # rank 0 answered with a malformed report
     nodes_ready: dict[str, bool] | None = None
     nodes_not_ready_since: dict[str, datetime] = dataclasses.field(default_factory=dict)
     settings: DecisionSettings = dataclasses.field(default_factory=DecisionSettings)
@@ -66,7 +67,8 @@ class FakeCluster:
             job=self.job, generation=self.generation, spec=parsed, spec_error=error,
             status=self.status, pods=views,
             service=None if self.service is None else parse_service(self.service),
-            now=self.now, progress=self.progress, nodes_ready=self.nodes_ready,
+            now=self.now, progress=self.progress, progress_error=self.progress_error,
+            nodes_ready=self.nodes_ready,
             nodes_not_ready_since=self.nodes_not_ready_since,
             settings=self.settings, rejected=self.rejected,
             scale_up=newest_signals(self.events),

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 # --- environment variables set by the operator on every rank ---------------------------------
@@ -49,6 +52,8 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 DEFAULT_SHUTDOWN_WINDOW_SECONDS = 15
 # Kubernetes truncates termination messages beyond this many bytes.
 TERMINATION_MESSAGE_LIMIT = 4096
+# Longest string field of a report (a checkpoint path, a message) the operator takes in.
+MAX_REPORT_TEXT = 4096
 
 # --- exit codes -------------------------------------------------------------------------------
 EXIT_SUCCEEDED = 0
@@ -219,15 +224,22 @@ class TerminationMessage:
 
     @classmethod
     def from_json(cls, text: str) -> TerminationMessage | None:
-        """Parse a termination message; anything that is not ours gives None."""
+        """Parse a termination message; anything that is not ours, or breaks the contract
+        (a step as a string, a negative step), gives None: the exit code alone then counts."""
         try:
             data = json.loads(text)
-        except (TypeError, json.JSONDecodeError):
+        except (TypeError, ValueError, RecursionError):
             return None
         if not isinstance(data, dict) or "reason" not in data:
             return None
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        try:
+            return cls(reason=_text(data, "reason", required=True) or "",
+                       step=_count(data, "step"),
+                       checkpoint_step=_count(data, "checkpoint_step"),
+                       checkpoint_path=_text(data, "checkpoint_path"),
+                       message=_text(data, "message") or "")
+        except MalformedReport:
+            return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,9 +259,88 @@ class ProgressReport:
 
     @classmethod
     def from_json(cls, text: str) -> ProgressReport:
-        data = json.loads(text)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        """Parse rank 0's report; MalformedReport (naming the field) if it breaks the contract.
+
+        The operator folds a report into the job's status and decisions, so every field is
+        checked here, once: a step sent as "7" or a naive timestamp would otherwise fail each
+        reconcile pass later, far from its cause."""
+        bare = _JSON_STRING.sub("", text) if isinstance(text, str) else ""
+        if bare.count("{") + bare.count("[") > 1:
+            # Checked before parsing: nesting is how JSON makes a parser recurse.
+            raise MalformedReport("progress report must be one flat JSON object")
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as err:
+            raise MalformedReport(f"progress report is not JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise MalformedReport("progress report must be a JSON object")
+        step = _count(data, "step", required=True)
+        assert step is not None
+        total = _count(data, "total_steps")
+        return cls(step=step, loss=_finite(data, "loss"),
+                   tokens_per_second=_finite(data, "tokens_per_second"),
+                   checkpoint_step=_count(data, "checkpoint_step"),
+                   checkpoint_path=_text(data, "checkpoint_path"),
+                   checkpoint_time=_timestamp(data, "checkpoint_time"),
+                   total_steps=total or None)
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+class MalformedReport(ValueError):
+    """A report from a rank that breaks the contract; the message names the field."""
+
+
+def _present(data: Mapping[str, Any], name: str, required: bool) -> bool:
+    if data.get(name) is None:
+        if required:
+            raise MalformedReport(f"{name} is required")
+        return False
+    return True
+
+
+def _count(data: Mapping[str, Any], name: str, required: bool = False) -> int | None:
+    if not _present(data, name, required):
+        return None
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MalformedReport(f"{name} must be a non-negative integer (got {value!r:.40})")
+    return value
+
+
+def _finite(data: Mapping[str, Any], name: str) -> float | None:
+    """A number; NaN and infinities (a diverging loss) are dropped, not an error."""
+    if not _present(data, name, False):
+        return None
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MalformedReport(f"{name} must be a number (got {value!r:.40})")
+    return float(value) if math.isfinite(value) else None
+
+
+def _text(data: Mapping[str, Any], name: str, required: bool = False) -> str | None:
+    if not _present(data, name, required):
+        return None
+    value = data[name]
+    if not isinstance(value, str) or len(value) > MAX_REPORT_TEXT:
+        raise MalformedReport(f"{name} must be a string of at most {MAX_REPORT_TEXT} "
+                              f"characters (got {value!r:.40})")
+    return value
+
+
+def _timestamp(data: Mapping[str, Any], name: str) -> str | None:
+    text = _text(data, name)
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise MalformedReport(f"{name} must be an RFC 3339 time with a zone, e.g. "
+                              f"2026-01-02T03:04:05Z (got {text!r:.40})")
+    return text
 
 
 def _format_number(value: float) -> str:

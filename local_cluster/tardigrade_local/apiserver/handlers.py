@@ -11,10 +11,11 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from . import apply, discovery, eviction, openapi, patch, protobuf, tables
+from . import apply, decoding, discovery, eviction, openapi, patch, protobuf, tables
 from .access import Access
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
+from .hostcheck import check_host
 from .resources import ResourceType
 from .review import self_subject_access_review
 from .scale import scale_get, scale_update
@@ -54,6 +55,10 @@ def _number(text: str, name: str) -> float:
         return float(text)
     except ValueError as exc:
         raise bad_request(f'invalid value for {name}: "{text}"') from exc
+
+
+def _media_types(rt: ResourceType) -> tuple[str, ...]:
+    return decoding.BUILTIN_MEDIA_TYPES if rt.builtin else decoding.CUSTOM_MEDIA_TYPES
 
 
 def _partial(obj: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +111,7 @@ class Handlers:
     # ---- entry point --------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         try:
+            check_host(request.headers.get("Host"))
             self.access.admit(request)
             return await self._dispatch(request)
         except ApiError as err:
@@ -152,17 +158,14 @@ class Handlers:
             raise not_found_resource()
         return await self._resource(request, target)
 
-    async def _body(self, request: web.Request) -> Any:
+    async def _body(self, request: web.Request,
+                    accepted: tuple[str, ...] = decoding.BUILTIN_MEDIA_TYPES) -> Any:
         check_request_size(request.content_length or 0)
+        ctype = decoding.require_media_type(request.headers.get("Content-Type"), accepted)
         raw = await request.read()
         check_request_size(len(raw))
-        ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
-        if ctype == "application/vnd.kubernetes.protobuf":
+        if ctype == decoding.PROTOBUF:
             return protobuf.decode(raw)
-        if "protobuf" in ctype or "cbor" in ctype:
-            raise ApiError(415, "UnsupportedMediaType",
-                           'the body of the request was in an unknown format - accepted media '
-                           'types include: application/json, application/yaml')
         if not raw:
             raise bad_request("the body of the request was empty")
         return patch.parse_body(raw, ctype)
@@ -189,7 +192,7 @@ class Handlers:
                 body = await self._body(request)
                 return _json(self_subject_access_review(self.access, body), 201)
             if method == "POST":
-                body = await self._body(request)
+                body = await self._body(request, _media_types(rt))
                 created = self.core.create(rt, ns, body, dry_run=dry_run,
                                            field_validation=field_validation, warnings=warnings)
                 return _json(created, 201, warnings)
@@ -215,7 +218,7 @@ class Handlers:
             obj = self.core.get(rt, nskey, name)
             return self._render_one(request, rt, obj)
         if method == "PUT":
-            body = await self._body(request)
+            body = await self._body(request, _media_types(rt))
             if sub == "scale":
                 return _json(scale_update(self.core, rt, nskey, name, body, None, dry_run))
             updated = self.core.update(rt, nskey, name, body, subresource=sub, dry_run=dry_run,
@@ -337,12 +340,9 @@ class Handlers:
     async def _patch(self, request: web.Request, rt: ResourceType, ns: str, name: str,
                      sub: str | None, dry_run: bool, field_validation: str,
                      warnings: Warnings) -> web.Response:
-        ctype = request.headers.get("Content-Type", "").split(";")[0].strip()
-        if ctype not in patch.PATCH_TYPES:
-            raise ApiError(415, "UnsupportedMediaType",
-                           f"the body of the request was in an unknown format - accepted media "
-                           f"types include: {', '.join(patch.PATCH_TYPES)}")
-        body = await self._body(request)
+        ctype = decoding.require_media_type(request.headers.get("Content-Type"),
+                                            patch.PATCH_TYPES)
+        body = await self._body(request, patch.PATCH_TYPES)
         if sub == "scale":
             return _json(scale_update(self.core, rt, ns, name, body, ctype, dry_run))
         current = self.core.store.get(rt.key, ns, name)
@@ -389,11 +389,9 @@ class Handlers:
         raw = await request.read()
         if not raw.strip():
             return {}
-        ctype = request.headers.get("Content-Type", "application/json")
-        if ctype.startswith("application/vnd.kubernetes.protobuf"):
-            body = protobuf.decode(raw)
-        else:
-            body = patch.parse_body(raw, ctype)
+        ctype = decoding.require_media_type(request.headers.get("Content-Type"),
+                                            decoding.BUILTIN_MEDIA_TYPES)
+        body = protobuf.decode(raw) if ctype == decoding.PROTOBUF else patch.parse_body(raw, ctype)
         if not isinstance(body, dict):
             raise bad_request("the body of the request was not DeleteOptions")
         return body

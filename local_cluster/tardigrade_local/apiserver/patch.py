@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import yaml
 
+from . import decoding
 from .errors import ApiError, bad_request
 
 MERGE = "application/merge-patch+json"
@@ -151,8 +152,8 @@ def parse_body(raw: bytes, content_type: str) -> Any:
     """Decode a request body (JSON, or YAML for apply patches and YAML uploads)."""
     try:
         if "yaml" in content_type:
-            return yaml.safe_load(raw.decode("utf-8"))
-        return json.loads(raw)
+            return decoding.decode_yaml(raw)
+        return decoding.decode_json(raw)
     except (ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise bad_request(_decode_error(exc)) from exc
 

@@ -21,6 +21,7 @@ from . import ownerrefs
 from .access import UNSECURED, Access, AuditLog
 from .authn import Authenticator, Keys
 from .core import CRD_KEY, Core
+from .decoding import allow_deep_objects
 from .gc import GarbageCollector
 from .handlers import Handlers
 from .policy import ensure_bootstrap_policy
@@ -148,6 +149,8 @@ class ApiServer:
         self._ssl = server_context(cert, key)
 
     async def start(self) -> ApiServer:
+        # Objects as deep as a real server stores must not end in RecursionError here.
+        allow_deep_objects()
         self._load_state()
         self.core.bootstrap()
         if self.access.mode == "RBAC":

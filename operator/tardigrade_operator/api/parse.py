@@ -67,7 +67,7 @@ def explain(
             message = "required field is missing"
         elif "input" in item and item["type"] not in ("cel_rule", "tpu_slice", "quantity",
                                                          "qualified_name", "reserved_key",
-                                                         "trainer_size"):
+                                                         "trainer_size", "trainer_depth"):
             message = f"{message} (got {_short(item['input'])})"
         errors.append(FieldError(_format_loc(prefix + loc), message))
     return errors

@@ -134,6 +134,8 @@ IMAGE_PATTERN = (
     r":[0-9a-fA-F]{32,})?$"
 )
 MAX_TRAINER_CONFIG_BYTES = 65536
+# No CRD keyword bounds depth under x-kubernetes-preserve-unknown-fields (docs/RELIABILITY.md).
+MAX_TRAINER_CONFIG_DEPTH = 100
 # Pattern mismatches explained in words (the regex itself tells a user little).
 PATTERN_HINTS = {
     LABEL_VALUE_PATTERN: "must be a Kubernetes label value: at most 63 letters, digits, '-', "
@@ -141,6 +143,22 @@ PATTERN_HINTS = {
     IMAGE_PATTERN: "must be a container image reference such as ghcr.io/org/trainer:v1 or "
     "registry:5000/trainer@sha256:<digest> (lower-case path, no spaces or shell characters)",
 }
+
+
+def nesting_depth(value: Any) -> int:
+    """Levels of objects and arrays in JSON-like data, counted without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _publish_cel_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -172,6 +190,49 @@ def nested(model: type[BaseModel], description: str) -> Any:
 # ---------------------------------------------------------------------------------- spec ---
 
 
+_OBJECT_NAME = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class KeySelector(ApiModel):
+    """A key of a ConfigMap or Secret in the job's namespace (core/v1 *KeySelector)."""
+
+    name: str = _OBJECT_NAME
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    optional: bool | None = None
+
+
+class ObjectFieldSelector(ApiModel):
+    """A field of the pod (core/v1 ObjectFieldSelector), e.g. metadata.name."""
+
+    api_version: str | None = Field(None, max_length=64)
+    field_path: str = Field(min_length=1, max_length=256)
+
+
+class ResourceFieldSelector(ApiModel):
+    """A resource request or limit of a container (core/v1 ResourceFieldSelector)."""
+
+    container_name: str | None = Field(None, max_length=63)
+    resource: str = Field(min_length=1, max_length=253)
+    divisor: Quantity | None = None
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from (core/v1 EnvVarSource). Typed, not
+    free-form: the API server then stores nothing deeper than this schema."""
+
+    config_map_key_ref: KeySelector | None = None
+    secret_key_ref: KeySelector | None = None
+    field_ref: ObjectFieldSelector | None = None
+    resource_field_ref: ResourceFieldSelector | None = None
+
+    cel_rules = (
+        CelRule("(has(self.configMapKeyRef) ? 1 : 0) + (has(self.secretKeyRef) ? 1 : 0) + "
+                "(has(self.fieldRef) ? 1 : 0) + (has(self.resourceFieldRef) ? 1 : 0) == 1",
+                "env: valueFrom takes exactly one of configMapKeyRef, secretKeyRef, fieldRef "
+                "or resourceFieldRef", ".configMapKeyRef"),
+    )
+
+
 class EnvVar(ApiModel):
     """An environment variable for the trainer container (same shape as a core/v1 EnvVar)."""
 
@@ -179,7 +240,7 @@ class EnvVar(ApiModel):
                       description="Variable name.")
     # Linux refuses to start a process with one environment string above 128 KiB.
     value: str | None = Field(None, max_length=32768, description="Literal value.")
-    value_from: FreeForm | None = Field(
+    value_from: EnvVarSource | None = Field(
         None, description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."
     )
 
@@ -382,6 +443,30 @@ class CheckpointSpec(ApiModel):
             "other schemes (s3://, file://) and relative paths are not supported",
             ".path",
         ),
+        CelRule(
+            r"!self.path.matches('[\\x00-\\x1f\\x7f]')",
+            "checkpoint.path may not contain NUL or other control characters: remove them",
+            ".path",
+        ),
+        CelRule(
+            r"!self.path.matches('^gs://[^/]*/*$')",
+            "checkpoint.path names a whole bucket: add a prefix for this job, e.g. "
+            "gs://BUCKET/runs/JOB (retention deletes old checkpoints under the path, so a job "
+            "needs a prefix of its own)",
+            ".path",
+        ),
+        CelRule(
+            r"!self.path.matches('(^|/)\\.\\.?(/|$)')",
+            "checkpoint.path may not contain '.' or '..' segments: write the path they "
+            "resolve to, e.g. gs://BUCKET/runs/JOB or /mnt/ckpt/JOB",
+            ".path",
+        ),
+        CelRule(
+            r"!self.path.matches('^/+((proc|sys|dev)(/.*)?)?$')",
+            "checkpoint.path may not be / or lie under /proc, /sys or /dev: use a directory on "
+            "a mounted volume, e.g. /mnt/ckpt/JOB",
+            ".path",
+        ),
     )
 
 
@@ -496,6 +581,18 @@ class TrainingJobSpec(ApiModel):
     @field_validator("trainer")
     @classmethod
     def _trainer_fits_the_environment(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Measured first, without recursion: the API server stores 10,000 levels, and the
+        # size check below would recurse through all of them.
+        depth = nesting_depth(value)
+        if depth > MAX_TRAINER_CONFIG_DEPTH:
+            raise PydanticCustomError(
+                "trainer_depth",
+                "the trainer config is nested {depth} levels deep; at most {limit} are "
+                "accepted (every rank parses it, and Python's json stops near 1,000): flatten "
+                "it, or put it in a ConfigMap or volume (podTemplate.volumes) and pass its path "
+                "in spec.trainer",
+                {"depth": depth, "limit": MAX_TRAINER_CONFIG_DEPTH},
+            )
         # The config reaches every rank as one environment variable, and Linux refuses to start
         # a process with an environment string above 128 KiB. Not expressible in the CRD.
         size = len(json.dumps(value, separators=(",", ":")))
@@ -626,6 +723,11 @@ class TrainingJobStatus(ApiModel):
     last_progress_time: Timestamp | None = Field(
         None, description="When rank 0's reported step was last seen advancing: a rank whose "
         "node stopped reporting is declared lost only once the gang stopped making progress.")
+    ignored_progress_report: str | None = Field(
+        None, max_length=4096,
+        description="Why rank 0's progress reports are being ignored (one broke the "
+        "operator-trainer contract, e.g. a step sent as a string); cleared by the next valid "
+        "one. A Warning event MalformedProgressReport is posted once when it is set.")
     restarts: RestartCounts = Field(default_factory=RestartCounts)
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None

@@ -1,0 +1,68 @@
+"""Keep the operator's watch streams readable and their deaths visible.
+
+Two ways one object used to stop every job in the cluster:
+
+- Depth. The API server stores JSON nested up to 10,000 levels (its decoder is a fork of Go's
+  encoding/json: `maxNestingDepth` in the scanner), but Python's `json`, which kopf parses
+  each watch event with, raises RecursionError near 1,000. `allow_api_server_depth` raises the
+  interpreter's limit so that anything the API server can store is readable here; whether a
+  job's spec is acceptable is then decided per job (api/types.py bounds `spec.trainer`).
+- Silence. kopf runs one task per watched resource ("watcher for ..."); when one fails, kopf
+  logs it and never restarts it, and its liveness endpoint stays green. The probe in
+  handlers.py asks `dead_watchers` and fails /healthz, so the kubelet restarts the operator.
+  kopf keeps no public handle on its tasks, so a task factory remembers them (weakly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import weakref
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+API_SERVER_MAX_NESTING_DEPTH = 10_000
+# Frames one nesting level can cost while an object is decoded, copied, diffed and encoded.
+_RECURSION_LIMIT = 6 * API_SERVER_MAX_NESTING_DEPTH + 5_000
+WATCHER_PREFIX = "watcher for "
+
+_tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def allow_api_server_depth() -> None:
+    if sys.getrecursionlimit() < _RECURSION_LIMIT:
+        sys.setrecursionlimit(_RECURSION_LIMIT)
+
+
+def track_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Remember every task `loop` creates from now on (idempotent)."""
+    previous = loop.get_task_factory()
+    if getattr(previous, "_tardigrade_tracks", False):
+        return
+
+    def factory(loop: asyncio.AbstractEventLoop,
+                coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any],
+                **kwargs: Any) -> asyncio.Task[Any]:
+        if previous is not None:
+            task = previous(loop, coro, **kwargs)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+        _tasks.add(task)
+        return task
+
+    factory._tardigrade_tracks = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+
+
+def dead_watchers() -> list[str]:
+    """Watch streams that ended other than by cancellation (which is how kopf stops them),
+    with the reason: such a stream never delivers another event."""
+    dead = []
+    for task in list(_tasks):
+        name = task.get_name()
+        if not name.startswith(WATCHER_PREFIX) or not task.done() or task.cancelled():
+            continue
+        error = task.exception()
+        dead.append(f"{name[len(WATCHER_PREFIX):]}: "
+                    f"{type(error).__name__ if error else 'ended'}")
+    return sorted(dead)

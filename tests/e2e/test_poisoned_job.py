@@ -1,0 +1,91 @@
+"""One tenant's object cannot stop the operator for the others (issue 15, finding 1).
+
+A trainer config 1,000 levels deep is stored by a real API server (its JSON decoder allows
+10,000). Python's `json`, which kopf parses watch events with, raised RecursionError on it:
+the TrainingJob watcher died, was never restarted, and no job was reconciled again. Here the
+poisoned job fails with a clear condition while its neighbour trains, is preempted, and
+recovers.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from tardigrade_local.cluster import LocalCluster
+
+from tests.e2e.harness import (
+    NAMESPACE,
+    Cluster,
+    OperatorProcess,
+    running_operator,
+    trainingjob,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+GRACE_SECONDS = 20
+DEPTH = 1000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("poisoned")
+    with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
+        yield Cluster(local)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
+        yield process
+
+
+def create_raw(cluster: Cluster, body: bytes) -> int:
+    """POST a TrainingJob as bytes: a client library would have to build it as an object,
+    which this test process cannot nest this deep either."""
+    url = (f"{cluster.local.api_url}/apis/tardigrade.dev/v1alpha1/namespaces/{NAMESPACE}/"
+           f"trainingjobs")
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(response.status)
+
+
+def poisoned_body(name: str) -> bytes:
+    job = trainingjob(name, steps=5, replicas=1)
+    job["spec"]["trainer"]["deep"] = "HOLE"
+    inner = '{"n":' * DEPTH + "1" + "}" * DEPTH
+    return json.dumps(job).replace('"HOLE"', inner).encode()
+
+
+def test_a_poisoned_job_fails_alone_while_its_neighbour_trains_and_recovers(
+        cluster: Cluster, operator: OperatorProcess):
+    assert create_raw(cluster, poisoned_body("poisoned")) == 201
+    neighbour = trainingjob("neighbour", steps=40)
+    neighbour["spec"]["checkpoint"]["interval"] = {"steps": 1000}  # only the preemption save
+    cluster.apply(neighbour)
+
+    status = cluster.wait_phase("poisoned", {"Failed"}, timeout=120)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["InvalidSpec"]["status"] == "True"
+    assert f"spec.trainer: the trainer config is nested {DEPTH + 1} levels deep" in (
+        status["message"])
+    assert cluster.pods("poisoned") == []
+
+    log = cluster.step_log("neighbour")
+    wait_for(lambda: (log.collect(), log.last_step >= 5)[1], 300, "the neighbour to train")
+    victim = next(p for p in cluster.pods("neighbour")
+                  if p.metadata.labels["tardigrade.dev/rank"] == "1")
+    cluster.local.preempt_node(victim.spec.node_name, grace_seconds=GRACE_SECONDS,
+                               replace_after_seconds=1)
+    status = cluster.wait_phase("neighbour", {"Succeeded"}, timeout=420, collector=log)
+    operator.assert_alive()
+    assert status["restarts"]["preemptions"] == 1 and status["restarts"]["failures"] == 0
+    assert status["recoveries"][0]["stepsLost"] == 0
+    log_text = operator.log_path.read_text()
+    assert "RecursionError" not in log_text and "has failed" not in log_text
