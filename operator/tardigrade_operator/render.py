@@ -136,7 +136,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     if spec.args is not None:
         container["args"] = list(spec.args)
     if template.volume_mounts:
-        container["volumeMounts"] = list(template.volume_mounts)
+        container["volumeMounts"] = [m.model_dump(by_alias=True, exclude_none=True)
+                                     for m in template.volume_mounts]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -156,7 +157,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "tolerations": placement.tolerations,
         "serviceAccountName": template.service_account_name,
         "priorityClassName": template.priority_class_name,
-        "volumes": list(template.volumes),
+        "volumes": [v.model_dump(by_alias=True, exclude_none=True) for v in template.volumes],
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
     labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank)}

@@ -62,10 +62,16 @@ def _rows(node: dict[str, Any], path: str, out: list[str]) -> None:
             f"| `{field}` | {_type(sub)} | {_default(sub)} | {_allowed(sub)} | "
             f"{_cell(sub.get('description', ''))} |\n"
         )
-        _rows(sub, field, out)
         items = sub.get("items")
+        if _is_core_v1(sub) or _is_core_v1(items):
+            continue  # the Kubernetes API reference documents core/v1 types
+        _rows(sub, field, out)
         if isinstance(items, dict) and items.get("properties"):
             _rows(items, f"{field}[]", out)
+
+
+def _is_core_v1(node: Any) -> bool:
+    return isinstance(node, dict) and str(node.get("description", "")).startswith("core/v1 ")
 
 
 def _rules(node: dict[str, Any], path: str) -> list[tuple[str, str]]:

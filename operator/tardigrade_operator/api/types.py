@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 from tardigrade_trainer import contract
 
+from tardigrade_operator.api import corev1
 from tardigrade_operator.api.cel import CelRule, CelValidated
 
 GROUP = "tardigrade.dev"
@@ -188,6 +189,11 @@ def nested(model: type[BaseModel], description: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------- spec ---
+
+# Typed, so that the API server stores nothing deeper than core/v1 defines (api/corev1.py).
+_CORE_V1: dict[str, type[BaseModel]] = {}
+Volume = corev1.typed_model("V1Volume", ApiModel, Quantity, _CORE_V1)
+VolumeMount = corev1.typed_model("V1VolumeMount", ApiModel, Quantity, _CORE_V1)
 
 
 _OBJECT_NAME = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -365,9 +371,9 @@ class PodTemplateOverride(ApiModel):
         None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="ServiceAccount of the pods (for Workload Identity access to the bucket).",
     )
-    volumes: list[FreeForm] = Field(default_factory=list, max_length=64,
-                                    description="core/v1 Volumes added to the pod.")
-    volume_mounts: list[FreeForm] = Field(
+    volumes: list[Volume] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=64, description="core/v1 Volumes added to the pod.")
+    volume_mounts: list[VolumeMount] = Field(  # type: ignore[valid-type]
         default_factory=list, max_length=64,
         description="core/v1 VolumeMounts added to the trainer container.",
     )
