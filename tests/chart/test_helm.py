@@ -84,6 +84,19 @@ def test_values_schema_rejects_bad_values():
     assert "logLevel" in result.stderr
 
 
+def test_checkpoint_prefix_rule_reaches_the_operator_and_bad_ones_are_refused():
+    docs = render("operator.checkpointPathPrefix=gs://ml-checkpoints/{namespace}/")
+    env = next(d for d in docs if d["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TARDIGRADE_CHECKPOINT_PATH_PREFIX",
+            "value": "gs://ml-checkpoints/{namespace}/"} in env
+    # Without {namespace}, every namespace would share one prefix: refused at install.
+    result = subprocess.run([_helm(), "template", "t", str(CHART), "--set",
+                             "operator.checkpointPathPrefix=gs://ml-checkpoints/"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "checkpointPathPrefix" in result.stderr
+
+
 def _operator_pods(cluster: Cluster, selector: str) -> list[dict]:
     pods = cluster.core.list_namespaced_pod("tardigrade-system", label_selector=selector).items
     return [cluster.core.api_client.sanitize_for_serialization(p) for p in pods]
