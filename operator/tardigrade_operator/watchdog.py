@@ -7,10 +7,13 @@ Two ways one object used to stop every job in the cluster:
   each watch event with, raises RecursionError near 1,000. `allow_api_server_depth` raises the
   interpreter's limit so that anything the API server can store is readable here; whether a
   job's spec is acceptable is then decided per job (api/types.py bounds `spec.trainer`).
-- Silence. kopf runs one task per watched resource ("watcher for ..."); when one fails, kopf
-  logs it and never restarts it, and its liveness endpoint stays green. The probe in
-  handlers.py asks `dead_watchers` and fails /healthz, so the kubelet restarts the operator.
-  kopf keeps no public handle on its tasks, so a task factory remembers them (weakly).
+- Silence. kopf runs one task per watched resource ("watcher for ..."). kopf 1.45.2's
+  orchestrator re-raises a watcher's failure and the operator exits, but kopf never restarts
+  a watcher, and its liveness endpoint knows nothing of them: should one end while the
+  process lives on, no job of that kind would be reconciled again behind a green /healthz.
+  The probe in handlers.py asks `dead_watchers` and fails /healthz, so the kubelet restarts
+  the operator. kopf keeps no public handle on its tasks, so a task factory remembers them
+  (weakly).
 """
 
 from __future__ import annotations
