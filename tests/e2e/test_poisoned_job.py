@@ -2,7 +2,8 @@
 
 A trainer config 1,000 levels deep is stored by a real API server (its JSON decoder allows
 10,000). Python's `json`, which kopf parses watch events with, raised RecursionError on it:
-the TrainingJob watcher died, was never restarted, and no job was reconciled again. Here the
+the TrainingJob watcher failed, kopf's orchestrator re-raised it and the operator exited (and,
+restarted, would list the same object and exit again), so no job was reconciled. Here the
 poisoned job fails with a clear condition while its neighbour trains, is preempted, and
 recovers.
 """
