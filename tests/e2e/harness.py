@@ -36,8 +36,10 @@ class OperatorProcess:
 
     def __init__(self, cluster: LocalCluster, log_path: Path,
                  peering: tuple[str, int] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 namespaces: tuple[str, ...] = (NAMESPACE,)) -> None:
         self.cluster = cluster
+        self.namespaces = namespaces
         self.log_path = log_path
         # (peering object, priority) to run as one of several replicas; None: standalone.
         self.peering = peering
@@ -61,7 +63,7 @@ class OperatorProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
         self.proc = subprocess.Popen(
             [str(operator_venv().bin_dir / "tardigrade"), "operator", "run",
-             "--namespace", NAMESPACE, *mode, "--health-port", "0"],
+             *(f"--namespace={ns}" for ns in self.namespaces), *mode, "--health-port", "0"],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
         )
         log.close()
@@ -152,10 +154,11 @@ def trainingjob(name: str, steps: int, replicas: int = 2, **spec: Any) -> dict[s
 
 
 @contextlib.contextmanager
-def running_operator(cluster: Cluster, log_dir: Path, env: dict[str, str] | None = None
-                     ) -> Iterator[OperatorProcess]:
+def running_operator(cluster: Cluster, log_dir: Path, env: dict[str, str] | None = None,
+                     namespaces: tuple[str, ...] = (NAMESPACE,)) -> Iterator[OperatorProcess]:
     """A standalone operator for a test module, logging into `log_dir`; stopped afterwards."""
-    process = OperatorProcess(cluster.local, log_dir / "operator.log", env=env)
+    process = OperatorProcess(cluster.local, log_dir / "operator.log", env=env,
+                              namespaces=namespaces)
     process.start()
     try:
         yield process
