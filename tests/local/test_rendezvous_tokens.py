@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from api_helpers import ThreadedServer, running_server
 from tardigrade_trainer import contract, distributed, peerauth
 from test_rbac_api import admin, call, token_for
@@ -113,8 +114,9 @@ def _serve(port: int, reviewer: peerauth.TokenReviewer) -> tuple[threading.Threa
     return thread, result
 
 
-def _hello(port: int, token: str | None) -> bytes:
-    hello: dict[str, Any] = {"job": "job", "attempt": 1, "num_processes": 2, "process_id": 1}
+def _hello(port: int, token: str | None, changes: dict[str, Any]) -> bytes:
+    hello: dict[str, Any] = {"job": "job", "attempt": 1, "num_processes": 2, "process_id": 1,
+                             **changes}
     if token is not None:
         hello["token"] = token
     sock = wait_for(lambda: _try_connect(port), 10, "the coordinator")
@@ -131,26 +133,31 @@ def _try_connect(port: int) -> socket.socket | None:
         return None
 
 
-@pytest.mark.parametrize("forged", [
-    "no token", "garbage", "the API audience", "another job's pod", "another namespace's pod",
-    "rank 0's own pod"])
-def test_an_outsider_cannot_take_a_rank(cluster, forged, tmp_path: Path):
+HELLOS = yaml.safe_load((Path(__file__).parents[1] / "data" /
+                         "hostile_rendezvous_hellos.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", HELLOS, ids=[c["name"] for c in HELLOS])
+def test_an_outsider_cannot_take_a_rank(cluster, case, tmp_path: Path):
     server, pods = cluster["server"], cluster["pods"]
     tokens = {
-        "no token": None,
+        None: None,
         "garbage": "a.b.c",
-        "the API audience": _pod_token(server, "team-a", pods["team-a/job-a1-1"], None),
-        "another job's pod": _pod_token(server, "team-a", pods["team-a/other-a1-1"]),
-        "another namespace's pod": _pod_token(server, "team-b", pods["team-b/job-a1-1"]),
-        "rank 0's own pod": _pod_token(server, "team-a", pods["team-a/job-a1-0"]),
+        "api-audience": _pod_token(server, "team-a", pods["team-a/job-a1-1"], None),
+        "other-job": _pod_token(server, "team-a", pods["team-a/other-a1-1"]),
+        "other-namespace": _pod_token(server, "team-b", pods["team-b/job-a1-1"]),
+        "rank-0": _pod_token(server, "team-a", pods["team-a/job-a1-0"]),
+        "rank-1": _pod_token(server, "team-a", pods["team-a/job-a1-1"]),
     }
     port = free_port()
     reviewer = peerauth.TokenReviewer("team-a", "job", cluster["access"]("team-a", "job-a1-0"))
     thread, result = _serve(port, reviewer)
-    assert _hello(port, tokens[forged]).startswith(b"rejected"), forged
+    answer = _hello(port, tokens[case["token"]], case.get("hello") or {})
+    assert answer.startswith(b"rejected: "), answer
+    assert case["says"] in answer.decode(), answer
     # The real rank 1 still gets in, with the token its pod's volume holds.
     token_file = tmp_path / "token"
-    token_file.write_text(_pod_token(server, "team-a", pods["team-a/job-a1-1"]))
+    token_file.write_text(tokens["rank-1"] or "")
     distributed._join_rendezvous("127.0.0.1", port, {"job": "job", "attempt": 1,
                                                      "num_processes": 2, "process_id": 1},
                                  time.monotonic() + 15, str(token_file))
