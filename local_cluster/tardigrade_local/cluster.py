@@ -54,6 +54,31 @@ def repo_root() -> Path:
     return Path(tardigrade_local.__file__).resolve().parents[2]
 
 
+TRAINER_TOKEN_REVIEW = "tardigrade-trainer-tokenreview"
+
+
+def _grant_trainer_token_review(api: Any) -> None:
+    from tardigrade_local.apiserver.errors import ApiError
+
+    rbac = "rbac.authorization.k8s.io/v1"
+    with contextlib.suppress(ApiError):  # AlreadyExists: a cluster restarted on its state
+        _create_trainer_token_review(api, rbac)
+
+
+def _create_trainer_token_review(api: Any, rbac: str) -> None:
+    api.create_object(rbac, "ClusterRole", {
+        "apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": TRAINER_TOKEN_REVIEW},
+        "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                   "verbs": ["create"]}]})
+    api.create_object(rbac, "ClusterRoleBinding", {
+        "apiVersion": rbac, "kind": "ClusterRoleBinding",
+        "metadata": {"name": TRAINER_TOKEN_REVIEW},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": TRAINER_TOKEN_REVIEW},
+        "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                      "name": "system:serviceaccounts"}]})
+
+
 def operator_command(namespace: str | None = None, resync_seconds: float | None = None
                      ) -> list[str]:
     """The Tardigrade operator as the local cluster runs it (one standalone replica): the
@@ -281,6 +306,10 @@ async def serve(config: ClusterConfig) -> None:
         await site.start()
         control_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if config.operator_command:
+            # Installing the operator here stands for `helm install`: with it come the chart's
+            # trainer grants (templates/rbac.yaml, trainerTokenReview), or no gang could
+            # authenticate its ranks.
+            _grant_trainer_token_review(api)
             operator = await asyncio.create_subprocess_exec(
                 *config.operator_command, env=_client_env(layout, pod_env),
                 stdout=open(layout.root / "operator.log", "ab"),  # noqa: SIM115

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from datetime import timedelta
+from typing import Any
 
 from tardigrade_operator import checkpoint_scope
+from tardigrade_operator.admission import AdmissionPolicy
 from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.netpolicy import NetworkPeers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +33,10 @@ class OperatorConfig:
     # Admin rule: each namespace's jobs checkpoint only below this prefix, e.g.
     # "gs://bucket/{namespace}/" (checkpoint_scope.py); None: any path the CRD accepts.
     checkpoint_path_prefix: str | None = None
+    # What a TrainingJob's pods may do (admission.py); the chart's admission.* values.
+    admission: AdmissionPolicy = dataclasses.field(default_factory=AdmissionPolicy)
+    # A NetworkPolicy per job (netpolicy.py), unless a job opts out; None: none at all.
+    network_peers: NetworkPeers | None = dataclasses.field(default_factory=NetworkPeers)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -59,6 +67,8 @@ class OperatorConfig:
                                             cls.peering_lifetime_seconds),
             checkpoint_path_prefix=_prefix_template(
                 os.environ.get("TARDIGRADE_CHECKPOINT_PATH_PREFIX", "")),
+            admission=_admission_from_env(),
+            network_peers=_network_peers_from_env(),
         )
 
     def decision_settings(self) -> DecisionSettings:
@@ -68,6 +78,7 @@ class OperatorConfig:
             node_lost_after=timedelta(seconds=self.node_lost_after_seconds),
             scale_up_wait=timedelta(seconds=self.scale_up_wait_seconds),
             checkpoint_path_prefix=self.checkpoint_path_prefix,
+            network_peers=self.network_peers,
         )
 
 
@@ -78,3 +89,38 @@ def _prefix_template(value: str) -> str | None:
         return checkpoint_scope.check_prefix_template(value)
     except ValueError as err:
         raise SystemExit(f"TARDIGRADE_CHECKPOINT_PATH_PREFIX: {err}") from None
+
+
+def _admission_from_env() -> AdmissionPolicy:
+    try:
+        return AdmissionPolicy.parse(
+            os.environ.get("TARDIGRADE_POD_SECURITY") or "restricted",
+            os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+
+
+def _network_peers_from_env() -> NetworkPeers | None:
+    if os.environ.get("TARDIGRADE_NETWORK_POLICY", "true").lower() == "false":
+        return None
+    return NetworkPeers(
+        operator_namespace=os.environ.get("TARDIGRADE_OPERATOR_NAMESPACE") or None,
+        operator_pod_labels=_json_env("TARDIGRADE_OPERATOR_POD_LABELS") or {},
+        scraper_namespace_selector=_json_env("TARDIGRADE_METRICS_SCRAPER_NAMESPACE_SELECTOR"),
+        scraper_pod_selector=_json_env("TARDIGRADE_METRICS_SCRAPER_POD_SELECTOR"),
+    )
+
+
+def _json_env(name: str) -> Any:
+    """A JSON object from the environment (the chart renders selectors with toJson)."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise SystemExit(f"{name}={value!r}: expected a JSON object, e.g. "
+                         '{"matchLabels": {"app.kubernetes.io/name": "prometheus"}}')
+    return parsed

@@ -32,6 +32,7 @@ from tardigrade_operator.api.types import (
     TrainingJobStatus,
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
+from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
 from tardigrade_operator.observe import (
     Outcome,
@@ -69,6 +70,8 @@ class DecisionSettings:
     # Admin rule: jobs may only checkpoint below this prefix, "{namespace}" filled in
     # (checkpoint_scope.py); None allows any path the CRD accepts.
     checkpoint_path_prefix: str | None = None
+    # Who besides the gang may reach its pods; None: the operator renders no NetworkPolicy.
+    network_peers: NetworkPeers | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +112,7 @@ class Event:
 class Plan:
     status: TrainingJobStatus
     create_service: dict | None = None
+    create_network_policy: dict | None = None
     create_pods: list[dict] = dataclasses.field(default_factory=list)
     # (pod name, grace period seconds; None keeps the pod's own terminationGracePeriodSeconds)
     delete_pods: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
@@ -173,6 +177,10 @@ def decide(obs: Observed) -> Plan:
         return plan
     if obs.service is None:
         plan.create_service = build_service(obs.job)
+        # With the Service, so it exists before the first pod does.
+        peers = obs.settings.network_peers
+        if peers is not None and spec.network_policy.enabled:
+            plan.create_network_policy = build_network_policy(obs.job, peers)
 
     if first_launch:
         if spec.suspend:

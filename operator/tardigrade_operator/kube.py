@@ -51,6 +51,7 @@ class ClusterWriter:
     def __init__(self, api_client: kubernetes.client.ApiClient | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.networking = kubernetes.client.NetworkingV1Api(api_client)
 
     def apply(self, namespace: str, name: str, old_status: TrainingJobStatus,
               plan: Plan, resource_version: str | None = None) -> str | None:
@@ -83,6 +84,9 @@ class ClusterWriter:
             self.delete_pod(namespace, pod_name, grace)
         if plan.create_service is not None:
             self._create(self.core.create_namespaced_service, namespace, plan.create_service)
+        if plan.create_network_policy is not None:
+            self._create(self.networking.create_namespaced_network_policy, namespace,
+                         plan.create_network_policy)
         for pod in plan.create_pods:
             self._create(self.core.create_namespaced_pod, namespace, pod)
         return written

@@ -14,6 +14,10 @@ from tardigrade_operator.placement import placement_for
 
 TERMINATION_MESSAGE_PATH = contract.DEFAULT_TERMINATION_LOG
 TRAINER_UID = 1000
+RENDEZVOUS_TOKEN_VOLUME = "tardigrade-rendezvous-token"
+# The kubelet rewrites a projected token at 80% of its life; an hour is the TokenRequest
+# default and well above the 10-minute minimum (pkg/apis/authentication/validation).
+RENDEZVOUS_TOKEN_SECONDS = 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +96,7 @@ def trainer_environment(
         progress_port=contract.DEFAULT_PROGRESS_PORT,
         trainer_config=spec.trainer,
         termination_log=TERMINATION_MESSAGE_PATH,
+        rendezvous_token_file=contract.RENDEZVOUS_TOKEN_FILE,
         # The kubelet's node-shutdown kill takes the smaller of the two (nodeshutdown_manager.go,
         # podManager.killPods); a stop by the operator gives the whole pod grace.
         shutdown_window_seconds=min(spec.preemption.shutdown_window_seconds,
@@ -135,9 +140,13 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         container["command"] = list(spec.command)
     if spec.args is not None:
         container["args"] = list(spec.args)
-    if template.volume_mounts:
-        container["volumeMounts"] = [m.model_dump(by_alias=True, exclude_none=True)
-                                     for m in template.volume_mounts]
+    # The pod's identity at the rendezvous (trainer peerauth.py): a token only this pod's
+    # kubelet can get, bound to the pod, for that audience alone. After the user's volumes, so
+    # their indexes stay those of spec.podTemplate.volumes.
+    container["volumeMounts"] = [
+        *(m.model_dump(by_alias=True, exclude_none=True) for m in template.volume_mounts), {
+            "name": RENDEZVOUS_TOKEN_VOLUME, "mountPath": contract.RENDEZVOUS_TOKEN_DIR,
+            "readOnly": True}]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -157,7 +166,13 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "tolerations": placement.tolerations,
         "serviceAccountName": template.service_account_name,
         "priorityClassName": template.priority_class_name,
-        "volumes": [v.model_dump(by_alias=True, exclude_none=True) for v in template.volumes],
+        "volumes": [*(v.model_dump(by_alias=True, exclude_none=True) for v in template.volumes), {
+            "name": RENDEZVOUS_TOKEN_VOLUME,
+            "projected": {"sources": [{"serviceAccountToken": {
+                "audience": contract.RENDEZVOUS_AUDIENCE,
+                "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
+                "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
+        }],
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
     labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank)}

@@ -96,6 +96,11 @@ GRANTS: list[Grant] = [
     Grant("", "services", "delete", JOBS, EVERY,
           "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
           "an ownerReference (\"cannot set an ownerRef on a resource you can't delete\")"),
+    Grant("networking.k8s.io", "networkpolicies", "create", JOBS, EVERY,
+          "kube.Writer.apply: the job's NetworkPolicy (netpolicy.py), created with the Service"),
+    Grant("networking.k8s.io", "networkpolicies", "delete", JOBS, EVERY,
+          "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
+          "an ownerReference (the policy is owned by its TrainingJob)"),
     Grant("", "events", "create", JOBS, EVERY, "kopf.event / kopf's event posting"),
     Grant("", "events", "list", JOBS, EVERY,
           "kube.Writer.list_scale_up_events: the autoscaler's TriggeredScaleUp / "

@@ -132,3 +132,21 @@ def test_uninstall_hook_grants_live_only_with_the_hook_and_only_for_it():
         "operator", "release", "--deployment=tardigrade-system/tardigrade",
         "--namespace=ml", "--namespace=lab"]
     assert not [d for d in render("uninstallHook.enabled=false", hooks=True) if is_hook(d)]
+
+
+def test_tenant_isolation_values_reach_the_operator():
+    docs = render("admission.podSecurity=baseline",
+                  "networkPolicy.metricsScraper.namespaceSelector.matchLabels.name=monitoring")
+    container = pod_spec(docs)["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TARDIGRADE_POD_SECURITY"]["value"] == "baseline"
+    assert env["TARDIGRADE_ALLOW_SYSTEM_SCHEDULING"]["value"] == "false"
+    assert env["TARDIGRADE_NETWORK_POLICY"]["value"] == "true"
+    assert json.loads(env["TARDIGRADE_METRICS_SCRAPER_NAMESPACE_SELECTOR"]["value"]) == {
+        "matchLabels": {"name": "monitoring"}}
+    assert "TARDIGRADE_METRICS_SCRAPER_POD_SELECTOR" not in env  # left empty: not rendered
+    # The job policies let in exactly the pods this Deployment makes.
+    selector = kinds(docs, "Deployment")[0]["spec"]["selector"]["matchLabels"]
+    assert json.loads(env["TARDIGRADE_OPERATOR_POD_LABELS"]["value"]) == selector
+    assert env["TARDIGRADE_OPERATOR_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}}

@@ -67,9 +67,18 @@ def test_namespaced_mode_grants_only_namespaced_roles():
     docs = render("watch.allNamespaces=false", "watch.namespaces={ml,lab}")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["lab", "ml"]
-    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert [r["metadata"]["name"] for r in cluster_roles] == ["tardigrade-discovery"]
-    cluster_rules = cluster_roles[0]["rules"]
+    cluster_roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    assert sorted(cluster_roles) == ["tardigrade-discovery", "tardigrade-trainer-tokenreview"]
+    # TokenReview is cluster-scoped: the trainers' one grant, bound to the watched namespaces'
+    # ServiceAccounts only.
+    assert cluster_roles["tardigrade-trainer-tokenreview"]["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+         "verbs": ["create"]}]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
+                   and d["metadata"]["name"] == "tardigrade-trainer-tokenreview")
+    assert [s["name"] for s in binding["subjects"]] == ["system:serviceaccounts:ml",
+                                                        "system:serviceaccounts:lab"]
+    cluster_rules = cluster_roles["tardigrade-discovery"]["rules"]
     assert all("pods" not in rule["resources"] for rule in cluster_rules)
     assert all("nodes" not in rule["resources"] for rule in cluster_rules)
     args = next(d for d in docs if d["kind"] == "Deployment")[

@@ -89,6 +89,31 @@ class OperatorProcess:
         )
 
 
+TOKEN_REVIEW = "tardigrade-trainer-tokenreview"
+
+
+def grant_trainer_token_review(rbac: kubernetes.client.RbacAuthorizationV1Api) -> None:
+    """What the chart grants trainers (values trainerTokenReview): rank 0 reviews its peers'
+    rendezvous tokens. Tests that run the operator outside the chart need it too."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": TOKEN_REVIEW},
+            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                       "verbs": ["create"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": TOKEN_REVIEW},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": TOKEN_REVIEW},
+               "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                             "name": "system:serviceaccounts"}]}
+    for create, body in ((rbac.create_cluster_role, role),
+                         (rbac.create_cluster_role_binding, binding)):
+        try:
+            create(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+
+
 class Cluster:
     """Thin conveniences over a running LocalCluster."""
 
@@ -98,6 +123,7 @@ class Cluster:
         client = kubernetes.config.new_client_from_config(config_file=str(local.kubeconfig))
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        grant_trainer_token_review(kubernetes.client.RbacAuthorizationV1Api(client))
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
                 binary: str = "kubectl") -> str:

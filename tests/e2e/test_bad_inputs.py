@@ -31,6 +31,8 @@ pytestmark = pytest.mark.slow
 
 SCHEMA_CASES = bad_trainingjob_cases()
 UNRUNNABLE_CASES = corpus_cases("unrunnable_trainingjobs.yaml")
+# Schema-valid, but beyond what the operator's default admission policy lets a pod do.
+FORBIDDEN_CASES = corpus_cases("forbidden_trainingjobs.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,10 @@ def test_every_bad_input_gets_a_clear_error_and_the_operator_survives(
             "devices_per_process", 2)
         assert _create(cluster, _named(document, name)) is None, case["name"]
         accepted[name] = case
+    for index, case in enumerate(FORBIDDEN_CASES):
+        name = f"forbidden-{index}"
+        assert _create(cluster, _named(case["document"], name)) is None, case["name"]
+        accepted[name] = case
 
     # Past admission, nothing the API server refuses or the kubelet cannot run is retried
     # forever: the operator says why (the refusal, the stuck container) in status.
@@ -114,7 +120,7 @@ def test_every_bad_input_gets_a_clear_error_and_the_operator_survives(
         status = wait_for(lambda n=name: _failed(cluster, n), 180, f"{name} to fail")
         expected = case.get("says") if name.startswith("unrunnable") else case["field"]
         assert expected in status["message"], (case["name"], status["message"])
-        if name.startswith("bad"):
+        if name.startswith(("bad", "forbidden")):
             reason = {c["type"]: c["reason"] for c in status["conditions"]}["Failed"]
             assert reason == "InvalidSpec", (case["name"], status)
             assert cluster.pods(name) == [], f"{case['name']}: pods created for an invalid spec"

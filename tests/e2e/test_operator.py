@@ -77,6 +77,9 @@ def test_apply_runs_to_success_with_truthful_status(cluster: Cluster, operator: 
     assert row.split()[:6] == ["e2e-success", "2", "Succeeded", "24", "24", "0"]
     cluster.kubectl("wait", "--for=condition=Succeeded", "tj/e2e-success", "--timeout=10s")
     _assert_continuous(log, 24)
+    # The ranks met behind the job's NetworkPolicy, each proving itself with its pod's token.
+    policy = json.loads(cluster.kubectl("get", "networkpolicy", "e2e-success-gang", "-o", "json"))
+    assert policy["spec"]["podSelector"]["matchLabels"]["tardigrade.dev/job"] == "e2e-success"
 
 
 def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,

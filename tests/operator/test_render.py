@@ -124,3 +124,19 @@ def test_the_shutdown_window_reaches_the_trainer_as_the_kubelet_computes_it(
     pod = build_pod(JOB, parse_trainingjob(manifest).spec, GangLaunch(1, 2, "latest"), rank=0)
     assert pod_env(pod)[contract.ENV_SHUTDOWN_WINDOW_SECONDS] == str(window)
     assert contract.TrainerEnvironment.from_env(pod_env(pod)).shutdown_window_seconds == window
+
+
+def test_every_rank_mounts_a_rendezvous_token_for_its_own_audience():
+    pod = build_pod(JOB, _job("gke-gpu-spot.yaml"), GangLaunch(1, 4, "latest"), rank=2)
+    spec = pod["spec"]
+    # The user's volumes keep their indexes; the token volume comes after them.
+    assert [v["name"] for v in spec["volumes"]] == ["dshm", "tardigrade-rendezvous-token"]
+    source = spec["volumes"][1]["projected"]["sources"][0]["serviceAccountToken"]
+    assert source == {"audience": "tardigrade.dev/rendezvous", "expirationSeconds": 3600,
+                      "path": "token"}
+    mount = spec["containers"][0]["volumeMounts"][-1]
+    assert mount == {"name": "tardigrade-rendezvous-token", "readOnly": True,
+                     "mountPath": contract.RENDEZVOUS_TOKEN_DIR}
+    env = contract.TrainerEnvironment.from_env(pod_env(pod))
+    assert env.rendezvous_token_file == f"{mount['mountPath']}/token"
+    assert not env.rendezvous_insecure

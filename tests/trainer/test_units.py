@@ -75,7 +75,7 @@ def _env(rank: int, n: int, port: int, attempt: int = 0) -> contract.TrainerEnvi
     return contract.TrainerEnvironment(
         job_name="job", namespace="ns", attempt=attempt,
         coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=rank,
-        checkpoint_path="/unused",
+        checkpoint_path="/unused", rendezvous_insecure=True,
     )
 
 

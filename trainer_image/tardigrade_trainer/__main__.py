@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         distributed.initialize(env)
     except distributed.PeerTimeoutError as err:
         return _fail(env.termination_log, contract.EXIT_PEER_TIMEOUT, "PeerTimeout", err)
+    except distributed.peerauth.PeerAuthError as err:
+        return _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
 
     import jax
 

@@ -40,6 +40,16 @@ ENV_SHUTDOWN_WINDOW_SECONDS = "TARDIGRADE_SHUTDOWN_WINDOW_SECONDS"
 # The pod's own IP (downward API). Servers bind to it rather than 0.0.0.0, so that pods that
 # share one network namespace (the local cluster) do not collide on the same ports.
 ENV_POD_IP = "TARDIGRADE_POD_IP"
+# The pod's projected service-account token for the rendezvous (audience RENDEZVOUS_AUDIENCE),
+# a file the kubelet refreshes: ranks prove who they are with it, rank 0 checks it with a
+# TokenReview. Read at each hello, so pods kept across attempts present a fresh token.
+ENV_RENDEZVOUS_TOKEN_FILE = "TARDIGRADE_RENDEZVOUS_TOKEN_FILE"
+# "true" turns rendezvous authentication off: only for trainers run outside a cluster (tests,
+# a laptop), where no API server can review tokens. The operator never sets it.
+ENV_RENDEZVOUS_INSECURE = "TARDIGRADE_RENDEZVOUS_INSECURE"
+RENDEZVOUS_AUDIENCE = "tardigrade.dev/rendezvous"
+RENDEZVOUS_TOKEN_DIR = "/var/run/secrets/tardigrade.dev/rendezvous"
+RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
 
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
@@ -95,6 +105,8 @@ class TrainerEnvironment:
     termination_log: str = DEFAULT_TERMINATION_LOG
     init_timeout_seconds: float = 300.0
     shutdown_window_seconds: float = DEFAULT_SHUTDOWN_WINDOW_SECONDS
+    rendezvous_token_file: str | None = None
+    rendezvous_insecure: bool = False
 
     def to_env(self) -> dict[str, str]:
         """Render as environment variables (unset optional values are left out)."""
@@ -121,6 +133,10 @@ class TrainerEnvironment:
             ENV_PROGRESS_PORT: self.progress_port,
         }
         env.update({k: _format_number(v) for k, v in optional.items() if v is not None})
+        if self.rendezvous_token_file:
+            env[ENV_RENDEZVOUS_TOKEN_FILE] = self.rendezvous_token_file
+        if self.rendezvous_insecure:
+            env[ENV_RENDEZVOUS_INSECURE] = "true"
         return env
 
     @classmethod
@@ -194,6 +210,8 @@ class TrainerEnvironment:
             termination_log=env.get(ENV_TERMINATION_LOG) or DEFAULT_TERMINATION_LOG,
             init_timeout_seconds=optional_float(ENV_INIT_TIMEOUT_SECONDS) or 300.0,
             shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
+            rendezvous_token_file=env.get(ENV_RENDEZVOUS_TOKEN_FILE) or None,
+            rendezvous_insecure=(env.get(ENV_RENDEZVOUS_INSECURE) or "").lower() == "true",
         )
 
 

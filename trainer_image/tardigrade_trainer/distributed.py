@@ -6,6 +6,12 @@ port to JAX, the ranks meet in a plain-TCP rendezvous on that same port: rank 0 
 other rank says hello (job, attempt, rank), and rank 0 answers "go" once all are present. A
 missing peer then surfaces as `PeerTimeoutError` (exit EXIT_PEER_TIMEOUT) naming who is
 missing, and ranks of a stale attempt are turned away instead of joining the wrong gang.
+
+The port is reachable by any pod the network lets through, and job name, attempt and process
+count are guessable: so every hello carries the rank's projected service-account token, which
+rank 0 has the API server review (peerauth.py) before the rank counts as present. What a
+caller can make rank 0 hold is bounded: a hello's size, the time to send it, and the number of
+connections waiting to say it.
 """
 
 from __future__ import annotations
@@ -17,14 +23,31 @@ import os
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
-from tardigrade_trainer.contract import ENV_POD_IP, TrainerEnvironment
+from tardigrade_trainer import peerauth
+from tardigrade_trainer.contract import (
+    ENV_POD_IP,
+    ENV_RENDEZVOUS_INSECURE,
+    ENV_RENDEZVOUS_TOKEN_FILE,
+    TrainerEnvironment,
+)
 
 log = logging.getLogger(__name__)
 
 _GO = b"go\n"
 _RETRY_SECONDS = 0.2
+# A hello is a small JSON line plus a token (1-2 KB); a caller gets this many bytes and
+# seconds to send one, and at most this many connections wait to be heard, per rank.
+MAX_HELLO_BYTES = 16384
+HELLO_SECONDS = 10.0
+PENDING_PER_RANK = 4
+# Every blocking send or receive on an accepted connection gives up after this.
+IO_SECONDS = 5.0
+MAX_ANSWER_BYTES = 4096
+
+Checker = Callable[[dict[str, Any], int], "str | None"]
 
 
 class PeerTimeoutError(RuntimeError):
@@ -88,13 +111,26 @@ def rendezvous(env: TrainerEnvironment, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     host, port = split_address(env.coordinator_address)
     hello = {"job": env.job_name, "attempt": env.attempt, "num_processes": env.num_processes}
+    if env.rendezvous_insecure:
+        log.warning("rendezvous authentication is off (%s): any caller that knows the job "
+                    "can join this gang", ENV_RENDEZVOUS_INSECURE)
+    elif not env.rendezvous_token_file:
+        raise peerauth.PeerAuthError(
+            f"{ENV_RENDEZVOUS_TOKEN_FILE} is not set: the operator mounts a projected "
+            f"service-account token for the rendezvous; a trainer run outside a cluster sets "
+            f"{ENV_RENDEZVOUS_INSECURE}=true instead")
     if env.process_id == 0:
-        _serve_rendezvous(port, hello, env.num_processes, deadline)
+        checker = None if env.rendezvous_insecure else peerauth.TokenReviewer(
+            env.namespace, env.job_name).check
+        _serve_rendezvous(port, hello, env.num_processes, deadline, checker)
     else:
-        _join_rendezvous(host, port, {**hello, "process_id": env.process_id}, deadline)
+        token_file = None if env.rendezvous_insecure else env.rendezvous_token_file
+        _join_rendezvous(host, port, {**hello, "process_id": env.process_id}, deadline,
+                         token_file)
 
 
-def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float) -> None:
+def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float,
+                      check: Checker | None = None) -> None:
     pod_ip = os.environ.get(ENV_POD_IP)
     if pod_ip:
         # Only our own address: pods sharing a network namespace may use the same port.
@@ -106,6 +142,14 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
         server = socket.create_server(("", port))
     peers: dict[int, socket.socket] = {}
     pending: dict[socket.socket, bytes] = {}
+    heard_by: dict[socket.socket, float] = {}  # when a pending connection must have said hello
+    max_pending = min(PENDING_PER_RANK * n, 512)
+
+    def drop(sock: socket.socket) -> None:
+        pending.pop(sock, None)
+        heard_by.pop(sock, None)
+        sock.close()
+
     try:
         while len(peers) < n - 1:
             remaining = deadline - time.monotonic()
@@ -117,20 +161,37 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                 )
             readable, _, _ = select.select([server, *pending, *peers.values()], [], [],
                                            min(remaining, 1.0))
+            now = time.monotonic()
+            for sock in [s for s, due in heard_by.items() if due < now]:
+                drop(sock)  # connected, but never said hello in time
             for sock in readable:
                 if sock is server:
                     conn, _ = server.accept()
+                    conn.settimeout(IO_SECONDS)
+                    if len(pending) >= max_pending:
+                        drop(min(heard_by, key=heard_by.__getitem__))  # the oldest waiter
                     pending[conn] = b""
+                    heard_by[conn] = now + HELLO_SECONDS
                     continue
-                data = sock.recv(4096)
+                if sock.fileno() < 0:
+                    continue  # dropped earlier in this pass
+                try:
+                    data = sock.recv(4096)
+                except OSError:
+                    data = b""
                 if sock in pending:
                     if not data:
-                        pending.pop(sock)  # the peer gave up before saying hello
-                        sock.close()
+                        drop(sock)  # the peer gave up before saying hello
                         continue
                     pending[sock] += data
                     if b"\n" in pending[sock]:
-                        _accept_hello(sock, pending.pop(sock), expect, n, peers)
+                        raw = pending.pop(sock)
+                        heard_by.pop(sock, None)
+                        _accept_hello(sock, raw, expect, n, peers, check)
+                    elif len(pending[sock]) > MAX_HELLO_BYTES:
+                        log.warning("rendezvous: dropped a connection that sent %d bytes "
+                                    "without a hello", len(pending[sock]))
+                        drop(sock)
                 elif not data:
                     # A peer that said hello and then died is no longer present.
                     rank = next(r for r, s in peers.items() if s is sock)
@@ -150,35 +211,47 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
 
 
 def _accept_hello(
-    sock: socket.socket, raw: bytes, expect: dict[str, Any], n: int, peers: dict[int, socket.socket]
+    sock: socket.socket, raw: bytes, expect: dict[str, Any], n: int,
+    peers: dict[int, socket.socket], check: Checker | None = None,
 ) -> None:
     try:
-        hello = json.loads(raw.split(b"\n", 1)[0])
+        hello = json.loads(raw.split(b"\n", 1)[0][:MAX_HELLO_BYTES])
         rank = int(hello["process_id"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         sock.close()
         return
     mismatch = [k for k, v in expect.items() if hello.get(k) != v]
-    if mismatch or not 0 < rank < n or rank in peers:
-        reason = f"rejected: {mismatch or 'duplicate or out-of-range rank'}"
-        log.warning("rendezvous %s from rank %s (%s)", reason, rank, hello)
+    refused = None
+    if not mismatch and 0 < rank < n and rank not in peers and check is not None:
+        refused = check(hello, rank)
+    if mismatch or not 0 < rank < n or rank in peers or refused:
+        reason = f"rejected: {mismatch or refused or 'duplicate or out-of-range rank'}"
+        shown = {k: v for k, v in hello.items() if k != "token"} if isinstance(hello, dict) \
+            else hello
+        log.warning("rendezvous %s from rank %s (%s)", reason, rank, shown)
         try:
             sock.sendall(reason.encode() + b"\n")
+        except OSError:
+            pass  # a caller that does not read its refusal
         finally:
             sock.close()
         return
     peers[rank] = sock
 
 
-def _join_rendezvous(host: str, port: int, hello: dict[str, Any], deadline: float) -> None:
+def _join_rendezvous(host: str, port: int, hello: dict[str, Any], deadline: float,
+                     token_file: str | None = None) -> None:
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         try:
             with socket.create_connection((host, port), timeout=_RETRY_SECONDS * 5) as sock:
-                sock.sendall(json.dumps(hello).encode() + b"\n")
+                # Read at every try: the kubelet rotates the token, pods may be kept long.
+                said = {**hello, "token": peerauth.read_token(token_file)} if token_file \
+                    else hello
+                sock.sendall(json.dumps(said).encode() + b"\n")
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 answer = b""
-                while not answer.endswith(b"\n"):
+                while not answer.endswith(b"\n") and len(answer) <= MAX_ANSWER_BYTES:
                     chunk = sock.recv(4096)
                     if not chunk:
                         break

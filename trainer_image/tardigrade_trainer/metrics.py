@@ -9,6 +9,11 @@ import prometheus_client
 
 from tardigrade_trainer.contract import ProgressReport
 
+# The endpoint answers a poll a few times a second (operator, scraper): a handful of requests
+# at once is plenty, and each connection gets a few seconds to send its request.
+MAX_CONCURRENT_REQUESTS = 8
+REQUEST_TIMEOUT_SECONDS = 5.0
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -48,6 +53,33 @@ class Metrics:
             return self._report
 
 
+class _BoundedThreadingServer(http.server.ThreadingHTTPServer):
+    """A thread per request, but never more than MAX_CONCURRENT_REQUESTS: callers beyond that
+    are disconnected at once instead of each holding a thread (and memory) of the trainer."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+
+    def process_request(self, request: object, client_address: object) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # type: ignore[arg-type]
+            return
+        try:
+            super().process_request(request, client_address)  # type: ignore[arg-type]
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: object, client_address: object) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[arg-type]
+        finally:
+            self._slots.release()
+
+
 class ProgressServer:
     """A tiny threaded HTTP server; one per job on rank 0."""
 
@@ -55,6 +87,10 @@ class ProgressServer:
         metrics_ref = metrics
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            # Socket timeout for the whole exchange: a caller that never finishes its request
+            # (or never reads the answer) frees its slot after this.
+            timeout = REQUEST_TIMEOUT_SECONDS
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] == "/progress":
                     body = metrics_ref.current().to_json().encode()
@@ -74,8 +110,7 @@ class ProgressServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # the operator polls often; access logs would drown the JSON log
 
-        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _BoundedThreadingServer((host, port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
                                         name="progress-server")
 

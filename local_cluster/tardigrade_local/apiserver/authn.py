@@ -149,12 +149,38 @@ class Authenticator:
             return None
         return claims if isinstance(claims, dict) else None
 
-    def _service_account(self, token: str) -> UserInfo | None:
+    def review(self, token: str, audiences: list[str]) -> tuple[UserInfo, list[str],
+                                                               dict[str, list[str]]] | None:
+        """A TokenReview's answer: the user, the requested audiences the token is for, and
+        the user's extra (`pkg/serviceaccount/claims.go`: the bound pod's name and uid, and
+        the token's id); None when the token is not valid for any of `audiences`."""
         claims = self._claims(token)
+        user = self._service_account(token, tuple(audiences), claims)
+        if user is None or claims is None:
+            return None
+        token_audiences = claims.get("aud") or []
+        if not isinstance(token_audiences, list):
+            token_audiences = [token_audiences]
+        matched = [a for a in audiences if a in token_audiences]
+        extra: dict[str, list[str]] = {
+            "authentication.kubernetes.io/credential-id": [f"JTI={claims.get('jti', '')}"]}
+        pod = (claims.get("kubernetes.io") or {}).get("pod")
+        if pod is not None:
+            extra["authentication.kubernetes.io/pod-name"] = [str(pod.get("name", ""))]
+            extra["authentication.kubernetes.io/pod-uid"] = [str(pod.get("uid", ""))]
+        return user, matched, extra
+
+    def _service_account(self, token: str, audiences: tuple[str, ...] = (ISSUER,),
+                         claims: dict[str, Any] | None = None) -> UserInfo | None:
+        claims = self._claims(token) if claims is None else claims
         if claims is None or claims.get("iss") != ISSUER:
             return None
-        audiences = claims.get("aud") or []
-        if ISSUER not in (audiences if isinstance(audiences, list) else [audiences]):
+        token_audiences = claims.get("aud") or []
+        if not isinstance(token_audiences, list):
+            token_audiences = [token_audiences]
+        # The token must be meant for one of the audiences asked about (jwt.go: the
+        # authenticator's audiences, which a TokenReview's spec.audiences replace).
+        if not set(audiences) & set(token_audiences):
             return None
         if int(claims.get("exp") or 0) <= time.time():
             return None

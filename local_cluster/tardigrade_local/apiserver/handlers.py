@@ -22,6 +22,7 @@ from .scale import scale_get, scale_update
 from .selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from .store import Store
 from .tokenrequest import token_request
+from .tokenreview import token_review
 from .validation import check_request_size
 from .watch import WatchRequest, serve_watch
 
@@ -191,6 +192,9 @@ class Handlers:
             if method == "POST" and rt.kind == "SelfSubjectAccessReview":
                 body = await self._body(request)
                 return _json(self_subject_access_review(self.access, body), 201)
+            if method == "POST" and rt.kind == "TokenReview":
+                body = await self._body(request)
+                return _json(token_review(self.access.authenticator, body), 201)
             if method == "POST":
                 body = await self._body(request, _media_types(rt))
                 created = self.core.create(rt, ns, body, dry_run=dry_run,

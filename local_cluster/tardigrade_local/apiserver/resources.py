@@ -113,15 +113,18 @@ def builtin_types() -> list[ResourceType]:
         # Answered, never stored (review.py).
         _rt("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
             "SelfSubjectAccessReview", False, verbs=["create"]),
+        _rt("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False,
+            verbs=["create"]),
+        _rt("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
         _rt("apiextensions.k8s.io", "v1", "customresourcedefinitions",
             "CustomResourceDefinition", False, ["crd", "crds"], status_subresource=True),
     ]
 
 
 # Preferred order of groups in discovery, like the real server (core first).
-GROUP_ORDER = ["", "apps", "events.k8s.io", "authorization.k8s.io", "batch", "policy",
-               "rbac.authorization.k8s.io", "coordination.k8s.io", "scheduling.k8s.io",
-               "apiextensions.k8s.io"]
+GROUP_ORDER = ["", "apps", "events.k8s.io", "authentication.k8s.io", "authorization.k8s.io",
+               "batch", "networking.k8s.io", "policy", "rbac.authorization.k8s.io",
+               "coordination.k8s.io", "scheduling.k8s.io", "apiextensions.k8s.io"]
 
 
 class Registry:

@@ -32,6 +32,7 @@ from tardigrade_local.kubelet.launch import (
 )
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
 from tardigrade_local.kubelet.process import ContainerProcess
+from tardigrade_local.kubelet.projected import ProjectedTokens, mount_map
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class PodWorker:
         self.initialized = not self.init_specs
         self.processes: dict[str, ContainerProcess] = {}
         self._kubeconfig: str | None = None  # "" once it is known the pod gets none
+        self._tokens: ProjectedTokens | None = None  # projected token volumes, once written
         self.start_time = ps.now_rfc3339()
         self.terminal_phase: str | None = None
         self.reason: str | None = None
@@ -151,14 +153,18 @@ class PodWorker:
         if deadline is not None:
             asyncio.get_running_loop().call_later(float(deadline), self._deadline_passed)
         await asyncio.wait({stop_wait, main}, return_when=asyncio.FIRST_COMPLETED)
-        if self.stopping is not None:
-            await self._stop(main)
-        else:
-            stop_wait.cancel()
-            await main
-            # Terminal: nothing restarts. The pod object stays until someone deletes it.
-            await self._stop_requested.wait()
-            await self._stop(main)
+        try:
+            if self.stopping is not None:
+                await self._stop(main)
+            else:
+                stop_wait.cancel()
+                await main
+                # Terminal: nothing restarts. The pod object stays until someone deletes it.
+                await self._stop_requested.wait()
+                await self._stop(main)
+        finally:
+            if self._tokens is not None:
+                await self._tokens.stop()
 
     async def _run_containers(self) -> None:
         for index in range(len(self.init_specs)):
@@ -320,9 +326,16 @@ class PodWorker:
         if self._kubeconfig is None:
             # Once per pod, like the token volume a real kubelet mounts at pod start.
             self._kubeconfig = await pod_credentials(self.client, self.settings, self.pod) or ""
+        pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
+        if self._tokens is None:
+            # Volumes are set up once per pod, before its first container starts.
+            tokens = ProjectedTokens(self.client, self.pod, pod_dir)
+            await tokens.write_all()
+            self._tokens = tokens
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
-                                configmaps, secrets, self._kubeconfig or None)
+                                configmaps, secrets, self._kubeconfig or None,
+                                mount_map(pod_dir, spec, self.pod["spec"]))
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping

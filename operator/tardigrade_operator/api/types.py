@@ -543,6 +543,17 @@ class FailurePolicy(ApiModel):
     )
 
 
+class NetworkPolicySpec(ApiModel):
+    """Network isolation of the gang's pods."""
+
+    enabled: bool = Field(
+        True, description="Render a NetworkPolicy that lets in only the gang's own pods, the "
+        "operator and the metrics scraper the cluster admin configured (if the operator's "
+        "networkPolicy setting is on). Enforced only where the network plugin implements "
+        "NetworkPolicy (GKE: Dataplane V2 or network policy enforcement).",
+    )
+
+
 class TrainingJobSpec(ApiModel):
     """The desired state of a TrainingJob."""
 
@@ -573,6 +584,7 @@ class TrainingJobSpec(ApiModel):
     preemption: PreemptionSpec = nested(
         PreemptionSpec, "The window a node shutdown gives the ranks to save.")
     suspend: bool = Field(False, description="Stop all pods (after a save) and keep the job.")
+    network_policy: NetworkPolicySpec = nested(NetworkPolicySpec, "Network isolation.")
 
     cel_rules = (
         CelRule("!has(self.minReplicas) || self.minReplicas <= self.replicas",

@@ -1,0 +1,70 @@
+"""The admin's admission policy: TrainingJobs the schema accepts but the operator refuses."""
+
+from __future__ import annotations
+
+import pytest
+from tardigrade_operator.admission import AdmissionPolicy, review
+from tardigrade_operator.api.parse import parse_trainingjob
+from tardigrade_operator.render import JobRef
+
+from tests.conftest import EXAMPLES, corpus_cases, load_yaml
+
+CASES = corpus_cases("forbidden_trainingjobs.yaml")
+JOB = JobRef("tiny-gpt", "team-a", "uid-1")
+DEFAULT = AdmissionPolicy()
+# The most permissive setting that still forbids each case's neighbours.
+ALLOWED_AT = {
+    "privileged": AdmissionPolicy(pod_security="privileged"),
+    "baseline": AdmissionPolicy(pod_security="baseline"),
+    "system-scheduling": AdmissionPolicy(allow_system_scheduling=True),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_default_policy_refuses_naming_the_field(case):
+    spec = parse_trainingjob(case["document"]).spec  # the schema accepts it
+    errors = review(JOB, spec, DEFAULT)
+    matching = [e for e in errors if e.field == case["field"]]
+    assert matching, [str(e) for e in errors]
+    assert any(case["says"] in e.message for e in matching), [str(e) for e in matching]
+    # Every message says who can allow it.
+    assert all("ask the cluster admin" in e.message for e in errors)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_the_admin_can_allow_it(case):
+    spec = parse_trainingjob(case["document"]).spec
+    assert review(JOB, spec, ALLOWED_AT[case["allowed_at"]]) == []
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_pass_the_default_policy(path):
+    assert review(JOB, parse_trainingjob(load_yaml(path)).spec, DEFAULT) == []
+
+
+@pytest.mark.parametrize(("level", "flag", "says"), [
+    ("root", "false", "TARDIGRADE_POD_SECURITY='root': expected one of privileged, baseline"),
+    ("restricted", "yes", "TARDIGRADE_ALLOW_SYSTEM_SCHEDULING='yes': expected true or false"),
+])
+def test_bad_settings_name_the_setting(level, flag, says):
+    with pytest.raises(ValueError, match=says):
+        AdmissionPolicy.parse(level, flag)
+
+
+def test_the_operator_fails_a_forbidden_job_as_an_invalid_spec():
+    from types import SimpleNamespace
+
+    from tardigrade_operator import handlers
+    from tardigrade_operator.config import OperatorConfig
+
+    case = next(c for c in CASES if c["name"] == "hostPath volume")
+    memo = SimpleNamespace(specs={}, config=OperatorConfig())
+    meta = {"generation": 1, "uid": "uid-1"}
+    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo)
+    assert spec is None
+    assert error is not None and "spec.podTemplate.volumes[0].hostPath" in error
+    permissive = SimpleNamespace(specs={}, config=OperatorConfig(
+        admission=AdmissionPolicy(pod_security="privileged")))
+    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
+                                        permissive)
+    assert spec is not None and error is None

@@ -1,0 +1,163 @@
+"""Who is knocking at the rendezvous: each rank's projected service-account token, reviewed.
+
+Every rank's pod mounts a service-account token with the audience `tardigrade.dev/rendezvous`
+(the operator renders the projected volume; the kubelet refreshes the file). A rank sends it
+in its hello; rank 0 asks the API server about it (TokenReview, `create tokenreviews` for the
+pod's ServiceAccount; the chart grants it) and admits the hello only if the token is valid
+for that audience, belongs to a ServiceAccount of the job's namespace, and is bound to the pod
+that holds that rank of this job (`<job>-a<attempt>-<rank>`; the attempt in the pod name may be
+older than the gang's when healthy pods are kept). A token is bound to its pod: it stops being
+valid once the pod is gone, and a pod of another job or namespace cannot get one that passes.
+
+Standard library only (urllib, ssl, json; yaml for a kubeconfig), like the rest of the trainer
+start-up path.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import re
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tardigrade_trainer.contract import RENDEZVOUS_AUDIENCE
+
+IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+REVIEW_SECONDS = 5.0
+# A service-account JWT is 1-2 KB; a hello field longer than this is not one.
+MAX_TOKEN_BYTES = 8192
+
+
+class PeerAuthError(RuntimeError):
+    """Peers cannot be authenticated as configured (no token mounted, no API access, or not
+    allowed to review tokens): retrying the same way fails the same way."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiAccess:
+    server: str
+    token: str
+    ca_pem: str | None = None
+
+
+def api_access(environ: Mapping[str, str] | None = None) -> ApiAccess:
+    """This pod's own API credentials: in-cluster first, then KUBECONFIG (the local cluster's
+    kubelet hands pods a kubeconfig instead of the fixed in-cluster mount)."""
+    env = os.environ if environ is None else environ
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    token_file = IN_CLUSTER_DIR / "token"
+    if host and port and token_file.exists():
+        ca = IN_CLUSTER_DIR / "ca.crt"
+        server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+        return ApiAccess(server, token_file.read_text().strip(),
+                         ca.read_text() if ca.exists() else None)
+    kubeconfig = env.get("KUBECONFIG")
+    if kubeconfig:
+        return _from_kubeconfig(Path(kubeconfig.split(os.pathsep)[0]))
+    raise PeerAuthError(
+        "rank 0 has no API server credentials to review its peers' tokens with (neither "
+        "in-cluster nor KUBECONFIG): mount the service-account token (automountService"
+        "AccountToken), or for a trainer run outside a cluster set "
+        "TARDIGRADE_RENDEZVOUS_INSECURE=true")
+
+
+def _from_kubeconfig(path: Path) -> ApiAccess:
+    import yaml
+
+    config = yaml.safe_load(path.read_text()) or {}
+    current = config.get("current-context")
+    context = next((c["context"] for c in config.get("contexts") or []
+                    if c.get("name") == current), {})
+    cluster = next((c["cluster"] for c in config.get("clusters") or []
+                    if c.get("name") == context.get("cluster")), {})
+    user = next((u["user"] for u in config.get("users") or []
+                 if u.get("name") == context.get("user")), {})
+    ca_pem = None
+    if cluster.get("certificate-authority-data"):
+        ca_pem = base64.b64decode(cluster["certificate-authority-data"]).decode()
+    elif cluster.get("certificate-authority"):
+        ca_pem = Path(cluster["certificate-authority"]).read_text()
+    token = user.get("token") or (Path(user["tokenFile"]).read_text().strip()
+                                  if user.get("tokenFile") else "")
+    if not cluster.get("server") or not token:
+        raise PeerAuthError(f"kubeconfig {path} names no server or bearer token")
+    return ApiAccess(cluster["server"], token, ca_pem)
+
+
+def review(access: ApiAccess, token: str, audience: str = RENDEZVOUS_AUDIENCE,
+           timeout: float = REVIEW_SECONDS) -> dict[str, Any]:
+    """The API server's verdict on `token` (a TokenReview's status)."""
+    body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                       "spec": {"token": token, "audiences": [audience]}}).encode()
+    request = urllib.request.Request(
+        f"{access.server}/apis/authentication.k8s.io/v1/tokenreviews", data=body,
+        method="POST", headers={"Authorization": f"Bearer {access.token}",
+                                "Content-Type": "application/json",
+                                "Accept": "application/json"})
+    context = None
+    if access.server.startswith("https://"):
+        context = ssl.create_default_context(cadata=access.ca_pem)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
+            data = json.loads(answer.read(1 << 20))
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise PeerAuthError(
+                f"the API server refused rank 0's TokenReview ({err.code}): the trainer's "
+                "ServiceAccount needs `create tokenreviews` (chart value trainerTokenReview."
+                "enabled grants it)") from None
+        # A passing outage: this hello is refused, the rank gives up with a retryable
+        # peer timeout, and the next attempt tries again.
+        return {"authenticated": False, "error": f"TokenReview failed: HTTP {err.code}"}
+    except (urllib.error.URLError, TimeoutError, ValueError) as err:
+        return {"authenticated": False, "error": f"TokenReview failed: {err}"}
+    return dict(data.get("status") or {}) if isinstance(data, dict) else {}
+
+
+def rejection(status: Mapping[str, Any], namespace: str, job: str, rank: int,
+              audience: str = RENDEZVOUS_AUDIENCE) -> str | None:
+    """Why a reviewed token may not hold `rank` of `job` (None: it may)."""
+    if status.get("authenticated") is not True:
+        return f"token not valid ({status.get('error') or 'not authenticated'})"
+    if audience not in (status.get("audiences") or []):
+        return f"token not issued for audience {audience}"
+    user = status.get("user") or {}
+    username = str(user.get("username") or "")
+    if not username.startswith(f"system:serviceaccount:{namespace}:"):
+        return f"token of {username!r}, not of a ServiceAccount of namespace {namespace}"
+    pods = (user.get("extra") or {}).get(POD_NAME_EXTRA) or []
+    expected = re.compile(rf"^{re.escape(job)}-a[0-9]+-{rank}$")
+    if len(pods) != 1 or not expected.match(str(pods[0])):
+        return (f"token bound to pod {pods[0] if pods else None!r}, not to the pod of rank "
+                f"{rank} of job {job}")
+    return None
+
+
+class TokenReviewer:
+    """Rank 0's check of a hello: `check(hello, rank)` is None or why it is refused."""
+
+    def __init__(self, namespace: str, job: str, access: ApiAccess | None = None) -> None:
+        self.namespace = namespace
+        self.job = job
+        self.access = access if access is not None else api_access()
+
+    def check(self, hello: Mapping[str, Any], rank: int) -> str | None:
+        token = hello.get("token")
+        if not isinstance(token, str) or not token:
+            return "no token in hello"
+        if len(token) > MAX_TOKEN_BYTES:
+            return "token too long"
+        return rejection(review(self.access, token), self.namespace, self.job, rank)
+
+
+def read_token(path: str) -> str:
+    """The current token (the kubelet rewrites the file before it expires)."""
+    return Path(path).read_text().strip()
