@@ -23,13 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from tardigrade_trainer import distributed, testhooks
-from tardigrade_trainer.checkpoint import (
-    chunkfiles,
-    digest,
-    durability,
-    restoreplan,
-    writers,
-)
+from tardigrade_trainer.checkpoint import chunkfiles, digest, durability, restoreplan, writers
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
 from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
