@@ -9,7 +9,6 @@ import urllib.request
 import numpy as np
 import pytest
 from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import writers
 from trainer_harness import committed_steps, free_port, launch, step_dirs, wait_for
 
 pytestmark = pytest.mark.slow
@@ -35,13 +34,13 @@ def _hash_at(gang, step: int) -> str:
 
 def test_every_host_writes_an_even_share_of_each_checkpoint(straight_run):
     # The whole state is replicated on both hosts (pure data parallelism), so any host may
-    # write any piece: greedy largest-first ends within one piece (1/SPLIT_FRACTION of an
-    # even share) of the average. (Picking writers by CRC32 of leaf names: 1.23x.)
+    # write any piece. The plan gives this model 1.00x an even share; picking writers by
+    # CRC32 of the leaf names gave 1.23x.
     shares = [[e["bytes_this_host"] for e in straight_run.events("checkpoint_committed", rank)]
               for rank in (0, 1)]
     assert len(shares[0]) == len(shares[1]) == 2
     for per_host in zip(*shares, strict=True):
-        assert max(per_host) <= (1 + 1 / writers.SPLIT_FRACTION) * sum(per_host) / 2, shares
+        assert max(per_host) <= 1.1 * sum(per_host) / 2, shares
 
 
 def test_resume_after_sigkill_is_bitwise_identical(straight_run, tmp_path):

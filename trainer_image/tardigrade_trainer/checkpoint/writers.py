@@ -12,8 +12,8 @@ Two steps:
   into pieces of at least `1/SPLIT_FRACTION` of an even share, so the many small leaves
   (biases, norms, step counters) stay one object each on object storage.
 * The pieces, largest first, go to the least-loaded host among those holding them (greedy
-  list scheduling: no host ends more than one piece above the average when every host may
-  take every piece, hence within `1 + 1/SPLIT_FRACTION` of an even share).
+  list scheduling: when every host may take every piece, no host ends more than its last
+  piece above the average, and cutting the large regions keeps every piece small).
 
 A previous version hashed leaf names (CRC32) to pick the writer: similar names landed on the
 same host (2 hosts: 66%/34% of the bytes; 8 hosts: 21% to 1%).
