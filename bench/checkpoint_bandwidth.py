@@ -36,6 +36,7 @@ Fairness rules, each of which changed the figures when broken:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import statistics
@@ -355,7 +356,9 @@ def main() -> int:
     if not args.skip_crc:
         contenders["tardigrade + crc32c codec"] = lambda root: Tardigrade(storage, root,
                                                                           checksum=True)
-    if not args.skip_orbax:
+    if not args.skip_orbax and args.gcs and importlib.util.find_spec("gcsfs") is None:
+        print("orbax not run: on gs:// it needs gcsfs (a dev dependency): pip install gcsfs")
+    elif not args.skip_orbax:
         contenders["orbax StandardCheckpointer"] = lambda root: Orbax(storage, root)
     shards = args.arrays * args.devices
     rounds: list[dict[str, dict[str, float]]] = []
