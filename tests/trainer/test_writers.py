@@ -123,6 +123,30 @@ def test_every_host_computes_the_same_plan_whatever_order_it_lists_devices_in():
     assert writers.plan(leaves) == writers.plan(shuffled)
 
 
+def test_the_plan_is_computed_once_per_layout_not_per_save(tmp_path, monkeypatch):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from tardigrade_trainer.checkpoint import CheckpointManager
+
+    calls = []
+    real_plan = writers.plan
+    monkeypatch.setattr(writers, "plan", lambda leaves: calls.append(1) or real_plan(leaves))
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(4, 1), ("data", "model"))
+    manager = CheckpointManager(str(tmp_path))
+    value = np.arange(32, dtype=np.float32).reshape(8, 4)
+    rows = {"w": jax.device_put(value, NamedSharding(mesh, PartitionSpec("data")))}
+    for step in (1, 2):
+        manager.save(step, rows)
+        manager.wait()
+    assert len(calls) == 1
+    cols = {"w": jax.device_put(value, NamedSharding(mesh, PartitionSpec(None, "data")))}
+    manager.save(3, cols)
+    manager.wait()
+    assert len(calls) == 2
+    manager.close()
+
+
 @pytest.mark.slow
 def test_the_reference_model_is_balanced_on_2_4_and_8_hosts():
     # 16 CPU devices in a fresh process (this one has 4): host h owns devices 16/H*h...

@@ -291,6 +291,7 @@ class CheckpointManager:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "checkpoint-writer")
         self._pending: concurrent.futures.Future[CheckpointInfo | None] | None = None
         self._saves = 0  # every process counts the same saves: a gang-wide save id
+        self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
         self.last_committed: CheckpointInfo | None = None
 
     # --- inspection ---------------------------------------------------------------------------
@@ -396,9 +397,15 @@ class CheckpointManager:
     def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
         leaves = jax.tree_util.tree_leaves(state)
         names = leaf_names(state)
-        plans = writers.plan([writers.layout(name, leaf)
-                              for name, leaf in zip(names, leaves, strict=True)
-                              if isinstance(leaf, jax.Array)])
+        named = [(name, leaf) for name, leaf in zip(names, leaves, strict=True)
+                 if isinstance(leaf, jax.Array)]
+        # The plan depends only on the layout, which a training loop keeps: computing it
+        # (seconds for thousands of devices) once keeps it out of every later save's stall.
+        layout_key = tuple((name, leaf.shape, leaf.dtype, leaf.sharding) for name, leaf in named)
+        if self._write_plan is None or self._write_plan[0] != layout_key:
+            self._write_plan = (layout_key, writers.plan([writers.layout(name, leaf)
+                                                          for name, leaf in named]))
+        plans = self._write_plan[1]
         mine = {name: [w for w in p.writes if w.device.process_index == self.process_id]
                 for name, p in plans.items()}
         on_cpu = all(w.device.platform == "cpu" for ws in mine.values() for w in ws)
