@@ -112,28 +112,37 @@ def plan(leaves: Sequence[LeafLayout],
          process_of: Callable[[Any], int] = lambda device: int(device.process_index),
          ) -> dict[str, LeafPlan]:
     """The write plan of a whole state: the same on every host for the same inputs."""
-    total = 0
-    grouped: list[dict[Bounds, list[Any]]] = []
+    total = sum(math.prod(leaf.shape) * leaf.itemsize for leaf in leaves)
+    # Leaves of one shape and sharding share their device -> index map (JAX caches it), so
+    # who holds which region is worked out once per distinct map.
+    holders_of: dict[int, dict[Bounds, dict[int, Any]]] = {}
     for leaf in leaves:
-        groups: dict[Bounds, list[Any]] = {}
+        if id(leaf.indices) in holders_of:
+            continue
+        # Grouped by the slices as given first (cheap), normalised once per group.
+        raw: dict[tuple[Any, ...], tuple[Sequence[slice], list[Any]]] = {}
         for device, index in leaf.indices.items():
-            groups.setdefault(_bounds(index, leaf.shape), []).append(device)
-        grouped.append(groups)
-        total += math.prod(leaf.shape) * leaf.itemsize
-    hosts = {process_of(d) for leaf in leaves for d in leaf.indices}
-    piece_floor = total / max(1, len(hosts)) / SPLIT_FRACTION
-
-    # (bytes, leaf position, piece, {process: device holding it}, its shard)
-    pieces: list[tuple[int, int, Bounds, dict[int, Any], Bounds]] = []
-    chunks: list[tuple[int, ...]] = []
-    for position, (leaf, groups) in enumerate(zip(leaves, grouped, strict=True)):
+            key = tuple((s.start, s.stop, s.step) for s in index)
+            raw.setdefault(key, (index, []))[1].append(device)
+        groups: dict[Bounds, list[Any]] = {}
+        for index, devices in raw.values():
+            groups.setdefault(_bounds(index, leaf.shape), []).extend(devices)
         holders: dict[Bounds, dict[int, Any]] = {}
         for region, devices in groups.items():
             by_process: dict[int, Any] = {}
             for device in sorted(devices, key=lambda d: (process_of(d), d.id)):
                 by_process.setdefault(process_of(device), device)
             holders[region] = by_process
-        shard = tuple(b - a for a, b in next(iter(groups))) if groups else leaf.shape
+        holders_of[id(leaf.indices)] = holders
+    hosts = {p for holders in holders_of.values() for h in holders.values() for p in h}
+    piece_floor = total / max(1, len(hosts)) / SPLIT_FRACTION
+
+    # (bytes, leaf position, piece, {process: device holding it}, its shard)
+    pieces: list[tuple[int, int, Bounds, dict[int, Any], Bounds]] = []
+    chunks: list[tuple[int, ...]] = []
+    for position, leaf in enumerate(leaves):
+        holders = holders_of[id(leaf.indices)]
+        shard = tuple(b - a for a, b in next(iter(holders))) if holders else leaf.shape
         shard_bytes = math.prod(shard) * leaf.itemsize
         wanted = min([len(h) for h in holders.values()]
                      + [int(shard_bytes // piece_floor) if piece_floor else 1])
@@ -146,12 +155,17 @@ def plan(leaves: Sequence[LeafLayout],
 
     load = dict.fromkeys(sorted(hosts), 0)
     writes: list[list[Write]] = [[] for _ in leaves]
+    regions: dict[Bounds, Region] = {}  # leaves of one layout share their regions
     # Largest first; ties broken by position in the state, so every host sorts alike.
     for nbytes, position, cell, by_process, region in sorted(
             pieces, key=lambda p: (-p[0], p[1], p[2])):
         host = min(by_process, key=lambda process: (load[process], process))
         load[host] += nbytes
-        writes[position].append(Write(_region(cell), by_process[host], _region(region)))
+        if cell not in regions:
+            regions[cell] = _region(cell)
+        if region not in regions:
+            regions[region] = _region(region)
+        writes[position].append(Write(regions[cell], by_process[host], regions[region]))
     return {leaf.name: LeafPlan(chunks[i], writes[i]) for i, leaf in enumerate(leaves)}
 
 
