@@ -1,6 +1,15 @@
 """Checkpoint save/restore bandwidth against raw disk and orbax, in one run on one machine.
 
     python bench/checkpoint_bandwidth.py --gib 1 [--dir DIR] [--devices 4] [--repeats 5]
+    python bench/checkpoint_bandwidth.py --gcs --gib 0.25 [--repeats 3]
+
+With --gcs every contender saves to and restores from gs:// on the local GCS emulator
+(fake-gcs-server, in memory), and the baseline is the emulator's raw bandwidth measured in the
+same round through the same client (TensorStore's gcs kvstore): the same bytes as one object,
+and as as many parallel objects as the checkpoint has shards. For each contender it also
+reports the objects in a checkpoint and the requests the emulator served for one save and
+for one restore (counted in its access log). The raw ratios are reported, not judged: an
+emulator on loopback says little about real GCS. The target on gs:// is no worse than orbax.
 
 Prints, for a sharded float32 state of about --gib GiB:
   * raw disk write (write + fsync) and read bandwidth of one file, dd-style: the baseline;
@@ -27,6 +36,7 @@ Fairness rules, each of which changed the figures when broken:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import statistics
@@ -50,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-crc", action="store_true",
                         help="skip the tardigrade run with the crc32c codec")
     parser.add_argument("--skip-orbax", action="store_true")
+    parser.add_argument("--gcs", action="store_true",
+                        help="save and restore through the local GCS emulator, not a disk")
     return parser.parse_args()
 
 
@@ -115,12 +127,98 @@ def raw_disk(scratch: Path, nbytes: int) -> dict[str, float]:
     return figures
 
 
+def raw_gcs(bucket: str, nbytes: int, parts: int) -> dict[str, float]:
+    """The emulator's bandwidth through TensorStore's gcs kvstore (the client every
+    contender uses): `nbytes` as one object, then as `parts` objects written (and read)
+    concurrently."""
+    import tensorstore as ts
+
+    kv = ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": "raw/"}).result()
+    data = os.urandom(nbytes)
+    size = -(-nbytes // parts)
+    pieces = [data[i : i + size] for i in range(0, nbytes, size)]
+
+    def write_one() -> None:
+        kv.write("one", data).result()
+
+    def read_one() -> None:
+        assert len(kv.read("one").result().value) == nbytes
+
+    def write_many() -> None:
+        for future in [kv.write(f"part{i}", piece) for i, piece in enumerate(pieces)]:
+            future.result()
+
+    def read_many() -> None:
+        futures = [kv.read(f"part{i}") for i in range(len(pieces))]
+        assert sum(len(f.result().value) for f in futures) == nbytes
+
+    figures = {"write": nbytes / timed(write_one), "read": nbytes / timed(read_one),
+               "write_parallel": nbytes / timed(write_many),
+               "read_parallel": nbytes / timed(read_many)}
+    kv.delete_range(ts.KvStore.KeyRange("", "")).result()
+    return figures
+
+
+class DiskStorage:
+    """Checkpoints under a scratch directory on the disk being measured."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+
+    def root(self, name: str) -> str:
+        return str(self.scratch / name)
+
+    def before_read(self, root: str) -> None:
+        evict(Path(root))
+
+    def remove(self, root: str) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def objects(self, root: str) -> int:
+        return sum(1 for p in Path(root).rglob("*") if p.is_file())
+
+    def requests(self) -> int | None:
+        return None
+
+
+class GcsStorage:
+    """Checkpoints in a bucket of the local GCS emulator, which counts the requests served."""
+
+    BUCKET = "bench"
+
+    def __init__(self, emulator: Any) -> None:
+        self.emulator = emulator
+
+    def root(self, name: str) -> str:
+        return f"gs://{self.BUCKET}/{name}"
+
+    def before_read(self, root: str) -> None:
+        pass  # the emulator keeps objects in memory: there is no cache to evict
+
+    def _prefix(self, root: str) -> str:
+        return root.removeprefix(f"gs://{self.BUCKET}/").rstrip("/") + "/"
+
+    def remove(self, root: str) -> None:
+        import tensorstore as ts
+
+        kv = ts.KvStore.open({"driver": "gcs", "bucket": self.BUCKET}).result()
+        prefix = self._prefix(root)
+        kv.delete_range(ts.KvStore.KeyRange(prefix, prefix[:-1] + "0")).result()
+
+    def objects(self, root: str) -> int:
+        return len(self.emulator.list_objects(self.BUCKET, self._prefix(root)))
+
+    def requests(self) -> int | None:
+        return len(self.emulator.requests())
+
+
 class Tardigrade:
-    def __init__(self, root: Path, checksum: bool) -> None:
+    def __init__(self, storage: DiskStorage | GcsStorage, root: str, checksum: bool) -> None:
         from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
 
+        self.storage = storage
         self.root = root
-        self.manager = CheckpointManager(str(root), checksum=checksum, keep=KeepLast(2))
+        self.manager = CheckpointManager(root, checksum=checksum, keep=KeepLast(2))
 
     def save(self, step: int, state: Any) -> float:
         return self.manager.save(step, state)
@@ -128,21 +226,22 @@ class Tardigrade:
     def wait(self) -> None:
         self.manager.wait()
 
-    def path(self, step: int) -> Path:
-        return self.root
+    def path(self, step: int) -> str:
+        return self.manager.path_of(step)
 
     def restore(self, step: int, target: Any) -> Any:
         return self.manager.restore(step, target)[0]
 
     def close(self) -> None:
         self.manager.close()
-        shutil.rmtree(self.root)
+        self.storage.remove(self.root)
 
 
 class Orbax:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, storage: DiskStorage | GcsStorage, root: str) -> None:
         import orbax.checkpoint as ocp
 
+        self.storage = storage
         self.root = root
         self.checkpointer = ocp.StandardCheckpointer()
 
@@ -154,15 +253,15 @@ class Orbax:
     def wait(self) -> None:
         self.checkpointer.wait_until_finished()
 
-    def path(self, step: int) -> Path:
-        return self.root / str(step)
+    def path(self, step: int) -> str:
+        return f"{self.root}/{step}"
 
     def restore(self, step: int, target: Any) -> Any:
         return self.checkpointer.restore(self.path(step), target)
 
     def close(self) -> None:
         self.checkpointer.close()
-        shutil.rmtree(self.root)
+        self.storage.remove(self.root)
 
 
 def measure(checkpointer: Tardigrade | Orbax, state: Any, target: Any,
@@ -179,9 +278,14 @@ def measure(checkpointer: Tardigrade | Orbax, state: Any, target: Any,
         blocked = checkpointer.save(2, state)
         checkpointer.wait()
 
+    storage = checkpointer.storage
+    served = storage.requests()
     total = timed(save)
     figures.update(save=nbytes / total, blocked=blocked, blocked_frac=blocked / total)
-    evict(checkpointer.path(2))
+    if served is not None:
+        figures["save_requests"] = (storage.requests() or 0) - served
+    figures["objects"] = storage.objects(checkpointer.path(2))
+    storage.before_read(checkpointer.path(2))
     restored = None
 
     def restore() -> None:
@@ -189,12 +293,31 @@ def measure(checkpointer: Tardigrade | Orbax, state: Any, target: Any,
         restored = checkpointer.restore(2, target)
         jax.block_until_ready(restored)
 
+    served = storage.requests()
     figures["restore"] = nbytes / timed(restore)
+    if served is not None:
+        figures["restore_requests"] = (storage.requests() or 0) - served
     assert restored is not None
     assert all(np.array_equal(restored[k], state[k]) for k in state), "restore differs"
     del restored
     checkpointer.close()
     return figures
+
+
+def start_gcs_emulator(scratch: Path) -> Any:
+    """The local cluster's GCS emulator, with every client of this process pointed at it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "local_cluster"))
+    from tardigrade_local.gcs import GcsEmulator
+
+    emulator = GcsEmulator(log_path=scratch / "gcs.log", log_requests=True).start()
+    emulator.create_bucket(GcsStorage.BUCKET)
+    os.environ.update(emulator.client_env())
+    # orbax reaches gs:// through etils.epath -> fsspec -> gcsfs: anonymous against the
+    # emulator, and without the probe for hierarchical-namespace buckets (a gRPC call the
+    # emulator does not serve: 60 s per attempt).
+    os.environ["FSSPEC_GS_TOKEN"] = "anon"
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    return emulator
 
 
 def main() -> int:
@@ -219,24 +342,38 @@ def main() -> int:
     nbytes = sum(a.nbytes for a in state.values())
     target = {k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
               for k, a in state.items()}
+    if args.dir is not None:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
-    contenders: dict[str, Callable[[Path], Tardigrade | Orbax]] = {
-        "tardigrade": lambda root: Tardigrade(root, checksum=False)
+    emulator = None
+    storage: DiskStorage | GcsStorage = DiskStorage(scratch)
+    if args.gcs:
+        emulator = start_gcs_emulator(scratch)
+        storage = GcsStorage(emulator)
+    contenders: dict[str, Callable[[str], Tardigrade | Orbax]] = {
+        "tardigrade": lambda root: Tardigrade(storage, root, checksum=False)
     }
     if not args.skip_crc:
-        contenders["tardigrade + crc32c codec"] = lambda root: Tardigrade(root, checksum=True)
-    if not args.skip_orbax:
-        contenders["orbax StandardCheckpointer"] = Orbax
+        contenders["tardigrade + crc32c codec"] = lambda root: Tardigrade(storage, root,
+                                                                          checksum=True)
+    if not args.skip_orbax and args.gcs and importlib.util.find_spec("gcsfs") is None:
+        print("orbax not run: on gs:// it needs gcsfs (a dev dependency): pip install gcsfs")
+    elif not args.skip_orbax:
+        contenders["orbax StandardCheckpointer"] = lambda root: Orbax(storage, root)
+    shards = args.arrays * args.devices
     rounds: list[dict[str, dict[str, float]]] = []
     load_before = os.getloadavg()
     try:
         for round_ in range(args.repeats + 1):
-            figures = {"raw": raw_disk(scratch, nbytes)}
+            figures = {"raw": raw_gcs(GcsStorage.BUCKET, nbytes, shards) if args.gcs
+                       else raw_disk(scratch, nbytes)}
             for name, make in contenders.items():
-                figures[name] = measure(make(scratch / f"{name}-{round_}".replace(" ", "_")
-                                             .replace("+", "")), state, target, nbytes)
+                root = storage.root(f"{name}-{round_}".replace(" ", "_").replace("+", ""))
+                figures[name] = measure(make(root), state, target, nbytes)
             rounds.append(figures)
     finally:
+        if emulator is not None:
+            emulator.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     load_after = os.getloadavg()
 
@@ -250,28 +387,58 @@ def main() -> int:
         low, mid, high = (format(v, fmt) for v in (min(values), median(values), max(values)))
         return f"{mid} [{low}-{high}]"
 
-    raw = {k: [r["raw"][k] for r in timed_rounds] for k in ("write", "read", "read_dd")}
+    where = "the local GCS emulator (gs://)" if args.gcs else f"disk ({args.dir or 'TMPDIR'})"
     print(f"state: {nbytes / (1 << 30):.2f} GiB in {args.arrays} float32 arrays sharded over "
-          f"{args.devices} CPU devices; median [min-max] of {args.repeats} rounds after a "
-          f"warm-up; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
-          f"({os.cpu_count()} CPUs)")
-    print(f"raw disk (fsync):  write {spread([v / gb for v in raw['write']], '.2f')} GB/s   "
-          f"read into new memory {spread([v / gb for v in raw['read']], '.2f')} GB/s   "
-          f"(dd-style reused buffer {spread([v / gb for v in raw['read_dd']], '.2f')} GB/s)")
+          f"{args.devices} CPU devices ({shards} shards) on {where}; median [min-max] of "
+          f"{args.repeats} rounds after a warm-up; load average {load_before[0]:.1f} before, "
+          f"{load_after[0]:.1f} after ({os.cpu_count()} CPUs)")
+    if args.gcs:
+        keys = ("write", "read", "write_parallel", "read_parallel")
+        raw = {k: [r["raw"][k] for r in timed_rounds] for k in keys}
+        print(f"raw emulator, one object:   write "
+              f"{spread([v / gb for v in raw['write']], '.2f')} GB/s   read "
+              f"{spread([v / gb for v in raw['read']], '.2f')} GB/s")
+        print(f"raw emulator, {shards} objects:  write "
+              f"{spread([v / gb for v in raw['write_parallel']], '.2f')} GB/s   read "
+              f"{spread([v / gb for v in raw['read_parallel']], '.2f')} GB/s")
+    else:
+        raw = {k: [r["raw"][k] for r in timed_rounds] for k in ("write", "read", "read_dd")}
+        print(f"raw disk (fsync):  write {spread([v / gb for v in raw['write']], '.2f')} GB/s   "
+              f"read into new memory {spread([v / gb for v in raw['read']], '.2f')} GB/s   "
+              f"(dd-style reused buffer {spread([v / gb for v in raw['read_dd']], '.2f')} GB/s)")
     for name in contenders:
         runs = [r[name] for r in timed_rounds]
-        save_ratio = [r[name]["save"] / r["raw"]["write"] for r in timed_rounds]
-        restore_ratio = [r[name]["restore"] / r["raw"]["read"] for r in timed_rounds]
-        restore_dd = [r[name]["restore"] / r["raw"]["read_dd"] for r in timed_rounds]
         print(f"{name}:")
-        print(f"    save    {median([f['save'] for f in runs]) / gb:6.2f} GB/s  "
-              f"{spread(save_ratio, '.2f')}x raw write")
-        print(f"    restore {median([f['restore'] for f in runs]) / gb:6.2f} GB/s  "
-              f"{spread(restore_ratio, '.2f')}x raw read into new memory  "
-              f"({median(restore_dd):.2f}x dd-style)")
+        if args.gcs:
+            for phase, one, many in (("save", "write", "write_parallel"),
+                                     ("restore", "read", "read_parallel")):
+                ratio_one = [r[name][phase] / r["raw"][one] for r in timed_rounds]
+                ratio_many = [r[name][phase] / r["raw"][many] for r in timed_rounds]
+                print(f"    {phase:7s} {median([f[phase] for f in runs]) / gb:6.2f} GB/s  "
+                      f"{spread(ratio_one, '.2f')}x raw one object  "
+                      f"{spread(ratio_many, '.2f')}x raw {shards} objects (not judged)")
+            print(f"    objects {median([f['objects'] for f in runs]):.0f} per checkpoint; "
+                  f"requests {median([f['save_requests'] for f in runs]):.0f} per save, "
+                  f"{median([f['restore_requests'] for f in runs]):.0f} per restore")
+        else:
+            save_ratio = [r[name]["save"] / r["raw"]["write"] for r in timed_rounds]
+            restore_ratio = [r[name]["restore"] / r["raw"]["read"] for r in timed_rounds]
+            restore_dd = [r[name]["restore"] / r["raw"]["read_dd"] for r in timed_rounds]
+            print(f"    save    {median([f['save'] for f in runs]) / gb:6.2f} GB/s  "
+                  f"{spread(save_ratio, '.2f')}x raw write")
+            print(f"    restore {median([f['restore'] for f in runs]) / gb:6.2f} GB/s  "
+                  f"{spread(restore_ratio, '.2f')}x raw read into new memory  "
+                  f"({median(restore_dd):.2f}x dd-style)")
         print(f"    blocked {median([f['blocked'] for f in runs]) * 1e3:6.1f} ms per save  "
               f"{spread([f['blocked_frac'] * 100 for f in runs], '.1f')}% of the full save  "
               f"(first save in the process: {warmup[name]['blocked_first'] * 1e3:.1f} ms)")
+    orbax = "orbax StandardCheckpointer"
+    if args.gcs and orbax in contenders:
+        for phase in ("save", "restore"):
+            ratio = [r["tardigrade"][phase] / r[orbax][phase] for r in timed_rounds]
+            verdict = "met" if median(ratio) >= 1.0 else "MISSED"
+            print(f"target {phase}: tardigrade / orbax {spread(ratio, '.2f')}x, >= 1.0x: "
+                  f"{verdict}")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 
 READY_TIMEOUT_SECONDS = 30.0
+# An access-log line as fake-gcs-server writes it: ... \"PUT /upload/storage/v1/... HTTP/1.1\" 200
+_ACCESS_LINE = re.compile(r'\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" \d{3}')
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,11 +64,16 @@ class GcsEmulator:
     """`with GcsEmulator(log_path=...) as gcs: gcs.create_bucket("b"); gcs.url`."""
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 log_path: Path | None = None, data_dir: Path | None = None) -> None:
+                 log_path: Path | None = None, data_dir: Path | None = None,
+                 log_requests: bool = False) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = log_path
         self.data_dir = data_dir  # None: in memory
+        # fake-gcs-server logs one access-log line per request at level info.
+        if log_requests and log_path is None:
+            raise ValueError("log_requests needs a log_path to count requests in")
+        self.log_requests = log_requests
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,7 +86,8 @@ class GcsEmulator:
 
     def start(self) -> GcsEmulator:
         argv = [_binary(), "-scheme", "http", "-host", self.host, "-port", str(self.port),
-                "-external-url", self.url, "-log-level", "warn"]
+                "-external-url", self.url, "-log-level",
+                "info" if self.log_requests else "warn"]
         if self.data_dir is None:
             argv += ["-backend", "memory"]
         else:
@@ -135,6 +144,17 @@ class GcsEmulator:
             token = page.get("nextPageToken", "")
             if not token:
                 return names
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(method, path) of every request served so far (needs `log_requests`)."""
+        if not self.log_requests or self.log_path is None:
+            raise RuntimeError("start the emulator with log_requests=True and a log_path")
+        served = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            match = _ACCESS_LINE.search(line)
+            if match:
+                served.append((match.group(1), match.group(2)))
+        return served
 
     def stop(self) -> None:
         if self._proc is None:

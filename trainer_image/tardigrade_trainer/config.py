@@ -47,6 +47,8 @@ class TrainerConfig:
     checkpoint_storage_stall_seconds: int = 60
     # Compare the restored shards with the digests recorded at save time (one hash pass).
     checkpoint_verify_restore: bool = True
+    # Host memory a restore may fill with reads not yet checked and put on their devices.
+    checkpoint_restore_inflight_mib: int = 4096
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
     # here starts training seconds sooner. Must be shared by the hosts that relaunch (a volume,
     # or the machine itself on the local cluster). Unset: JAX's own default (no cache).
@@ -95,6 +97,10 @@ class TrainerConfig:
         if self.checkpoint_storage_retries < 0 or self.checkpoint_storage_stall_seconds < 1:
             raise ConfigError("checkpoint_storage_retries must be >= 0 and "
                               "checkpoint_storage_stall_seconds >= 1")
+        if self.checkpoint_restore_inflight_mib < 1:
+            raise ConfigError("trainer config 'checkpoint_restore_inflight_mib' must be >= 1 "
+                              f"(MiB of reads a restore may have in flight), got "
+                              f"{self.checkpoint_restore_inflight_mib}")
         if self.devices_per_process is not None and self.devices_per_process < 1:
             raise ConfigError("trainer config 'devices_per_process' must be >= 1")
         if self.embed_dim % self.num_heads:

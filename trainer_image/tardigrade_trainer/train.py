@@ -104,6 +104,7 @@ class Trainer:
             storage=StorageRetries(max_retries=config.checkpoint_storage_retries,
                                    stall_seconds=config.checkpoint_storage_stall_seconds),
             verify_restore=config.checkpoint_verify_restore,
+            restore_inflight_bytes=config.checkpoint_restore_inflight_mib << 20,
         )
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:

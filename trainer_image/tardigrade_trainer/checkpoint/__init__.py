@@ -3,6 +3,7 @@
 Layout under the checkpoint root:
 
     step_00000100/arrays/<leaf name>/   one zarr3 array per state leaf, chunk = one shard
+                                        (or one piece of a replicated one: writers.py)
     step_00000100/metadata.json         the commit marker, written last by process 0
 
 A step directory without metadata.json is partial: never restored, deleted later.

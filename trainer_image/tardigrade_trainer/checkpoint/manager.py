@@ -9,12 +9,12 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import re
 import shutil
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from tardigrade_trainer import distributed, testhooks
-from tardigrade_trainer.checkpoint import chunkfiles, digest, durability
+from tardigrade_trainer.checkpoint import chunkfiles, digest, durability, restoreplan, writers
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
 from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
@@ -231,29 +231,6 @@ def gathered_state_hash(tree: Any) -> str:
     return digest.hexdigest()
 
 
-def _writer_devices(name: str, leaf: jax.Array) -> set[jax.Device]:
-    """One device per distinct shard writes it; replicas are spread over hosts.
-
-    With pure data parallelism every parameter is replicated: letting replica 0 write would
-    put the whole checkpoint on process 0's disk bandwidth and network link. Every process
-    computes the same choice, so exactly one copy of each shard is written.
-    """
-    groups: dict[tuple[Any, ...], list[jax.Device]] = {}
-    for device, index in leaf.sharding.devices_indices_map(leaf.shape).items():
-        key = tuple((s.start, s.stop, s.step) for s in index)
-        groups.setdefault(key, []).append(device)
-    writers = set()
-    for key, devices in groups.items():
-        devices.sort(key=lambda d: (d.process_index, d.id))
-        by_process: dict[int, jax.Device] = {}
-        for device in devices:
-            by_process.setdefault(device.process_index, device)
-        candidates = list(by_process.values())
-        pick = zlib.crc32(f"{name}{key}".encode()) % len(candidates)
-        writers.add(candidates[pick])
-    return writers
-
-
 class CheckpointManager:
     """Saves and restores pytrees of `jax.Array`s under one checkpoint root.
 
@@ -272,7 +249,12 @@ class CheckpointManager:
         checksum: bool = False,
         storage: StorageRetries | None = None,
         verify_restore: bool = True,
+        restore_inflight_bytes: int = restoreplan.DEFAULT_INFLIGHT_BYTES,
     ) -> None:
+        if restore_inflight_bytes < 1:
+            raise ValueError(f"restore_inflight_bytes must be >= 1 (bytes of reads a restore "
+                             f"may have in flight), got {restore_inflight_bytes}")
+        self.restore_inflight_bytes = restore_inflight_bytes
         self.root = root.rstrip("/")
         self.keep = keep or KeepLast(3)
         self.barrier_timeout_seconds = barrier_timeout_seconds
@@ -309,6 +291,7 @@ class CheckpointManager:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "checkpoint-writer")
         self._pending: concurrent.futures.Future[CheckpointInfo | None] | None = None
         self._saves = 0  # every process counts the same saves: a gang-wide save id
+        self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
         self.last_committed: CheckpointInfo | None = None
 
     # --- inspection ---------------------------------------------------------------------------
@@ -414,12 +397,18 @@ class CheckpointManager:
     def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
         leaves = jax.tree_util.tree_leaves(state)
         names = leaf_names(state)
-        writers = {
-            name: _writer_devices(name, leaf)
-            for name, leaf in zip(names, leaves, strict=True)
-            if isinstance(leaf, jax.Array)
-        }
-        on_cpu = all(d.platform == "cpu" for ds in writers.values() for d in ds)
+        named = [(name, leaf) for name, leaf in zip(names, leaves, strict=True)
+                 if isinstance(leaf, jax.Array)]
+        # The plan depends only on the layout, which a training loop keeps: computing it
+        # (seconds for thousands of devices) once keeps it out of every later save's stall.
+        layout_key = tuple((name, leaf.shape, leaf.dtype, leaf.sharding) for name, leaf in named)
+        if self._write_plan is None or self._write_plan[0] != layout_key:
+            self._write_plan = (layout_key, writers.plan([writers.layout(name, leaf)
+                                                          for name, leaf in named]))
+        plans = self._write_plan[1]
+        mine = {name: [w for w in p.writes if w.device.process_index == self.process_id]
+                for name, p in plans.items()}
+        on_cpu = all(w.device.platform == "cpu" for ws in mine.values() for w in ws)
         if on_cpu:
             # CPU "device" memory is host memory: a private copy made by the runtime
             # (dispatched asynchronously, ordered before any later donation of the original
@@ -435,20 +424,24 @@ class CheckpointManager:
         else:
             for name, leaf in zip(names, leaves, strict=True):
                 if isinstance(leaf, jax.Array):
+                    devices = {w.device for w in mine[name]}
                     for shard in leaf.addressable_shards:
-                        if shard.device in writers[name]:
+                        if shard.device in devices:
                             shard.data.copy_to_host_async()
         host = []
         for name, leaf in zip(names, leaves, strict=True):
             if isinstance(leaf, jax.Array):
                 shape = tuple(leaf.shape)
-                chunk = tuple(max(1, c) for c in leaf.sharding.shard_shape(leaf.shape))
+                chunk = plans[name].chunk
                 # Off CPU, an explicit host copy: the device buffer may be donated by the next
                 # train step, and device memory is the scarce resource.
+                copies = {shard.device: shard.data if on_cpu else np.array(shard.data)
+                          for shard in leaf.addressable_shards
+                          if any(w.device == shard.device for w in mine[name])}
                 shards = [
-                    (tuple(shard.index), shard.data if on_cpu else np.array(shard.data))
-                    for shard in leaf.addressable_shards
-                    if shard.device in writers[name]
+                    (w.region, copies[w.device] if w.region == w.shard
+                     else writers.ShardPiece(copies[w.device], w.local()))
+                    for w in mine[name]
                 ]
                 dtype = np.dtype(leaf.dtype).name
             else:
@@ -657,7 +650,7 @@ class CheckpointManager:
 
     # --- restore ------------------------------------------------------------------------------
     def _read_box(self, store: ts.TensorStore, box: digest.Region,
-                  recorded: Mapping[str, str] | None, algorithm: str,
+                  pieces: list[digest.Piece] | None, algorithm: str,
                   files: _ChunkFiles | None, scratches: dict[str, _Scratch]) -> _PendingRead:
         """Read `box` of `store` into new memory, piece by recorded piece when checking.
 
@@ -665,14 +658,9 @@ class CheckpointManager:
         """
         buffer = _page_aligned_empty(tuple(b.stop - b.start for b in box),
                                      store.dtype.numpy_dtype)
-        if recorded is None:
+        if pieces is None:
             read = self._read_region(store, box, buffer, files)
             return _PendingRead(buffer, box, [_Part(None, read, view=buffer)], algorithm)
-        try:
-            pieces = digest.plan_pieces(box, recorded)
-        except ValueError as err:
-            raise CheckpointCorruptError(f"the commit marker's digests are incomplete: {err}"
-                                         ) from err
         parts = []
         for piece in pieces:
             if piece.inside:
@@ -752,33 +740,63 @@ class CheckpointManager:
                 ts.open(self._array_spec(directory, n), open=True, read=True, context=self._context)
                 for n in names
             ]
-            reads: list[list[tuple[jax.Device, Any]]] = []
+            # Reads are consumed (checked, put on their devices) oldest first, as soon as the
+            # next ones would exceed the bytes allowed in flight.
+            window = restoreplan.ReadWindow(self.restore_inflight_bytes)
+            placed: list[tuple[list[jax.Device], dict[jax.Device, jax.Array]]] = []
+
+            def place(read: _PendingRead, name: str, devices: list[jax.Device],
+                      into: dict[jax.Device, jax.Array]) -> None:
+                buffer = read.result(mismatches, name)
+                for device in devices:
+                    into[device] = jax.device_put(buffer, device)
+
             for name, store_future, leaf in zip(names, stores, leaves, strict=True):
                 store = store_future.result()
                 recorded = info.digests.get(name) if check else None
+                try:
+                    regions = (None if recorded is None
+                               else restoreplan.RegionIndex(recorded, len(leaf.shape)))
+                except ValueError as err:
+                    raise CheckpointCorruptError(
+                        f"the commit marker's digests are incomplete: {err}") from err
                 files = self._chunk_files(directory, name, store)
-                by_box: dict[str, _PendingRead] = {}  # slices are unhashable before 3.12
-                scratches: dict[str, _Scratch] = {}
-                per_device = []
+                itemsize = store.dtype.numpy_dtype.itemsize
+                # slices are unhashable before 3.12: boxes are keyed by their region key
+                boxes: dict[str, list[jax.Device]] = {}
+                order = []
                 for device, index in leaf.sharding.addressable_devices_indices_map(
                     leaf.shape
                 ).items():
-                    key = digest.region_key(index, leaf.shape)
-                    if key not in by_box:
-                        by_box[key] = self._read_box(store, digest.parse_region(key), recorded,
-                                                     algorithm, files, scratches)
-                        checked += sum(part.piece is not None and part.scratch is None
-                                       for part in by_box[key].parts)
-                    per_device.append((device, by_box[key]))
+                    boxes.setdefault(digest.region_key(index, leaf.shape), []).append(device)
+                    order.append(device)
+                on_device: dict[jax.Device, jax.Array] = {}
+                placed.append((order, on_device))
+                scratches: dict[str, _Scratch] = {}
+                for key, devices in boxes.items():
+                    box = digest.parse_region(key)
+                    try:
+                        pieces = None if regions is None else regions.pieces(box)
+                    except ValueError as err:
+                        raise CheckpointCorruptError(
+                            f"the commit marker's digests are incomplete: {err}") from err
+                    new_scratch = {p.key: p.region for p in pieces or ()
+                                   if not p.inside and p.key not in scratches}
+                    nbytes = itemsize * sum(math.prod(r.stop - r.start for r in region)
+                                            for region in [box, *new_scratch.values()])
+                    window.admit(nbytes)
+                    read = self._read_box(store, box, pieces, algorithm, files, scratches)
+                    checked += sum(part.piece is not None and part.scratch is None
+                                   for part in read.parts)
+                    window.started(nbytes, functools.partial(place, read, name, devices,
+                                                             on_device))
                 checked += len(scratches)
-                reads.append(per_device)
-            arrays = []
-            for name, leaf, per_device in zip(names, leaves, reads, strict=True):
-                buffers = [jax.device_put(read.result(mismatches, name), device)
-                           for device, read in per_device]
-                arrays.append(
-                    jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, buffers)
-                )
+            window.drain()
+            arrays = [
+                jax.make_array_from_single_device_arrays(
+                    leaf.shape, leaf.sharding, [on_device[device] for device in order])
+                for leaf, (order, on_device) in zip(leaves, placed, strict=True)
+            ]
         except CheckpointError:
             raise
         except Exception as err:
