@@ -63,18 +63,24 @@ def test_rendered_manifests_are_valid_kubernetes(values):
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
-def test_namespaced_mode_grants_only_namespaced_roles():
+def test_namespaced_mode_grants_only_namespaced_roles_and_reading_nodes():
     docs = render("watch.allNamespaces=false", "watch.namespaces={ml,lab}")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["lab", "ml"]
-    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert [r["metadata"]["name"] for r in cluster_roles] == ["tardigrade-discovery"]
-    cluster_rules = cluster_roles[0]["rules"]
-    assert all("pods" not in rule["resources"] for rule in cluster_rules)
-    assert all("nodes" not in rule["resources"] for rule in cluster_rules)
-    args = next(d for d in docs if d["kind"] == "Deployment")[
-        "spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=ml" in args and "--all-namespaces" not in args
+    cluster_roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    assert sorted(cluster_roles) == ["tardigrade-discovery", "tardigrade-nodes"]
+    assert all("pods" not in rule["resources"] and "nodes" not in rule["resources"]
+               for rule in cluster_roles["tardigrade-discovery"])
+    # Nodes are cluster-scoped: read-only, through a ClusterRole bound to the operator.
+    assert cluster_roles["tardigrade-nodes"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
+                   and d["roleRef"]["name"] == "tardigrade-nodes")
+    assert binding["subjects"][0]["name"] == "tardigrade"
+    container = next(d for d in docs if d["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert "--namespace=ml" in container["args"] and "--all-namespaces" not in container["args"]
+    assert {"name": "TARDIGRADE_WATCH_NODES", "value": "true"} in container["env"]
 
 
 def test_values_schema_rejects_bad_values():

@@ -1,0 +1,87 @@
+"""End to end: GKE schedules host maintenance on a node of a training gang (the node label
+with the start time, then the node's termination). The gang saves and moves off that node
+before the window: a planned migration, no step lost. Real operator, real JAX trainers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.disruptions import SCHEDULED_MAINTENANCE_LABEL
+
+from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
+
+pytestmark = pytest.mark.slow
+
+# Inside the job's default lead time (spec.preemption.maintenanceLeadSeconds, 30 min), and
+# long enough for a save and a relaunch on a busy 2-core machine.
+MAINTENANCE_IN = 75.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("maintenance")
+    with LocalCluster(root / "cluster", nodes=3) as local:
+        yield Cluster(local)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
+        yield process
+
+
+def test_gang_moves_off_a_node_before_its_host_maintenance(
+        cluster: Cluster, operator: OperatorProcess):
+    name = "e2e-maint"
+    job = trainingjob(name, steps=1_000_000)  # trains for as long as the test looks
+    job["spec"]["checkpoint"]["interval"] = {"steps": 1000}
+    cluster.apply(job)
+    log = cluster.step_log(name)
+    cluster.wait_phase(name, {"Running"}, timeout=300, collector=log)
+    wait_for(lambda: (log.collect(), log.last_step >= 5)[1], 120, "training past step 5",
+             interval=0.5)
+    victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
+    node = victim.spec.node_name
+    start = cluster.local.schedule_maintenance(node, MAINTENANCE_IN)
+    assert cluster.core.read_node(node).metadata.labels[SCHEDULED_MAINTENANCE_LABEL] == \
+        str(int(start))
+
+    def moved() -> list | None:
+        log.collect()
+        gang = [p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/attempt"]
+                == "2" and p.status.phase == "Running" and p.spec.node_name]
+        trained = any(r.get("event") == "step" and r["attempt"] == 2 for r in log.records)
+        return gang if len(gang) == 2 and trained else None
+
+    gang = wait_for(moved, MAINTENANCE_IN, "the gang training on other nodes", interval=0.5)
+    assert time.time() < start, "the gang moved only after the maintenance began"
+    assert node not in {p.spec.node_name for p in gang}
+    status = cluster.status(name)
+    recovery = status["recoveries"][-1]
+    assert recovery["cause"] == "Migration", recovery
+    assert node in recovery["reason"], recovery
+    assert status["restarts"]["migrations"] == 1
+    assert status["restarts"]["preemptions"] == status["restarts"]["failures"] == 0
+    # Every rank saved the step it stopped at and the new gang resumed from it.
+    assert recovery["stepsLost"] == 0, recovery
+    assert log.restored == [recovery["restoreStep"]]
+    assert all(len(losses) == 1 for losses in log.losses.values()), "a step was trained twice"
+    reasons = [e.reason for e in cluster.core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={name}").items]
+    assert "Migration" in reasons, reasons
+
+    # The maintenance then takes the node down; the gang is elsewhere and trains on.
+    wait_for(lambda: node not in {n.metadata.name for n in cluster.core.list_node().items},
+             MAINTENANCE_IN + 60, "the maintenance to take the node down", interval=0.5)
+    before = cluster.status(name)["step"]
+    wait_for(lambda: cluster.status(name)["step"] > before + 10, 60, "training on",
+             interval=0.5)
+    status = cluster.status(name)
+    operator.assert_alive()
+    assert status["phase"] == "Running", status
+    assert status["restarts"]["total"] == 1, status["recoveries"]
+    cluster.kubectl("delete", "trainingjob", name, "--wait=false")
