@@ -13,13 +13,15 @@ number of steps) runs through the local cluster and the operator, one arm after 
                    periodic checkpoints survive, what JobSet- or Kubeflow-style restarts give;
   d resized        `kubectl scale` 2 -> 1 -> 2 ... on the same schedule (down and up: a
                    third rank would only oversubscribe a 2-core machine);
-  e halted         ungraceful loss on the same schedule: the VM of a random rank stops without
-                   a shutdown (`tardigrade local halt`): the Node object stays, turns Unknown
-                   after the node monitor grace period, the VM comes back under its name later;
-                   no notice, so no save: the operator relaunches from the last commit;
-  f window         spot reclaims as in (b) with a trainer state of about 100 MB, so that the
-                   save on notice takes a measurable share of the 15 s window
-                   (spec.preemption.shutdownWindowSeconds, default 15, and the cluster's 15 s).
+  e halted         one ungraceful loss at the schedule's first point: the VM of a random rank
+                   stops without a shutdown (`tardigrade local halt`): the Node object stays,
+                   turns Unknown after the node monitor grace period, the VM comes back under
+                   its name later; no notice, so no save: the operator relaunches from the last
+                   commit;
+  f window         two spot reclaims as in (b) with a trainer state of about 100 MB, so that
+                   the save on notice takes a measurable share of the 15 s window
+                   (spec.preemption.shutdownWindowSeconds, default 15, and the cluster's 15 s);
+                   60 steps of its own (its steps are slow).
 
 Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
 wall time, its ratio to arm a, the time to recover per disruption (from the disruption to the
@@ -97,6 +99,10 @@ class Arm:
     trainer: tuple[tuple[str, Any], ...] = ()
     # Periodic checkpoints; None keeps the example's (every 25 steps or 60 s).
     interval_steps: int | None = None
+    # At most this many disruptions per run (None: as the schedule allows).
+    at_most: int | None = None
+    # Its own step count (None: the run's): for a model whose steps are slow.
+    steps: int | None = None
 
 
 ARMS = {
@@ -104,10 +110,14 @@ ARMS = {
     "b": Arm("b", "preempted", "preemption"),
     "c": Arm("c", "no-save", "preemption", save_on_preemption=False),
     "d": Arm("d", "resized", "resize"),
-    "e": Arm("e", "halted", "halt"),
-    # Periodic saves of 108 MB every 25 steps would be most of the run: every 200.
+    # One halt: each costs about two minutes (node monitor grace, the operator's bound, the
+    # survivors' grace), so a schedule of halts every 20-60 s would only halt relaunches.
+    "e": Arm("e", "halted", "halt", at_most=1),
+    # A step of this model takes about 1.6 s on a busy 2-core machine (its gradients are
+    # all-reduced between the ranks over loopback), so it runs 60 steps, is reclaimed twice,
+    # and saves periodically only every 200 steps: it measures the save on notice.
     "f": Arm("f", "window", "preemption", trainer=tuple(BIG_STATE_TRAINER.items()),
-             interval_steps=200),
+             interval_steps=200, steps=60, at_most=2),
 }
 
 
@@ -168,8 +178,11 @@ class Bench:
         return [p for p in pods if p.status.phase == "Running"
                 and not p.metadata.deletion_timestamp and p.spec.node_name]
 
+    def steps(self, arm: Arm) -> int:
+        return arm.steps or self.settings.steps
+
     def job(self, arm: Arm) -> dict[str, Any]:
-        job = demo_job(self.settings.steps)
+        job = demo_job(self.steps(arm))
         name = f"goodput-{arm.name}"
         job["metadata"]["name"] = name
         job["spec"]["trainer"]["log_every"] = 1  # every step's time: the goodput needs them
@@ -225,8 +238,9 @@ class Bench:
             training = (status.get("phase") == "Running" and len(gang) == replicas
                         and any(int(r["attempt"]) == attempt and float(r["time"]) > since
                                 for r in steps))
-            if (arm.disruption and training and next_at is not None and now >= next_at
-                    and log.last_step < self.settings.steps * 0.9):
+            more = arm.at_most is None or len(disruptions) < arm.at_most
+            if (arm.disruption and more and training and next_at is not None and now >= next_at
+                    and log.last_step < self.steps(arm) * 0.9):
                 victim = rng.randrange(replicas)
                 when = time.time()
                 # A training gang has every rank.
@@ -435,7 +449,7 @@ def main() -> None:
                          shutdown_grace_seconds=settings.grace_seconds) as cluster:
         bench = Bench(cluster, settings, args.seed)
         for arm in arms:
-            print(f"arm ({arm.key}) {arm.name}: {settings.steps} steps", flush=True)
+            print(f"arm ({arm.key}) {arm.name}: {bench.steps(arm)} steps", flush=True)
             try:
                 results.append(bench.run(arm))
             except (TimeoutError, RuntimeError) as err:
