@@ -50,26 +50,35 @@ def test_gang_moves_off_a_node_before_its_host_maintenance(
     assert cluster.core.read_node(node).metadata.labels[SCHEDULED_MAINTENANCE_LABEL] == \
         str(int(start))
 
-    def moved() -> list | None:
+    def moved() -> tuple[dict, list] | None:
+        # The migration's own attempt: on a loaded machine an unrelated restart may come first.
         log.collect()
+        status = cluster.status(name)
+        recovery = next((r for r in status.get("recoveries") or []
+                         if r["cause"] == "Migration"), None)
+        if recovery is None:
+            return None
+        attempt = recovery["attempt"]
         gang = [p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/attempt"]
-                == "2" and p.status.phase == "Running" and p.spec.node_name]
-        trained = any(r.get("event") == "step" and r["attempt"] == 2 for r in log.records)
-        return gang if len(gang) == 2 and trained else None
+                == str(attempt) and p.status.phase == "Running" and p.spec.node_name]
+        trained = any(r.get("event") == "step" and r["attempt"] == attempt for r in log.records)
+        return (recovery, gang) if len(gang) == 2 and trained else None
 
-    gang = wait_for(moved, MAINTENANCE_IN, "the gang training on other nodes", interval=0.5)
+    recovery, gang = wait_for(moved, MAINTENANCE_IN, "the gang training on other nodes",
+                              interval=0.5)
     assert time.time() < start, "the gang moved only after the maintenance began"
-    assert node not in {p.spec.node_name for p in gang}
     status = cluster.status(name)
-    recovery = status["recoveries"][-1]
-    assert recovery["cause"] == "Migration", recovery
+    assert node not in {p.spec.node_name for p in gang}, (status["recoveries"], [
+        (p.metadata.name, p.spec.node_name, p.spec.affinity) for p in gang])
     assert node in recovery["reason"], recovery
     assert status["restarts"]["migrations"] == 1
-    assert status["restarts"]["preemptions"] == status["restarts"]["failures"] == 0
-    # Every rank saved the step it stopped at and the new gang resumed from it.
+    # Every rank saved the step it stopped at and the new gang resumed from it: the gang it
+    # replaced computed no step past that one.
     assert recovery["stepsLost"] == 0, recovery
-    assert log.restored == [recovery["restoreStep"]]
-    assert all(len(losses) == 1 for losses in log.losses.values()), "a step was trained twice"
+    assert recovery["restoreStep"] in log.restored
+    before = [r["step"] for r in log.records
+              if r.get("event") == "step" and r["attempt"] == recovery["attempt"] - 1]
+    assert before and max(before) == recovery["restoreStep"], (max(before), recovery)
     reasons = [e.reason for e in cluster.core.list_namespaced_event(
         "default", field_selector=f"involvedObject.name={name}").items]
     assert "Migration" in reasons, reasons
@@ -77,11 +86,11 @@ def test_gang_moves_off_a_node_before_its_host_maintenance(
     # The maintenance then takes the node down; the gang is elsewhere and trains on.
     wait_for(lambda: node not in {n.metadata.name for n in cluster.core.list_node().items},
              MAINTENANCE_IN + 60, "the maintenance to take the node down", interval=0.5)
-    before = cluster.status(name)["step"]
-    wait_for(lambda: cluster.status(name)["step"] > before + 10, 60, "training on",
+    step = cluster.status(name)["step"]
+    wait_for(lambda: cluster.status(name)["step"] > step + 10, 60, "training on",
              interval=0.5)
     status = cluster.status(name)
     operator.assert_alive()
     assert status["phase"] == "Running", status
-    assert status["restarts"]["total"] == 1, status["recoveries"]
+    assert status["attempt"] == recovery["attempt"], status["recoveries"]  # untouched by it
     cluster.kubectl("delete", "trainingjob", name, "--wait=false")
