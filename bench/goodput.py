@@ -1,23 +1,38 @@
 """Goodput of one training job under preemptions and resizes, on the local cluster.
 
-    python bench/goodput.py [--quick] [--seed 0] [--out DIR] [--arms a,b,c,d]
+    python bench/goodput.py [--quick] [--seed 0] [--out DIR] [--arms a,b,c,d,e,f]
 
 The same TrainingJob (examples/trainingjob.yaml: the reference trainer, 2 ranks, a fixed
 number of steps) runs through the local cluster and the operator, one arm after the other:
 
   a undisturbed    nobody touches it: the baseline every ratio is taken against;
   b preempted      spot reclaims on a seeded schedule (every 45-60 s): the node of a random
-                   rank gets DisruptionTarget and SIGTERM, then is gone after the grace period;
+                   rank gets DisruptionTarget and SIGTERM, then is gone after the grace period
+                   (the local cluster's default: GKE spot's 15 s for regular pods);
   c no-save        the same schedule with `checkpoint.saveOnPreemption: false`: only the
                    periodic checkpoints survive, what JobSet- or Kubeflow-style restarts give;
   d resized        `kubectl scale` 2 -> 1 -> 2 ... on the same schedule (down and up: a
-                   third rank would only oversubscribe a 2-core machine).
+                   third rank would only oversubscribe a 2-core machine);
+  e halted         one ungraceful loss at the schedule's first point: the VM of a random rank
+                   stops without a shutdown (`tardigrade local halt`): the Node object stays,
+                   turns Unknown after the node monitor grace period, the VM comes back under
+                   its name later; no notice, so no save: the operator relaunches from the last
+                   commit;
+  f window         two spot reclaims as in (b) with a trainer state of about 100 MB, so that
+                   the save on notice takes a measurable share of the 15 s window
+                   (spec.preemption.shutdownWindowSeconds, default 15, and the cluster's 15 s);
+                   60 steps of its own (its steps are slow).
 
 Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
 wall time, its ratio to arm a, the time to recover per disruption (from the disruption to the
 first step of the relaunched gang; p50/p99) and the steps lost per disruption (computed but not
-kept). Step times come from the trainer's own log (see tardigrade_local/goodput.py).
-Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice (b, d).
+kept), and for saves on notice the seconds from SIGTERM to the committed save against the
+window (the trainer's `preempted` event). Step times come from the trainer's own log (see
+tardigrade_local/goodput.py).
+Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice (b, d, f);
+f's save on notice inside the window; e's relaunched gang training within the node monitor
+grace period + the operator's TARDIGRADE_NODE_LOST_AFTER_SECONDS + the survivors' SIGTERM grace
++ RELAUNCH_SLACK_SECONDS. An arm that saw no disruption judges no target.
 """
 
 from __future__ import annotations
@@ -41,21 +56,53 @@ sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_clus
 
 from tardigrade_local.cluster import LocalCluster, operator_command  # noqa: E402
 from tardigrade_local.demo import demo_job  # noqa: E402
+from tardigrade_local.disruptions import (  # noqa: E402
+    DEFAULT_REPLACE_AFTER_SECONDS,
+    REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
+)
 from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
 from tardigrade_local.kubelet import NodeConfig  # noqa: E402
+from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS  # noqa: E402
 from tardigrade_local.steplog import StepLog  # noqa: E402
 
 NS = "default"
 GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
-NODE_RETURNS_AFTER_SECONDS = 2.0  # a reclaimed spot VM's replacement joins the pool
+# A reclaimed spot VM comes back under its name (the local cluster's stand-in for the node
+# pool's managed instance group; disruptions.DEFAULT_REPLACE_AFTER_SECONDS).
+NODE_RETURNS_AFTER_SECONDS = DEFAULT_REPLACE_AFTER_SECONDS
+# The operator's default TARDIGRADE_NODE_LOST_AFTER_SECONDS (config.py), which the bench's
+# operator runs with.
+NODE_LOST_AFTER_SECONDS = 60.0
+# (e): the surviving ranks' SIGTERM grace (the example's terminationGracePeriodSeconds): their
+# save on notice cannot complete without the frozen peer, and the relaunch waits for them.
+SURVIVOR_GRACE_SECONDS = 30.0
+# (e): how far past that the relaunch's first step may come: the operator's resync, pod start,
+# JAX start-up and restore on a busy 2-core machine.
+RELAUNCH_SLACK_SECONDS = 30.0
+# (e): a halted VM boots again after this long: past the point where the operator gives up on
+# it, so the arm measures the operator's bounded relaunch, not the reboot.
+HALTED_VM_BACK_AFTER_SECONDS = (NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS
+                                + SURVIVOR_GRACE_SECONDS + 20.0)
+# (f): about 9 M parameters, 108 MB of state with Adam's two moments (float32), on a batch so
+# small that a step stays cheap on 2 cores: the save on notice is what costs.
+BIG_STATE_TRAINER = {"embed_dim": 256, "mlp_dim": 8192, "num_layers": 2, "num_heads": 4,
+                     "global_batch_size": 4, "seq_len": 8}
 
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
     key: str
     name: str
-    disruption: str | None  # None, "preemption" or "resize"
+    disruption: str | None  # None, "preemption", "resize" or "halt"
     save_on_preemption: bool = True
+    # Trainer settings on top of the example's; an arm with its own model has no ratio to (a).
+    trainer: tuple[tuple[str, Any], ...] = ()
+    # Periodic checkpoints; None keeps the example's (every 25 steps or 60 s).
+    interval_steps: int | None = None
+    # At most this many disruptions per run (None: as the schedule allows).
+    at_most: int | None = None
+    # Its own step count (None: the run's): for a model whose steps are slow.
+    steps: int | None = None
 
 
 ARMS = {
@@ -63,6 +110,14 @@ ARMS = {
     "b": Arm("b", "preempted", "preemption"),
     "c": Arm("c", "no-save", "preemption", save_on_preemption=False),
     "d": Arm("d", "resized", "resize"),
+    # One halt: each costs about two minutes (node monitor grace, the operator's bound, the
+    # survivors' grace), so a schedule of halts every 20-60 s would only halt relaunches.
+    "e": Arm("e", "halted", "halt", at_most=1),
+    # A step of this model takes about 1.6 s on a busy 2-core machine (its gradients are
+    # all-reduced between the ranks over loopback), so it runs 60 steps, is reclaimed twice,
+    # and saves periodically only every 200 steps: it measures the save on notice.
+    "f": Arm("f", "window", "preemption", trainer=tuple(BIG_STATE_TRAINER.items()),
+             interval_steps=200, steps=60, at_most=2),
 }
 
 
@@ -70,7 +125,8 @@ ARMS = {
 class Settings:
     steps: int = 1200
     every_seconds: tuple[float, float] = (45.0, 60.0)
-    grace_seconds: float = 20.0
+    # What regular pods get when a spot node shuts down: GKE's 15 s of the 30 s notice.
+    grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
     resize_between: tuple[int, int] = (1, 2)
     timeout_seconds: float = 1800.0  # per arm: a guard against a stuck job, not a budget
 
@@ -87,6 +143,12 @@ class ArmResult:
     disruptions: list[Disruption]
     runs: list[dict[str, Any]]
     recoveries: list[dict[str, Any]]  # the operator's own account (status.recoveries)
+    # Rank 0's saves on notice: (seconds from SIGTERM to the committed save, the window).
+    notice_saves: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+
+    def comparable(self) -> bool:
+        """Trains the same model as arm (a): its wall time and goodput have a ratio to a's."""
+        return not self.arm.trainer
 
 
 class Bench:
@@ -116,14 +178,20 @@ class Bench:
         return [p for p in pods if p.status.phase == "Running"
                 and not p.metadata.deletion_timestamp and p.spec.node_name]
 
+    def steps(self, arm: Arm) -> int:
+        return arm.steps or self.settings.steps
+
     def job(self, arm: Arm) -> dict[str, Any]:
-        job = demo_job(self.settings.steps)
+        job = demo_job(self.steps(arm))
         name = f"goodput-{arm.name}"
         job["metadata"]["name"] = name
         job["spec"]["trainer"]["log_every"] = 1  # every step's time: the goodput needs them
         checkpoint = job["spec"]["checkpoint"]
         checkpoint["path"] = f"gs://tardigrade/checkpoints/{name}-{self.seed}"
         checkpoint["saveOnPreemption"] = arm.save_on_preemption
+        if arm.interval_steps is not None:
+            checkpoint["interval"] = {"steps": arm.interval_steps}
+        job["spec"]["trainer"].update(dict(arm.trainer))
         return job
 
     def run(self, arm: Arm) -> ArmResult:
@@ -158,24 +226,35 @@ class Bench:
             steps = [r for r in log.records if r.get("event") == "step"]
             if arm.disruption and steps and next_at is None:
                 next_at = float(steps[0]["time"]) + rng.uniform(*self.settings.every_seconds)
-            gang = self.live_pods(name)
-            attempt = max((int(p.metadata.labels["tardigrade.dev/attempt"]) for p in gang),
+            live = self.live_pods(name)
+            attempt = max((int(p.metadata.labels["tardigrade.dev/attempt"]) for p in live),
                           default=-1)
-            # Disrupt only a gang that trains (a recovery in progress defers the next one),
-            # and not in the last stretch, where it would measure nothing.
+            # A halted node's pods stay Running in the API after the relaunch: not the gang.
+            gang = [p for p in live if int(p.metadata.labels["tardigrade.dev/attempt"]) == attempt]
+            # Disrupt only a gang that trained since the last disruption (a recovery in
+            # progress defers the next one; a halted node's pods look Running until the
+            # relaunch), and not in the last stretch, where it would measure nothing.
+            since = disruptions[-1].time if disruptions else 0.0
             training = (status.get("phase") == "Running" and len(gang) == replicas
-                        and any(int(r["attempt"]) == attempt for r in steps))
-            if (arm.disruption and training and next_at is not None and now >= next_at
-                    and log.last_step < self.settings.steps * 0.9):
+                        and any(int(r["attempt"]) == attempt and float(r["time"]) > since
+                                for r in steps))
+            more = arm.at_most is None or len(disruptions) < arm.at_most
+            if (arm.disruption and more and training and next_at is not None and now >= next_at
+                    and log.last_step < self.steps(arm) * 0.9):
                 victim = rng.randrange(replicas)
                 when = time.time()
+                # A training gang has every rank.
+                pod = next(p for p in gang
+                           if p.metadata.labels["tardigrade.dev/rank"] == str(victim))
                 if arm.disruption == "preemption":
-                    pod = next(p for p in gang
-                               if p.metadata.labels["tardigrade.dev/rank"] == str(victim))
+                    # The grace is the cluster's own (Settings.grace_seconds, set at start).
                     self.cluster.preempt_node(pod.spec.node_name,
-                                              grace_seconds=self.settings.grace_seconds,
                                               replace_after_seconds=NODE_RETURNS_AFTER_SECONDS)
                     what = f"preempted {pod.spec.node_name} (rank {victim})"
+                elif arm.disruption == "halt":
+                    self.cluster.halt_node(pod.spec.node_name,
+                                           back_after_seconds=HALTED_VM_BACK_AFTER_SECONDS)
+                    what = f"halted {pod.spec.node_name} (rank {victim})"
                 else:
                     low, high = self.settings.resize_between
                     replicas = high if replicas == low else low
@@ -191,8 +270,11 @@ class Bench:
         runs = [{"attempt": int(r["attempt"]), "step": int(r["step"]),
                  "time": float(r["time"]) - submitted}
                 for r in final.records if r.get("event") == "step"]
+        notice_saves = [(float(r["seconds_since_notice"]), float(r["shutdown_window_seconds"]))
+                        for r in final.records if r.get("event") == "preempted"
+                        and r.get("shutdown_window_seconds")]
         return ArmResult(arm, report, submitted, disruptions, runs,
-                         list(status.get("recoveries") or []))
+                         list(status.get("recoveries") or []), notice_saves)
 
 
 # --- what it prints and leaves behind --------------------------------------------------------
@@ -210,13 +292,15 @@ def summary_rows(results: list[ArmResult]) -> list[dict[str, str]]:
         stopped = [c.stopped_seconds for c in costs if c.stopped_seconds is not None]
         relaunch = [c.relaunch_seconds for c in costs if c.relaunch_seconds is not None]
         lost = [c.steps_lost for c in costs]
+        ratio = base is not None and result.comparable()
+        saves = [used / window for used, window in result.notice_saves]
         rows.append({
             "arm": f"({result.arm.key}) {result.arm.name}",
             "disruptions": f"{len(costs)} {result.arm.disruption or ''}".strip(),
             "wall s": _fmt(report.wall_seconds),
-            "wall vs (a)": _fmt(report.wall_seconds / base.wall_seconds, ".2f") if base else "-",
+            "wall vs (a)": _fmt(report.wall_seconds / base.wall_seconds, ".2f") if ratio else "-",
             "goodput": _fmt(report.goodput, ".3f"),
-            "goodput vs (a)": _fmt(report.goodput / base.goodput, ".2f") if base else "-",
+            "goodput vs (a)": _fmt(report.goodput / base.goodput, ".2f") if ratio else "-",
             "recovery p50 / p99 s": (f"{_fmt(percentile(recovery, 0.5))} / "
                                      f"{_fmt(percentile(recovery, 0.99))}") if costs else "-",
             # Where the p50 recovery goes: old gang stopped (saved), new trainer started.
@@ -226,6 +310,10 @@ def summary_rows(results: list[ArmResult]) -> list[dict[str, str]]:
             "steps lost / disruption (mean, max)": (
                 f"{sum(lost) / len(lost):.1f}, {max(lost)}" if lost else "-"),
             "steps computed / kept": f"{report.steps_computed} / {report.steps_kept}",
+            # Seconds from SIGTERM to the committed save, as a share of the shutdown window.
+            "save on notice / window (max)": (
+                f"{max(used for used, _ in result.notice_saves):.2f} s / "
+                f"{result.notice_saves[0][1]:g} s ({max(saves):.2f})" if saves else "-"),
         })
     return rows
 
@@ -249,7 +337,7 @@ def verdicts(results: list[ArmResult]) -> list[str]:
         else:
             ratio = by_key["b"].goodput / by_key["a"].goodput
             lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio >= 0.9 else 'MISSED'}")
-    for key in ("b", "d"):
+    for key in ("b", "d", "f"):
         if key not in by_key:
             continue
         target = f"target zero steps lost with notice ({key})"
@@ -258,6 +346,29 @@ def verdicts(results: list[ArmResult]) -> list[str]:
             continue
         lost = sum(c.steps_lost for c in by_key[key].costs)
         lines.append(f"{target}: {lost} lost -> {'met' if lost == 0 else 'MISSED'}")
+    window = next((r for r in results if r.arm.key == "f"), None)
+    if window is not None:
+        target = "target (f) save on notice inside the shutdown window"
+        if not window.report.costs or not window.notice_saves:
+            lines.append(f"{target}: not judged, arm (f) saw no save on notice")
+        else:
+            share = max(used / limit for used, limit in window.notice_saves)
+            lines.append(f"{target}: {share:.2f} of it at most -> "
+                         f"{'met' if share < 1 else 'MISSED'}")
+    if "e" in by_key:
+        bound = (NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS + SURVIVOR_GRACE_SECONDS
+                 + RELAUNCH_SLACK_SECONDS)
+        target = (f"target (e) training again within {bound:g} s of an ungraceful loss (node "
+                  "monitor grace + node-lost-after + survivors' grace + slack)")
+        recovery = [c.recovery_seconds for c in by_key["e"].costs]
+        if not recovery:
+            lines.append(f"{target}: not judged, arm (e) saw no halt")
+        elif any(r is None for r in recovery):
+            lines.append(f"{target}: MISSED, training never resumed after a halt")
+        else:
+            worst = max(r for r in recovery if r is not None)
+            lines.append(f"{target}: {worst:.1f} s at most -> "
+                         f"{'met' if worst <= bound else 'MISSED'}")
     return lines
 
 
@@ -277,6 +388,8 @@ def write_outputs(results: list[ArmResult], settings: Settings, out: Path) -> No
                 "steps_lost": c.steps_lost,
             } for c in r.report.costs],
             "operator_recoveries": r.recoveries,
+            "notice_saves": [{"seconds_since_notice": used, "window_seconds": limit}
+                             for used, limit in r.notice_saves],
             "steps": r.runs,
         } for r in results],
     }
@@ -293,7 +406,8 @@ def plot(results: list[ArmResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(9, 4.8), dpi=110)
-    colors = {"a": "0.45", "b": "tab:blue", "c": "tab:red", "d": "tab:orange"}
+    colors = {"a": "0.45", "b": "tab:blue", "c": "tab:red", "d": "tab:orange", "e": "tab:purple",
+              "f": "tab:green"}
     for result in results:
         color = colors[result.arm.key]
         runs = sorted(result.runs, key=lambda r: r["time"])
@@ -317,7 +431,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short job, short intervals")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arms", default="a,b,c,d", help="which arms, in order (a,b,c,d)")
+    parser.add_argument("--arms", default="a,b,c,d",
+                        help="which arms, in order (a,b,c,d,e,f; e and f are opt-in)")
     parser.add_argument("--steps", type=int, help="override the job's step count")
     parser.add_argument("--out", type=Path, help="write goodput.json/.md/.png here")
     args = parser.parse_args()
@@ -334,7 +449,7 @@ def main() -> None:
                          shutdown_grace_seconds=settings.grace_seconds) as cluster:
         bench = Bench(cluster, settings, args.seed)
         for arm in arms:
-            print(f"arm ({arm.key}) {arm.name}: {settings.steps} steps", flush=True)
+            print(f"arm ({arm.key}) {arm.name}: {bench.steps(arm)} steps", flush=True)
             try:
                 results.append(bench.run(arm))
             except (TimeoutError, RuntimeError) as err:

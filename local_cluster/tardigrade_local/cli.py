@@ -193,6 +193,25 @@ def partition(
     typer.echo(f"node/{node} partitioned for {seconds:g}s")
 
 
+@app.command()
+def maintenance(
+    node: str,
+    in_seconds: float = typer.Option(..., "--in", min=0,
+                                     help="Seconds until the maintenance starts."),
+    back_after: float | None = typer.Option(
+        None, help="Seconds after the shutdown until the VM is back under its name [default: "
+        "the cluster's, set by `local up --replace-after/--no-replace`]."),
+    state_dir: Path | None = StateDir,
+) -> None:
+    """Scheduled host maintenance of a GPU/TPU node, as GKE does it: the node is labelled
+    cloud.google.com/scheduled-maintenance-time=<start, epoch seconds> now; at the start it is
+    tainted cloud.google.com/impending-node-termination:NoSchedule and shut down, its pods
+    getting their own grace period (at most 1 h), and the VM comes back under its name."""
+    start = _attach(state_dir).schedule_maintenance(node, in_seconds, back_after)
+    typer.echo(f"node/{node}: host maintenance scheduled at {int(start)} "
+               f"(in {in_seconds:g}s)")
+
+
 @app.command("add-node")
 def add_node(
     node: str,

@@ -185,6 +185,13 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
         await run(host.halt_node(node, body.get("backAfterSeconds")), bool(body.get("wait")))
         return web.json_response({"node": node})
 
+    async def maintenance(request: web.Request) -> web.Response:
+        body = await request.json()
+        node = request.match_info["node"]
+        start = await host.schedule_maintenance(node, float(body["inSeconds"]),
+                                                body.get("backAfterSeconds"))
+        return web.json_response({"node": node, "start": start})
+
     async def partition(request: web.Request) -> web.Response:
         body = await request.json()
         node = request.match_info["node"]
@@ -235,6 +242,7 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
         web.post("/pods/{namespace}/{pod}/preempt", preempt),
         web.post("/nodes/{node}/halt", halt),
         web.post("/nodes/{node}/partition", partition),
+        web.post("/nodes/{node}/maintenance", maintenance),
         web.delete("/nodes/{node}", delete_node),
         web.post("/nodes", add_node),
         web.post("/pods/{namespace}/{pod}/crash", crash),
@@ -506,6 +514,12 @@ class LocalCluster:
     def halt_node(self, name: str, back_after_seconds: float | None = None,
                   wait: bool = False) -> None:
         self.disruptor.halt_node(name, back_after_seconds, wait)
+
+    def schedule_maintenance(self, name: str, in_seconds: float,
+                             back_after_seconds: float | None = None) -> float:
+        """Host maintenance on `name` in `in_seconds`; returns its start (epoch seconds)."""
+        return float(self.disruptor.schedule_maintenance(name, in_seconds,
+                                                         back_after_seconds)["start"])
 
     def partition_node(self, name: str, seconds: float, wait: bool = False) -> None:
         self.disruptor.partition_node(name, seconds, wait)

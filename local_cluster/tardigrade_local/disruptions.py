@@ -13,6 +13,9 @@ real wire format:
 - Eviction API: the API server adds DisruptionTarget (EvictionByEvictionAPI) and deletes the
   pod with its grace period; the kubelet reacts to the deletion;
 - a crash: the container's process dies on its own (SIGKILL: exit code 137, reason Error);
+- scheduled host maintenance (GKE GPU/TPU nodes, which cannot live-migrate): the node is
+  labelled with the start time ahead; at that time it is tainted, its pods are terminated
+  with their own grace period (up to an hour on GPU VMs) and the VM comes back under its name;
 - control plane: the API server restarts (every connection drops, the port refuses
   connections for a while, objects and resourceVersions survive as in etcd, watches resumed
   from before get 410 Gone), or every open watch connection is cut at once.
@@ -67,6 +70,19 @@ def node_shutdown_pod_grace(pod_grace: float | None, group_grace: float) -> floa
     return float(group_grace)
 
 
+# Scheduled host maintenance of GPU/TPU nodes, as GKE announces and performs it (GKE "Monitor
+# maintenance events": from 1.31.1-gke.2008000 on, GPU/TPU nodes get the label while the
+# maintenance is upcoming and not yet active, its value the start as Unix epoch seconds; "Manage
+# AI-optimized GKE clusters": GPUs and TPUs do not live-migrate, so GKE terminates the node and
+# its Pods). The NoSchedule taint at the start is what GKE's maintenance handler applies
+# (`--taint=cloud.google.com/impending-node-termination::NoSchedule`, with a 1 h timeout for
+# regular GPU VMs: `--regular-vm-timeout=1h0m0s`, as its DaemonSet arguments read on a GKE
+# node); the pods get their own terminationGracePeriodSeconds, at most that hour.
+SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+MAINTENANCE_POD_GRACE_SECONDS = 3600.0
+MAINTENANCE_MESSAGE = "Node is shutting down (scheduled host maintenance)"
+
 # A GKE node pool is a Compute Engine managed instance group; the MIG recreates a preempted
 # Spot VM, under the same instance (and so node) name, "when resources become available"
 # (Compute Engine "Create a MIG that uses preemptible VMs"; MIG repair: the group retries until
@@ -117,6 +133,14 @@ class Disruptor:
         the VM boots again under the same name. `wait`: return once it is back."""
         return self._call("POST", f"/nodes/{node}/halt", {
             "backAfterSeconds": back_after_seconds, "wait": wait})
+
+    def schedule_maintenance(self, node: str, in_seconds: float,
+                             back_after_seconds: float | None = None) -> Any:
+        """GKE host maintenance: the node is labelled with its start at once; at the start it
+        is tainted and shut down with the pods' own grace; the VM comes back under its name
+        after `back_after_seconds` (default: the cluster's replacement delay)."""
+        return self._call("POST", f"/nodes/{node}/maintenance", {
+            "inSeconds": in_seconds, "backAfterSeconds": back_after_seconds})
 
     def partition_node(self, node: str, seconds: float, wait: bool = False) -> Any:
         """The kubelet cannot reach the control plane for `seconds` (partition, kubelet

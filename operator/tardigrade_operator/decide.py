@@ -32,6 +32,7 @@ from tardigrade_operator.api.types import (
     TrainingJobStatus,
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
+from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until
 from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
 from tardigrade_operator.observe import (
@@ -99,6 +100,8 @@ class Observed:
     # Pod name -> the node autoscaler's newest verdict on it (autoscaling.newest_signals), for
     # the current gang's unschedulable pods.
     scale_up: Mapping[str, ScaleUpSignal] = dataclasses.field(default_factory=dict)
+    # Node name -> when GKE scheduled host maintenance on it (maintenance.scheduled_nodes).
+    nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,13 +239,16 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # The operator stopped part-way through creating this gang (the ranks it did create
         # may be running already): finish the launch. The phase stays Launching until a pass
         # sees every rank, so an interrupted finish is finished again, not counted.
-        launch = GangLaunch(status.attempt, status.replicas, _restore_step(status))
+        launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
+                            _avoid_maintenance_until(spec, _launched_by(status)))
         plan.create_pods = [pod for pod in build_gang(obs.job, spec, launch)
                             if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing]
         return
     if _resize_requested(status, spec):
         _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
                         f"spec.replicas changed from {status.replicas} to {spec.replicas}")
+        return
+    if _migrate_before_maintenance(plan, obs, spec, gang):
         return
     if _shrink_for_capacity(plan, obs, spec, gang):
         return
@@ -272,6 +278,32 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         if running_condition is None or running_condition.reason != "ContainerCannotStart":
             plan.events.append(Event("Warning", "ContainerCannotStart", message))
         _set_phase(plan, obs, phase, "ContainerCannotStart", message)
+
+
+def _migrate_before_maintenance(plan: Plan, obs: Observed, spec: TrainingJobSpec,
+                                gang: list[PodView]) -> bool:
+    """A rank's node has host maintenance scheduled within the lead time: save and relaunch
+    elsewhere now, on the gang's terms, rather than lose the node under it."""
+    watch = MaintenanceWatch(obs.nodes_maintenance, obs.now,
+                             timedelta(seconds=spec.preemption.maintenance_lead_seconds))
+    due = [p for p in gang if watch.due(p) is not None]
+    if not due:
+        return False
+    _begin_recovery(plan, obs, gang, "Migration", plan.status.replicas, watch.describe(due))
+    return True
+
+
+def _launched_by(status: TrainingJobStatus) -> Recovery | None:
+    """The recovery that launched the current attempt, if one did."""
+    last = status.recoveries[-1] if status.recoveries else None
+    return last if last is not None and last.attempt == status.attempt else None
+
+
+def _avoid_maintenance_until(spec: TrainingJobSpec, recovery: Recovery | None) -> int | None:
+    """For a gang moved off host maintenance: the epoch before which its nodes must have none."""
+    if recovery is None or recovery.cause != "Migration":
+        return None
+    return avoid_until(recovery.time, timedelta(seconds=spec.preemption.maintenance_lead_seconds))
 
 
 def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
@@ -524,16 +556,18 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
         counters.consecutive_rejections += 1
     elif cause == "Resize":
         counters.resizes += 1
+    elif cause == "Migration":
+        counters.migrations += 1
     counters.total = (counters.preemptions + counters.failures + counters.resizes
-                      + counters.retries + counters.rejections)
+                      + counters.retries + counters.rejections + counters.migrations)
     status.recoveries = [*status.recoveries, Recovery(
         cause=cause, time=obs.now, attempt=status.attempt + 1,
         from_replicas=status.replicas, to_replicas=replicas, reason=reason[:1024],
     )][-MAX_RECOVERY_HISTORY:]
     phase = "Resizing" if cause == "Resize" else "Restarting"
     _set_phase(plan, obs, phase, cause, reason)
-    plan.events.append(Event("Normal" if cause in ("Preemption", "Resize") else "Warning",
-                             cause, reason))
+    plan.events.append(Event("Normal" if cause in ("Preemption", "Resize", "Migration")
+                             else "Warning", cause, reason))
     # Every rank gets SIGTERM now, so the gang agrees on a step and saves inside the grace.
     _stop_all(plan, obs, gang, grace=None)
 
@@ -629,7 +663,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     if restored is not None:
         # Training resumes from the checkpoint: steps past it will be trained again.
         status.step = restored
-    launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore)
+    launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
+                        avoid_maintenance_until=_avoid_maintenance_until(spec, recovery))
     plan.create_pods = build_gang(obs.job, spec, launch)
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")

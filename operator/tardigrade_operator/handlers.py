@@ -21,7 +21,15 @@ import prometheus_client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tardigrade_operator import admission, autoscaling, finalizers, metrics, naming, watchdog
+from tardigrade_operator import (
+    admission,
+    autoscaling,
+    finalizers,
+    maintenance,
+    metrics,
+    naming,
+    watchdog,
+)
 from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
@@ -116,8 +124,18 @@ def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
     return {name: (int(version) if version.isdigit() else 0, ready, since)}
 
 
+def node_maintenance(name: str, labels: kopf.Labels, meta: kopf.Meta,
+                     **_: Any) -> dict[str, maintenance.MaintenanceEntry]:
+    version = str(meta.get("resourceVersion") or "")
+    value = str(labels.get(maintenance.SCHEDULED_MAINTENANCE_LABEL, ""))
+    return {name: (int(version) if version.isdigit() else 0, value)}
+
+
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
+    # Only nodes that carry the label: kopf drops a node from the index once it is removed.
+    kopf.index("nodes", id="node_maintenance",
+               labels={maintenance.SCHEDULED_MAINTENANCE_LABEL: kopf.PRESENT})(node_maintenance)
 
 
 @kopf.index(types.GROUP, types.VERSION, types.PLURAL)
@@ -164,12 +182,13 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
     key = (namespace, name)
     wake = memo.wakeups.setdefault(key, asyncio.Event())
     nodes: kopf.Index | None = kwargs.get("node_readiness")
+    scheduled: kopf.Index | None = kwargs.get("node_maintenance")
     failures = 0
     while not stopped and uid not in memo.gone:
         wake.clear()
         started = time.perf_counter()
         try:
-            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes)
+            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled)
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -206,7 +225,8 @@ _needs_no_finalizer(keep_gang)
 
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     pods_index: kopf.Index, services_index: kopf.Index,
-                    nodes_index: kopf.Index | None) -> None:
+                    nodes_index: kopf.Index | None,
+                    maintenance_index: kopf.Index | None = None) -> None:
     namespace, name = key
     meta = body.get("metadata") or {}
     status, version = _known_status(key, meta, body.get("status") or {}, memo)
@@ -228,6 +248,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     if nodes_index is not None and len(nodes_index) > 0:
         nodes_ready = newest_readiness((node, list(store)) for node, store in nodes_index.items())
         nodes_down = not_ready_since((node, list(store)) for node, store in nodes_index.items())
+    scheduled = maintenance.scheduled_nodes(
+        (node, list(store)) for node, store in (maintenance_index or {}).items())
     generation = int(meta.get("generation") or 0)
     rejected = memo.rejected.get(key)
     scale_up = await _scale_up_signals(namespace, gang, memo)
@@ -247,6 +269,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         settings=memo.config.decision_settings(),
         rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
         scale_up=scale_up,
+        nodes_maintenance=scheduled,
     )
     plan = decide(observed)
     try:

@@ -10,6 +10,7 @@ from tardigrade_trainer import contract
 from tardigrade_operator import naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
+from tardigrade_operator.maintenance import avoid_affinity
 from tardigrade_operator.placement import placement_for
 
 TERMINATION_MESSAGE_PATH = contract.DEFAULT_TERMINATION_LOG
@@ -46,6 +47,8 @@ class GangLaunch:
     attempt: int
     replicas: int
     restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number
+    # A gang moved off host maintenance keeps off nodes with maintenance before this epoch.
+    avoid_maintenance_until: int | None = None
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -173,6 +176,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                 "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
                 "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
         }],
+        "affinity": (avoid_affinity(launch.avoid_maintenance_until)
+                     if launch.avoid_maintenance_until is not None else None),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
     labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank)}

@@ -112,7 +112,7 @@ def test_defaults_enums_and_bounds_are_published():
         "Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"
     ]
     assert set(status["restarts"]["properties"]) == {
-        "preemptions", "failures", "resizes", "retries", "rejections", "total",
+        "preemptions", "failures", "resizes", "retries", "rejections", "migrations", "total",
         "consecutiveRetries", "consecutiveRejections",
     }
 

@@ -48,8 +48,9 @@ class Grant:
 KOPF_CRDS = "kopf's resource observer lists and watches CRDs to resolve the kinds it serves"
 KOPF_NS = ("kopf's namespace observer lists and watches namespaces when the operator serves "
            "a list of them (not with --all-namespaces)")
-NODES = ("node readiness index (handlers.py `node_readiness`, TARDIGRADE_WATCH_NODES), "
-         "cluster-wide mode only")
+NODES = ("node readiness and host maintenance indexes (handlers.py `node_readiness`, "
+         "`node_maintenance`, TARDIGRADE_WATCH_NODES); a ClusterRole of its own in namespaced "
+         "mode, as kopf watches the cluster-scoped kind cluster-wide")
 PEERING = "kopf peering: watches the peering object and patches its keepalive into it"
 TJ = "tardigrade.dev"
 
@@ -60,8 +61,8 @@ GRANTS: list[Grant] = [
           KOPF_CRDS),
     Grant("", "namespaces", "list", CLUSTER, NAMESPACE_LIST, KOPF_NS),
     Grant("", "namespaces", "watch", CLUSTER, NAMESPACE_LIST, KOPF_NS),
-    Grant("", "nodes", "list", CLUSTER, CLUSTER_WIDE, NODES),
-    Grant("", "nodes", "watch", CLUSTER, CLUSTER_WIDE, NODES),
+    Grant("", "nodes", "list", CLUSTER, EVERY, NODES),
+    Grant("", "nodes", "watch", CLUSTER, EVERY, NODES),
     Grant("kopf.dev", "clusterkopfpeerings", "list", CLUSTER, PEERING_ALL, PEERING),
     Grant("kopf.dev", "clusterkopfpeerings", "watch", CLUSTER, PEERING_ALL, PEERING),
     Grant("kopf.dev", "clusterkopfpeerings", "patch", CLUSTER, PEERING_ALL, PEERING),

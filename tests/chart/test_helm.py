@@ -63,12 +63,13 @@ def test_rendered_manifests_are_valid_kubernetes(values):
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
-def test_namespaced_mode_grants_only_namespaced_roles():
+def test_namespaced_mode_grants_only_namespaced_roles_and_reading_nodes():
     docs = render("watch.allNamespaces=false", "watch.namespaces={ml,lab}")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["lab", "ml"]
     cluster_roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
-    assert sorted(cluster_roles) == ["tardigrade-discovery", "tardigrade-trainer-tokenreview"]
+    assert sorted(cluster_roles) == ["tardigrade-discovery", "tardigrade-nodes",
+                                     "tardigrade-trainer-tokenreview"]
     # TokenReview is cluster-scoped: the trainers' one grant, bound to the watched namespaces'
     # ServiceAccounts only.
     assert cluster_roles["tardigrade-trainer-tokenreview"]["rules"] == [
@@ -78,12 +79,18 @@ def test_namespaced_mode_grants_only_namespaced_roles():
                    and d["metadata"]["name"] == "tardigrade-trainer-tokenreview")
     assert [s["name"] for s in binding["subjects"]] == ["system:serviceaccounts:ml",
                                                         "system:serviceaccounts:lab"]
-    cluster_rules = cluster_roles["tardigrade-discovery"]["rules"]
-    assert all("pods" not in rule["resources"] for rule in cluster_rules)
-    assert all("nodes" not in rule["resources"] for rule in cluster_rules)
-    args = next(d for d in docs if d["kind"] == "Deployment")[
-        "spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=ml" in args and "--all-namespaces" not in args
+    assert all("pods" not in rule["resources"] and "nodes" not in rule["resources"]
+               for rule in cluster_roles["tardigrade-discovery"]["rules"])
+    # Nodes are cluster-scoped: read-only, through a ClusterRole bound to the operator.
+    assert cluster_roles["tardigrade-nodes"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
+                   and d["roleRef"]["name"] == "tardigrade-nodes")
+    assert binding["subjects"][0]["name"] == "tardigrade"
+    container = next(d for d in docs if d["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert "--namespace=ml" in container["args"] and "--all-namespaces" not in container["args"]
+    assert {"name": "TARDIGRADE_WATCH_NODES", "value": "true"} in container["env"]
 
 
 def test_values_schema_rejects_bad_values():

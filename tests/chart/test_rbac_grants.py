@@ -81,3 +81,5 @@ def test_namespaced_chart_runs_a_job_under_its_role(tmp_path):
         # The job's own calls were made in its namespace, under the Role.
         assert ("tardigrade.dev", "trainingjobs/status", "patch") in used
         assert ("", "pods", "create") in used
+        # Nodes are cluster-scoped: kopf watches them cluster-wide, under the nodes ClusterRole.
+        assert {("", "nodes", "list"), ("", "nodes", "watch")} <= used

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -151,3 +152,26 @@ def test_goodput_bench_judges_no_target_on_an_arm_that_saw_no_disruption():
                                 _arm_result(bench, "b", 0.72, [0, 2])])
     assert disrupted == ["target (b) goodput >= 0.9 x (a): 0.80 x -> MISSED",
                          "target zero steps lost with notice (b): 2 lost -> MISSED"]
+
+
+def test_goodput_bench_judges_the_window_and_ungraceful_arms_only_when_they_were_hit():
+    bench = _bench_goodput()
+    quiet = bench.verdicts([_arm_result(bench, "e", 0.9, []), _arm_result(bench, "f", 0.9, [])])
+    assert quiet == [
+        "target zero steps lost with notice (f): not judged, arm (f) saw no disruption",
+        "target (f) save on notice inside the shutdown window: not judged, arm (f) saw no "
+        "save on notice",
+        "target (e) training again within 170 s of an ungraceful loss (node monitor grace + "
+        "node-lost-after + survivors' grace + slack): not judged, arm (e) saw no halt",
+    ]
+    window = dataclasses.replace(_arm_result(bench, "f", 0.8, [0]),
+                                 notice_saves=[(4.5, 15.0), (16.5, 15.0)])
+    halted = _arm_result(bench, "e", 0.5, [12])
+    hit = bench.verdicts([halted, window])
+    assert hit[1] == ("target (f) save on notice inside the shutdown window: 1.10 of it at "
+                      "most -> MISSED")
+    assert hit[2].endswith(": 5.0 s at most -> met")
+    # (f) trains another model than (a): no ratio to it.
+    row = bench.summary_rows([_arm_result(bench, "a", 0.9, []), window])[1]
+    assert row["goodput vs (a)"] == "-"
+    assert row["save on notice / window (max)"] == "16.50 s / 15 s (1.10)"

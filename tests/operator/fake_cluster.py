@@ -56,6 +56,8 @@ class FakeCluster:
     job: JobRef = JOB  # another uid: the job was deleted and re-created under its name
     # Events in the job's namespace (API JSON), e.g. the cluster autoscaler's on pods.
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Node -> scheduled host maintenance start (GKE's scheduled-maintenance-time label).
+    nodes_maintenance: dict[str, datetime] = dataclasses.field(default_factory=dict)
 
     def observe(self) -> Observed:
         try:
@@ -71,7 +73,7 @@ class FakeCluster:
             nodes_ready=self.nodes_ready,
             nodes_not_ready_since=self.nodes_not_ready_since,
             settings=self.settings, rejected=self.rejected,
-            scale_up=newest_signals(self.events),
+            scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
         )
 
     def reconcile(self) -> Plan:

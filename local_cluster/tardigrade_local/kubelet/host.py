@@ -161,7 +161,8 @@ class KubeletHost:
                 self._on_pod("MODIFIED", pod)
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
-                           replace_after_seconds: float | None = None) -> None:
+                           replace_after_seconds: float | None = None,
+                           why: str = "Node is shutting down (spot instance reclaimed)") -> None:
         """Spot reclaim: graceful node shutdown, then the Node object goes away; the node pool
         recreates the VM under the same name after `replace_after_seconds` (default: the
         cluster's setting; None there: never)."""
@@ -169,8 +170,7 @@ class KubeletHost:
         if agent.state != "ready":
             return
         agent.state = "shutting-down"
-        self.events.node(name, "Shutdown", "Node is shutting down (spot instance reclaimed)",
-                         warning=True)
+        self.events.node(name, "Shutdown", why, warning=True)
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
         path = core_path("nodes", name=name)
         with contextlib.suppress(ApiError):
@@ -192,6 +192,36 @@ class KubeletHost:
             # In the background: a `wait`ing caller returns once the node is gone.
             self.recreating[name] = agent.config
             self._spawn(self._recreate(agent, replace_after_seconds))
+
+    async def schedule_maintenance(self, name: str, in_seconds: float,
+                                   back_after_seconds: float | None = None) -> float:
+        """GKE host maintenance of a GPU/TPU node (disruptions.SCHEDULED_MAINTENANCE_LABEL):
+        labelled now with the start (epoch seconds); performed at the start in the background.
+        Returns the start."""
+        agent = self._agent(name)
+        if agent.state != "ready":
+            raise ValueError(f"node {name} is {agent.state}: nothing to maintain")
+        start = time.time() + in_seconds
+        await self.client.patch(core_path("nodes", name=name), {"metadata": {"labels": {
+            d.SCHEDULED_MAINTENANCE_LABEL: str(int(start))}}})
+        self._spawn(self._perform_maintenance(agent, start, back_after_seconds))
+        return start
+
+    async def _perform_maintenance(self, agent: NodeAgent, start: float,
+                                   back_after_seconds: float | None) -> None:
+        await asyncio.sleep(max(0.0, start - time.time()))
+        name = agent.config.name
+        if self.agents.get(name) is not agent or agent.state != "ready":
+            return  # the VM went away meanwhile: nothing left to maintain
+        node = self.nodes.cache.get(("", name)) or {}
+        taints = [t for t in (node.get("spec") or {}).get("taints") or []
+                  if t.get("key") != d.IMPENDING_TERMINATION_TAINT]
+        taints.append({"key": d.IMPENDING_TERMINATION_TAINT, "effect": "NoSchedule"})
+        with contextlib.suppress(ApiError):
+            await self.client.patch(core_path("nodes", name=name), {"spec": {"taints": taints}})
+        # The VM is terminated with notice; the successor registers without the label.
+        await self.preempt_node(name, d.MAINTENANCE_POD_GRACE_SECONDS, back_after_seconds,
+                                why=d.MAINTENANCE_MESSAGE)
 
     async def _recreate(self, agent: NodeAgent, delay: float) -> None:
         """The pool's managed instance group recreates the VM under its name."""

@@ -78,7 +78,8 @@ CATALOG: tuple[ConditionDoc, ...] = (
         "the gang is launching, restarting, resizing or suspended, or the job Failed",
         "the phase's reason: `GangRunning`, `Completed`, `Launching`, `GangStarting`, "
         "`ContainerCannotStart`, `Preemption`, `Failure`, `Retry`, `NodeRejected` (a kubelet "
-        "refused a pod: OutOf<resource>, NodeAffinity...), `Resize`, `BackOff`, "
+        "refused a pod: OutOf<resource>, NodeAffinity...), `Resize`, `Migration` (moving "
+        "off a node with host maintenance scheduled), `BackOff`, "
         "`Suspending`, `Suspended`, `WaitingForPreviousJob` (a deleted job of the same name "
         "still has running pods or its Service), `WaitingForScaleUp` (a node autoscaler "
         "announced a node for an unschedulable rank: TriggeredScaleUp), `WaitingForCapacity` "
@@ -87,7 +88,8 @@ CATALOG: tuple[ConditionDoc, ...] = (
     ConditionDoc(
         RECONCILING,
         "the operator is bringing the gang to the spec: first launch, a relaunch after a "
-        "preemption or failure (backoff included), a resize, or stopping a gang for "
+        "preemption or failure (backoff included), a resize, a migration off host "
+        "maintenance, or stopping a gang for "
         "`spec.suspend`",
         "the gang is training, suspended, or the job has finished; it does not stay True "
         "for a training run",

@@ -489,6 +489,15 @@ class PreemptionSpec(ApiModel):
         "trainer gets the smaller of it and podTemplate.terminationGracePeriodSeconds as its "
         "save-on-notice deadline.",
     )
+    maintenance_lead_seconds: int = Field(
+        1800, ge=0, le=604800,
+        description="Move the gang this many seconds before host maintenance that GKE has "
+        "scheduled on one of its nodes (node label cloud.google.com/scheduled-maintenance-time, "
+        "GPU/TPU nodes, GKE 1.31.1-gke.2008000+): every rank saves on SIGTERM and the gang is "
+        "relaunched on nodes with no maintenance before then (required node affinity on that "
+        "label), counted as a Migration, not a preemption. 0: never; the maintenance then "
+        "terminates the node with the gang on it.",
+    )
 
 
 class FailurePolicy(ApiModel):
@@ -651,7 +660,8 @@ class TrainingJobSpec(ApiModel):
 # -------------------------------------------------------------------------------- status ---
 
 Phase = Literal["Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"]
-RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume", "NodeRejected"]
+RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume", "NodeRejected",
+                        "Migration"]
 
 
 # metav1.Condition's validation, as upstream declares it (apimachinery pkg/apis/meta/v1/types.go,
@@ -696,6 +706,9 @@ class RestartCounts(ApiModel):
     rejections: int = Field(
         0, ge=0, description="Relaunches after a kubelet refused to admit a pod (OutOf<resource>, "
         "NodeAffinity, NodeShutdown...): a placement problem, never charged to maxRestarts.")
+    migrations: int = Field(
+        0, ge=0, description="Planned relaunches off nodes with host maintenance scheduled "
+        "(preemption.maintenanceLeadSeconds): neither a failure nor a preemption.")
     total: int = Field(0, ge=0, description="Sum of the above, for `kubectl get`.")
     consecutive_retries: int = Field(
         0, ge=0, description="Retries since a gang last ran for failurePolicy."
