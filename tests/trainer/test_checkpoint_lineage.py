@@ -19,6 +19,7 @@ from tardigrade_trainer.checkpoint import (
     ForeignRootError,
     KeepLast,
 )
+from tardigrade_trainer.checkpoint.lineage import Branch, Fence, MarkerLine, admitted, on_line
 from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, step_dir
 from tardigrade_trainer.checkpoint.rootrecord import ROOT_FILE
 
@@ -152,6 +153,18 @@ def test_a_rollback_starts_a_line_that_supersedes_the_abandoned_one(tmp_path):
     manager.close()
 
 
+def test_restore_none_starts_a_line_from_nothing(tmp_path):
+    manager, _ = _start(tmp_path)
+    _commit(manager, 10)
+    manager.close()
+    manager, choice = _start(tmp_path, attempt=2, restore=contract.RESTORE_NONE)
+    assert choice == restore_choice.RestoreChoice(-1)
+    assert manager.latest_committed() is None
+    _commit(manager, 5)
+    assert manager.latest_committed() == 5 and _value(manager, 5) == 5.0
+    manager.close()
+
+
 def test_restoring_a_step_that_was_never_committed_is_a_clear_error(tmp_path):
     manager, _ = _start(tmp_path)
     _commit(manager, 10)
@@ -228,3 +241,18 @@ def test_an_older_attempt_cut_off_by_a_partition_cannot_commit(tmp_path):
         _start(tmp_path, attempt=1)
     _commit(relaunched, 20)
     assert relaunched.line_steps() == [10, 20]
+
+
+def test_a_line_is_its_branch_plus_its_ancestors_up_to_each_fork_point():
+    # "" committed 10..50; "a" forked from "" at 30 and committed 40, 50; "b" from "a" at 40.
+    branches = {"": Branch(), "a": Branch("", 30), "b": Branch("a", 40)}
+    line = [(m, s) for m, s in [("", 10), ("", 30), ("", 40), ("a", 40), ("a", 50), ("b", 60)]
+            if on_line(branches, "b", m, s)]
+    assert line == [("", 10), ("", 30), ("a", 40), ("b", 60)]
+    assert not on_line(branches, "b", "unknown", 1)
+    # Fenced: past the base step, only the owner's current attempt (or newer) counts.
+    fence = Fence("uid-2", attempt=3, base_step=40)
+    assert admitted(fence, MarkerLine(40, "", "uid-1", 9))
+    assert not admitted(fence, MarkerLine(50, "", "uid-2", 2))
+    assert not admitted(fence, MarkerLine(50, "", "uid-1", 9))
+    assert admitted(fence, MarkerLine(50, "", "uid-2", 3))

@@ -246,6 +246,35 @@ def test_corrupt_newest_checkpoint_is_reported_and_left_alone(straight_run, tmp_
     assert (ckpt / "step_00000020" / "metadata.json").exists()
 
 
+def test_initfrom_starts_from_another_root_and_leaves_it_alone(straight_run, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(straight_run.workdir / "ckpt", source)
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    gang = launch(tmp_path / "run", processes=1, checkpoint_path=str(tmp_path / "own"),
+                  config={**BASE, "debug_state_hash": False, "steps": 25}, interval_steps=5,
+                  extra_env={contract.ENV_INIT_FROM_PATH: str(source),
+                             contract.ENV_JOB_NAME: "finetune"})
+    assert gang.wait() == [0], gang.describe()
+    assert min(gang.losses()) == 21  # resumed after the source's newest step, 20
+    restored = gang.events("checkpoint_restored")
+    assert [(e["step"], e["path"]) for e in restored] == [(20, f"{source}/step_00000020")]
+    assert committed_steps(tmp_path / "own") == [25]
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+
+
+def test_every_rank_refuses_another_jobs_root_and_rank_0_says_why(straight_run, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(straight_run.workdir / "ckpt", ckpt)
+    gang = launch(tmp_path / "run", processes=2, checkpoint_path=str(ckpt), config=BASE,
+                  extra_env={contract.ENV_JOB_NAME: "intruder"})
+    assert gang.wait() == [contract.EXIT_CONFIG_ERROR] * 2, gang.describe()
+    message = gang.termination(0)
+    assert message.reason == "CheckpointRootOwned"
+    assert "default/test" in message.message and "default/intruder" in message.message
+    assert gang.termination(1).reason == "CheckpointRootOwned"
+    assert gang.events("step") == []
+
+
 def test_missing_peer_is_a_clear_timeout_not_an_abort(tmp_path):
     gang = launch(tmp_path, processes=2, checkpoint_path=str(tmp_path / "ckpt"), config=BASE,
                   init_timeout=3, ranks=[0])
