@@ -597,7 +597,7 @@ def _forget_streaks_after_healthy_run(status: TrainingJobStatus, obs: Observed,
 def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, replicas: int,
             recovery: Recovery | None = None) -> None:
     status = plan.status
-    rollback = _rollback(spec, status, attempt)
+    rollback = _rollback(spec, status, obs.job.uid, attempt)
     restore = _restore_step(status)
     status.attempt = attempt
     status.replicas = replicas
@@ -620,16 +620,17 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     plan.events.append(Event("Normal", "Launched", message))
 
 
-def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus,
+def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus, uid: str,
               attempt: int) -> RestoreRequest | None:
-    """spec.checkpoint.restoreStep as a request the trainer applies once (by its id). A new
-    value resets the pin: the new line starts at that step, below the abandoned line's."""
+    """spec.checkpoint.restoreStep as a request the trainer applies once (by its id, unique
+    across re-creations of the job). A new value resets the pin: the new line starts at that
+    step, below the abandoned line's."""
     wanted = spec.checkpoint.restore_step
     if wanted is None:
         status.restore_request = None
         return None
     if status.restore_request is None or status.restore_request.step != wanted:
-        status.restore_request = RestoreRequest(step=wanted, request=f"attempt-{attempt}")
+        status.restore_request = RestoreRequest(step=wanted, request=f"{uid}/a{attempt}")
         status.last_checkpoint = CheckpointRef(step=wanted)
     return status.restore_request
 

@@ -57,6 +57,7 @@ def test_a_restore_step_is_one_request_that_resets_the_pin():
     assert env[contract.ENV_RESTORE_STEP] == "100"
     assert env[contract.ENV_ROLLBACK_STEP] == "100"
     request = env[contract.ENV_ROLLBACK_REQUEST]
+    assert request.startswith("uid-1/")  # a re-created job's requests never collide with these
     cluster.progress = None  # the new gang has not reported yet
     cluster.run_all()
     cluster.reconcile()

@@ -609,7 +609,8 @@ class RestoreRequest(ApiModel):
     """A spec.checkpoint.restoreStep the operator has passed on to the trainer."""
 
     step: int = Field(ge=0)
-    request: str = Field(max_length=64, description="Id the trainer applies it once under.")
+    request: str = Field(max_length=128,
+                         description="Id the trainer applies it once under: <job uid>/a<attempt>.")
 
 
 class CheckpointRef(ApiModel):
