@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from tardigrade_trainer import contract
+from tardigrade_trainer import contract, distributed
 from tardigrade_trainer.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
@@ -120,12 +120,14 @@ def choose(env: contract.TrainerEnvironment, manager: CheckpointManager) -> Rest
         sent = multihost_utils.broadcast_one_to_all(
             np.array([choice.step, choice.source, refusal], np.int32))
         choice, refusal = RestoreChoice(int(sent[0]), int(sent[1])), int(sent[2])
-    if error is not None:
-        raise error
     if refusal >= 0:
-        raise _REFUSALS[refusal](
-            "process 0 refused to start on checkpoint root "
-            f"{env.checkpoint_path}: see its termination message")
+        # Every rank's termination message says why: the operator reports whichever rank it
+        # sees stop first.
+        why = distributed.text_from_root(f"tardigrade-restore-refusal-{env.attempt}",
+                                         str(error) if error is not None else None, 30)
+        if error is not None:
+            raise error
+        raise _REFUSALS[refusal](f"process 0 refused to start: {why}")
     # Process 0 may have claimed or forked the root: commits must follow its record.
     manager.reload_root()
     return choice
