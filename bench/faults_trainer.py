@@ -10,6 +10,9 @@ A. Kill trials (tests/faults/kill_trials.py): gangs of 1 and 2 trainer processes
 B. GCS scenarios (tests/faults/gcs_scenarios.py): a fault proxy in front of the emulator
    returns 5xx/429 or stalls reads or writes during saves and restores, then a real trainer
    rides out an outage and a failed preemption save.
+C. Checkpoint root trials (tests/faults/root_trials.py): seeded ordinary-use stories for the
+   operator's pin, rollback, re-created and foreign jobs, initFrom and stale attempts, run on
+   the real checkpoint manager and restore decision: 0 stranded jobs, 0 wrong-weights restores.
 
 Prints one line per trial, then the tables. Exit status 1 if anything was lost, corrupt or
 otherwise wrong. The seed is printed first: `--seed` reruns the same kill plan.
@@ -36,6 +39,8 @@ from tests.faults.gcs_scenarios import (  # noqa: E402
     trainer_rides_out_an_outage,
 )
 from tests.faults.kill_trials import Campaign, TrialResult  # noqa: E402
+from tests.faults.root_trials import RootTrialResult  # noqa: E402
+from tests.faults.root_trials import run as run_root_trials  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,6 +51,8 @@ def parse_args() -> argparse.Namespace:
                         help="kill trials per gang lifetime (then a clean stop)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--skip-gcs", action="store_true")
+    parser.add_argument("--root-trials", type=int, default=25,
+                        help="checkpoint root trials (C); 0 skips them")
     return parser.parse_args()
 
 
@@ -114,6 +121,7 @@ def main() -> int:
     trials, stops = run_kills(args, workdir)
     kill_seconds = time.monotonic() - started
     outcomes = [] if args.skip_gcs else run_gcs(workdir, args.seed)
+    roots = run_root_trials(workdir / "roots", args.seed, args.root_trials)
 
     def count(predicate: object) -> int:
         return sum(1 for t in trials if predicate(t))  # type: ignore[operator]
@@ -166,7 +174,27 @@ def main() -> int:
             else:
                 print(f"| {outcome.scenario} | {outcome.faults} | {outcome.result} | "
                       f"{outcome.seconds} |")
-    return 1 if lost or corrupt or problems or failed_gcs else 0
+    failed_roots = print_root_trials(roots)
+    return 1 if lost or corrupt or problems or failed_gcs or failed_roots else 0
+
+
+def print_root_trials(results: list[RootTrialResult]) -> int:
+    """Section C; returns the number of failed trials."""
+    if not results:
+        return 0
+    print("\nC. Checkpoint root trials (pin, lineage, ownership, fencing)\n")
+    print("| story | trials | launches | refusals checked | stranded (must be 0) | "
+          "wrong weights (must be 0) | failed |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for kind in dict.fromkeys(r.kind for r in results):
+        mine = [r for r in results if r.kind == kind]
+        print(f"| {kind} | {len(mine)} | {sum(r.launches for r in mine)} | "
+              f"{sum(r.refusals_checked for r in mine)} | {sum(r.stranded for r in mine)} | "
+              f"{sum(r.wrong_weights for r in mine)} | {sum(not r.ok for r in mine)} |")
+    failed = [r for r in results if not r.ok]
+    for result in failed:
+        for line in result.problems:
+            print(f"  FAIL {result.kind}: {line[:400]}")
+    return len(failed)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ promise the operator relies on, cheaply enough to run dozens of gangs on two cor
 - steps at `trainer.step_seconds` (default 0.05) up to `trainer.steps`; rank 0 serves
   `/progress` on the progress port;
 - "checkpoints" are marker files `step_<N>` under an absolute checkpoint path, written
-  atomically every `checkpoint.interval.steps`; a numbered restore step that was never
-  committed exits 3 (corrupt), as the real trainer does for an unreadable checkpoint;
+  atomically every `checkpoint.interval.steps`; a numbered restore step (the operator's pin)
+  resumes from the newest committed step, and exits 3 when none is at least that new, as the
+  real trainer does (no lineage, ownership or rollback here);
 - SIGTERM with saveOnPreemption: commit the current step, write the termination message
   (`PreemptedSaved`) and exit 75; without it the signal kills the process (143);
 - done: termination message `Succeeded`, exit 0; a bad environment: exit 2.
@@ -74,10 +75,12 @@ def _restore(env: contract.TrainerEnvironment, ckpt: MarkerCheckpoints) -> int |
         return None
     if env.restore_step == contract.RESTORE_LATEST:
         return committed[-1] if committed else None
+    # The operator's pin: the newest committed step, which must be the pin or newer.
     wanted = int(env.restore_step)
-    if wanted not in committed:
-        raise LookupError(f"checkpoint step {wanted} was never committed (have {committed})")
-    return wanted
+    if not committed or committed[-1] < wanted:
+        raise LookupError(f"no checkpoint at step {wanted} or newer was committed "
+                          f"(have {committed})")
+    return committed[-1]
 
 
 def run(env: contract.TrainerEnvironment) -> int:

@@ -46,9 +46,10 @@ class GangLaunch:
 
     attempt: int
     replicas: int
-    restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number
+    restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number (the pin)
     # A gang moved off host maintenance keeps off nodes with maintenance before this epoch.
     avoid_maintenance_until: int | None = None
+    rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -91,6 +92,11 @@ def trainer_environment(
         process_id=rank,
         checkpoint_path=checkpoint.path,
         restore_step=launch.restore_step,
+        job_uid=job.uid,
+        rollback_step=launch.rollback.step if launch.rollback else None,
+        rollback_request=launch.rollback.request if launch.rollback else None,
+        init_from_path=checkpoint.init_from.path if checkpoint.init_from else None,
+        init_from_step=checkpoint.init_from.step if checkpoint.init_from else None,
         checkpoint_interval_steps=checkpoint.interval.steps,
         checkpoint_interval_seconds=checkpoint.interval.seconds,
         checkpoint_keep_last=checkpoint.keep.last,

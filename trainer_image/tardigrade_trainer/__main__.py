@@ -65,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from tardigrade_trainer.checkpoint import CheckpointCorruptError, CheckpointIOError
+    from tardigrade_trainer.checkpoint import (
+        CheckpointCorruptError,
+        CheckpointIOError,
+        CheckpointMissingError,
+        FencedError,
+        ForeignRootError,
+    )
     from tardigrade_trainer.train import Trainer
 
     trainer = None
@@ -74,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         code, message = trainer.run()
     except ConfigError as err:
         code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
+    except ForeignRootError as err:
+        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "CheckpointRootOwned", err)
+    except FencedError as err:
+        # A stale gang: the operator already moved on to a newer attempt or job.
+        code = _fail(env.termination_log, contract.EXIT_FAILED, "Fenced", err)
+    except CheckpointMissingError as err:
+        code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointMissing",
+                     err)
     except CheckpointCorruptError as err:
         code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointCorrupt",
                      err)

@@ -25,7 +25,18 @@ ENV_COORDINATOR_ADDRESS = "TARDIGRADE_COORDINATOR_ADDRESS"  # host:port of rank 
 ENV_NUM_PROCESSES = "TARDIGRADE_NUM_PROCESSES"
 ENV_PROCESS_ID = "TARDIGRADE_PROCESS_ID"
 ENV_CHECKPOINT_PATH = "TARDIGRADE_CHECKPOINT_PATH"  # gs://bucket/prefix or an absolute path
-ENV_RESTORE_STEP = "TARDIGRADE_RESTORE_STEP"  # "latest", "none" or a step number
+# "latest", "none" or the operator's pin: a step number N means "the newest committed step of
+# the current line, which must be N or newer" (keep policies delete older steps, so N itself
+# may be gone; if nothing at N or newer is committed, the trainer says so and stops).
+ENV_RESTORE_STEP = "TARDIGRADE_RESTORE_STEP"
+ENV_JOB_UID = "TARDIGRADE_JOB_UID"  # the root record's owner (with namespace and name)
+# spec.checkpoint.restoreStep: restore exactly this step and continue from it as a new line;
+# the request id makes it happen once, however often the gang is relaunched.
+ENV_ROLLBACK_STEP = "TARDIGRADE_ROLLBACK_STEP"
+ENV_ROLLBACK_REQUEST = "TARDIGRADE_ROLLBACK_REQUEST"
+# spec.checkpoint.initFrom: another root to start from (read only) while this one has no line.
+ENV_INIT_FROM_PATH = "TARDIGRADE_INIT_FROM_PATH"
+ENV_INIT_FROM_STEP = "TARDIGRADE_INIT_FROM_STEP"
 ENV_CHECKPOINT_INTERVAL_STEPS = "TARDIGRADE_CHECKPOINT_INTERVAL_STEPS"
 ENV_CHECKPOINT_INTERVAL_SECONDS = "TARDIGRADE_CHECKPOINT_INTERVAL_SECONDS"
 ENV_CHECKPOINT_KEEP_LAST = "TARDIGRADE_CHECKPOINT_KEEP_LAST"
@@ -70,7 +81,7 @@ EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2  # the spec cannot run as written; retrying will not help
 # A committed checkpoint cannot be read or does not fit the model; retrying the same restore
-# will not help (pin an older step with TARDIGRADE_RESTORE_STEP instead).
+# will not help (restore an older step with spec.checkpoint.restoreStep instead).
 EXIT_CHECKPOINT_CORRUPT = 3
 EXIT_CHECKPOINT_IO_ERROR = 74  # storage unavailable; retryable
 EXIT_PREEMPTED_SAVED = 75  # stopped on SIGTERM after committing a checkpoint
@@ -107,6 +118,11 @@ class TrainerEnvironment:
     shutdown_window_seconds: float = DEFAULT_SHUTDOWN_WINDOW_SECONDS
     rendezvous_token_file: str | None = None
     rendezvous_insecure: bool = False
+    job_uid: str = ""
+    rollback_step: int | None = None
+    rollback_request: str | None = None
+    init_from_path: str | None = None
+    init_from_step: int | None = None
 
     def to_env(self) -> dict[str, str]:
         """Render as environment variables (unset optional values are left out)."""
@@ -131,8 +147,14 @@ class TrainerEnvironment:
             ENV_CHECKPOINT_KEEP_LAST: self.checkpoint_keep_last,
             ENV_CHECKPOINT_KEEP_EVERY: self.checkpoint_keep_every,
             ENV_PROGRESS_PORT: self.progress_port,
+            ENV_JOB_UID: self.job_uid or None,
+            ENV_ROLLBACK_STEP: self.rollback_step,
+            ENV_ROLLBACK_REQUEST: self.rollback_request,
+            ENV_INIT_FROM_PATH: self.init_from_path,
+            ENV_INIT_FROM_STEP: self.init_from_step,
         }
-        env.update({k: _format_number(v) for k, v in optional.items() if v is not None})
+        env.update({k: v if isinstance(v, str) else _format_number(v)
+                    for k, v in optional.items() if v is not None})
         if self.rendezvous_token_file:
             env[ENV_RENDEZVOUS_TOKEN_FILE] = self.rendezvous_token_file
         if self.rendezvous_insecure:
@@ -187,6 +209,10 @@ class TrainerEnvironment:
         if not isinstance(trainer_config, dict):
             raise ContractError(f"{ENV_TRAINER_CONFIG} must be a JSON object")
         save_flag = (env.get(ENV_SAVE_ON_PREEMPTION) or "true").lower()
+        rollback_step = optional_int(ENV_ROLLBACK_STEP)
+        if rollback_step is not None and not env.get(ENV_ROLLBACK_REQUEST):
+            raise ContractError(f"{ENV_ROLLBACK_STEP} needs {ENV_ROLLBACK_REQUEST} (any id that "
+                                "changes with each new rollback request)")
         window = optional_float(ENV_SHUTDOWN_WINDOW_SECONDS)
         if window is not None and window <= 0:
             raise ContractError(f"{ENV_SHUTDOWN_WINDOW_SECONDS}={window:g} must be > 0 seconds")
@@ -212,6 +238,11 @@ class TrainerEnvironment:
             shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
             rendezvous_token_file=env.get(ENV_RENDEZVOUS_TOKEN_FILE) or None,
             rendezvous_insecure=(env.get(ENV_RENDEZVOUS_INSECURE) or "").lower() == "true",
+            job_uid=env.get(ENV_JOB_UID) or "",
+            rollback_step=rollback_step,
+            rollback_request=env.get(ENV_ROLLBACK_REQUEST) or None,
+            init_from_path=env.get(ENV_INIT_FROM_PATH) or None,
+            init_from_step=optional_int(ENV_INIT_FROM_STEP),
         )
 
 

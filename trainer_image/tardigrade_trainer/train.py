@@ -15,9 +15,8 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tardigrade_trainer import contract, data, mesh, model, testhooks
+from tardigrade_trainer import contract, data, mesh, model, restore_choice, testhooks
 from tardigrade_trainer.checkpoint import (
-    CheckpointCorruptError,
     CheckpointIOError,
     CheckpointManager,
     KeepEvery,
@@ -65,27 +64,6 @@ def keep_policy(env: contract.TrainerEnvironment) -> Any:
     return keep_union(*policies)
 
 
-def choose_restore_step(env: contract.TrainerEnvironment, manager: CheckpointManager) -> int:
-    """Process 0 picks the step (-1: none) and broadcasts it, so every host restores the same."""
-    choice = -1
-    if jax.process_index() == 0 and env.restore_step != contract.RESTORE_NONE:
-        committed, _ = manager.list_steps()
-        if env.restore_step == contract.RESTORE_LATEST:
-            choice = committed[-1] if committed else -1
-        else:
-            choice = int(env.restore_step)
-            if choice not in committed:
-                choice = -2
-    if jax.process_count() > 1:
-        choice = int(multihost_utils.broadcast_one_to_all(np.int32(choice)))
-    if choice == -2:
-        raise CheckpointCorruptError(
-            f"requested restore step {env.restore_step} is not a committed checkpoint "
-            f"under {env.checkpoint_path}"
-        )
-    return choice
-
-
 class Trainer:
     def __init__(self, env: contract.TrainerEnvironment, config: TrainerConfig) -> None:
         self.env = env
@@ -106,6 +84,19 @@ class Trainer:
             verify_restore=config.checkpoint_verify_restore,
             restore_inflight_bytes=config.checkpoint_restore_inflight_mib << 20,
         )
+
+    def _restore(self, choice: restore_choice.RestoreChoice, target: Any) -> tuple[Any, Any]:
+        if choice.source == restore_choice.OWN_ROOT:
+            return self.manager.restore(choice.step, target)
+        assert self.env.init_from_path is not None
+        # Another job's root: read only (no claim, no retention, no partial collection).
+        source = CheckpointManager(self.env.init_from_path, storage=self.manager.storage,
+                                   verify_restore=self.config.checkpoint_verify_restore,
+                                   on_event=self._on_checkpoint_event)
+        try:
+            return source.restore(choice.step, target)
+        finally:
+            source.close()
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:
         self.log(event)
@@ -157,15 +148,15 @@ class Trainer:
                   "mesh": plan.describe(), "per_device_batch":
                   config.global_batch_size // plan.data_size})
         self.manager.check_writable()
-        restore_step = choose_restore_step(env, self.manager)
+        choice = restore_choice.choose(env, self.manager)
         # No save of this gang can be in flight yet, so every partial checkpoint is garbage.
         self.manager.collect_partials()
         key = jax.random.PRNGKey(config.seed)
-        if restore_step >= 0:
+        if choice.restores:
             target = abstract_target(eqx.filter_eval_shape(self._init_state, key), plan)
-            state, info = self.manager.restore(restore_step, target)
+            state, info = self._restore(choice, target)
             self.manager.last_committed = info
-            start = int(info.extra.get("data_position", restore_step + 1))
+            start = int(info.extra.get("data_position", choice.step + 1))
             self.metrics.report(checkpoint_step=info.step, checkpoint_path=info.path,
                                 checkpoint_time=info.time)
         else:

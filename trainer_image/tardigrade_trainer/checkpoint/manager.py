@@ -23,27 +23,32 @@ import numpy as np
 import tensorstore as ts
 
 from tardigrade_trainer import distributed, testhooks
-from tardigrade_trainer.checkpoint import chunkfiles, digest, durability, restoreplan, writers
+from tardigrade_trainer.checkpoint import (
+    chunkfiles,
+    digest,
+    durability,
+    restoreplan,
+    rootrecord,
+    writers,
+)
+from tardigrade_trainer.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointIOError,
+    FencedError,
+)
+from tardigrade_trainer.checkpoint.lineage import LEGACY_LINEAGE, MarkerLine, line_steps
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
 from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
 log = logging.getLogger(__name__)
 
-FORMAT = "tardigrade-checkpoint/1"
+# The format written; the ones read. Format 1 markers (no lineage, owner or attempt) belong to
+# the first line of their root (docs/checkpoint-format.md).
+FORMAT = "tardigrade-checkpoint/2"
+READABLE_FORMATS = frozenset({"tardigrade-checkpoint/1", FORMAT})
 COMMIT_FILE = "metadata.json"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be saved or restored."""
-
-
-class CheckpointIOError(CheckpointError):
-    """Storage refused a read or write (unwritable path, unreachable bucket): retryable."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A committed checkpoint cannot be read back or does not match the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,14 @@ class CheckpointInfo:
     # leaf name -> shard region -> digest of the bytes written (see digest.py)
     digests: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     digest_algorithm: str = digest.LEGACY_ALGORITHM
+    # The line it was committed on, and by which attempt of which job (None before format 2).
+    lineage: str = LEGACY_LINEAGE
+    attempt: int | None = None
+    owner: dict[str, str] | None = None
+
+    def line(self) -> MarkerLine:
+        uid = self.owner.get("uid") if self.owner else None
+        return MarkerLine(self.step, self.lineage, uid, self.attempt)
 
     def to_json(self) -> str:
         payload = {"format": FORMAT, **dataclasses.asdict(self)}
@@ -293,6 +306,12 @@ class CheckpointManager:
         self._saves = 0  # every process counts the same saves: a gang-wide save id
         self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
         self.last_committed: CheckpointInfo | None = None
+        # Who commits (process 0, once `open_root` ran) and the root record as last read.
+        self.identity: rootrecord.JobIdentity | None = None
+        self.attempt = 0
+        self._record: rootrecord.RootRecord | None = None
+        self._record_loaded = False
+        self._lines: dict[int, MarkerLine] = {}  # committed markers are immutable
 
     # --- inspection ---------------------------------------------------------------------------
     def path_of(self, step: int) -> str:
@@ -317,8 +336,77 @@ class CheckpointManager:
         return sorted(committed), sorted(seen - committed)
 
     def latest_committed(self) -> int | None:
-        committed, _ = self.list_steps()
-        return committed[-1] if committed else None
+        """The newest committed step of the current line (it follows rollbacks)."""
+        steps = self.line_steps()
+        return steps[-1] if steps else None
+
+    # --- ownership, fencing, lineage (rootrecord.py, lineage.py) -------------------------------
+    def root_record(self) -> rootrecord.RootRecord | None:
+        if not self._record_loaded:
+            self.reload_root()
+        return self._record
+
+    def reload_root(self) -> rootrecord.RootRecord | None:
+        """Read the root record again, e.g. once process 0 has claimed or forked the root."""
+        self._record = rootrecord.load(self._kv, self.root)[0]
+        self._record_loaded = True
+        return self._record
+
+    def _marker_line(self, step: int) -> MarkerLine:
+        if step not in self._lines:
+            self._lines[step] = self.read_info(step).line()
+        return self._lines[step]
+
+    def _line_of(self, record: rootrecord.RootRecord | None, committed: list[int]) -> list[int]:
+        markers = [self._marker_line(s) for s in committed]
+        if record is None:
+            return line_steps(markers, None, LEGACY_LINEAGE, None)
+        return line_steps(markers, record.branches, record.lineage, record.fence)
+
+    def line_steps(self) -> list[int]:
+        """Committed steps of the current line, ascending."""
+        return self._line_of(self.root_record(), self.list_steps()[0])
+
+    def on_current_line(self, info: CheckpointInfo) -> bool:
+        return info.step in self._line_of(self.root_record(), [info.step])
+
+    def _swap_record(self, change: Callable[[rootrecord.RootRecord | None], rootrecord.RootRecord]
+                     ) -> rootrecord.RootRecord:
+        for _ in range(8):
+            record, generation = rootrecord.load(self._kv, self.root)
+            new = change(record)
+            if rootrecord.store(self._kv, new, generation, self.root):
+                self._record, self._record_loaded = new, True
+                return new
+        raise CheckpointIOError(f"{self.root}/{rootrecord.ROOT_FILE} keeps changing under us: "
+                                "another gang is starting on the same checkpoint root")
+
+    def open_root(self, identity: rootrecord.JobIdentity, attempt: int
+                  ) -> rootrecord.RootRecord:
+        """Process 0 of a starting gang: claim or adopt the root for `identity` and fence off
+        every older attempt. Raises ForeignRootError or FencedError."""
+        self.identity, self.attempt = identity, attempt
+
+        def claim(record: rootrecord.RootRecord | None) -> rootrecord.RootRecord:
+            steps = self._line_of(record, self.list_steps()[0])
+            return rootrecord.take_over(record, identity, attempt, steps[-1] if steps else -1,
+                                        self.root)
+
+        return self._swap_record(claim)
+
+    def fork_root(self, step: int | None, request: str | None) -> rootrecord.RootRecord:
+        """Make a new line, starting from committed `step` (None: from nothing), current."""
+        parent = None if step is None else self.read_info(step).lineage
+
+        def branch(record: rootrecord.RootRecord | None) -> rootrecord.RootRecord:
+            if record is None:
+                raise FencedError(f"{self.root} has no root record: open_root first")
+            return rootrecord.fork(record, parent, step, request)
+
+        record = self._swap_record(branch)
+        self.on_event({"event": "checkpoint_line_started", "lineage": record.lineage,
+                       "from_step": step})
+        return record
 
     def read_info(self, step: int) -> CheckpointInfo:
         key = f"{step_dir(step)}/{COMMIT_FILE}"
@@ -332,12 +420,12 @@ class CheckpointManager:
             raise CheckpointCorruptError(f"checkpoint {self.path_of(step)} is not committed")
         try:
             data = json.loads(bytes(result.value))
-            if data.get("format") != FORMAT or data.get("step") != step:
+            if data.get("format") not in READABLE_FORMATS or data.get("step") != step:
                 raise ValueError(f"unexpected format/step {data.get('format')}/{data.get('step')}")
             fields = {f.name for f in dataclasses.fields(CheckpointInfo)} - {"path"}
             # Checkpoints from before digests were recorded have none: nothing to check; those
             # from before the algorithm was recorded used SHA-256.
-            optional = {"digests", "digest_algorithm"}
+            optional = {"digests", "digest_algorithm", "lineage", "attempt", "owner"}
             info = CheckpointInfo(path=self.path_of(step),
                                   **{k: data[k] for k in fields if k in data or k not in optional})
             digest.check_algorithm(info.digest_algorithm)
@@ -483,10 +571,17 @@ class CheckpointManager:
         flush: durability.FilesystemFlush | None = None
         try:
             if self._kv.read(f"{directory}/{COMMIT_FILE}").result().state == "value":
-                # Never rewrite a committed checkpoint (e.g. after restoring an older one).
-                self.on_event({"event": "checkpoint_skipped", "step": step,
-                               "reason": "already committed"})
-                return self.read_info(step)
+                existing = self.read_info(step)
+                if self.on_current_line(existing):
+                    # Never rewrite a committed checkpoint of the line being trained.
+                    self.on_event({"event": "checkpoint_skipped", "step": step,
+                                   "reason": "already committed"})
+                    return existing
+                # A step of an abandoned line (or a fenced-off gang): process 0 deletes it,
+                # marker first, before writing this line's step there.
+                self.on_event({"event": "checkpoint_superseded", "step": step,
+                               "lineage": existing.lineage})
+            self._lines.pop(step, None)
             testhooks.hit("save_start", step, pid)
             if pid == 0:
                 # Leftovers of an earlier crashed save of this step may use another chunk grid.
@@ -570,9 +665,15 @@ class CheckpointManager:
                 extra=extra,
                 digests=digest.merge(json.loads(part) for part in gathered),
                 digest_algorithm=digest.DEFAULT_ALGORITHM,
+                **self._commit_identity(),
             )
             if pid == 0:
                 testhooks.hit("before_commit", step, pid)
+                if self.identity is not None:
+                    # A gang cut off from the operator may still be running: it must not
+                    # commit once a newer attempt (or a re-created job) took the root over.
+                    current = rootrecord.load(self._kv, self.root)[0]
+                    rootrecord.check_fence(current, self.identity, self.attempt, self.root)
                 self._kv.write(f"{directory}/{COMMIT_FILE}", info.to_json().encode()).result()
                 testhooks.hit("after_commit", step, pid)
             self._barrier(step, "committed")
@@ -594,6 +695,13 @@ class CheckpointManager:
             self._collect_garbage(step)
         testhooks.hit("after_gc", step, pid)
         return info
+
+    def _commit_identity(self) -> dict[str, Any]:
+        record = self.root_record()
+        identity = self.identity
+        return {"lineage": record.lineage if record else LEGACY_LINEAGE,
+                "attempt": self.attempt if identity else None,
+                "owner": dataclasses.asdict(identity) if identity else None}
 
     def _open_flush(self, directory: str) -> durability.FilesystemFlush | None:
         """Before this host's first write of the step, so that syncfs sees its errors."""
@@ -630,9 +738,18 @@ class CheckpointManager:
     def _collect_garbage(self, newest: int) -> None:
         try:
             committed, _ = self.list_steps()
-            for step in deletable(self.keep, [s for s in committed if s <= newest]):
+            line = self._line_of(self.root_record(), committed)
+            for step in deletable(self.keep, [s for s in line if s <= newest]):
                 self._delete_dir(step_dir(step))
+                self._lines.pop(step, None)
                 self.on_event({"event": "checkpoint_deleted", "step": step})
+            # Steps of abandoned lines (or of fenced-off gangs) older than this commit can
+            # never become the newest of the current line again.
+            for step in sorted(set(committed) - set(line)):
+                if step < newest:
+                    self._delete_dir(step_dir(step))
+                    self._lines.pop(step, None)
+                    self.on_event({"event": "checkpoint_abandoned_removed", "step": step})
             self.collect_partials(below=newest)
         except Exception as err:  # cleanup is best effort; the next commit retries it
             log.warning("checkpoint garbage collection failed: %s", err)
