@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -32,6 +33,14 @@ from tardigrade_local.kubelet.launch import (
 )
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
 from tardigrade_local.kubelet.process import ContainerProcess
+from tardigrade_local.kubelet.volumes import (
+    MOUNT_RETRY_FIRST_SECONDS,
+    MOUNT_RETRY_MAX_SECONDS,
+    NodeDisk,
+    VolumeSetupError,
+    set_up,
+    tear_down,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,8 @@ class PodWorker:
         self.initialized = not self.init_specs
         self.processes: dict[str, ContainerProcess] = {}
         self._kubeconfig: str | None = None  # "" once it is known the pod gets none
+        self.disk = NodeDisk(settings.layout.node_root(node_name))
+        self.volumes: dict[str, Path] = {}
         self.start_time = ps.now_rfc3339()
         self.terminal_phase: str | None = None
         self.reason: str | None = None
@@ -139,6 +150,7 @@ class PodWorker:
         except Exception:
             log.exception("pod %s/%s: worker failed", self.namespace, self.name)
         finally:
+            tear_down(self.disk, self.uid or self.name)
             self.done.set()
 
     async def _run_pod(self) -> None:
@@ -156,11 +168,30 @@ class PodWorker:
         else:
             stop_wait.cancel()
             await main
-            # Terminal: nothing restarts. The pod object stays until someone deletes it.
+            # Terminal: nothing restarts, and the volume manager tears the pod's volumes down.
+            # The pod object stays until someone deletes it.
+            tear_down(self.disk, self.uid or self.name)
             await self._stop_requested.wait()
             await self._stop(main)
 
+    async def _mount_volumes(self) -> bool:
+        """Set up the pod's volumes, retrying as the volume manager does; False if the pod
+        was stopped first."""
+        delay = MOUNT_RETRY_FIRST_SECONDS
+        while self.stopping is None:
+            try:
+                self.volumes = set_up(self.pod, self.disk)
+                return True
+            except VolumeSetupError as err:
+                self._event("FailedMount", str(err), warning=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), delay)
+            delay = min(delay * 2, MOUNT_RETRY_MAX_SECONDS)
+        return False
+
     async def _run_containers(self) -> None:
+        if not await self._mount_volumes():
+            return
         for index in range(len(self.init_specs)):
             if not await self._run_init(index):
                 if self.stopping is None:
@@ -322,7 +353,7 @@ class PodWorker:
             self._kubeconfig = await pod_credentials(self.client, self.settings, self.pod) or ""
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
-                                configmaps, secrets, self._kubeconfig or None)
+                                configmaps, secrets, self._kubeconfig or None, self.volumes)
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping
