@@ -10,6 +10,8 @@ A. Kill trials (tests/faults/kill_trials.py): gangs of 1 and 2 trainer processes
 B. GCS scenarios (tests/faults/gcs_scenarios.py): a fault proxy in front of the emulator
    returns 5xx/429 or stalls reads or writes during saves and restores, then a real trainer
    rides out an outage and a failed preemption save.
+C. Checkpoint roots (tests/faults/sharedroot_trial.py): a gang whose hosts each see their own
+   root (an emptyDir or hostPath per node) must refuse to start, not strand its checkpoints.
 
 Prints one line per trial, then the tables. Exit status 1 if anything was lost, corrupt or
 otherwise wrong. The seed is printed first: `--seed` reruns the same kill plan.
@@ -36,6 +38,8 @@ from tests.faults.gcs_scenarios import (  # noqa: E402
     trainer_rides_out_an_outage,
 )
 from tests.faults.kill_trials import Campaign, TrialResult  # noqa: E402
+from tests.faults.sharedroot_trial import unshared_root_is_refused  # noqa: E402
+from tests.trainer.trainer_harness import TINY  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -166,7 +170,13 @@ def main() -> int:
             else:
                 print(f"| {outcome.scenario} | {outcome.faults} | {outcome.result} | "
                       f"{outcome.seconds} |")
-    return 1 if lost or corrupt or problems or failed_gcs else 0
+    shared_ok, shared_what, shared_seconds = unshared_root_is_refused(
+        workdir / "unshared-root", {**TINY, "steps": 8, "devices_per_process": 2})
+    print("\nC. Checkpoint roots\n")
+    print("| trial | outcome | seconds |\n| --- | --- | --- |")
+    print(f"| one root per host (stranded checkpoints if it ran) | "
+          f"{'ok' if shared_ok else 'FAIL'}: {shared_what[:300]} | {shared_seconds:.1f} |")
+    return 1 if lost or corrupt or problems or failed_gcs or not shared_ok else 0
 
 
 if __name__ == "__main__":
