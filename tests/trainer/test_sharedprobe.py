@@ -15,6 +15,7 @@ from trainer_harness import SOURCE_PATHS, free_port
 RANK = """
 import json, sys
 import jax
+from tardigrade_trainer.checkpoint import CheckpointIOError
 from tardigrade_trainer.checkpoint.sharedprobe import (
     CheckpointPathNotSharedError, check_shared)
 
@@ -22,11 +23,13 @@ port, pid, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                            process_id=pid, initialization_timeout=120)
 try:
-    check_shared(root, process_id=pid, process_count=2, barrier_timeout_seconds=120,
+    check_shared(root, process_id=pid, process_count=2, barrier_timeout_seconds=600,
                  visibility_seconds=1.0)
     print(json.dumps({"shared": True}))
 except CheckpointPathNotSharedError as err:
     print(json.dumps({"shared": False, "error": str(err)}))
+except CheckpointIOError as err:
+    print(json.dumps({"io_error": str(err)}))
 jax.distributed.shutdown()
 """
 
@@ -41,10 +44,16 @@ def run_gang(roots: list[Path]) -> list[dict]:
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for pid, root in enumerate(roots)]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err.decode()[-3000:]
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err.decode()[-3000:]
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return results
 
 
@@ -69,3 +78,16 @@ def test_a_root_private_to_each_host_is_a_config_error_that_says_the_fix(tmp_pat
             assert fix in error
     # Each host removed its own probe.
     assert [list(r.iterdir()) for r in roots] == [[], []]
+
+
+@pytest.mark.slow
+def test_a_host_that_cannot_write_fails_every_host_at_once(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    roots = [tmp_path / "ckpt", tmp_path / "a-file" / "ckpt"]
+    # Within run_gang's 180 s, far short of the 600 s barrier timeout: the healthy host
+    # learns of the failure at the exchange.
+    results = run_gang(roots)
+    for result in results:
+        assert result["io_error"].startswith("host 1 ("), result
+        assert f"cannot write a probe under checkpoint path {roots[1]}" in result["io_error"]
+    assert list(roots[0].iterdir()) == []

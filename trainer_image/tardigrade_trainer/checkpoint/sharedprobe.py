@@ -91,36 +91,45 @@ def check_shared(
     visibility_seconds: float = DEFAULT_VISIBILITY_SECONDS,
 ) -> None:
     """Return if every host sees every host's probe under `root`; else raise
-    CheckpointPathNotSharedError (on every host alike). Storage errors: CheckpointIOError."""
+    CheckpointPathNotSharedError on every host alike. A storage error on any host is a
+    CheckpointIOError on every host, naming the host."""
     if process_count < 2:
         return
     call = next(_calls)
     token = distributed.all_gather_strings(
         f"tardigrade-shared-probe-{call}-token", uuid.uuid4().hex, barrier_timeout_seconds)[0]
+    # A host whose storage fails still takes part in every step below, so that its peers learn
+    # of the failure at the exchange instead of waiting out a barrier timeout.
+    error = ""
+    kv: ts.KvStore | None = None
     try:
         kv = ts.KvStore.open(kvstore_spec(root), context=ts.Context(dict(context_spec or {}))
                              ).result()
         kv.write(_probe_key(token, process_id), _probe_body(token, process_id)).result()
-    except CheckpointIOError:
-        raise
     except Exception as err:
-        raise CheckpointIOError(f"cannot write a probe under checkpoint path {root}: {err}"
-                                ) from err
+        error = f"cannot write a probe under checkpoint path {root}: {err}"
     try:
         distributed.barrier(f"tardigrade-shared-probe-{token}-written", barrier_timeout_seconds)
-        others = [p for p in range(process_count) if p != process_id]
-        try:
-            found = _visible(kv, token, others, time.monotonic() + visibility_seconds)
-        except Exception as err:
-            raise CheckpointIOError(f"cannot read probes under checkpoint path {root}: {err}"
-                                    ) from err
-        mine = json.dumps({"seen": sorted(found | {process_id}), "host": socket.gethostname()})
+        found: set[int] = set()
+        if kv is not None and not error:
+            others = [p for p in range(process_count) if p != process_id]
+            try:
+                found = _visible(kv, token, others, time.monotonic() + visibility_seconds)
+            except Exception as err:
+                error = f"cannot read probes under checkpoint path {root}: {err}"
+        mine = json.dumps({"seen": sorted(found | {process_id}), "host": socket.gethostname(),
+                           "error": error})
         views = [json.loads(v) for v in distributed.all_gather_strings(
             f"tardigrade-shared-probe-{token}-seen", mine, barrier_timeout_seconds)]
     finally:
-        with contextlib.suppress(Exception):
-            key = _probe_key(token, process_id)
-            kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+        if kv is not None:
+            with contextlib.suppress(Exception):
+                key = _probe_key(token, process_id)
+                kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+    failures = [f"host {p} ({v['host']}): {v['error']}" for p, v in enumerate(views)
+                if v["error"]]
+    if failures:
+        raise CheckpointIOError("; ".join(failures))
     everyone = list(range(process_count))
     seen = [view["seen"] for view in views]
     if any(sorted(s) != everyone for s in seen):
