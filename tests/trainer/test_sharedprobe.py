@@ -58,8 +58,10 @@ def run_gang(roots: list[Path]) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_one_root_for_both_hosts_passes_and_leaves_nothing(tmp_path):
+def test_one_root_for_both_hosts_passes_and_leaves_no_probe(tmp_path):
     root = tmp_path / "shared"
+    root.mkdir()
+    (root / ".tardigrade-shared-probe-0123abcd-1").write_text("from a start killed midway")
     assert run_gang([root, root]) == [{"shared": True}] * 2
     assert list(root.iterdir()) == []
 

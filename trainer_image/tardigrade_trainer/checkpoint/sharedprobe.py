@@ -12,7 +12,8 @@ host's; otherwise the job stops with a configuration error that says how to fix 
    bounded time: NFS clients cache lookups, failed ones included, for a few seconds.
 4. The hosts exchange what each of them saw, so they all reach the same verdict (a root can
    be shared by some hosts and not others) and report the same error.
-5. Each host deletes its own probe, the one file it surely can reach.
+5. Each host deletes its own probe, the one file it surely can reach; process 0 also
+   removes probes that a start killed midway left behind.
 
 gs:// is shared by construction; the check costs a few small requests there and catches a
 bucket path that differs between hosts all the same.
@@ -36,6 +37,7 @@ from tardigrade_trainer.checkpoint.manager import CheckpointIOError, kvstore_spe
 from tardigrade_trainer.config import ConfigError
 
 PROBE_PREFIX = ".tardigrade-shared-probe-"
+_PROBE_PREFIX_END = PROBE_PREFIX[:-1] + chr(ord(PROBE_PREFIX[-1]) + 1)
 DEFAULT_VISIBILITY_SECONDS = 10.0
 _POLL_SECONDS = 0.2
 # Every process makes the same calls, so the n-th call's key-value names match across hosts
@@ -121,6 +123,11 @@ def check_shared(
                            "error": error})
         views = [json.loads(v) for v in distributed.all_gather_strings(
             f"tardigrade-shared-probe-{token}-seen", mine, barrier_timeout_seconds)]
+        if process_id == 0 and kv is not None:
+            # Every host has read what it needs; probes of a start that was killed midway
+            # would stay forever otherwise. One gang per root (nobody else probes here now).
+            with contextlib.suppress(Exception):
+                kv.delete_range(ts.KvStore.KeyRange(PROBE_PREFIX, _PROBE_PREFIX_END)).result()
     finally:
         if kv is not None:
             with contextlib.suppress(Exception):
