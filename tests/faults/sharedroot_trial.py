@@ -22,9 +22,9 @@ def unshared_root_is_refused(workdir: Path, config: dict[str, Any]) -> tuple[boo
     started = time.monotonic()
     roots = [workdir / "node-a" / "ckpt", workdir / "node-b" / "ckpt"]
     gang = launch(workdir / "gang", processes=2, checkpoint_path=str(roots[0]), config=config,
-                  interval_steps=2,
+                  interval_steps=2, init_timeout=300,  # a loaded machine starts jax slowly
                   rank_env={1: {contract.ENV_CHECKPOINT_PATH: str(roots[1])}})
-    codes = gang.wait()
+    codes = gang.wait(timeout=420)
     messages = [gang.termination(rank) for rank in (0, 1)]
     leftovers = [p.name for root in roots if root.exists() for p in root.iterdir()]
     problems = []
