@@ -13,6 +13,8 @@ B. GCS scenarios (tests/faults/gcs_scenarios.py): a fault proxy in front of the 
 C. Checkpoint root trials (tests/faults/root_trials.py): seeded ordinary-use stories for the
    operator's pin, rollback, re-created and foreign jobs, initFrom and stale attempts, run on
    the real checkpoint manager and restore decision: 0 stranded jobs, 0 wrong-weights restores.
+D. Unshared roots (tests/faults/sharedroot_trial.py): a gang whose hosts each see their own
+   root (an emptyDir or hostPath per node) must refuse to start, not strand its checkpoints.
 
 Prints one line per trial, then the tables. Exit status 1 if anything was lost, corrupt or
 otherwise wrong. The seed is printed first: `--seed` reruns the same kill plan.
@@ -41,6 +43,8 @@ from tests.faults.gcs_scenarios import (  # noqa: E402
 from tests.faults.kill_trials import Campaign, TrialResult  # noqa: E402
 from tests.faults.root_trials import RootTrialResult  # noqa: E402
 from tests.faults.root_trials import run as run_root_trials  # noqa: E402
+from tests.faults.sharedroot_trial import unshared_root_is_refused  # noqa: E402
+from tests.trainer.trainer_harness import TINY  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -175,7 +179,13 @@ def main() -> int:
                 print(f"| {outcome.scenario} | {outcome.faults} | {outcome.result} | "
                       f"{outcome.seconds} |")
     failed_roots = print_root_trials(roots)
-    return 1 if lost or corrupt or problems or failed_gcs or failed_roots else 0
+    shared_ok, shared_what, shared_seconds = unshared_root_is_refused(
+        workdir / "unshared-root", {**TINY, "steps": 8, "devices_per_process": 2})
+    print("\nD. Unshared roots\n")
+    print("| trial | outcome | seconds |\n| --- | --- | --- |")
+    print(f"| one root per host (stranded checkpoints if it ran) | "
+          f"{'ok' if shared_ok else 'FAIL'}: {shared_what[:300]} | {shared_seconds:.1f} |")
+    return 1 if lost or corrupt or problems or failed_gcs or failed_roots or not shared_ok else 0
 
 
 def print_root_trials(results: list[RootTrialResult]) -> int:

@@ -12,6 +12,8 @@ import pytest
 from tardigrade_trainer import contract
 from trainer_harness import committed_steps, free_port, launch, step_dirs, wait_for
 
+from tests.faults.sharedroot_trial import unshared_root_is_refused
+
 pytestmark = pytest.mark.slow
 
 STEPS = 20
@@ -227,6 +229,11 @@ def test_unwritable_checkpoint_path_fails_fast(tmp_path):
     message = gang.termination(0)
     assert message.reason == "CheckpointIOError" and "not writable" in message.message
     assert gang.events("step") == []
+
+
+def test_a_root_each_host_sees_alone_is_refused_before_training(tmp_path):
+    ok, what, _ = unshared_root_is_refused(tmp_path, BASE)
+    assert ok, what
 
 
 def test_corrupt_newest_checkpoint_is_reported_and_left_alone(straight_run, tmp_path):

@@ -346,3 +346,18 @@ def text_from_root(name: str, value: str | None, timeout_seconds: float) -> str:
         client.key_value_set(name, value or "")
         return value or ""
     return str(client.blocking_key_value_get(name, int(timeout_seconds * 1000)))
+def all_gather_strings(name: str, value: str, timeout_seconds: float) -> list[str]:
+    """Every process gets every process's `value` (in process order), through the
+    coordination service's key-value store like `gather_to_root`; [value] outside a
+    distributed run. `name` must be fresh for each call: the keys are not deleted, since a
+    slow peer may still be reading them."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    count = jax_distributed.global_state.num_processes
+    if client is None or count in (None, 1):
+        return [value]
+    pid = jax_distributed.global_state.process_id
+    client.key_value_set(f"{name}/{pid}", value)
+    return [client.blocking_key_value_get(f"{name}/{p}", int(timeout_seconds * 1000))
+            for p in range(count)]

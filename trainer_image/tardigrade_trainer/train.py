@@ -25,6 +25,7 @@ from tardigrade_trainer.checkpoint import (
     keep_union,
 )
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
+from tardigrade_trainer.checkpoint.sharedprobe import check_shared
 from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
 from tardigrade_trainer.logs import JsonLog
@@ -148,6 +149,12 @@ class Trainer:
                   "mesh": plan.describe(), "per_device_batch":
                   config.global_batch_size // plan.data_size})
         self.manager.check_writable()
+        # Before anything is saved or restored: a root private to each host would take
+        # checkpoints that no gang can restore.
+        check_shared(self.manager.root, process_id=jax.process_index(),
+                     process_count=jax.process_count(),
+                     context_spec=self.manager.storage.context_spec(),
+                     barrier_timeout_seconds=config.checkpoint_barrier_timeout_seconds)
         choice = restore_choice.choose(env, self.manager)
         # No save of this gang can be in flight yet, so every partial checkpoint is garbage.
         self.manager.collect_partials()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import enum
 import logging
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -32,7 +34,15 @@ from tardigrade_local.kubelet.launch import (
 )
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
 from tardigrade_local.kubelet.process import ContainerProcess
-from tardigrade_local.kubelet.projected import ProjectedTokens, mount_map
+from tardigrade_local.kubelet.projected import ProjectedTokens, volume_dir
+from tardigrade_local.kubelet.volumes import (
+    MOUNT_RETRY_FIRST_SECONDS,
+    MOUNT_RETRY_MAX_SECONDS,
+    NodeDisk,
+    VolumeSetupError,
+    set_up,
+    tear_down,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +85,8 @@ class PodWorker:
         self.processes: dict[str, ContainerProcess] = {}
         self._kubeconfig: str | None = None  # "" once it is known the pod gets none
         self._tokens: ProjectedTokens | None = None  # projected token volumes, once written
+        self.disk = NodeDisk(settings.layout.node_root(node_name))
+        self.volumes: dict[str, Path] = {}
         self.start_time = ps.now_rfc3339()
         self.terminal_phase: str | None = None
         self.reason: str | None = None
@@ -141,6 +153,7 @@ class PodWorker:
         except Exception:
             log.exception("pod %s/%s: worker failed", self.namespace, self.name)
         finally:
+            tear_down(self.disk, self.uid or self.name)
             self.done.set()
 
     async def _run_pod(self) -> None:
@@ -159,14 +172,34 @@ class PodWorker:
             else:
                 stop_wait.cancel()
                 await main
-                # Terminal: nothing restarts. The pod object stays until someone deletes it.
+                # Terminal: nothing restarts, and the volume manager tears the pod's volumes
+                # down. The pod object stays until someone deletes it.
+                tear_down(self.disk, self.uid or self.name)
                 await self._stop_requested.wait()
                 await self._stop(main)
         finally:
             if self._tokens is not None:
                 await self._tokens.stop()
 
+    async def _mount_volumes(self) -> bool:
+        """Set up the pod's volumes, retrying as the volume manager does; False if the pod
+        was stopped first."""
+        delay = MOUNT_RETRY_FIRST_SECONDS
+        while self.stopping is None:
+            try:
+                pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
+                self.volumes = set_up(self.pod, self.disk, functools.partial(volume_dir, pod_dir))
+                return True
+            except VolumeSetupError as err:
+                self._event("FailedMount", str(err), warning=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), delay)
+            delay = min(delay * 2, MOUNT_RETRY_MAX_SECONDS)
+        return False
+
     async def _run_containers(self) -> None:
+        if not await self._mount_volumes():
+            return
         for index in range(len(self.init_specs)):
             if not await self._run_init(index):
                 if self.stopping is None:
@@ -334,8 +367,7 @@ class PodWorker:
             self._tokens = tokens
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
-                                configmaps, secrets, self._kubeconfig or None,
-                                mount_map(pod_dir, spec, self.pod["spec"]))
+                                configmaps, secrets, self._kubeconfig or None, self.volumes)
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping
