@@ -10,10 +10,12 @@ A step directory without metadata.json is partial: never restored, deleted later
 
 from tardigrade_trainer.checkpoint.manager import (
     CheckpointCorruptError,
+    CheckpointDeadlineError,
     CheckpointError,
     CheckpointInfo,
     CheckpointIOError,
     CheckpointManager,
+    CheckpointUsageError,
 )
 from tardigrade_trainer.checkpoint.policy import (
     KeepEvery,
@@ -25,10 +27,12 @@ from tardigrade_trainer.checkpoint.policy import (
 
 __all__ = [
     "CheckpointCorruptError",
+    "CheckpointDeadlineError",
     "CheckpointError",
     "CheckpointIOError",
     "CheckpointInfo",
     "CheckpointManager",
+    "CheckpointUsageError",
     "KeepEvery",
     "KeepLast",
     "KeepPolicy",
