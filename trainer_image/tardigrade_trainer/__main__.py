@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         write_termination(env.termination_log, message)
         # Every host reached this point at the same step, so the shutdown barrier is met.
         jax.distributed.shutdown()
+        if code != contract.EXIT_SUCCEEDED:
+            # Stopped on notice, SIGKILL on its way: the interpreter's teardown (seconds on a
+            # busy host) has nothing left to do that matters, and the exit code must arrive.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         return code
     _exit_gang(code)
     return code

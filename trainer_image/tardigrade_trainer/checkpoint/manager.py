@@ -28,6 +28,7 @@ from tardigrade_trainer import testhooks
 from tardigrade_trainer.checkpoint import agreement, chunkfiles, digest, durability
 from tardigrade_trainer.checkpoint import deadline as deadlines
 from tardigrade_trainer.checkpoint import leaves as leafkinds
+from tardigrade_trainer.checkpoint.background import SaveThread
 from tardigrade_trainer.checkpoint.deadline import Deadline, DeadlineExceeded
 from tardigrade_trainer.checkpoint.extra import ExtraError, check_extra
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
@@ -330,7 +331,7 @@ class CheckpointManager:
             self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
         except Exception as err:
             raise CheckpointIOError(f"cannot open checkpoint root {self.root}: {err}") from err
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, "checkpoint-writer")
+        self._executor = SaveThread("checkpoint-writer")
         self._pending: concurrent.futures.Future[CheckpointInfo | None] | None = None
         self._saves = 0  # every process counts the same saves: a gang-wide save id
         self._previous_channel: str | None = None
