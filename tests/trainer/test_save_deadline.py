@@ -27,7 +27,9 @@ from tests.faults.gcs_scenarios import BUCKET, faulty_gcs
 # The trainer's defaults: 8 retries with backoff up to 16 s, a request cut after 60 s stalled.
 # Unbounded, one stalled request keeps a save busy for minutes.
 DEFAULT_RETRIES = StorageRetries()
-SLACK = 3.0  # a loaded 2-core machine
+# A loaded 2-core machine (other test suites beside this one) delays every thread; unbounded,
+# the same stalled save takes minutes (90 s and more with the retries below).
+SLACK = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +83,9 @@ def test_retention_deletes_stay_out_of_a_save_on_notice(proxy):
     manager.save(20, _state(20))
     wait_for(lambda: manager.list_steps()[0] == [10, 20], 30, "step 20 to commit")
     until = Deadline.after(8.0, "the test's deadline")
-    started = time.monotonic()
     manager.save(30, _state(30), deadline=until)  # the notice comes while 10 is being deleted
-    info = manager.wait(until)
+    info = manager.wait(until)  # raises CheckpointDeadlineError if it waited behind the delete
     assert info is not None and info.step == 30
-    assert time.monotonic() - started < 8.0
     assert events[-1] == {"event": "checkpoint_retention_deferred", "step": 30}
     proxy.clear()  # the stalled delete is dropped unanswered: step 10 stays
     # The next start applies the keep policy that the save on notice left undone.
@@ -117,9 +117,10 @@ def test_the_trainer_fails_a_stalled_save_on_notice_inside_the_window(proxy, tmp
         gang.kill()
         proxy.clear()
     (unsaved,) = gang.events("preempted_unsaved")
-    # 5 s window, 1 s margin: given up 4 s after the notice, reported well inside the window.
-    assert unsaved["seconds_since_notice"] < 5.0
-    assert unsaved["time"] - signalled < 5.0
+    # 5 s window, 1 s margin: given up 4 s after the notice (the trainer's clock), reported
+    # inside the window (wall clock from the signal; a loaded machine may add scheduling).
+    assert 4.0 <= unsaved["seconds_since_notice"] < 5.0
+    assert unsaved["time"] - signalled < 5.0 + SLACK / 5
     message = gang.termination(0)
     assert message is not None and message.reason == "CheckpointIOError"
     assert "the save-on-notice deadline (4.0s after the notice, of the 5s shutdown window)" in (
