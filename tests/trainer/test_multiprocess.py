@@ -98,10 +98,8 @@ def test_sigterm_saves_the_agreed_step_and_resume_loses_nothing(tmp_path):
     ckpt = tmp_path / "ckpt"
     port = free_port()
     config = {**BASE, "steps": 80, "debug_state_hash": False}
-    # A window no save fits in: each rank must say its save overran it.
     gang = launch(tmp_path / "first", processes=2, checkpoint_path=str(ckpt), config=config,
-                  progress_port=port,
-                  extra_env={contract.ENV_SHUTDOWN_WINDOW_SECONDS: "0.001"})
+                  progress_port=port, extra_env={contract.ENV_SHUTDOWN_WINDOW_SECONDS: "20"})
 
     def progressed() -> bool:
         try:
@@ -122,10 +120,10 @@ def test_sigterm_saves_the_agreed_step_and_resume_loses_nothing(tmp_path):
     assert max(gang.losses()) == saved
     for rank in (0, 1):
         (preempted,) = gang.events("preempted", rank)
-        assert preempted["shutdown_window_seconds"] == 0.001
-        assert preempted["seconds_since_notice"] > 0.001
-        (overrun,) = gang.events("shutdown_window_exceeded", rank)
-        assert overrun["level"] == "warning" and "shutdownWindowSeconds" in overrun["message"]
+        assert preempted["shutdown_window_seconds"] == 20
+        # Committed inside the save's deadline (the window less a 2 s margin).
+        assert 0 < preempted["seconds_since_notice"] < 18
+        assert gang.events("shutdown_window_exceeded", rank) == []
 
     resumed = launch(tmp_path / "second", processes=2, checkpoint_path=str(ckpt), config=config)
     assert resumed.wait() == [0, 0], resumed.describe()

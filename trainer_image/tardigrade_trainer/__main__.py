@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 from tardigrade_trainer import contract
 from tardigrade_trainer.config import ConfigError, TrainerConfig
@@ -19,9 +20,13 @@ def write_termination(path: str, message: contract.TerminationMessage) -> None:
         print(f"cannot write termination log {path}: {err}", file=sys.stderr)
 
 
-def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
+def _fail(path: str, code: int, reason: str, err: BaseException, trainer: Any = None) -> int:
+    """Report and return `code`; with the trainer, the message names the last step and the
+    last committed checkpoint too (what a relaunch resumes from)."""
     print(f"tardigrade-trainer: {reason}: {err}", file=sys.stderr, flush=True)
-    write_termination(path, contract.TerminationMessage(reason=reason, message=str(err)))
+    message = (contract.TerminationMessage(reason=reason, message=str(err)) if trainer is None
+               else trainer.termination(reason, str(err)))
+    write_termination(path, message)
     return code
 
 
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         CheckpointCorruptError,
         CheckpointIOError,
         CheckpointMissingError,
+        CheckpointUsageError,
         FencedError,
         ForeignRootError,
     )
@@ -78,29 +84,36 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(env, config)
         code, message = trainer.run()
-    except ConfigError as err:
-        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
+    except (ConfigError, CheckpointUsageError) as err:
+        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err, trainer)
     except ForeignRootError as err:
-        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "CheckpointRootOwned", err)
+        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "CheckpointRootOwned", err,
+                     trainer)
     except FencedError as err:
         # A stale gang: the operator already moved on to a newer attempt or job.
-        code = _fail(env.termination_log, contract.EXIT_FAILED, "Fenced", err)
+        code = _fail(env.termination_log, contract.EXIT_FAILED, "Fenced", err, trainer)
     except CheckpointMissingError as err:
         code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointMissing",
-                     err)
+                     err, trainer)
     except CheckpointCorruptError as err:
         code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointCorrupt",
-                     err)
+                     err, trainer)
     except CheckpointIOError as err:
         code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_IO_ERROR, "CheckpointIOError",
-                     err)
+                     err, trainer)
     except Exception as err:
         traceback.print_exc()
-        code = _fail(env.termination_log, contract.EXIT_FAILED, "Failed", err)
+        code = _fail(env.termination_log, contract.EXIT_FAILED, "Failed", err, trainer)
     else:
         write_termination(env.termination_log, message)
         # Every host reached this point at the same step, so the shutdown barrier is met.
         jax.distributed.shutdown()
+        if code != contract.EXIT_SUCCEEDED:
+            # Stopped on notice, SIGKILL on its way: the interpreter's teardown (seconds on a
+            # busy host) has nothing left to do that matters, and the exit code must arrive.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         return code
     _exit_gang(code)
     return code

@@ -24,13 +24,14 @@ from tardigrade_trainer.checkpoint import (
     SaveInterval,
     keep_union,
 )
+from tardigrade_trainer.checkpoint.deadline import Deadline
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
 from tardigrade_trainer.checkpoint.sharedprobe import check_shared
 from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
 from tardigrade_trainer.logs import JsonLog
 from tardigrade_trainer.metrics import Metrics, ProgressServer
-from tardigrade_trainer.preemption import PreemptionWatcher, window_overrun
+from tardigrade_trainer.preemption import PreemptionWatcher, save_deadline, window_overrun
 
 
 def make_optimizer(config: TrainerConfig) -> optax.GradientTransformation:
@@ -169,6 +170,8 @@ class Trainer:
         else:
             state = hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key)
             start = 1
+        # Deletes the keep policy owes from a save on notice (which skips them).
+        self.manager.apply_retention()
         self.last_step = start - 1
         if config.debug_state_hash:
             self.log({"event": "state_hash", "step": start - 1, "hash": gathered_state_hash(state)})
@@ -208,18 +211,22 @@ class Trainer:
                 if jax.process_count() > 1:
                     by_time = multihost_utils.broadcast_one_to_all(by_time)
                 due = due or bool(by_time)
-            if preempted or due:
-                self._save(step, state, reason="preemption" if preempted else "interval")
+            if due and not preempted:
+                self._save(step, state, reason="interval")
                 interval.saved()
             if preempted:
+                assert watcher is not None and watcher.noticed_at is not None
+                until = save_deadline(watcher.noticed_at, env.shutdown_window_seconds)
                 try:
-                    self.manager.wait()
+                    self._save(step, state, reason="preemption", until=until)
+                    self.manager.wait(until)
                 except CheckpointIOError as err:
                     # Not "PreemptedSaved": the operator must resume from the older commit.
-                    self.log({"event": "preempted_unsaved", "step": step, "error": str(err)})
+                    self.log({"event": "preempted_unsaved", "step": step, "error": str(err),
+                              "seconds_since_notice": round(watcher.seconds_since_notice(), 3)})
                     return contract.EXIT_CHECKPOINT_IO_ERROR, self.termination(
                         "CheckpointIOError", f"preempted at step {step}; saving it failed: {err}")
-                used = watcher.seconds_since_notice() if watcher is not None else 0.0
+                used = watcher.seconds_since_notice()
                 self.log({"event": "preempted", "step": step,
                           "seconds_since_notice": round(used, 3),
                           "shutdown_window_seconds": env.shutdown_window_seconds})
@@ -233,16 +240,18 @@ class Trainer:
         self.log({"event": "done", "step": self.last_step})
         return contract.EXIT_SUCCEEDED, self.termination("Succeeded")
 
-    def _save(self, step: int, state: dict[str, Any], reason: str) -> None:
+    def _save(self, step: int, state: dict[str, Any], reason: str,
+              until: Deadline | None = None) -> None:
         # Storage failed the previous save (logged and counted by its checkpoint_failed
         # event)? The last commit is intact, so keep training and try again now.
         with contextlib.suppress(CheckpointIOError):
-            self.manager.wait()
+            self.manager.wait(until)
         if self.config.debug_state_hash:
             self.log({"event": "state_hash", "step": step, "hash": gathered_state_hash(state)})
         blocked = self.manager.save(
             step, state, mesh=self.plan.describe(),
             extra={"data_position": step + 1, "reason": reason,
                    "config": dataclasses.asdict(self.config)},
+            deadline=until,
         )
         self.metrics.checkpoint_blocked.observe(blocked)

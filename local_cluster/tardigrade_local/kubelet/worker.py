@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import enum
+import functools
 import logging
 import signal
 import time

@@ -13,9 +13,11 @@ and its semantics (lineage, ownership, fencing) are in docs/checkpoint-format.md
 
 from tardigrade_trainer.checkpoint.errors import (
     CheckpointCorruptError,
+    CheckpointDeadlineError,
     CheckpointError,
     CheckpointIOError,
     CheckpointMissingError,
+    CheckpointUsageError,
     FencedError,
     ForeignRootError,
 )
@@ -31,11 +33,13 @@ from tardigrade_trainer.checkpoint.rootrecord import JobIdentity
 
 __all__ = [
     "CheckpointCorruptError",
+    "CheckpointDeadlineError",
     "CheckpointError",
     "CheckpointIOError",
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointMissingError",
+    "CheckpointUsageError",
     "FencedError",
     "ForeignRootError",
     "JobIdentity",

@@ -15,6 +15,15 @@ class CheckpointCorruptError(CheckpointError):
     """A committed checkpoint cannot be read back or does not match the model."""
 
 
+class CheckpointDeadlineError(CheckpointIOError):
+    """A save on notice did not commit before its deadline: nothing committed, retryable."""
+
+
+class CheckpointUsageError(CheckpointError, ValueError):
+    """Asked for what a checkpoint cannot hold (an `extra` that is not JSON, a host-local
+    array, a sharding that does not divide a dimension): retrying will not help."""
+
+
 class CheckpointMissingError(CheckpointCorruptError):
     """The step a launch must restore (or one at least as new) is not committed on the current
     line: someone deleted committed work, or the spec names a step that was never saved."""
