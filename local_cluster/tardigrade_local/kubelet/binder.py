@@ -56,6 +56,7 @@ class Binder:
         nodes = list(self.nodes.cache.values())
         bound = [p for p in self.pods.cache.values() if p["spec"].get("nodeName")]
         bound += [self._assumed_pod(p, self._assumed[k]) for k, p in self._pending_assumed()]
+        usage = scheduler.NodeUsage(bound)
         for pod in sorted(self.pods.cache.values(),
                           key=lambda p: p["metadata"].get("creationTimestamp") or ""):
             meta, spec = pod["metadata"], pod["spec"]
@@ -64,7 +65,7 @@ class Binder:
                     or _is_terminal(pod)
                     or spec.get("schedulerName", "default-scheduler") != "default-scheduler"):
                 continue
-            decision = scheduler.schedule(pod, nodes, bound)
+            decision = scheduler.schedule(pod, nodes, usage=usage)
             if decision.node is None:
                 if self._unschedulable.get(key) != decision.message:
                     self._unschedulable[key] = decision.message
@@ -74,7 +75,7 @@ class Binder:
                 continue
             self._unschedulable.pop(key, None)
             self._assumed[key] = decision.node
-            bound.append(self._assumed_pod(pod, decision.node))
+            usage.add(self._assumed_pod(pod, decision.node))
             try:
                 await self._bind(key, decision.node)
                 self.events.pod(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} "
