@@ -69,7 +69,8 @@ async def test_sigterm_to_one_rank_saves_one_step_for_all_and_the_next_gang_rest
     ranks = await start_gang(runtime, tmp_path, 3)
     await wait_until(lambda: ranks[0].rank.gang.step() >= 7)
     ranks[1].signal_group(signal.SIGTERM)  # the kubelet's node shutdown of one host
-    codes = await asyncio.gather(*(r.wait() for r in ranks))
+    async with asyncio.timeout(10):
+        codes = await asyncio.gather(*(r.wait() for r in ranks))
     assert codes == [contract.EXIT_PREEMPTED_SAVED] * 3
     messages = [termination(tmp_path, r) for r in range(3)]
     saved = messages[0]["checkpoint_step"]
