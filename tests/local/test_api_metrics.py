@@ -37,7 +37,7 @@ def test_every_request_is_counted_by_verb_resource_scope_and_code(tmp_path):
         except client.ApiException as err:
             assert err.status == 404
         totals = request_totals(server.url)
-    assert totals[("CREATE", "pods", "", "namespace", "201")] == 1
+    assert totals[("CREATE", "pods", "", "resource", "201")] == 1
     assert totals[("PATCH", "pods", "status", "resource", "200")] == 2
     assert totals[("LIST", "pods", "", "namespace", "200")] == 1
     assert totals[("GET", "pods", "", "resource", "404")] == 1

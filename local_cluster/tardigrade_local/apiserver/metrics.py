@@ -4,9 +4,10 @@ Upstream's `apiserver_request_total` (staging/src/k8s.io/apiserver/pkg/endpoints
 metrics.go, `requestCounter`, STABLE) counts every request by verb, group, version, resource,
 subresource, scope and response code (plus `dry_run` and `component`, left out here: no dry
 runs, one component). Verbs are those of authorization (`requestinfo.py`: `list` and `watch`
-for collection GETs, `deletecollection`), upper-cased as upstream's `CleanVerb` reports them
-(`LIST`, `WATCH`, `PATCH`); non-resource requests (discovery, /version) count with their HTTP
-method and an empty resource.
+for collection GETs, `deletecollection`), upper-cased as upstream's `canonicalVerb` and
+`CleanVerb` report them (`LIST`, `WATCH`, `PATCH`; server-side apply is not told apart as
+`APPLY`); non-resource requests (discovery, /version) count with their HTTP method, an empty
+resource and an empty scope (`CleanScope`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ METRICS_PATH = "/metrics"
 
 
 def _scope(attrs: RequestAttributes) -> str:
-    # Upstream's CleanScope: a named object is "resource"; a collection "namespace"/"cluster".
+    # Upstream's CleanScope: a named object or a create is "resource", a collection
+    # "namespace" or "cluster", a non-resource request "".
     if not attrs.resource_request:
         return ""
-    if attrs.name:
+    if attrs.name or attrs.verb == "create":
         return "resource"
     return "namespace" if attrs.namespace else "cluster"
 
