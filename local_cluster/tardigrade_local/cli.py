@@ -17,6 +17,7 @@ from tardigrade_local.cluster import (
     kill_leftover_pods,
     operator_command,
 )
+from tardigrade_local.cluster import simulated_nodes as make_simulated_nodes
 from tardigrade_local.disruptions import (
     DEFAULT_REPLACE_AFTER_SECONDS,
     REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
@@ -54,6 +55,10 @@ def up(
     nodes: int = typer.Option(1, "--nodes", "-n", min=0, help="Ordinary nodes."),
     spot_nodes: int = typer.Option(0, "--spot-nodes", min=0,
                                    help="Nodes labelled cloud.google.com/gke-spot=true."),
+    simulated_nodes: int = typer.Option(
+        0, "--simulated-nodes", min=0,
+        help="Nodes whose pods run without processes, as on kwok nodes (annotated "
+        "local.tardigrade.dev/simulated=true); Tardigrade ranks there are simulated."),
     state_dir: Path | None = StateDir,
     foreground: bool = typer.Option(False, "--foreground/--background",
                                     help="Stay attached; Ctrl-C stops the cluster."),
@@ -86,6 +91,7 @@ def up(
     configs = [NodeConfig(f"local-node-{i}") for i in range(1, nodes + 1)]
     configs += [NodeConfig(f"local-spot-{i}", labels=spot_labels, pool=SPOT_POOL)
                 for i in range(1, spot_nodes + 1)]
+    configs += make_simulated_nodes(simulated_nodes)
     pools = [NodePool(DEFAULT_POOL, autoscale_max, NodeConfig("template"), provision_seconds)]
     if spot_nodes:
         pools.append(NodePool(SPOT_POOL, autoscale_max,

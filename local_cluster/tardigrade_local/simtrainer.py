@@ -25,36 +25,12 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from types import FrameType
 
 from tardigrade_trainer import contract
 from tardigrade_trainer.metrics import Metrics, ProgressServer
 
-CHECKPOINT_PREFIX = "step_"
-
-
-class MarkerCheckpoints:
-    """Committed steps as empty files: `commit` is atomic, like a checkpoint commit."""
-
-    def __init__(self, root: str) -> None:
-        self.root = Path(root)
-
-    def committed(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        steps = (p.name.removeprefix(CHECKPOINT_PREFIX) for p in self.root.iterdir()
-                 if p.name.startswith(CHECKPOINT_PREFIX))
-        return sorted(int(s) for s in steps if s.isdigit())
-
-    def path(self, step: int) -> str:
-        return str(self.root / f"{CHECKPOINT_PREFIX}{step}")
-
-    def commit(self, step: int) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{CHECKPOINT_PREFIX}{step}.{os.getpid()}"
-        tmp.write_text(str(step))
-        tmp.replace(self.path(step))
+from tardigrade_local.markers import MarkerCheckpoints, choose_restore
 
 
 def _terminate(env: contract.TrainerEnvironment, code: int, reason: str, step: int | None,
@@ -68,21 +44,6 @@ def _terminate(env: contract.TrainerEnvironment, code: int, reason: str, step: i
     return code
 
 
-def _restore(env: contract.TrainerEnvironment, ckpt: MarkerCheckpoints) -> int | None:
-    """The committed step to start from (None: from scratch); raises LookupError."""
-    committed = ckpt.committed()
-    if env.restore_step == contract.RESTORE_NONE:
-        return None
-    if env.restore_step == contract.RESTORE_LATEST:
-        return committed[-1] if committed else None
-    # The operator's pin: the newest committed step, which must be the pin or newer.
-    wanted = int(env.restore_step)
-    if not committed or committed[-1] < wanted:
-        raise LookupError(f"no checkpoint at step {wanted} or newer was committed "
-                          f"(have {committed})")
-    return committed[-1]
-
-
 def run(env: contract.TrainerEnvironment) -> int:
     ckpt = MarkerCheckpoints(env.checkpoint_path)
     config = env.trainer_config
@@ -92,7 +53,7 @@ def run(env: contract.TrainerEnvironment) -> int:
         return _terminate(env, contract.EXIT_CONFIG_ERROR, "ConfigError", None, None, ckpt,
                           "the simulated trainer needs an absolute checkpoint path")
     try:
-        saved = _restore(env, ckpt)
+        saved = choose_restore(env, ckpt)
     except LookupError as err:
         return _terminate(env, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointCorrupt", None,
                           None, ckpt, str(err))

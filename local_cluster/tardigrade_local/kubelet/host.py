@@ -29,6 +29,7 @@ from tardigrade_local.kubelet.node import node_object, node_status
 from tardigrade_local.kubelet.nodelifecycle import NodeLifecycle
 from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
+from tardigrade_local.kubelet.simulated import SimulatedRuntime
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class KubeletHost:
         # instances being created.
         self.recreating: dict[str, NodeConfig] = {}
         self.ips = network.IpAllocator()
+        # The container runtime of simulated nodes: one for all, so gangs span nodes.
+        self.simulation = SimulatedRuntime(settings.simulated_start_seconds)
         self._node_index = 0
         self.pods = Informer(self.client, core_path("pods"), self._on_pod)
         self.nodes = Informer(self.client, core_path("nodes"), self._on_node)
@@ -121,6 +124,7 @@ class KubeletHost:
                 await task
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.simulation.stop()
         await self.client.close()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -354,6 +358,7 @@ class KubeletHost:
         return {
             "nodes": [
                 {"name": n, "state": a.state, "ip": a.ip, "pool": a.config.pool,
+                 "simulated": a.config.simulated,
                  "pods": sorted(f"{k[0]}/{k[1]}" for k in a.workers)}
                 for n, a in sorted(self.agents.items())
             ],
@@ -414,10 +419,16 @@ class KubeletHost:
             self._finished.add(uid)
             self._spawn(self._reject(pod, rejection))
             return
+        simulated = agent.config.simulated
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
-                           self.ips.allocate(), pod, self.events)
+                           self.ips.allocate(), pod, self.events,
+                           runtime=self.simulation if simulated else None)
         agent.workers[key] = worker
-        self._write_hosts()
+        if simulated:
+            # No process resolves names before it starts: the loop writes the file soon.
+            self._hosts_dirty.set()
+        else:
+            self._write_hosts()
         worker.start()
         self._spawn(self._reap(agent, key, worker))
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from tardigrade_local.kubelet.config import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.kubelet.config import (
+    NODE_POOL_LABEL,
+    SIMULATED_ANNOTATION,
+    SIMULATED_RUNTIME_VERSION,
+    NodeConfig,
+)
 from tardigrade_local.kubelet.podstatus import now_rfc3339
 
 KUBELET_VERSION = "v1.33.0-tardigrade-local"
@@ -48,6 +53,13 @@ def ready_conditions(ready: bool, message: str = "") -> list[dict[str, Any]]:
     ]
 
 
+def node_annotations(config: NodeConfig) -> dict[str, str]:
+    marks = {MANAGED_ANNOTATION: "true"}
+    if config.simulated:
+        marks[SIMULATED_ANNOTATION] = "true"
+    return marks
+
+
 def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
                 message: str = "") -> dict[str, Any]:
     return {
@@ -61,7 +73,9 @@ def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
         "nodeInfo": {
             "machineID": config.name, "systemUUID": config.name, "bootID": config.name,
             "kernelVersion": platform.release(), "osImage": "local processes",
-            "containerRuntimeVersion": "local://process", "kubeletVersion": KUBELET_VERSION,
+            "containerRuntimeVersion": (SIMULATED_RUNTIME_VERSION if config.simulated
+                                        else "local://process"),
+            "kubeletVersion": KUBELET_VERSION,
             "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux",
             "architecture": _arch(),
         },
@@ -75,7 +89,7 @@ def node_object(config: NodeConfig, ip: str, port: int) -> dict[str, Any]:
         "metadata": {
             "name": config.name,
             "labels": node_labels(config),
-            "annotations": {MANAGED_ANNOTATION: "true"},
+            "annotations": node_annotations(config),
         },
         "spec": {"taints": [dict(t) for t in config.taints]} if config.taints else {},
         "status": node_status(config, ip, port),

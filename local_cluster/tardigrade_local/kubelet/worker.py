@@ -33,8 +33,8 @@ from tardigrade_local.kubelet.launch import (
     termination_message,
 )
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
-from tardigrade_local.kubelet.process import ContainerProcess
 from tardigrade_local.kubelet.projected import ProjectedTokens, volume_dir
+from tardigrade_local.kubelet.runtime import Container, ContainerRuntime, ProcessRuntime
 from tardigrade_local.kubelet.volumes import (
     MOUNT_RETRY_FIRST_SECONDS,
     MOUNT_RETRY_MAX_SECONDS,
@@ -60,8 +60,10 @@ class Stop(enum.Enum):
 class PodWorker:
     def __init__(self, settings: KubeletSettings, client: ApiClient, node_name: str,
                  host_ip: str, pod_ip: str, pod: Mapping[str, Any],
-                 events: EventRecorder | None = None) -> None:
+                 events: EventRecorder | None = None,
+                 runtime: ContainerRuntime | None = None) -> None:
         self.settings = settings
+        self.runtime: ContainerRuntime = runtime or ProcessRuntime()
         self.client = client
         self.events = events or EventRecorder(client)
         self.node_name = node_name
@@ -82,7 +84,7 @@ class PodWorker:
             for record in self.records:
                 record.wait("PodInitializing")
         self.initialized = not self.init_specs
-        self.processes: dict[str, ContainerProcess] = {}
+        self.processes: dict[str, Container] = {}
         self._kubeconfig: str | None = None  # "" once it is known the pod gets none
         self._tokens: ProjectedTokens | None = None  # projected token volumes, once written
         self.disk = NodeDisk(settings.layout.node_root(node_name))
@@ -295,8 +297,8 @@ class PodWorker:
         term_path = layout.termination_log(ns, name, cname)
         term_path.unlink(missing_ok=True)
         memory = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
-        proc = ContainerProcess(argv, env, layout.pod_dir(ns, name), log_path,
-                                int(parse_quantity(str(memory))) if memory else None)
+        proc = self.runtime.container(argv, env, layout.pod_dir(ns, name), log_path,
+                                      int(parse_quantity(str(memory))) if memory else None)
         try:
             pid = await proc.start()
         except OSError as err:
@@ -314,8 +316,9 @@ class PodWorker:
         self._event("Started", f"Started container {cname}", container=cname)
         self.processes[cname] = proc
         pid_file = layout.container_pid(ns, name, cname)
-        pid_file.write_text(str(pid))
-        record.start(f"local://{pid}")
+        if self.runtime.host_processes:
+            pid_file.write_text(str(pid))
+        record.start(f"{self.runtime.scheme}://{pid}")
         probes = self._probes(record, spec, proc, env)
         record.ready_flag, record.started_flag = probes.ready, probes.started
         probe_task = asyncio.create_task(probes.run()) if probes.active else None
@@ -332,7 +335,7 @@ class PodWorker:
         return code
 
     def _probes(self, record: ps.ContainerRecord, spec: Mapping[str, Any],
-                proc: ContainerProcess, env: Mapping[str, str]) -> ContainerProbes:
+                proc: Container, env: Mapping[str, str]) -> ContainerProbes:
         ports = {p["name"]: int(p["containerPort"]) for p in spec.get("ports") or []
                  if p.get("name")}
         target = ProbeTarget(self.pod_ip, ports, env,
