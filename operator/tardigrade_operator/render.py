@@ -7,7 +7,7 @@ from typing import Any
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import naming
+from tardigrade_operator import naming, slices
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.placement import placement_for
@@ -160,7 +160,11 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "volumes": [v.model_dump(by_alias=True, exclude_none=True) for v in template.volumes],
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
-    labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank)}
+    # One slice per gang until multislice assigns ranks to slices.
+    if (affinity := slices.slice_affinity(spec, job.name, launch.attempt, 0)) is not None:
+        pod_spec["affinity"] = affinity
+    labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank),
+              **slices.slice_labels(spec, job.name, launch.attempt, 0)}
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": job.namespace,

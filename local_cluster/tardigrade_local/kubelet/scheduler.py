@@ -1,9 +1,10 @@
 """Where a pod may run: the default scheduler's filters that matter for our pods, pure.
 
 Filters: node readiness/cordon, nodeSelector and required node affinity, taints and
-tolerations, and resource requests against allocatable (incl. extended resources such as
-`google.com/tpu`). Among feasible nodes the least loaded wins. When none fits, the message
-has the real scheduler's shape, e.g.
+tolerations, resource requests against allocatable (incl. extended resources such as
+`google.com/tpu`), and required inter-pod (anti-)affinity (`interpodaffinity.py`). Among
+feasible nodes the least loaded wins. When none fits, the message has the real scheduler's
+shape, e.g.
 `0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node
 affinity/selector. preemption: ...`.
 """
@@ -17,6 +18,8 @@ from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils import parse_quantity
+
+from tardigrade_local.kubelet import interpodaffinity
 
 Obj = Mapping[str, Any]
 
@@ -158,6 +161,7 @@ def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj]) -> Decis
         return Decision(None, "no nodes available to schedule pods")
     usage: dict[str, Counter[str]] = {}
     counts: Counter[str] = Counter()
+    bound_pods = [p for p in bound_pods if not _is_terminal(p)]
     for other in bound_pods:
         node_name = other["spec"].get("nodeName")
         if not node_name or _is_terminal(other):
@@ -178,7 +182,8 @@ def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj]) -> Decis
         elif taint is not None:
             value = taint.get("value") or ""
             reasons[f"node(s) had untolerated taint {{{taint['key']}: {value}}}"] += 1
-        elif (why := _insufficient(requests, node, usage.get(name, {}), counts[name])) is not None:
+        elif (why := (_insufficient(requests, node, usage.get(name, {}), counts[name])
+                      or interpodaffinity.unfit_reason(pod, node, nodes, bound_pods))):
             reasons[why] += 1
         else:
             feasible.append((counts[name], name))
