@@ -21,7 +21,7 @@ import prometheus_client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tardigrade_operator import autoscaling, finalizers, metrics, naming, watchdog
+from tardigrade_operator import autoscaling, finalizers, metrics, multislice, naming, watchdog
 from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
@@ -316,6 +316,8 @@ def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
         spec, error = parse_spec(dict(body.get("spec") or {})), None
     except InvalidTrainingJob as err:
         spec, error = None, "; ".join(str(e) for e in err.errors)
+    if spec is not None and (why := multislice.job_name_error(str(meta.get("name")), spec)):
+        spec, error = None, why
     memo.specs[key] = (generation, spec, error)
     return spec, error
 

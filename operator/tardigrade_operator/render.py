@@ -7,7 +7,7 @@ from typing import Any
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import naming, slices
+from tardigrade_operator import multislice, naming, slices
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.placement import placement_for
@@ -160,11 +160,11 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "volumes": [v.model_dump(by_alias=True, exclude_none=True) for v in template.volumes],
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
-    # One slice per gang until multislice assigns ranks to slices.
-    if (affinity := slices.slice_affinity(spec, job.name, launch.attempt, 0)) is not None:
+    slice_index = _slice_layout(spec, launch).slice_of(rank)
+    if (affinity := slices.slice_affinity(spec, job.name, launch.attempt, slice_index)):
         pod_spec["affinity"] = affinity
     labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank),
-              **slices.slice_labels(spec, job.name, launch.attempt, 0)}
+              **slices.slice_labels(spec, job.name, launch.attempt, slice_index)}
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": job.namespace,
@@ -181,15 +181,17 @@ def build_gang(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch) -> list[d
     return [build_pod(job, spec, launch, rank) for rank in range(launch.replicas)]
 
 
+def _slice_layout(spec: TrainingJobSpec, launch: GangLaunch) -> multislice.SliceLayout:
+    # A spec that is not whole slices is refused before launch; one slice of all hosts then.
+    return (multislice.layout_for(spec.accelerator, launch.replicas)
+            or multislice.SliceLayout(1, launch.replicas))
+
+
 def _tpu_worker_env(
     job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int
 ) -> list[dict[str, str]]:
     # GKE injects these only for Indexed Jobs; libtpu needs them to form a multi-host slice.
     if spec.accelerator.kind != "tpu":
         return []
-    hosts = ",".join(
-        f"{naming.pod_name(job.name, launch.attempt, r)}.{naming.service_name(job.name)}"
-        for r in range(launch.replicas)
-    )
-    return [{"name": "TPU_WORKER_ID", "value": str(rank)},
-            {"name": "TPU_WORKER_HOSTNAMES", "value": hosts}]
+    env = multislice.tpu_environment(job.name, launch.attempt, _slice_layout(spec, launch), rank)
+    return [{"name": k, "value": v} for k, v in env.items()]

@@ -616,18 +616,20 @@ class TrainingJobSpec(ApiModel):
     def _tpu_slice_matches_replicas(self) -> TrainingJobSpec:
         # Not expressible in the CEL subset we can evaluate here (needs string split), so the
         # API server accepts it and the operator reports it as an InvalidSpec condition.
+        # Replicas are hosts; several whole slices of the topology make a multislice job.
         accel = self.accelerator
         chips = accel.topology_chips()
         if (
             accel.kind == "tpu"
             and chips is not None
             and accel.count is not None
-            and chips != self.replicas * accel.count
+            and (self.replicas * accel.count) % chips
         ):
             raise PydanticCustomError(
                 "tpu_slice",
                 "a TPU slice of topology {topology} has {chips} chips, but replicas "
-                "({replicas}) x accelerator.count ({count}) = {product}: set replicas to {hosts}",
+                "({replicas}) x accelerator.count ({count}) = {product} is not a whole number of "
+                "slices: set replicas to a multiple of {hosts}",
                 {"topology": accel.topology, "chips": chips, "replicas": self.replicas,
                  "count": accel.count, "product": self.replicas * accel.count,
                  "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
