@@ -64,6 +64,12 @@ def layout_for(accel: AcceleratorSpec, replicas: int) -> SliceLayout | None:
     return SliceLayout(replicas // per_slice, per_slice)
 
 
+def whole_slice_hosts(accel: AcceleratorSpec, hosts: int) -> int:
+    """The most hosts of whole slices among `hosts` (all of them when not a TPU slice)."""
+    per_slice = hosts_per_slice(accel)
+    return hosts if per_slice is None else hosts - hosts % per_slice
+
+
 def _host(job: str, attempt: int, rank: int) -> str:
     # <hostname>.<subdomain> resolves through the pod's DNS search path (as for JAX's coordinator).
     return f"{naming.pod_name(job, attempt, rank)}.{naming.service_name(job)}"

@@ -635,6 +635,19 @@ class TrainingJobSpec(ApiModel):
                  "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
                  "field_path": "replicas"},
             )
+        # A TPU job shrinks and grows by whole slices, so its bounds are whole slices too.
+        for field, bound in (("minReplicas", self.min_replicas),
+                             ("maxReplicas", self.max_replicas)):
+            if (accel.kind == "tpu" and chips is not None and accel.count is not None
+                    and bound is not None and (bound * accel.count) % chips):
+                raise PydanticCustomError(
+                    "tpu_slice_bound",
+                    "{field} ({bound}) is not a whole number of TPU slices of topology "
+                    "{topology}: set it to a multiple of {hosts}",
+                    {"field": field, "bound": bound, "topology": accel.topology,
+                     "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
+                     "field_path": field},
+                )
         return self
 
 
