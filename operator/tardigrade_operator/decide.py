@@ -15,7 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, naming
+from tardigrade_operator import checkpoint_scope, multislice, naming
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -440,7 +440,8 @@ def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     if view.scaling_up or not view.unavailable:
         return False
     scheduled = sum(1 for p in gang if p.node_name)
-    target = max(spec.min_replicas, scheduled)
+    # A TPU gang shrinks by whole slices: a slice missing one host cannot form.
+    target = max(spec.min_replicas, multislice.whole_slice_hosts(spec.accelerator, scheduled))
     if target >= status.replicas:
         return False
     pod, why = view.unavailable[0]

@@ -116,11 +116,12 @@ async def test_a_peer_that_never_joins_times_the_gang_out(tmp_path):
     assert termination(tmp_path, 0)["reason"] == "PeerTimeout"
 
 
-async def test_a_restore_step_never_committed_is_a_corrupt_checkpoint(tmp_path):
+async def test_a_pin_past_every_committed_step_is_a_corrupt_checkpoint(tmp_path):
+    # The operator's pin is a floor: nothing committed at step 40 or newer.
     runtime = SimulatedRuntime()
     ranks = await start_gang(runtime, tmp_path, 2, restore="40")
     assert [await r.wait() for r in ranks] == [contract.EXIT_CHECKPOINT_CORRUPT] * 2
-    assert "never committed" in termination(tmp_path, 1)["message"]
+    assert "no checkpoint at step 40 or newer" in termination(tmp_path, 1)["message"]
 
 
 async def test_the_gang_finishes_with_succeeded_and_commits_the_last_step(tmp_path):

@@ -75,7 +75,7 @@ class Binder:
             key = (meta.get("namespace") or "default", meta["name"], meta.get("uid", ""))
             if not self._waiting(pod):
                 continue
-            decision = scheduler.schedule(pod, nodes, usage=usage)
+            decision = scheduler.schedule(pod, nodes, bound, usage=usage)
             if decision.node is None:
                 if self._unschedulable.get(key) != decision.message:
                     self._unschedulable[key] = decision.message
@@ -85,7 +85,9 @@ class Binder:
                 continue
             self._unschedulable.pop(key, None)
             self._assumed[key] = decision.node
-            usage.add(self._assumed_pod(pod, decision.node))
+            assumed = self._assumed_pod(pod, decision.node)
+            usage.add(assumed)
+            bound.append(assumed)
             try:
                 await self._bind(key, decision.node)
                 self.events.pod(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} "

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from tardigrade_local import disruptions as d
-from tardigrade_local.kubelet import admission, network
+from tardigrade_local.kubelet import admission, network, tpuslices
 from tardigrade_local.kubelet.binder import Binder
 from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
 from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
@@ -169,10 +169,24 @@ class KubeletHost:
                            why: str = "Node is shutting down (spot instance reclaimed)") -> None:
         """Spot reclaim: graceful node shutdown, then the Node object goes away; the node pool
         recreates the VM under the same name after `replace_after_seconds` (default: the
-        cluster's setting; None there: never)."""
+        cluster's setting; None there: never). A host of a multi-host TPU slice goes, and
+        comes back, with every host of its slice (`tpuslices.py`)."""
         agent = self._agent(name)
         if agent.state != "ready":
             return
+        ready = [a.config for a in self.agents.values() if a.state == "ready"]
+        agents = [self.agents[c.name] for c in tpuslices.slice_of(agent.config, ready)]
+        await asyncio.gather(*(self._shut_down(a, grace_seconds, why) for a in agents))
+        if replace_after_seconds is None:
+            replace_after_seconds = self.settings.replace_after_seconds
+        if replace_after_seconds is not None:
+            # In the background: a `wait`ing caller returns once the node is gone.
+            for a in agents:
+                self.recreating[a.config.name] = a.config
+            self._spawn(self._recreate(agents, replace_after_seconds))
+
+    async def _shut_down(self, agent: NodeAgent, grace_seconds: float | None, why: str) -> None:
+        name = agent.config.name
         agent.state = "shutting-down"
         self.events.node(name, "Shutdown", why, warning=True)
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
@@ -190,12 +204,6 @@ class KubeletHost:
         with contextlib.suppress(ApiError):
             await self.client.delete(path)
         self.binder.dirty.set()
-        if replace_after_seconds is None:
-            replace_after_seconds = self.settings.replace_after_seconds
-        if replace_after_seconds is not None:
-            # In the background: a `wait`ing caller returns once the node is gone.
-            self.recreating[name] = agent.config
-            self._spawn(self._recreate(agent, replace_after_seconds))
 
     async def schedule_maintenance(self, name: str, in_seconds: float,
                                    back_after_seconds: float | None = None) -> float:
@@ -227,14 +235,17 @@ class KubeletHost:
         await self.preempt_node(name, d.MAINTENANCE_POD_GRACE_SECONDS, back_after_seconds,
                                 why=d.MAINTENANCE_MESSAGE)
 
-    async def _recreate(self, agent: NodeAgent, delay: float) -> None:
-        """The pool's managed instance group recreates the VM under its name."""
+    async def _recreate(self, agents: list[NodeAgent], delay: float) -> None:
+        """The pool's managed instance group recreates the VMs under their names (a slice's
+        hosts all at once)."""
         try:
             await asyncio.sleep(delay)
-            if self.agents.get(agent.config.name) is agent:  # nobody took the name meanwhile
-                await self.add_node(agent.config)
+            # Nobody took a name meanwhile.
+            back = [a for a in agents if self.agents.get(a.config.name) is a]
+            await asyncio.gather(*(self.add_node(a.config) for a in back))
         finally:
-            self.recreating.pop(agent.config.name, None)
+            for a in agents:
+                self.recreating.pop(a.config.name, None)
 
     async def lose_node(self, name: str, delete_object: bool = True) -> None:
         """The machine vanished: processes die now, nothing more is reported."""

@@ -1,9 +1,10 @@
 """Where a pod may run: the default scheduler's filters that matter for our pods, pure.
 
 Filters: node readiness/cordon, nodeSelector and required node affinity, taints and
-tolerations, and resource requests against allocatable (incl. extended resources such as
-`google.com/tpu`). Among feasible nodes the least loaded wins. When none fits, the message
-has the real scheduler's shape, e.g.
+tolerations, resource requests against allocatable (incl. extended resources such as
+`google.com/tpu`), and required inter-pod (anti-)affinity (`interpodaffinity.py`). Among
+feasible nodes the least loaded wins. When none fits, the message has the real scheduler's
+shape, e.g.
 `0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node
 affinity/selector. preemption: ...`.
 """
@@ -18,6 +19,8 @@ from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils import parse_quantity
+
+from tardigrade_local.kubelet import interpodaffinity
 
 Obj = Mapping[str, Any]
 
@@ -184,7 +187,13 @@ def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj] = (),
     nodes = list(nodes)
     if not nodes:
         return Decision(None, "no nodes available to schedule pods")
+    bound_pods = list(bound_pods)
     taken = NodeUsage(bound_pods) if usage is None else usage
+    # Inter-pod affinity looks at the pods that run, and only when some pod states a term:
+    # scanning every bound pod for every node costs a thousand-host gang dearly otherwise.
+    live = [p for p in bound_pods if not _is_terminal(p)]
+    affinity_matters = interpodaffinity.states_terms(pod) or any(
+        interpodaffinity.states_terms(p) for p in live)
     counts, usage_by_node = taken.counts, taken.requests
     spec = pod["spec"]
     requests = pod_requests(spec)
@@ -200,8 +209,9 @@ def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj] = (),
         elif taint is not None:
             value = taint.get("value") or ""
             reasons[f"node(s) had untolerated taint {{{taint['key']}: {value}}}"] += 1
-        elif (why := _insufficient(requests, node, usage_by_node.get(name, {}),
-                                   counts[name])) is not None:
+        elif (why := (_insufficient(requests, node, usage_by_node.get(name, {}), counts[name])
+                      or (affinity_matters
+                          and interpodaffinity.unfit_reason(pod, node, nodes, live)))):
             reasons[why] += 1
         else:
             feasible.append((counts[name], name))

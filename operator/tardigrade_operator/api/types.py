@@ -679,23 +679,38 @@ class TrainingJobSpec(ApiModel):
     def _tpu_slice_matches_replicas(self) -> TrainingJobSpec:
         # Not expressible in the CEL subset we can evaluate here (needs string split), so the
         # API server accepts it and the operator reports it as an InvalidSpec condition.
+        # Replicas are hosts; several whole slices of the topology make a multislice job.
         accel = self.accelerator
         chips = accel.topology_chips()
         if (
             accel.kind == "tpu"
             and chips is not None
             and accel.count is not None
-            and chips != self.replicas * accel.count
+            and (self.replicas * accel.count) % chips
         ):
             raise PydanticCustomError(
                 "tpu_slice",
                 "a TPU slice of topology {topology} has {chips} chips, but replicas "
-                "({replicas}) x accelerator.count ({count}) = {product}: set replicas to {hosts}",
+                "({replicas}) x accelerator.count ({count}) = {product} is not a whole number of "
+                "slices: set replicas to a multiple of {hosts}",
                 {"topology": accel.topology, "chips": chips, "replicas": self.replicas,
                  "count": accel.count, "product": self.replicas * accel.count,
                  "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
                  "field_path": "replicas"},
             )
+        # A TPU job shrinks and grows by whole slices, so its bounds are whole slices too.
+        for field, bound in (("minReplicas", self.min_replicas),
+                             ("maxReplicas", self.max_replicas)):
+            if (accel.kind == "tpu" and chips is not None and accel.count is not None
+                    and bound is not None and (bound * accel.count) % chips):
+                raise PydanticCustomError(
+                    "tpu_slice_bound",
+                    "{field} ({bound}) is not a whole number of TPU slices of topology "
+                    "{topology}: set it to a multiple of {hosts}",
+                    {"field": field, "bound": bound, "topology": accel.topology,
+                     "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
+                     "field_path": field},
+                )
         return self
 
 
