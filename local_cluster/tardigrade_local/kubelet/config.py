@@ -38,6 +38,10 @@ class NodeConfig:
         default_factory=lambda: dict(DEFAULT_NODE_CAPACITY)
     )
     pool: str = DEFAULT_POOL
+    # What this node's kubelet reports and honours: nodes of one cluster can run different
+    # kubelet releases (version skew), so features are per node. None: the default release.
+    kubelet_version: str | None = None
+    feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
@@ -48,12 +52,16 @@ class NodeConfig:
             capacity={**DEFAULT_NODE_CAPACITY,
                       **{str(k): str(v) for k, v in (data.get("capacity") or {}).items()}},
             pool=str(data.get("pool") or DEFAULT_POOL),
+            kubelet_version=(str(data["kubeletVersion"]) if data.get("kubeletVersion")
+                             else None),
+            feature_gates={str(k): bool(v) for k, v in (data.get("featureGates") or {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "labels": dict(self.labels),
                 "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity),
-                "pool": self.pool}
+                "pool": self.pool, "kubeletVersion": self.kubelet_version,
+                "featureGates": dict(self.feature_gates)}
 
 
 @dataclasses.dataclass(frozen=True)

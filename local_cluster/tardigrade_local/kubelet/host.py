@@ -29,6 +29,7 @@ from tardigrade_local.kubelet.node import node_object, node_status
 from tardigrade_local.kubelet.nodelifecycle import NodeLifecycle
 from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
+from tardigrade_local.kubelet.restartrules import KubeletGates
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
 log = logging.getLogger(__name__)
@@ -415,7 +416,8 @@ class KubeletHost:
             self._spawn(self._reject(pod, rejection))
             return
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
-                           self.ips.allocate(), pod, self.events)
+                           self.ips.allocate(), pod, self.events,
+                           KubeletGates.from_mapping(agent.config.feature_gates))
         agent.workers[key] = worker
         self._write_hosts()
         worker.start()
