@@ -140,6 +140,9 @@ class ClusterConfig:
     autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
     operator_command: list[str] | None = None
+    # kube-apiserver --feature-gates (`Name=true,...`): which gated pod fields it keeps
+    # (apiserver/featuregates.py). Each node's kubelet has its own (NodeConfig.feature_gates).
+    api_feature_gates: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -270,6 +273,7 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
 async def serve(config: ClusterConfig) -> None:
     """Run the whole cluster until SIGTERM/SIGINT."""
     from tardigrade_local.apiserver import ApiServer
+    from tardigrade_local.apiserver.featuregates import FeatureGates
 
     layout = StateLayout(config.state_dir.absolute())
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -283,7 +287,8 @@ async def serve(config: ClusterConfig) -> None:
             ApiServer(port=config.api_port, crd_paths=list(crds), authorization_mode="RBAC",
                       secure_port=0, pki_dir=layout.root / "pki", audit_log=layout.audit_log,
                       # As strict as OpenShift: a chart that works here works there too.
-                      admission_plugins=("OwnerReferencesPermissionEnforcement",)))
+                      admission_plugins=("OwnerReferencesPermissionEnforcement",),
+                      feature_gates=FeatureGates.parse(config.api_feature_gates)))
         api_url: str = api.url
         # Users, the kubelets and the controllers use the plain port, which is all-powerful;
         # pods use the TLS port with their service account's token, and RBAC decides.

@@ -58,6 +58,20 @@ ENV_RENDEZVOUS_TOKEN_FILE = "TARDIGRADE_RENDEZVOUS_TOKEN_FILE"
 # "true" turns rendezvous authentication off: only for trainers run outside a cluster (tests,
 # a laptop), where no API server can review tokens. The operator never sets it.
 ENV_RENDEZVOUS_INSECURE = "TARDIGRADE_RENDEZVOUS_INSECURE"
+# Restart in place: the gang's new world as JSON, from the pod annotation ANNOTATION_WORLD
+# through `fieldRef: metadata.annotations[...]`. The kubelet resolves such env vars again at
+# every container start (pkg/kubelet/kubelet_pods.go makeEnvironmentVariables), so a container
+# restarted in its kept pod sees the world the operator wrote after the pod was created; when
+# set, it overrides the static variables named in WORLD_KEYS.
+ENV_WORLD = "TARDIGRADE_WORLD"
+ANNOTATION_WORLD = "tardigrade.dev/world"
+WORLD_KEYS = {
+    "attempt": ENV_ATTEMPT,
+    "numProcesses": ENV_NUM_PROCESSES,
+    "processId": ENV_PROCESS_ID,
+    "coordinatorAddress": ENV_COORDINATOR_ADDRESS,
+    "restoreStep": ENV_RESTORE_STEP,
+}
 RENDEZVOUS_AUDIENCE = "tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_DIR = "/var/run/secrets/tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
@@ -86,6 +100,9 @@ EXIT_CHECKPOINT_CORRUPT = 3
 EXIT_CHECKPOINT_IO_ERROR = 74  # storage unavailable; retryable
 EXIT_PREEMPTED_SAVED = 75  # stopped on SIGTERM after committing a checkpoint
 EXIT_PEER_TIMEOUT = 76  # a peer never joined the gang; retryable
+# Saved at the gang's step and asks to be started again in the same pod with the new world
+# (restart in place): the pod's container restart rule matches this code (operator inplace.py).
+EXIT_RESTART_IN_PLACE = 77
 
 RETRYABLE_EXIT_CODES = frozenset(
     {EXIT_CHECKPOINT_IO_ERROR, EXIT_PREEMPTED_SAVED, EXIT_PEER_TIMEOUT}
@@ -164,7 +181,7 @@ class TrainerEnvironment:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnvironment:
         """Read the contract back; a missing or malformed variable raises `ContractError`."""
-        env = os.environ if environ is None else environ
+        env = _with_world(os.environ if environ is None else environ)
 
         def required(name: str) -> str:
             value = env.get(name)
@@ -244,6 +261,30 @@ class TrainerEnvironment:
             init_from_path=env.get(ENV_INIT_FROM_PATH) or None,
             init_from_step=optional_int(ENV_INIT_FROM_STEP),
         )
+
+
+def _with_world(env: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment with the new world's values in place of the launch-time ones."""
+    text = env.get(ENV_WORLD)
+    if not text:
+        return env
+    try:
+        world = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ContractError(f"{ENV_WORLD} is not valid JSON: {err}") from None
+    if not isinstance(world, dict):
+        raise ContractError(f"{ENV_WORLD} must be a JSON object with keys "
+                            f"{', '.join(WORLD_KEYS)}")
+    unknown = sorted(set(world) - set(WORLD_KEYS))
+    if unknown:
+        raise ContractError(f"{ENV_WORLD}: unknown keys {unknown}; expected "
+                            f"{', '.join(WORLD_KEYS)}")
+    merged = dict(env)
+    for key, value in world.items():
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise ContractError(f"{ENV_WORLD}.{key} must be a string or an integer")
+        merged[WORLD_KEYS[key]] = str(value)
+    return merged
 
 
 class ContractError(ValueError):

@@ -44,6 +44,10 @@ class NodeConfig:
     pool: str = DEFAULT_POOL
     # Pods run without processes (`simulated.py`), as on a kwok-managed node.
     simulated: bool = False
+    # What this node's kubelet reports and honours: nodes of one cluster can run different
+    # kubelet releases (version skew), so features are per node. None: the default release.
+    kubelet_version: str | None = None
+    feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
@@ -55,12 +59,16 @@ class NodeConfig:
                       **{str(k): str(v) for k, v in (data.get("capacity") or {}).items()}},
             pool=str(data.get("pool") or DEFAULT_POOL),
             simulated=bool(data.get("simulated", False)),
+            kubelet_version=(str(data["kubeletVersion"]) if data.get("kubeletVersion")
+                             else None),
+            feature_gates={str(k): bool(v) for k, v in (data.get("featureGates") or {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "labels": dict(self.labels),
                 "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity),
-                "pool": self.pool, "simulated": self.simulated}
+                "pool": self.pool, "simulated": self.simulated,
+                "kubeletVersion": self.kubelet_version, "featureGates": dict(self.feature_gates)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from tardigrade_local.kubelet.node import node_object, node_status
 from tardigrade_local.kubelet.nodelifecycle import NodeLifecycle
 from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
+from tardigrade_local.kubelet.restartrules import KubeletGates
 from tardigrade_local.kubelet.simulated import SimulatedRuntime
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
@@ -433,7 +434,8 @@ class KubeletHost:
         simulated = agent.config.simulated
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
                            self.ips.allocate(), pod, self.events,
-                           runtime=self.simulation if simulated else None)
+                           runtime=self.simulation if simulated else None,
+                           gates=KubeletGates.from_mapping(agent.config.feature_gates))
         agent.workers[key] = worker
         if simulated:
             # No process resolves names before it starts: the loop writes the file soon.

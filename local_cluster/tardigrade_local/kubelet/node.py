@@ -12,6 +12,7 @@ from tardigrade_local.kubelet.config import (
     NodeConfig,
 )
 from tardigrade_local.kubelet.podstatus import now_rfc3339
+from tardigrade_local.kubelet.restartrules import KubeletGates
 
 KUBELET_VERSION = "v1.33.0-tardigrade-local"
 MANAGED_ANNOTATION = "local.tardigrade.dev/kubelet"
@@ -62,7 +63,8 @@ def node_annotations(config: NodeConfig) -> dict[str, str]:
 
 def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
                 message: str = "") -> dict[str, Any]:
-    return {
+    version = config.kubelet_version or KUBELET_VERSION
+    status: dict[str, Any] = {
         "capacity": dict(config.capacity),
         "allocatable": dict(config.capacity),
         "conditions": ready_conditions(ready, message),
@@ -75,11 +77,14 @@ def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
             "kernelVersion": platform.release(), "osImage": "local processes",
             "containerRuntimeVersion": (SIMULATED_RUNTIME_VERSION if config.simulated
                                         else "local://process"),
-            "kubeletVersion": KUBELET_VERSION,
-            "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux",
+            "kubeletVersion": version, "kubeProxyVersion": version, "operatingSystem": "linux",
             "architecture": _arch(),
         },
     }
+    declared = KubeletGates.from_mapping(config.feature_gates).declared_features()
+    if declared:
+        status["declaredFeatures"] = declared
+    return status
 
 
 def node_object(config: NodeConfig, ip: str, port: int) -> dict[str, Any]:
