@@ -22,7 +22,6 @@ from tests.e2e.harness import (
     NAMESPACE,
     Cluster,
     OperatorProcess,
-    running_operator,
     trainingjob,
     wait_for,
 )
@@ -39,13 +38,6 @@ FORBIDDEN_CASES = corpus_cases("forbidden_trainingjobs.yaml")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with LocalCluster(tmp_path_factory.mktemp("badinput") / "cluster", nodes=2) as local:
         yield Cluster(local)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("op")) as process:
-        yield process
 
 
 def _named(document: dict[str, Any], name: str, renamed: bool = True) -> dict[str, Any]:

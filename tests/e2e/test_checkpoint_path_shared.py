@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob
+from tests.e2e.harness import Cluster, OperatorProcess, trainingjob
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +22,6 @@ pytestmark = pytest.mark.slow
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with LocalCluster(tmp_path_factory.mktemp("shared") / "cluster", nodes=2) as local:
         yield Cluster(local)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
-        yield process
 
 
 def _describe(cluster: Cluster, job: str) -> str:
@@ -55,7 +48,7 @@ def test_empty_dir_checkpoints_fail_at_start_and_a_shared_path_trains(
         raise AssertionError(f"{err}\n{_describe(cluster, name)}") from None
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Failed"] == "CannotRun"
     message = status["message"]
-    assert "exited with code 2: spec.checkpoint.path" in message
+    assert "exited with code 2 (ConfigError): spec.checkpoint.path" in message
     assert "is not shared between hosts" in message
     assert "ReadWriteMany PersistentVolumeClaim" in message and "gcsfuse" in message
     assert status["restarts"]["total"] == 0, status["restarts"]

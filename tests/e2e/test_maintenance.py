@@ -11,7 +11,7 @@ import pytest
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.disruptions import SCHEDULED_MAINTENANCE_LABEL
 
-from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
+from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +25,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("maintenance")
     with LocalCluster(root / "cluster", nodes=3) as local:
         yield Cluster(local)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
-        yield process
 
 
 def test_gang_moves_off_a_node_before_its_host_maintenance(

@@ -11,7 +11,6 @@ from tests.e2e.harness import (
     NAMESPACE,
     Cluster,
     OperatorProcess,
-    running_operator,
     trainingjob,
     wait_for,
 )
@@ -24,13 +23,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("recreate")
     with LocalCluster(root / "cluster", nodes=2) as local:
         yield Cluster(local)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
-        yield process
 
 
 def _owner_uids(objects: list[object]) -> set[str]:

@@ -12,7 +12,7 @@ import pytest
 from tardigrade_local.cluster import LocalCluster, simulated_nodes
 from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION
 
-from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, running_operator, wait_for
+from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes = simulated_nodes(RANKS + 1, capacity={"cpu": "1"})
     with LocalCluster(root / "cluster", nodes=nodes, with_gcs=False) as local:
         yield Cluster(local)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
-        yield process
 
 
 def gang_job(checkpoints: Path) -> dict[str, Any]:
