@@ -19,6 +19,7 @@ from tardigrade_trainer import contract, distributed, peerauth
 from test_rbac_api import admin, call, token_for
 
 from tests.polling import wait_for
+from tests.rendezvous import coordinator_in_thread
 
 AUD = contract.RENDEZVOUS_AUDIENCE
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -98,20 +99,7 @@ def test_token_review_needs_its_grant(cluster):
 
 
 def _serve(port: int, reviewer: peerauth.TokenReviewer) -> tuple[threading.Thread, list[object]]:
-    result: list[object] = []
-
-    def run() -> None:
-        try:
-            distributed._serve_rendezvous(
-                port, {"job": "job", "attempt": 1, "num_processes": 2}, 2,
-                time.monotonic() + 20, reviewer.check)
-            result.append("ok")
-        except Exception as err:
-            result.append(err)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, result
+    return coordinator_in_thread(port, 2, 20, attempt=1, check=reviewer.check)
 
 
 def _hello(port: int, token: str | None, changes: dict[str, Any]) -> bytes:

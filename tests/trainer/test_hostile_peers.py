@@ -15,6 +15,7 @@ from tardigrade_trainer.metrics import Metrics, ProgressServer
 from trainer_harness import free_port
 
 from tests.polling import wait_for
+from tests.rendezvous import coordinator_in_thread
 
 
 def _env(rank: int, n: int, port: int, **extra: object) -> contract.TrainerEnvironment:
@@ -27,19 +28,7 @@ def _env(rank: int, n: int, port: int, **extra: object) -> contract.TrainerEnvir
 
 def _coordinator(port: int, n: int, timeout: float, check: distributed.Checker | None = None
                  ) -> tuple[threading.Thread, list[object]]:
-    result: list[object] = []
-
-    def run() -> None:
-        try:
-            distributed._serve_rendezvous(port, {"job": "job", "attempt": 0, "num_processes": n},
-                                          n, time.monotonic() + timeout, check)
-            result.append("ok")
-        except Exception as err:
-            result.append(err)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, result
+    return coordinator_in_thread(port, n, timeout, check=check)
 
 
 def _connect(port: int) -> socket.socket:
