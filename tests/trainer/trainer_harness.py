@@ -124,7 +124,9 @@ def launch(
     restore_step: str = contract.RESTORE_LATEST,
     progress_port: int | None = None,
     ranks: list[int] | None = None,
+    argv: list[str] | None = None,
 ) -> Gang:
+    """`argv`: what each rank runs (default: the reference trainer)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
@@ -150,7 +152,7 @@ def launch(
         env["TARDIGRADE_TEST_HOOK_DIR"] = str(workdir)
         env.update(extra_env or {})
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tardigrade_trainer"],
+            argv or [sys.executable, "-m", "tardigrade_trainer"],
             env=env, cwd=workdir,
             stdout=open(workdir / f"rank{rank}.out", "wb"),  # noqa: SIM115
             stderr=open(workdir / f"rank{rank}.err", "wb"),  # noqa: SIM115
