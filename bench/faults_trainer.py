@@ -9,7 +9,13 @@ A. Kill trials (tests/faults/kill_trials.py): gangs of 1 and 2 trainer processes
    ends with a SIGTERM stop that must save and leave no partial checkpoint.
 B. GCS scenarios (tests/faults/gcs_scenarios.py): a fault proxy in front of the emulator
    returns 5xx/429 or stalls reads or writes during saves and restores, then a real trainer
-   rides out an outage and a failed preemption save.
+   rides out an outage and a failed preemption save, and a gang of 2 hears within seconds
+   that storage refused process 0's commit.
+C. Checkpoint root trials (tests/faults/root_trials.py): seeded ordinary-use stories for the
+   operator's pin, rollback, re-created and foreign jobs, initFrom and stale attempts, run on
+   the real checkpoint manager and restore decision: 0 stranded jobs, 0 wrong-weights restores.
+D. Unshared roots (tests/faults/sharedroot_trial.py): a gang whose hosts each see their own
+   root (an emptyDir or hostPath per node) must refuse to start, not strand its checkpoints.
 
 Prints one line per trial, then the tables. Exit status 1 if anything was lost, corrupt or
 otherwise wrong. The seed is printed first: `--seed` reruns the same kill plan.
@@ -33,9 +39,14 @@ from tests.faults.gcs_scenarios import (  # noqa: E402
     Outcome,
     Scenarios,
     faulty_gcs,
+    gang_hears_of_a_refused_commit,
     trainer_rides_out_an_outage,
 )
 from tests.faults.kill_trials import Campaign, TrialResult  # noqa: E402
+from tests.faults.root_trials import RootTrialResult  # noqa: E402
+from tests.faults.root_trials import run as run_root_trials  # noqa: E402
+from tests.faults.sharedroot_trial import unshared_root_is_refused  # noqa: E402
+from tests.trainer.trainer_harness import TINY  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,6 +57,8 @@ def parse_args() -> argparse.Namespace:
                         help="kill trials per gang lifetime (then a clean stop)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--skip-gcs", action="store_true")
+    parser.add_argument("--root-trials", type=int, default=25,
+                        help="checkpoint root trials (C); 0 skips them")
     return parser.parse_args()
 
 
@@ -101,6 +114,11 @@ def run_gcs(workdir: Path, seed: int) -> list[Outcome | str]:
         except AssertionError as err:
             outcomes.append(f"FAIL trainer outage: {str(err)[:2000]}")
         print(f"  {outcomes[-1]}", flush=True)
+        try:
+            outcomes.append(gang_hears_of_a_refused_commit(proxy, workdir / "gcs"))
+        except AssertionError as err:
+            outcomes.append(f"FAIL refused commit: {str(err)[:2000]}")
+        print(f"  {outcomes[-1]}", flush=True)
     return outcomes
 
 
@@ -114,6 +132,7 @@ def main() -> int:
     trials, stops = run_kills(args, workdir)
     kill_seconds = time.monotonic() - started
     outcomes = [] if args.skip_gcs else run_gcs(workdir, args.seed)
+    roots = run_root_trials(workdir / "roots", args.seed, args.root_trials)
 
     def count(predicate: object) -> int:
         return sum(1 for t in trials if predicate(t))  # type: ignore[operator]
@@ -166,7 +185,33 @@ def main() -> int:
             else:
                 print(f"| {outcome.scenario} | {outcome.faults} | {outcome.result} | "
                       f"{outcome.seconds} |")
-    return 1 if lost or corrupt or problems or failed_gcs else 0
+    failed_roots = print_root_trials(roots)
+    shared_ok, shared_what, shared_seconds = unshared_root_is_refused(
+        workdir / "unshared-root", {**TINY, "steps": 8, "devices_per_process": 2})
+    print("\nD. Unshared roots\n")
+    print("| trial | outcome | seconds |\n| --- | --- | --- |")
+    print(f"| one root per host (stranded checkpoints if it ran) | "
+          f"{'ok' if shared_ok else 'FAIL'}: {shared_what[:300]} | {shared_seconds:.1f} |")
+    return 1 if lost or corrupt or problems or failed_gcs or failed_roots or not shared_ok else 0
+
+
+def print_root_trials(results: list[RootTrialResult]) -> int:
+    """Section C; returns the number of failed trials."""
+    if not results:
+        return 0
+    print("\nC. Checkpoint root trials (pin, lineage, ownership, fencing)\n")
+    print("| story | trials | launches | refusals checked | stranded (must be 0) | "
+          "wrong weights (must be 0) | failed |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for kind in dict.fromkeys(r.kind for r in results):
+        mine = [r for r in results if r.kind == kind]
+        print(f"| {kind} | {len(mine)} | {sum(r.launches for r in mine)} | "
+              f"{sum(r.refusals_checked for r in mine)} | {sum(r.stranded for r in mine)} | "
+              f"{sum(r.wrong_weights for r in mine)} | {sum(not r.ok for r in mine)} |")
+    failed = [r for r in results if not r.ok]
+    for result in failed:
+        for line in result.problems:
+            print(f"  FAIL {result.kind}: {line[:400]}")
+    return len(failed)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ from tardigrade_local.cluster import (
     kill_leftover_pods,
     operator_command,
 )
+from tardigrade_local.cluster import simulated_nodes as make_simulated_nodes
 from tardigrade_local.disruptions import (
     DEFAULT_REPLACE_AFTER_SECONDS,
     REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
 )
-from tardigrade_local.kubelet import ImageRule, NodeConfig
+from tardigrade_local.kubelet import ImageRule, NodeConfig, tpuslices
 from tardigrade_local.kubelet.autoscaler import NodePool
 from tardigrade_local.kubelet.config import DEFAULT_POOL
 from tardigrade_local.paths import StateLayout
@@ -54,6 +55,10 @@ def up(
     nodes: int = typer.Option(1, "--nodes", "-n", min=0, help="Ordinary nodes."),
     spot_nodes: int = typer.Option(0, "--spot-nodes", min=0,
                                    help="Nodes labelled cloud.google.com/gke-spot=true."),
+    simulated_nodes: int = typer.Option(
+        0, "--simulated-nodes", min=0,
+        help="Nodes whose pods run without processes, as on kwok nodes (annotated "
+        "local.tardigrade.dev/simulated=true); Tardigrade ranks there are simulated."),
     state_dir: Path | None = StateDir,
     foreground: bool = typer.Option(False, "--foreground/--background",
                                     help="Stay attached; Ctrl-C stops the cluster."),
@@ -78,6 +83,12 @@ def up(
         "for unschedulable pods (TriggeredScaleUp / NotTriggerScaleUp events); 0: none."),
     provision_seconds: float = typer.Option(
         30.0, min=0, help="Seconds an autoscaled node takes to register (GPU/TPU: minutes)."),
+    tpu_slices: int = typer.Option(
+        0, min=0, help="Multi-host TPU slice node pools (tpu-slice-1, ...), spot; a slice's "
+        "hosts are reclaimed and recreated together."),
+    tpu_slice_shape: str = typer.Option(
+        "tpu-v5-lite-podslice:2x4:4", help="ACCELERATOR:TOPOLOGY:CHIPS_PER_HOST of each TPU "
+        "slice (2x4 with 4 chips a host: 2 hosts)."),
 ) -> None:
     """Start the cluster and print the `export KUBECONFIG=...` line."""
     rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
@@ -86,6 +97,14 @@ def up(
     configs = [NodeConfig(f"local-node-{i}") for i in range(1, nodes + 1)]
     configs += [NodeConfig(f"local-spot-{i}", labels=spot_labels, pool=SPOT_POOL)
                 for i in range(1, spot_nodes + 1)]
+    configs += make_simulated_nodes(simulated_nodes)
+    try:
+        shape = tpuslices.SliceShape.parse(tpu_slice_shape)
+        for i in range(1, tpu_slices + 1):
+            configs += tpuslices.slice_nodes(f"tpu-slice-{i}", shape)
+    except ValueError as err:
+        typer.echo(f"error: --tpu-slice-shape: {err}", err=True)
+        raise typer.Exit(2) from None
     pools = [NodePool(DEFAULT_POOL, autoscale_max, NodeConfig("template"), provision_seconds)]
     if spot_nodes:
         pools.append(NodePool(SPOT_POOL, autoscale_max,

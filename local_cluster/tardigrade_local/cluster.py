@@ -36,7 +36,11 @@ from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Dis
 from tardigrade_local.dockerfile import DockerfileError
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
-from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
+from tardigrade_local.kubelet.config import (
+    DEFAULT_NODE_CAPACITY,
+    PODSITE_DIR,
+    project_python_path,
+)
 from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS
 from tardigrade_local.paths import StateLayout
 
@@ -99,6 +103,14 @@ def default_nodes(count: int, spot: bool = False) -> list[NodeConfig]:
     return [NodeConfig(f"local-node-{i}", labels=labels) for i in range(1, count + 1)]
 
 
+def simulated_nodes(count: int, capacity: Mapping[str, str] | None = None,
+                    prefix: str = "sim-node") -> list[NodeConfig]:
+    """Nodes whose pods run without processes (`kubelet/simulated.py`)."""
+    extra = dict(capacity or {})
+    return [NodeConfig(f"{prefix}-{i}", capacity={**DEFAULT_NODE_CAPACITY, **extra},
+                       simulated=True) for i in range(1, count + 1)]
+
+
 @dataclasses.dataclass
 class ClusterConfig:
     state_dir: Path
@@ -117,6 +129,8 @@ class ClusterConfig:
     # kubelet's node turns Unknown and is tainted unreachable after it.
     node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
     backoff_base_seconds: float = 10.0
+    # Simulated nodes: seconds a container takes from ContainerCreating to Running.
+    simulated_start_seconds: float = 0.0
     # A reclaimed spot VM comes back under its name after this many seconds, as its node
     # pool's managed instance group recreates it; None: never. `tardigrade local up` turns it
     # on (disruptions.DEFAULT_REPLACE_AFTER_SECONDS); tests choose per preemption.
@@ -126,6 +140,9 @@ class ClusterConfig:
     autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
     operator_command: list[str] | None = None
+    # kube-apiserver --feature-gates (`Name=true,...`): which gated pod fields it keeps
+    # (apiserver/featuregates.py). Each node's kubelet has its own (NodeConfig.feature_gates).
+    api_feature_gates: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -256,6 +273,7 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
 async def serve(config: ClusterConfig) -> None:
     """Run the whole cluster until SIGTERM/SIGINT."""
     from tardigrade_local.apiserver import ApiServer
+    from tardigrade_local.apiserver.featuregates import FeatureGates
 
     layout = StateLayout(config.state_dir.absolute())
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -269,7 +287,8 @@ async def serve(config: ClusterConfig) -> None:
             ApiServer(port=config.api_port, crd_paths=list(crds), authorization_mode="RBAC",
                       secure_port=0, pki_dir=layout.root / "pki", audit_log=layout.audit_log,
                       # As strict as OpenShift: a chart that works here works there too.
-                      admission_plugins=("OwnerReferencesPermissionEnforcement",)))
+                      admission_plugins=("OwnerReferencesPermissionEnforcement",),
+                      feature_gates=FeatureGates.parse(config.api_feature_gates)))
         api_url: str = api.url
         # Users, the kubelets and the controllers use the plain port, which is all-powerful;
         # pods use the TLS port with their service account's token, and RBAC decides.
@@ -294,6 +313,7 @@ async def serve(config: ClusterConfig) -> None:
             orphan_pod_gc_seconds=config.orphan_pod_gc_seconds,
             node_monitor_grace_seconds=config.node_monitor_grace_seconds,
             replace_after_seconds=config.replace_after_seconds,
+            simulated_start_seconds=config.simulated_start_seconds,
         )
         host = KubeletHost(settings, config.nodes)
         await host.start()
@@ -325,6 +345,7 @@ async def serve(config: ClusterConfig) -> None:
             stack.push_async_callback(_stop_process, operator)
         info = {
             "pid": os.getpid(), "api_url": api_url, "kubeconfig": str(layout.kubeconfig),
+            "secure_api_url": api.secure_url,
             "control_url": f"http://127.0.0.1:{control_port}", "gcs_url": gcs_url,
             "crd_files": [str(p) for p in crds], "pod_env": pod_env,
         }
@@ -488,6 +509,31 @@ class LocalCluster:
     @property
     def gcs_url(self) -> str | None:
         return self.info.get("gcs_url")
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path,
+                                   cluster_role: str = "cluster-admin") -> Path:
+        """A kubeconfig for ServiceAccount `namespace/name` (created, bound to `cluster_role`)
+        on the TLS port: its requests are authorized with RBAC and written to the audit log,
+        as an operator's in a pod are, unlike those of the admin kubeconfig."""
+        from kubernetes import client, config
+
+        from tardigrade_local.apiserver.server import write_kubeconfig
+        from tardigrade_local.apiserver.tls import CERT_FILE
+
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": f"{namespace}-{name}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+        token = core.create_namespaced_service_account_token(
+            name, namespace, {"spec": {"audiences": [], "expirationSeconds": 86400}}).status.token
+        ca = (self.layout.root / "pki" / CERT_FILE).read_text()
+        return write_kubeconfig(path, self.info["secure_api_url"], namespace=namespace,
+                                user=f"system:serviceaccount:{namespace}:{name}", token=token,
+                                ca_pem=ca)
 
     def client_env(self) -> dict[str, str]:
         """os.environ plus KUBECONFIG, the GCS emulator variables and pod-name resolution for

@@ -61,6 +61,15 @@ class StateLayout:
     def pods_dir(self) -> Path:
         return self.root / "pods"
 
+    @property
+    def nodes_dir(self) -> Path:
+        return self.root / "nodes"
+
+    def node_root(self, node: str) -> Path:
+        """The node's own root filesystem (its `/`): where its emptyDir and hostPath volumes
+        live (`kubelet/volumes.py`). Everything outside is shared by all nodes."""
+        return self.nodes_dir / node
+
     def pod_dir(self, namespace: str, pod: str) -> Path:
         # `_` cannot occur in namespace or pod names (RFC 1123), so the split is unambiguous.
         return self.pods_dir / f"{namespace}_{pod}"

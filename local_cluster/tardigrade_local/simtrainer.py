@@ -7,8 +7,9 @@ promise the operator relies on, cheaply enough to run dozens of gangs on two cor
 - steps at `trainer.step_seconds` (default 0.05) up to `trainer.steps`; rank 0 serves
   `/progress` on the progress port;
 - "checkpoints" are marker files `step_<N>` under an absolute checkpoint path, written
-  atomically every `checkpoint.interval.steps`; a numbered restore step that was never
-  committed exits 3 (corrupt), as the real trainer does for an unreadable checkpoint;
+  atomically every `checkpoint.interval.steps`; a numbered restore step (the operator's pin)
+  resumes from the newest committed step, and exits 3 when none is at least that new, as the
+  real trainer does (no lineage, ownership or rollback here);
 - SIGTERM with saveOnPreemption: commit the current step, write the termination message
   (`PreemptedSaved`) and exit 75; without it the signal kills the process (143);
 - done: termination message `Succeeded`, exit 0; a bad environment: exit 2.
@@ -24,36 +25,12 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from types import FrameType
 
 from tardigrade_trainer import contract
 from tardigrade_trainer.metrics import Metrics, ProgressServer
 
-CHECKPOINT_PREFIX = "step_"
-
-
-class MarkerCheckpoints:
-    """Committed steps as empty files: `commit` is atomic, like a checkpoint commit."""
-
-    def __init__(self, root: str) -> None:
-        self.root = Path(root)
-
-    def committed(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        steps = (p.name.removeprefix(CHECKPOINT_PREFIX) for p in self.root.iterdir()
-                 if p.name.startswith(CHECKPOINT_PREFIX))
-        return sorted(int(s) for s in steps if s.isdigit())
-
-    def path(self, step: int) -> str:
-        return str(self.root / f"{CHECKPOINT_PREFIX}{step}")
-
-    def commit(self, step: int) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{CHECKPOINT_PREFIX}{step}.{os.getpid()}"
-        tmp.write_text(str(step))
-        tmp.replace(self.path(step))
+from tardigrade_local.markers import MarkerCheckpoints, choose_restore
 
 
 def _terminate(env: contract.TrainerEnvironment, code: int, reason: str, step: int | None,
@@ -67,19 +44,6 @@ def _terminate(env: contract.TrainerEnvironment, code: int, reason: str, step: i
     return code
 
 
-def _restore(env: contract.TrainerEnvironment, ckpt: MarkerCheckpoints) -> int | None:
-    """The committed step to start from (None: from scratch); raises LookupError."""
-    committed = ckpt.committed()
-    if env.restore_step == contract.RESTORE_NONE:
-        return None
-    if env.restore_step == contract.RESTORE_LATEST:
-        return committed[-1] if committed else None
-    wanted = int(env.restore_step)
-    if wanted not in committed:
-        raise LookupError(f"checkpoint step {wanted} was never committed (have {committed})")
-    return wanted
-
-
 def run(env: contract.TrainerEnvironment) -> int:
     ckpt = MarkerCheckpoints(env.checkpoint_path)
     config = env.trainer_config
@@ -89,7 +53,7 @@ def run(env: contract.TrainerEnvironment) -> int:
         return _terminate(env, contract.EXIT_CONFIG_ERROR, "ConfigError", None, None, ckpt,
                           "the simulated trainer needs an absolute checkpoint path")
     try:
-        saved = _restore(env, ckpt)
+        saved = choose_restore(env, ckpt)
     except LookupError as err:
         return _terminate(env, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointCorrupt", None,
                           None, ckpt, str(err))

@@ -15,7 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, naming
+from tardigrade_operator import checkpoint_scope, multislice, naming
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -28,6 +28,7 @@ from tardigrade_operator.api.types import (
     Phase,
     Recovery,
     RecoveryCause,
+    RestoreRequest,
     TrainingJobSpec,
     TrainingJobStatus,
 )
@@ -439,7 +440,8 @@ def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     if view.scaling_up or not view.unavailable:
         return False
     scheduled = sum(1 for p in gang if p.node_name)
-    target = max(spec.min_replicas, scheduled)
+    # A TPU gang shrinks by whole slices: a slice missing one host cannot form.
+    target = max(spec.min_replicas, multislice.whole_slice_hosts(spec.accelerator, scheduled))
     if target >= status.replicas:
         return False
     pod, why = view.unavailable[0]
@@ -651,6 +653,7 @@ def _forget_streaks_after_healthy_run(status: TrainingJobStatus, obs: Observed,
 def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, replicas: int,
             recovery: Recovery | None = None) -> None:
     status = plan.status
+    rollback = _rollback(spec, status, obs.job.uid, attempt)
     restore = _restore_step(status)
     status.attempt = attempt
     status.replicas = replicas
@@ -664,13 +667,29 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         # Training resumes from the checkpoint: steps past it will be trained again.
         status.step = restored
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
-                        avoid_maintenance_until=_avoid_maintenance_until(spec, recovery))
+                        avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
+                        rollback=rollback)
     plan.create_pods = build_gang(obs.job, spec, launch)
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")
     message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"
     _set_phase(plan, obs, phase, LAUNCHING, message)
     plan.events.append(Event("Normal", "Launched", message))
+
+
+def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus, uid: str,
+              attempt: int) -> RestoreRequest | None:
+    """spec.checkpoint.restoreStep as a request the trainer applies once (by its id, unique
+    across re-creations of the job). A new value resets the pin: the new line starts at that
+    step, below the abandoned line's."""
+    wanted = spec.checkpoint.restore_step
+    if wanted is None:
+        status.restore_request = None
+        return None
+    if status.restore_request is None or status.restore_request.step != wanted:
+        status.restore_request = RestoreRequest(step=wanted, request=f"{uid}/a{attempt}")
+        status.last_checkpoint = CheckpointRef(step=wanted)
+    return status.restore_request
 
 
 def _restore_step(status: TrainingJobStatus) -> str:

@@ -27,6 +27,7 @@ from tardigrade_operator import (
     finalizers,
     maintenance,
     metrics,
+    multislice,
     naming,
     watchdog,
 )
@@ -345,6 +346,8 @@ def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
         forbidden = admission.review(job, spec, memo.config.admission)
         if forbidden:
             spec, error = None, "; ".join(str(e) for e in forbidden)
+    if spec is not None and (why := multislice.job_name_error(str(meta.get("name")), spec)):
+        spec, error = None, why
     memo.specs[key] = (generation, spec, error)
     return spec, error
 

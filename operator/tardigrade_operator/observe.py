@@ -259,6 +259,9 @@ def describe_failure(pod: PodView) -> str:
     if pod.terminated_reason and pod.terminated_reason not in ("Error", "Completed"):
         text += f" ({pod.terminated_reason})"
     if pod.termination and pod.termination.message:
+        # The trainer's reason (CheckpointMissing, CheckpointRootOwned...) names the problem.
+        if pod.termination.reason not in ("Failed", ""):
+            text += f" ({pod.termination.reason})"
         text += f": {pod.termination.message}"
     elif pod.termination_text:
         # FallbackToLogsOnError: the kubelet put the last log lines here.

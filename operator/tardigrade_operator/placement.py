@@ -19,22 +19,23 @@ TPU_RESOURCE = "google.com/tpu"
 class Placement:
     node_selector: dict[str, str]
     tolerations: list[dict[str, Any]]
-    accelerator_limits: dict[str, int]
+    # Quantities as strings: the Kubernetes client's models refuse integers.
+    accelerator_limits: dict[str, str]
 
 
 def placement_for(spec: TrainingJobSpec) -> Placement:
     selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
-    limits: dict[str, int] = {}
+    limits: dict[str, str] = {}
     accel = spec.accelerator
     if accel.kind == "nvidia-gpu" and accel.type:
         selector[GKE_GPU_LABEL] = accel.type
-        limits[GPU_RESOURCE] = accel.count or 1
+        limits[GPU_RESOURCE] = str(accel.count or 1)
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     elif accel.kind == "tpu" and accel.type and accel.topology:
         selector[GKE_TPU_LABEL] = accel.type
         selector[GKE_TPU_TOPOLOGY_LABEL] = accel.topology
-        limits[TPU_RESOURCE] = accel.count or 4
+        limits[TPU_RESOURCE] = str(accel.count or 4)
         tolerations.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     if spec.spot.enabled:
         selector.update(spec.spot.node_selector)

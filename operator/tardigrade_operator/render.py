@@ -7,7 +7,7 @@ from typing import Any
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import naming
+from tardigrade_operator import multislice, naming, slices
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.maintenance import avoid_affinity
@@ -46,9 +46,10 @@ class GangLaunch:
 
     attempt: int
     replicas: int
-    restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number
+    restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number (the pin)
     # A gang moved off host maintenance keeps off nodes with maintenance before this epoch.
     avoid_maintenance_until: int | None = None
+    rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -91,6 +92,11 @@ def trainer_environment(
         process_id=rank,
         checkpoint_path=checkpoint.path,
         restore_step=launch.restore_step,
+        job_uid=job.uid,
+        rollback_step=launch.rollback.step if launch.rollback else None,
+        rollback_request=launch.rollback.request if launch.rollback else None,
+        init_from_path=checkpoint.init_from.path if checkpoint.init_from else None,
+        init_from_step=checkpoint.init_from.step if checkpoint.init_from else None,
         checkpoint_interval_steps=checkpoint.interval.steps,
         checkpoint_interval_seconds=checkpoint.interval.seconds,
         checkpoint_keep_last=checkpoint.keep.last,
@@ -180,7 +186,12 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                      if launch.avoid_maintenance_until is not None else None),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
-    labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank)}
+    slice_index = _slice_layout(spec, launch).slice_of(rank)
+    if (affinity := slices.slice_affinity(spec, job.name, launch.attempt, slice_index)):
+        # Both kinds may apply: the maintenance rule is a node affinity, a slice's pod ones.
+        pod_spec["affinity"] = {**(pod_spec.get("affinity") or {}), **affinity}
+    labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank),
+              **slices.slice_labels(spec, job.name, launch.attempt, slice_index)}
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": job.namespace,
@@ -197,15 +208,17 @@ def build_gang(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch) -> list[d
     return [build_pod(job, spec, launch, rank) for rank in range(launch.replicas)]
 
 
+def _slice_layout(spec: TrainingJobSpec, launch: GangLaunch) -> multislice.SliceLayout:
+    # A spec that is not whole slices is refused before launch; one slice of all hosts then.
+    return (multislice.layout_for(spec.accelerator, launch.replicas)
+            or multislice.SliceLayout(1, launch.replicas))
+
+
 def _tpu_worker_env(
     job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int
 ) -> list[dict[str, str]]:
     # GKE injects these only for Indexed Jobs; libtpu needs them to form a multi-host slice.
     if spec.accelerator.kind != "tpu":
         return []
-    hosts = ",".join(
-        f"{naming.pod_name(job.name, launch.attempt, r)}.{naming.service_name(job.name)}"
-        for r in range(launch.replicas)
-    )
-    return [{"name": "TPU_WORKER_ID", "value": str(rank)},
-            {"name": "TPU_WORKER_HOSTNAMES", "value": hosts}]
+    env = multislice.tpu_environment(job.name, launch.attempt, _slice_layout(spec, launch), rank)
+    return [{"name": k, "value": v} for k, v in env.items()]

@@ -129,7 +129,7 @@ def test_chart_installs_into_the_local_cluster_and_its_operator_runs_jobs(tmp_pa
                         deployment["spec"]["selector"]["matchLabels"].items())
     with LocalCluster(tmp_path / "cluster", nodes=2) as local:
         assert local.config.operator_command is None
-        cluster = Cluster(local)
+        cluster = Cluster(local, trainer_token_review=False)
         cluster.kubectl("create", "namespace", "tardigrade-system")
         applied = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
         for kind in ("serviceaccount/tardigrade", "clusterrole.rbac.authorization.k8s.io/"

@@ -62,7 +62,7 @@ def test_namespaced_chart_runs_a_job_under_its_role(tmp_path):
               "replicaCount=1")
     docs = render(*values, namespace=RELEASE_NAMESPACE)
     with LocalCluster(tmp_path / "cluster", nodes=1) as local:
-        cluster = Cluster(local)
+        cluster = Cluster(local, trainer_token_review=False)
         cluster.kubectl("create", "namespace", RELEASE_NAMESPACE)
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
         cluster.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", "deployment/tardigrade",

@@ -53,7 +53,7 @@ def namespace_gone(cluster: Cluster, name: str) -> bool:
 def test_after_uninstall_jobs_and_their_namespace_can_be_deleted(tmp_path: Path):
     # helm installs the CRD (no preloaded copy to conflict with), one standalone replica.
     with LocalCluster(tmp_path / "cluster", nodes=2, load_repo_crds=False) as local:
-        cluster = Cluster(local)
+        cluster = Cluster(local, trainer_token_review=False)
         for namespace in (SYSTEM, "ml"):
             cluster.kubectl("create", "namespace", namespace)
         helm(cluster, "install", RELEASE, str(CHART), "-n", SYSTEM, "--set", "replicaCount=1",

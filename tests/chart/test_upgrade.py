@@ -63,7 +63,7 @@ def cluster(tmp_path: Path):
     # The repository's CRDs are not preloaded: helm installs them, as on a real cluster.
     with LocalCluster(tmp_path / "cluster", nodes=1, with_gcs=False,
                       load_repo_crds=False) as local:
-        cluster = Cluster(local)
+        cluster = Cluster(local, trainer_token_review=False)
         cluster.kubectl("create", "namespace", NAMESPACE)
         yield cluster
 

@@ -337,5 +337,50 @@ def trainer_rides_out_an_outage(proxy: FaultProxy, workdir: Path, resume: bool) 
                    round(time.monotonic() - started, 1))
 
 
+def gang_hears_of_a_refused_commit(proxy: FaultProxy, workdir: Path) -> Outcome:
+    """2 ranks on gs://: storage refuses process 0's commit marker of the last step (500s
+    until retries run out). Every rank must report it within seconds, as a storage error
+    (exit 74, retryable) naming the last commit, which stays intact (issue 14, point 5)."""
+    from tests.trainer.trainer_harness import launch
+
+    started = time.monotonic()
+    proxy.clear()
+    proxy.injected.clear()
+    url = f"gs://{BUCKET}/refused-commit"
+    config = {"steps": 12, "devices_per_process": 1, "checkpoint_storage_retries": 2,
+              "checkpoint_storage_stall_seconds": 2}
+    proxy.set_rules([FaultRule("write", status=500,
+                               path_contains="refused-commit/step_00000012/metadata.json")])
+    gang = launch(workdir / "refused-commit", processes=2, checkpoint_path=url, config=config,
+                  interval_steps=6, extra_env={**client_env(proxy.url), ENV_LOW_SPEED_TIME: "2"})
+    try:
+        codes = gang.wait(300)
+    finally:
+        gang.kill()
+        proxy.clear()
+    want = contract.EXIT_CHECKPOINT_IO_ERROR
+    _check(codes == [want, want], f"exit {codes}, want [{want}, {want}]:\n{gang.describe()}")
+    failed = [gang.events("checkpoint_failed", rank) for rank in (0, 1)]
+    _check(all(f and f[0]["step"] == 12 for f in failed), f"checkpoint_failed events {failed}")
+    lag = failed[1][0]["time"] - failed[0][0]["time"]
+    _check(lag < 5, f"rank 1 heard of rank 0's failure {lag:.1f}s later")
+    _check("process 0" in failed[1][0]["error"], f"rank 1 says {failed[1][0]['error']}")
+    for rank in (0, 1):
+        message = gang.termination(rank)
+        _check(message is not None and message.reason == "CheckpointIOError"
+               and message.checkpoint_step == 6, f"rank {rank} termination message {message}")
+    manager = CheckpointManager(url, storage=RETRIES)
+    try:
+        steps, _ = manager.list_steps()
+        _check(steps == [6], f"committed {steps}, want [6]")
+        checked, mismatches = manager.verify(6)
+        _check(checked > 0 and not mismatches, f"{mismatches}")
+    finally:
+        manager.close()
+    return Outcome("2 ranks: commit marker of the last step refused", _faults(proxy),
+                   f"both ranks exit {want} (retryable), rank 1 {lag:.1f}s after rank 0, "
+                   "naming process 0's error; step 6 intact", round(time.monotonic() - started, 1))
+
+
 def _faults(proxy: FaultProxy) -> str:
     return ", ".join(f"{n} x {k}" for k, n in sorted(proxy.injected.items())) or "none"

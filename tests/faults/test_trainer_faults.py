@@ -15,7 +15,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tardigrade_trainer.checkpoint import CheckpointCorruptError, CheckpointManager
 from tardigrade_trainer.checkpoint.digest import digest_array, region_key
 
-from tests.faults.gcs_scenarios import Scenarios, faulty_gcs, trainer_rides_out_an_outage
+from tests.faults.gcs_scenarios import (
+    Scenarios,
+    faulty_gcs,
+    gang_hears_of_a_refused_commit,
+    trainer_rides_out_an_outage,
+)
 from tests.faults.kill_trials import Campaign, Kill
 
 SEED = int(os.environ.get("TARDIGRADE_FAULT_SEED", "20261202"))
@@ -108,3 +113,9 @@ def test_checkpoint_under_storage_faults(scenarios, name):
 def test_trainer_reports_failed_saves_and_fails_preemption_save_clearly(scenarios, tmp_path):
     outcome = trainer_rides_out_an_outage(scenarios.proxy, tmp_path, resume=False)
     assert "error 503" in outcome.faults, outcome
+
+
+@pytest.mark.slow
+def test_a_gang_hears_at_once_that_storage_refused_the_commit(scenarios, tmp_path):
+    outcome = gang_hears_of_a_refused_commit(scenarios.proxy, tmp_path)
+    assert "error 500" in outcome.faults, outcome

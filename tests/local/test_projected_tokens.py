@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tardigrade_local.kubelet import projected
+from tardigrade_local.kubelet import projected, volumes
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.render import GangLaunch, JobRef, build_pod
 from tardigrade_trainer import contract
@@ -44,11 +44,12 @@ def test_the_rendered_trainer_pod_asks_for_a_rendezvous_token():
 
 def test_paths_under_the_mount_point_lead_to_the_written_volume(tmp_path: Path):
     pod = _trainer_pod()
-    mounts = projected.mount_map(tmp_path, pod["spec"]["containers"][0], pod["spec"])
-    written = str(tmp_path / "volumes" / "tardigrade-rendezvous-token")
-    assert mounts == {contract.RENDEZVOUS_TOKEN_DIR: written}
-    assert projected.remap(contract.RENDEZVOUS_TOKEN_FILE, mounts) == f"{written}/token"
-    assert projected.remap("/var/run/secrets/tardigrade.dev/rendezvousX", mounts) == \
+    paths = volumes.set_up(pod, volumes.NodeDisk(tmp_path / "node"),
+                           lambda name: projected.volume_dir(tmp_path, name))
+    mounts = volumes.container_mounts(pod["spec"]["containers"][0], paths, {})
+    written = tmp_path / "volumes" / "tardigrade-rendezvous-token"
+    assert volumes.map_path(contract.RENDEZVOUS_TOKEN_FILE, mounts) == f"{written}/token"
+    assert volumes.map_path("/var/run/secrets/tardigrade.dev/rendezvousX", mounts) == \
         "/var/run/secrets/tardigrade.dev/rendezvousX"
 
 

@@ -80,7 +80,7 @@ def test_gpu_spot_placement():
     spec = pod["spec"]
     assert spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
                                     "cloud.google.com/gke-spot": "true"}
-    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
             "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["serviceAccountName"] == "trainer"
@@ -92,7 +92,7 @@ def test_tpu_slice_placement_and_worker_env():
     spec = pod["spec"]
     assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v5-lite-podslice"
     assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x4"
-    assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == 4
+    assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
     env = pod_env(pod)
     assert env["TPU_WORKER_ID"] == "1"
     assert env["TPU_WORKER_HOSTNAMES"] == "gpt-a1-0.gpt,gpt-a1-1.gpt"
@@ -140,3 +140,13 @@ def test_every_rank_mounts_a_rendezvous_token_for_its_own_audience():
     env = contract.TrainerEnvironment.from_env(pod_env(pod))
     assert env.rendezvous_token_file == f"{mount['mountPath']}/token"
     assert not env.rendezvous_insecure
+
+
+@pytest.mark.parametrize("example", ["gke-tpu-v5e.yaml", "gke-gpu-spot.yaml"])
+def test_accelerator_pods_pass_the_kubernetes_clients_own_model(example):
+    # The operator creates pods through the client, whose models refuse integer quantities.
+    from kubernetes.client import V1Pod
+
+    spec = _job(example)
+    for pod in build_gang(JOB, spec, GangLaunch(1, spec.replicas, "latest")):
+        V1Pod.model_validate(pod)

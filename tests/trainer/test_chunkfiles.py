@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -10,7 +11,7 @@ import pytest
 import tensorstore as ts
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tardigrade_trainer.checkpoint import CheckpointManager, chunkfiles, digest
-from tardigrade_trainer.checkpoint.manager import gathered_state_hash
+from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, gathered_state_hash
 
 PLAIN = [{"name": "bytes", "configuration": {"endian": "little"}}]
 
@@ -148,15 +149,20 @@ def test_a_save_and_restore_on_a_local_disk_go_through_chunk_files(tmp_path, mon
 
 
 def test_chunks_tensorstore_left_out_are_read_through_tensorstore(tmp_path, monkeypatch):
-    # Checkpoints saved through TensorStore (gs:// copied to a disk, or by earlier versions)
-    # have no file for a chunk that holds only the fill value: it must restore as zeros.
+    # Checkpoints saved through TensorStore by earlier versions (gs:// copied to a disk, or
+    # with crc32c) have no file for a chunk that holds only the fill value, and no
+    # `all_chunks_stored` in their commit marker: such a chunk must restore as zeros.
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
     state = _state(mesh)
     manager = CheckpointManager(str(tmp_path))
     monkeypatch.setattr(manager, "_write_chunk_files", False)
     manager.save(1, state)
     manager.wait()
-    assert not list((tmp_path / "step_00000001/arrays/zeros").rglob("c/*/*"))
+    for chunk in (tmp_path / "step_00000001/arrays/zeros").rglob("c/*/*"):
+        chunk.unlink()
+    marker = tmp_path / "step_00000001" / COMMIT_FILE
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items()
+                                  if k != "all_chunks_stored"}))
     spy = _Spy(monkeypatch)
     restored, _ = manager.restore(1, _target(mesh, PartitionSpec("data")))
     assert spy.reads == 4 + 4 + 4 + 1

@@ -6,7 +6,8 @@ import os
 import signal
 import time
 
-from tardigrade_trainer.preemption import PreemptionWatcher, window_overrun
+from tardigrade_trainer.checkpoint.storage import StorageRetries
+from tardigrade_trainer.preemption import PreemptionWatcher, save_deadline, window_overrun
 
 
 def test_the_watcher_times_the_notice_from_the_sigterm():
@@ -38,3 +39,17 @@ def test_a_save_longer_than_the_shutdown_window_is_reported_with_the_fix():
     assert "21.2s" in message and "15s" in message
     assert "spec.preemption.shutdownWindowSeconds" in message
     assert "spec.checkpoint.interval" in message
+
+
+def test_the_save_deadline_is_the_window_from_the_notice_less_a_margin():
+    assert save_deadline(100.0, 15).at == 113.0  # 2 s margin at most
+    assert save_deadline(100.0, 5).at == 104.0  # a fifth of a short window
+    assert "13.0s after the notice, of the 15s shutdown window" in save_deadline(0, 15).what
+
+
+def test_storage_retries_are_cut_to_what_is_left_of_a_deadline():
+    retries = StorageRetries(max_retries=8, initial_delay_seconds=0.5, max_delay_seconds=16)
+    assert retries.within(600).max_retries == 8
+    assert retries.within(13).max_retries == 4  # backoff 0.5 + 1 + 2 + 4 = 7.5 s (+8 > 13)
+    assert retries.within(1).max_retries == 1
+    assert retries.within(0).max_retries == 0

@@ -72,11 +72,13 @@ def test_the_documented_loop_survives_preemption_and_resize_with_no_step_lost(tm
     assert resumed.termination(0).reason == "Succeeded"
     assert resumed.termination(0).checkpoint_step == total
 
-    # The operator pins an older step (here the preemption save, older than the final one):
-    # the rank restores that one, not the newest it would find listing storage.
-    pinned, codes = _run(tmp_path / "pinned", loop, checkpoints, saved + 2, restore=str(saved))
+    # The operator's pin is a floor (the newest checkpoint it saw committed): pinned at the
+    # preemption save, older than the final one, the rank restores the newest committed step
+    # at or after it, never an older one.
+    pinned, codes = _run(tmp_path / "pinned", loop, checkpoints, total + 2, restore=str(saved))
     assert codes == [contract.EXIT_SUCCEEDED], pinned.describe()
-    assert [e["step"] for e in pinned.events("checkpoint_restored")] == [saved]
+    assert [e["step"] for e in pinned.events("checkpoint_restored")] == [total]
+    assert min(_losses(pinned)) == total + 1
 
     # Against one uninterrupted run: the same loss at every step, none missing, none twice.
     reference, codes = _run(tmp_path / "reference", loop, tmp_path / "reference-ckpt", total)
@@ -87,18 +89,23 @@ def test_the_documented_loop_survives_preemption_and_resize_with_no_step_lost(tm
     for step, loss in expected.items():
         assert abs(stitched[step] - loss) <= 1e-6 * max(1.0, abs(loss)), (step, stitched[step],
                                                                           loss)
+    reference_on, codes = _run(tmp_path / "reference", loop, tmp_path / "reference-ckpt",
+                               total + 2)
+    assert codes == [contract.EXIT_SUCCEEDED], reference_on.describe()
     for step, loss in _losses(pinned).items():
-        assert abs(loss - expected[step]) <= 1e-6 * max(1.0, abs(loss)), (step, loss)
+        wanted = _losses(reference_on)[step]
+        assert abs(loss - wanted) <= 1e-6 * max(1.0, abs(loss)), (step, loss)
 
 
-def test_a_pinned_step_that_was_never_committed_exits_as_corrupt_naming_the_variable(tmp_path):
+def test_a_pin_above_every_committed_step_exits_as_missing_naming_the_floor(tmp_path):
+    # The operator's pin is a floor (restore_choice): nothing at or after it -> missing.
     loop = tmp_path / "loop.py"
     loop.write_text(doc_example(LOOPS["tardigrade"]))
     gang, codes = _run(tmp_path / "run", loop, tmp_path / "empty", 5, restore="3")
     assert codes == [contract.EXIT_CHECKPOINT_CORRUPT], gang.describe()
     note = gang.termination(0)
-    assert note is not None and note.reason == "CheckpointCorrupt"
-    assert contract.ENV_RESTORE_STEP in note.message
+    assert note is not None and note.reason == "CheckpointMissing"
+    assert "must restore step 3 or newer" in note.message
 
 
 def test_the_orbax_backend_imports_without_orbax_and_says_what_to_install(tmp_path):

@@ -124,6 +124,7 @@ def launch(
     restore_step: str = contract.RESTORE_LATEST,
     progress_port: int | None = None,
     ranks: list[int] | None = None,
+    rank_env: dict[int, dict[str, str]] | None = None,
     argv: list[str] | None = None,
 ) -> Gang:
     """`argv`: what each rank runs (default: the reference trainer)."""
@@ -151,6 +152,7 @@ def launch(
         env["TARDIGRADE_TEST_HOOKS"] = json.dumps(hooks or [])
         env["TARDIGRADE_TEST_HOOK_DIR"] = str(workdir)
         env.update(extra_env or {})
+        env.update((rank_env or {}).get(rank, {}))  # e.g. a host that sees another root
         procs.append(subprocess.Popen(
             argv or [sys.executable, "-m", "tardigrade_trainer"],
             env=env, cwd=workdir,

@@ -25,7 +25,18 @@ ENV_COORDINATOR_ADDRESS = "TARDIGRADE_COORDINATOR_ADDRESS"  # host:port of rank 
 ENV_NUM_PROCESSES = "TARDIGRADE_NUM_PROCESSES"
 ENV_PROCESS_ID = "TARDIGRADE_PROCESS_ID"
 ENV_CHECKPOINT_PATH = "TARDIGRADE_CHECKPOINT_PATH"  # gs://bucket/prefix or an absolute path
-ENV_RESTORE_STEP = "TARDIGRADE_RESTORE_STEP"  # "latest", "none" or a step number
+# "latest", "none" or the operator's pin: a step number N means "the newest committed step of
+# the current line, which must be N or newer" (keep policies delete older steps, so N itself
+# may be gone; if nothing at N or newer is committed, the trainer says so and stops).
+ENV_RESTORE_STEP = "TARDIGRADE_RESTORE_STEP"
+ENV_JOB_UID = "TARDIGRADE_JOB_UID"  # the root record's owner (with namespace and name)
+# spec.checkpoint.restoreStep: restore exactly this step and continue from it as a new line;
+# the request id makes it happen once, however often the gang is relaunched.
+ENV_ROLLBACK_STEP = "TARDIGRADE_ROLLBACK_STEP"
+ENV_ROLLBACK_REQUEST = "TARDIGRADE_ROLLBACK_REQUEST"
+# spec.checkpoint.initFrom: another root to start from (read only) while this one has no line.
+ENV_INIT_FROM_PATH = "TARDIGRADE_INIT_FROM_PATH"
+ENV_INIT_FROM_STEP = "TARDIGRADE_INIT_FROM_STEP"
 ENV_CHECKPOINT_INTERVAL_STEPS = "TARDIGRADE_CHECKPOINT_INTERVAL_STEPS"
 ENV_CHECKPOINT_INTERVAL_SECONDS = "TARDIGRADE_CHECKPOINT_INTERVAL_SECONDS"
 ENV_CHECKPOINT_KEEP_LAST = "TARDIGRADE_CHECKPOINT_KEEP_LAST"
@@ -47,6 +58,20 @@ ENV_RENDEZVOUS_TOKEN_FILE = "TARDIGRADE_RENDEZVOUS_TOKEN_FILE"
 # "true" turns rendezvous authentication off: only for trainers run outside a cluster (tests,
 # a laptop), where no API server can review tokens. The operator never sets it.
 ENV_RENDEZVOUS_INSECURE = "TARDIGRADE_RENDEZVOUS_INSECURE"
+# Restart in place: the gang's new world as JSON, from the pod annotation ANNOTATION_WORLD
+# through `fieldRef: metadata.annotations[...]`. The kubelet resolves such env vars again at
+# every container start (pkg/kubelet/kubelet_pods.go makeEnvironmentVariables), so a container
+# restarted in its kept pod sees the world the operator wrote after the pod was created; when
+# set, it overrides the static variables named in WORLD_KEYS.
+ENV_WORLD = "TARDIGRADE_WORLD"
+ANNOTATION_WORLD = "tardigrade.dev/world"
+WORLD_KEYS = {
+    "attempt": ENV_ATTEMPT,
+    "numProcesses": ENV_NUM_PROCESSES,
+    "processId": ENV_PROCESS_ID,
+    "coordinatorAddress": ENV_COORDINATOR_ADDRESS,
+    "restoreStep": ENV_RESTORE_STEP,
+}
 RENDEZVOUS_AUDIENCE = "tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_DIR = "/var/run/secrets/tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
@@ -70,11 +95,14 @@ EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2  # the spec cannot run as written; retrying will not help
 # A committed checkpoint cannot be read or does not fit the model; retrying the same restore
-# will not help (pin an older step with TARDIGRADE_RESTORE_STEP instead).
+# will not help (restore an older step with spec.checkpoint.restoreStep instead).
 EXIT_CHECKPOINT_CORRUPT = 3
 EXIT_CHECKPOINT_IO_ERROR = 74  # storage unavailable; retryable
 EXIT_PREEMPTED_SAVED = 75  # stopped on SIGTERM after committing a checkpoint
 EXIT_PEER_TIMEOUT = 76  # a peer never joined the gang; retryable
+# Saved at the gang's step and asks to be started again in the same pod with the new world
+# (restart in place): the pod's container restart rule matches this code (operator inplace.py).
+EXIT_RESTART_IN_PLACE = 77
 
 RETRYABLE_EXIT_CODES = frozenset(
     {EXIT_CHECKPOINT_IO_ERROR, EXIT_PREEMPTED_SAVED, EXIT_PEER_TIMEOUT}
@@ -107,6 +135,11 @@ class TrainerEnvironment:
     shutdown_window_seconds: float = DEFAULT_SHUTDOWN_WINDOW_SECONDS
     rendezvous_token_file: str | None = None
     rendezvous_insecure: bool = False
+    job_uid: str = ""
+    rollback_step: int | None = None
+    rollback_request: str | None = None
+    init_from_path: str | None = None
+    init_from_step: int | None = None
 
     def to_env(self) -> dict[str, str]:
         """Render as environment variables (unset optional values are left out)."""
@@ -131,8 +164,14 @@ class TrainerEnvironment:
             ENV_CHECKPOINT_KEEP_LAST: self.checkpoint_keep_last,
             ENV_CHECKPOINT_KEEP_EVERY: self.checkpoint_keep_every,
             ENV_PROGRESS_PORT: self.progress_port,
+            ENV_JOB_UID: self.job_uid or None,
+            ENV_ROLLBACK_STEP: self.rollback_step,
+            ENV_ROLLBACK_REQUEST: self.rollback_request,
+            ENV_INIT_FROM_PATH: self.init_from_path,
+            ENV_INIT_FROM_STEP: self.init_from_step,
         }
-        env.update({k: _format_number(v) for k, v in optional.items() if v is not None})
+        env.update({k: v if isinstance(v, str) else _format_number(v)
+                    for k, v in optional.items() if v is not None})
         if self.rendezvous_token_file:
             env[ENV_RENDEZVOUS_TOKEN_FILE] = self.rendezvous_token_file
         if self.rendezvous_insecure:
@@ -142,7 +181,7 @@ class TrainerEnvironment:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerEnvironment:
         """Read the contract back; a missing or malformed variable raises `ContractError`."""
-        env = os.environ if environ is None else environ
+        env = _with_world(os.environ if environ is None else environ)
 
         def required(name: str) -> str:
             value = env.get(name)
@@ -187,6 +226,10 @@ class TrainerEnvironment:
         if not isinstance(trainer_config, dict):
             raise ContractError(f"{ENV_TRAINER_CONFIG} must be a JSON object")
         save_flag = (env.get(ENV_SAVE_ON_PREEMPTION) or "true").lower()
+        rollback_step = optional_int(ENV_ROLLBACK_STEP)
+        if rollback_step is not None and not env.get(ENV_ROLLBACK_REQUEST):
+            raise ContractError(f"{ENV_ROLLBACK_STEP} needs {ENV_ROLLBACK_REQUEST} (any id that "
+                                "changes with each new rollback request)")
         window = optional_float(ENV_SHUTDOWN_WINDOW_SECONDS)
         if window is not None and window <= 0:
             raise ContractError(f"{ENV_SHUTDOWN_WINDOW_SECONDS}={window:g} must be > 0 seconds")
@@ -212,7 +255,36 @@ class TrainerEnvironment:
             shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
             rendezvous_token_file=env.get(ENV_RENDEZVOUS_TOKEN_FILE) or None,
             rendezvous_insecure=(env.get(ENV_RENDEZVOUS_INSECURE) or "").lower() == "true",
+            job_uid=env.get(ENV_JOB_UID) or "",
+            rollback_step=rollback_step,
+            rollback_request=env.get(ENV_ROLLBACK_REQUEST) or None,
+            init_from_path=env.get(ENV_INIT_FROM_PATH) or None,
+            init_from_step=optional_int(ENV_INIT_FROM_STEP),
         )
+
+
+def _with_world(env: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment with the new world's values in place of the launch-time ones."""
+    text = env.get(ENV_WORLD)
+    if not text:
+        return env
+    try:
+        world = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ContractError(f"{ENV_WORLD} is not valid JSON: {err}") from None
+    if not isinstance(world, dict):
+        raise ContractError(f"{ENV_WORLD} must be a JSON object with keys "
+                            f"{', '.join(WORLD_KEYS)}")
+    unknown = sorted(set(world) - set(WORLD_KEYS))
+    if unknown:
+        raise ContractError(f"{ENV_WORLD}: unknown keys {unknown}; expected "
+                            f"{', '.join(WORLD_KEYS)}")
+    merged = dict(env)
+    for key, value in world.items():
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise ContractError(f"{ENV_WORLD}.{key} must be a string or an integer")
+        merged[WORLD_KEYS[key]] = str(value)
+    return merged
 
 
 class ContractError(ValueError):

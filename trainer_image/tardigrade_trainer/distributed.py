@@ -332,3 +332,32 @@ def gather_to_root(name: str, value: str, timeout_seconds: float) -> list[str]:
     for p in range(count):
         client.key_value_delete(f"{name}/{p}")
     return values
+
+
+def text_from_root(name: str, value: str | None, timeout_seconds: float) -> str:
+    """Every process gets process 0's `value` (which only process 0 passes), through the
+    coordination service's key-value store like `gather_to_root`."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None or jax_distributed.global_state.num_processes in (None, 1):
+        return value or ""
+    if jax_distributed.global_state.process_id == 0:
+        client.key_value_set(name, value or "")
+        return value or ""
+    return str(client.blocking_key_value_get(name, int(timeout_seconds * 1000)))
+def all_gather_strings(name: str, value: str, timeout_seconds: float) -> list[str]:
+    """Every process gets every process's `value` (in process order), through the
+    coordination service's key-value store like `gather_to_root`; [value] outside a
+    distributed run. `name` must be fresh for each call: the keys are not deleted, since a
+    slow peer may still be reading them."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    count = jax_distributed.global_state.num_processes
+    if client is None or count in (None, 1):
+        return [value]
+    pid = jax_distributed.global_state.process_id
+    client.key_value_set(f"{name}/{pid}", value)
+    return [client.blocking_key_value_get(f"{name}/{p}", int(timeout_seconds * 1000))
+            for p in range(count)]

@@ -6,6 +6,13 @@ The session keeps its own decisions: Orbax saves when the session says so (`forc
 bypassing Orbax's interval), restores the step the operator chose, and never consults JAX's
 preemption sync point itself (the session's watcher is the gang's one caller; a second
 caller feeding step numbers would move the agreed step).
+
+The restore decision follows the operator's pin as a floor (the newest committed step at or
+after `TARDIGRADE_RESTORE_STEP`, or a CheckpointMissingError), decided by process 0 for every
+rank. Orbax's directory has no checkpoint lines, root record, ownership or fencing: a rollback
+(`restoreStep`) or `initFrom` is refused as a usage error (exit 2), and the shared-root probe
+and the save-on-notice deadline are ours only (Orbax's save cannot be bounded; its overrun is
+reported as with any save).
 """
 
 from __future__ import annotations
@@ -17,8 +24,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointIOError
-from tardigrade_trainer.checkpoint_backend import Committed
+from tardigrade_trainer.checkpoint import (
+    CheckpointIOError,
+    CheckpointMissingError,
+    CheckpointUsageError,
+)
+from tardigrade_trainer.checkpoint.deadline import Deadline
+from tardigrade_trainer.checkpoint_backend import Committed, Restored
 
 INSTALL_HINT = "pip install 'tardigrade[orbax]' (orbax-checkpoint)"
 
@@ -71,6 +83,39 @@ class OrbaxCheckpoints:
         # leaves is never listed as a step, and Orbax cleans it up itself.
         pass
 
+    def choose_restore(self, env: contract.TrainerEnvironment) -> Any:
+        """Process 0 picks the newest committed step at or after the pin; all ranks follow."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        from tardigrade_trainer.restore_choice import RestoreChoice
+
+        if env.rollback_step is not None or env.init_from_path is not None:
+            raise CheckpointUsageError(
+                "the Orbax checkpoint backend supports neither spec.checkpoint.restoreStep "
+                "(rollback) nor spec.checkpoint.initFrom: use the tardigrade format for them")
+        missing, step = -2, -1
+        if jax.process_index() == 0 and env.restore_step != contract.RESTORE_NONE:
+            committed = self.committed_steps()
+            if env.restore_step == contract.RESTORE_LATEST:
+                step = committed[-1] if committed else -1
+            else:
+                floor = int(env.restore_step)
+                step = committed[-1] if committed and committed[-1] >= floor else missing
+        if jax.process_count() > 1:
+            step = int(multihost_utils.broadcast_one_to_all(np.int32(step)))
+        if step == missing:
+            raise CheckpointMissingError(
+                f"this launch must restore step {env.restore_step} or newer (the newest "
+                f"checkpoint the operator saw committed) from {env.checkpoint_path}, but no "
+                "such Orbax checkpoint is committed there: committed checkpoints were deleted "
+                "or moved outside the trainer")
+        return RestoreChoice(step)
+
+    def started(self) -> None:
+        pass  # Orbax applies max_to_keep / keep_period itself
+
     def committed_steps(self) -> list[int]:
         try:
             self.manager.reload()
@@ -79,17 +124,19 @@ class OrbaxCheckpoints:
             raise CheckpointIOError(f"cannot list Orbax checkpoints under "
                                     f"{self.manager.directory}: {err}") from err
 
-    def restore(self, step: int, target: Any) -> Any:
+    def restore(self, choice: Any, target: Any) -> Restored:
         ocp = _orbax()
+        step = choice.step
         state = self.manager.restore(step, args=ocp.args.StandardRestore(target))
         with self._lock:
             self._committed = Committed(step, self._path(step))
         self.on_event({"event": "checkpoint_restored", "step": step, "path": self._path(step),
                        "format": "orbax"})
-        return state
+        return Restored(state, step + 1)
 
     def save(self, step: int, state: Any, extra: Mapping[str, Any],
-             mesh: Mapping[str, int] | None = None) -> float | None:
+             mesh: Mapping[str, int] | None = None,
+             deadline: Deadline | None = None) -> float | None:
         ocp = _orbax()
         self._settle()
         if step in self.manager.all_steps():
@@ -125,7 +172,7 @@ class OrbaxCheckpoints:
         self.on_event({"event": "checkpoint_committed", "step": step, "path": committed.path,
                        "seconds": round(time.perf_counter() - started, 6)})
 
-    def wait(self) -> None:
+    def wait(self, deadline: Deadline | None = None) -> None:
         try:
             self.manager.wait_until_finished()
         except OSError as err:

@@ -6,8 +6,11 @@ catches SIGTERM on any host and makes `reached_preemption_sync_point` return Tru
 host at the same step. Without it (plain single-process use) a Python handler stands in.
 
 The save must commit inside the window a node shutdown gives (`TARDIGRADE_SHUTDOWN_WINDOW_SECONDS`:
-the kubelet's grace for regular pods, 15 s on a GKE spot reclaim). Nothing here can shorten a
-save, so one that overran is reported, for the user to checkpoint more often or save less.
+the kubelet's grace for regular pods, 15 s on a GKE spot reclaim). It gets a deadline: the
+window, measured from the notice, less a margin for what comes after the save (the
+termination message, leaving the gang) and for the notice itself being seen late (with JAX's
+sync manager the notice time is the agreed step, not the SIGTERM). A save that cannot
+commit by then fails cleanly, naming the deadline, instead of being killed half way.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from types import FrameType
 
 from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
+
+from tardigrade_trainer.checkpoint.deadline import Deadline
+
+# The margin: a fifth of the window, at most 2 s (15 s window: the save has 13 s).
+MARGIN_FRACTION = 0.2
+MAX_MARGIN_SECONDS = 2.0
 
 
 class PreemptionWatcher:
@@ -66,3 +75,11 @@ def window_overrun(seconds_used: float, window_seconds: float) -> str | None:
             "node shutdown gives (spec.preemption.shutdownWindowSeconds): on a spot reclaim the "
             "rank is killed before it commits and the job resumes from the previous checkpoint; "
             "checkpoint more often (spec.checkpoint.interval) or save less state")
+
+
+def save_deadline(noticed_at: float, window_seconds: float) -> Deadline:
+    """When a save on notice must have committed, on this host's monotonic clock."""
+    budget = window_seconds - min(MAX_MARGIN_SECONDS, MARGIN_FRACTION * window_seconds)
+    return Deadline(noticed_at + budget,
+                    f"the save-on-notice deadline ({budget:.1f}s after the notice, of the "
+                    f"{window_seconds:g}s shutdown window)")

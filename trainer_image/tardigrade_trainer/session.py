@@ -8,9 +8,12 @@
 
 The session owns everything a loop must do for the operator and nothing else: it reads the
 operator's environment (contract.py), meets the gang and starts `jax.distributed`
-(distributed.py), restores the one step the operator chose for every rank, decides when to
-save (every N steps, every S seconds by process 0's clock, at the last step, and at the step
-the gang agrees on after SIGTERM), serves progress on rank 0 (metrics.py), and on leaving
+(distributed.py), checks the checkpoint root is writable and shared by every host, restores
+the one checkpoint process 0 chose for every rank (restore_choice.py: the root's ownership
+and fencing by attempt, the operator's pin as a floor, a rollback, initFrom), applies the
+retention a save on notice skipped, decides when to save (every N steps, every S seconds by
+process 0's clock, at the last step, and at the step the gang agrees on after SIGTERM, that
+save bounded by the shutdown window), serves progress on rank 0 (metrics.py), and on leaving
 writes the termination message and exits with the contract's code (75 after a save on notice).
 The checkpoint format is a backend: ours (checkpoint_backend.py) or Orbax's (orbax_backend.py).
 """
@@ -31,9 +34,8 @@ from tardigrade_trainer.logs import JsonLog
 if TYPE_CHECKING:  # the backends import jax and tensorstore: only once a session starts
     from tardigrade_trainer.checkpoint_backend import Checkpoints
 
-# -1: start from scratch; -2: process 0 found the requested step missing.
+# -1: start from scratch.
 _NO_RESTORE = -1
-_MISSING = -2
 BACKENDS = ("tardigrade", "orbax")
 
 
@@ -58,10 +60,24 @@ def write_termination(path: str, message: contract.TerminationMessage) -> None:
 
 def exit_code_for(err: BaseException) -> tuple[int, str]:
     """The contract's exit code and termination reason for an exception out of a loop."""
-    from tardigrade_trainer.checkpoint import CheckpointCorruptError, CheckpointIOError
+    from tardigrade_trainer.checkpoint import (
+        CheckpointCorruptError,
+        CheckpointIOError,
+        CheckpointMissingError,
+        CheckpointUsageError,
+        FencedError,
+        ForeignRootError,
+    )
 
-    if isinstance(err, ConfigError | contract.ContractError):
+    if isinstance(err, ConfigError | contract.ContractError | CheckpointUsageError):
         return contract.EXIT_CONFIG_ERROR, "ConfigError"
+    if isinstance(err, ForeignRootError):
+        return contract.EXIT_CONFIG_ERROR, "CheckpointRootOwned"
+    if isinstance(err, FencedError):
+        # A stale gang: the operator already moved on to a newer attempt or job.
+        return contract.EXIT_FAILED, "Fenced"
+    if isinstance(err, CheckpointMissingError):
+        return contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointMissing"
     if isinstance(err, distributed.peerauth.PeerAuthError):
         return contract.EXIT_CONFIG_ERROR, "ConfigError"
     if isinstance(err, distributed.PeerTimeoutError):
@@ -94,9 +110,11 @@ def exit_gang(code: int) -> None:
     os._exit(code)
 
 
-def _fail(path: str, code: int, reason: str, err: BaseException) -> None:
+def _fail(path: str, code: int, reason: str, err: BaseException,
+          message: contract.TerminationMessage | None = None) -> None:
     print(f"tardigrade-trainer: {reason}: {err}", file=sys.stderr, flush=True)
-    write_termination(path, contract.TerminationMessage(reason=reason, message=str(err)))
+    write_termination(path, message or contract.TerminationMessage(reason=reason,
+                                                                   message=str(err)))
 
 
 class TrainingSession:
@@ -124,6 +142,8 @@ class TrainingSession:
         self.env: contract.TrainerEnvironment
         self._checkpoints: Checkpoints | None = None
         self.restore_step = _NO_RESTORE
+        self.restore_choice: Any = None
+        self._started = False
         self.start_step = 1
         self.last_step = 0
         self.total_steps: int | None = None
@@ -180,7 +200,10 @@ class TrainingSession:
             env = self.env
             self._checkpoints = self._backend()
             self._checkpoints.prepare()
-            self.restore_step = self._agree_on_restore_step()
+            # Process 0 decides (ownership, fencing, rollback, the pin as a floor, initFrom)
+            # and every rank follows, or stops with the error class process 0 stopped with.
+            self.restore_choice = self._checkpoints.choose_restore(env)
+            self.restore_step = self.restore_choice.step
             self.interval = SaveInterval(env.checkpoint_interval_steps,
                                          env.checkpoint_interval_seconds)
             self.watcher = PreemptionWatcher() if env.save_on_preemption else None
@@ -206,31 +229,6 @@ class TrainingSession:
         elif event["event"] == "checkpoint_failed":
             self.metrics.checkpoint_failures.inc()
 
-    def _agree_on_restore_step(self) -> int:
-        """The operator's choice, resolved by process 0 and broadcast: every rank restores
-        the same step, whatever it would find listing storage itself."""
-        import jax
-        import numpy as np
-        from jax.experimental import multihost_utils
-
-        from tardigrade_trainer.checkpoint import CheckpointCorruptError
-
-        wanted = self.env.restore_step
-        choice = _NO_RESTORE
-        if jax.process_index() == 0 and wanted != contract.RESTORE_NONE:
-            committed = self.checkpoints.committed_steps()
-            if wanted == contract.RESTORE_LATEST:
-                choice = committed[-1] if committed else _NO_RESTORE
-            else:
-                choice = int(wanted) if int(wanted) in committed else _MISSING
-        if jax.process_count() > 1:
-            choice = int(multihost_utils.broadcast_one_to_all(np.int32(choice)))
-        if choice == _MISSING:
-            raise CheckpointCorruptError(
-                f"requested restore step {wanted} ({contract.ENV_RESTORE_STEP}) is not a "
-                f"committed checkpoint under {self.env.checkpoint_path}")
-        return choice
-
     # --- the loop -----------------------------------------------------------------------------
     @property
     def config(self) -> dict[str, Any]:
@@ -248,20 +246,31 @@ class TrainingSession:
         if self.restore_step < 0:
             self.start_step = 1
             self.last_step = 0
-            return init()
-        if target is None:
-            target = _abstract_state(init)
-        state = checkpoints.restore(self.restore_step, target)
-        self.start_step = self.restore_step + 1
-        self.last_step = self.restore_step
-        self._report_checkpoint()
+            state = init()
+        else:
+            if target is None:
+                target = _abstract_state(init)
+            restored = checkpoints.restore(self.restore_choice, target)
+            state = restored.state
+            self.start_step = restored.start_step
+            self.last_step = restored.start_step - 1
+            self._report_checkpoint()
+        self._after_restore()
         return state
+
+    def _after_restore(self) -> None:
+        """Once, after the restore decision was carried out: the deletes the keep policy
+        owes from a save on notice (which skips them)."""
+        if not self._started:
+            self._started = True
+            self._open_checkpoints().started()
 
     def steps(self, total: int) -> range:
         """The steps this attempt trains: from the one after the restored step to `total`."""
         if total < 1:
             raise ConfigError(f"the number of steps must be >= 1, got {total}")
         self._open_checkpoints()
+        self._after_restore()  # a loop that never called restore_or
         self.total_steps = total
         return range(self.start_step, total + 1)
 
@@ -318,30 +327,51 @@ class TrainingSession:
     def save(self, step: int, state: Any, reason: str = "interval",
              extra: Mapping[str, Any] | None = None,
              mesh: Mapping[str, int] | None = None) -> None:
-        """Save `state` as `step` on every rank; after a save on notice, stop the loop."""
-        blocked = self.checkpoints.save(
-            step, state, extra={"data_position": step + 1, "reason": reason, **(extra or {})},
-            mesh=mesh)
-        if blocked is not None:
-            self.metrics.checkpoint_blocked.observe(blocked)
-        self.interval.saved()
-        if reason == "preemption":
-            self._stop_after_notice(step)
+        """Save `state` as `step` on every rank; after a save on notice, stop the loop.
 
-    def _stop_after_notice(self, step: int) -> None:
+        A save on notice must commit by the shutdown window's deadline
+        (`preemption.save_deadline`): one that cannot fails cleanly, naming the deadline."""
         from tardigrade_trainer.checkpoint import CheckpointIOError
-        from tardigrade_trainer.preemption import window_overrun
+        from tardigrade_trainer.preemption import save_deadline
 
+        if reason != "preemption":
+            blocked = self.checkpoints.save(
+                step, state,
+                extra={"data_position": step + 1, "reason": reason, **(extra or {})},
+                mesh=mesh)
+            if blocked is not None:
+                self.metrics.checkpoint_blocked.observe(blocked)
+            self.interval.saved()
+            return
+        noticed_at = self.watcher.noticed_at if self.watcher is not None else None
+        until = (save_deadline(noticed_at, self.env.shutdown_window_seconds)
+                 if noticed_at is not None else None)
         try:
-            self.checkpoints.wait()
+            blocked = self.checkpoints.save(
+                step, state,
+                extra={"data_position": step + 1, "reason": reason, **(extra or {})},
+                mesh=mesh, deadline=until)
+            if blocked is not None:
+                self.metrics.checkpoint_blocked.observe(blocked)
+            self.checkpoints.wait(until)
         except CheckpointIOError as err:
             # Not "PreemptedSaved": the operator must resume from the older commit.
-            self.log({"event": "preempted_unsaved", "step": step, "error": str(err)})
+            self.log({"event": "preempted_unsaved", "step": step, "error": str(err),
+                      "seconds_since_notice": round(self._since_notice(), 3)})
             raise StopTraining(contract.EXIT_CHECKPOINT_IO_ERROR, self.termination(
                 "CheckpointIOError", f"preempted at step {step}; saving it failed: {err}")
             ) from None
+        self.interval.saved()
+        self._stop_after_notice(step)
+
+    def _since_notice(self) -> float:
+        return self.watcher.seconds_since_notice() if self.watcher is not None else 0.0
+
+    def _stop_after_notice(self, step: int) -> None:
+        from tardigrade_trainer.preemption import window_overrun
+
         self._report_checkpoint()
-        used = self.watcher.seconds_since_notice() if self.watcher is not None else 0.0
+        used = self._since_notice()
         self.log({"event": "preempted", "step": step, "seconds_since_notice": round(used, 3),
                   "shutdown_window_seconds": self.env.shutdown_window_seconds})
         overrun = window_overrun(used, self.env.shutdown_window_seconds)
@@ -381,7 +411,11 @@ class TrainingSession:
             return False
         if isinstance(exc, StopTraining):
             self._leave(exc.code, exc.message)
-            raise SystemExit(exc.code) from None
+            # Stopped on notice, SIGKILL on its way: the interpreter's teardown (seconds on a
+            # busy host) has nothing left to do that matters, and the exit code must arrive.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.code)
         if isinstance(exc, SystemExit | KeyboardInterrupt | GeneratorExit):
             return False
         self._leave_on_error(exc)
@@ -401,7 +435,9 @@ class TrainingSession:
         code, reason = exit_code_for(err)
         if code == contract.EXIT_FAILED:
             traceback.print_exception(err)
-        _fail(self.env.termination_log, code, reason, err)
+        # With the session started, the message names the last step and the last committed
+        # checkpoint too (what a relaunch resumes from).
+        _fail(self.env.termination_log, code, reason, err, self.termination(reason, str(err)))
         self._stop_server()
         exit_gang(code)
 

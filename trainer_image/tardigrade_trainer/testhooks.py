@@ -1,14 +1,17 @@
-"""Fault-injection points for tests: kill or pause this process at a named point.
+"""Fault-injection points for tests: kill, fail or pause this process at a named point.
 
 Set TARDIGRADE_TEST_HOOKS to a JSON list of {"point", "action", "step"?, "process"?} where
 action is "kill" (SIGKILL itself, like a node loss), "kill_later" (SIGKILL itself
 "delay" seconds later, from a timer thread: a kill at an arbitrary moment of whatever runs
-next, e.g. the writes of a save) or "pause" (write a marker file into
-TARDIGRADE_TEST_HOOK_DIR, then block until killed). Unset in production: `hit` is a no-op.
+next, e.g. the writes of a save), "fail" (raise an OSError(EIO) there, as a storage
+error would; with "error": "bug", a RuntimeError, as a bug would) or "pause" (write a
+marker file into TARDIGRADE_TEST_HOOK_DIR, then block until killed). Unset in production:
+`hit` is a no-op.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -40,6 +43,10 @@ def hit(point: str, step: int, process_id: int) -> None:
             timer = threading.Timer(float(hook["delay"]), os.kill, (os.getpid(), signal.SIGKILL))
             timer.daemon = True
             timer.start()
+        elif hook["action"] == "fail":
+            if hook.get("error") == "bug":
+                raise RuntimeError(f"injected bug at {point} of step {step}")
+            raise OSError(errno.EIO, f"injected storage fault at {point} of step {step}")
         elif hook["action"] == "pause":
             marker = os.path.join(os.environ[ENV_HOOK_DIR], f"{point}-{step}-{process_id}")
             with open(marker, "w") as f:

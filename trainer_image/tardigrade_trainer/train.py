@@ -100,7 +100,7 @@ class Trainer:
 
         step_fn = hax.named_jit(self._train_step, axis_resources=plan.axis_mapping,
                                 donate_args=(True, False, False))
-        batch_sharding = NamedSharding(plan.mesh, PartitionSpec(mesh.DATA, None))
+        batch_sharding = NamedSharding(plan.mesh, PartitionSpec(plan.batch_axes, None))
         tokens_per_step = config.global_batch_size * config.seq_len
         window_start, window_steps = time.perf_counter(), 0
 

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 
+from .featuregates import FeatureGates
 from .server import ApiServer
 
 
@@ -15,7 +16,8 @@ async def _serve(args: argparse.Namespace) -> None:
     server = ApiServer(host=args.host, port=args.port, state_dir=args.state_dir,
                        crd_paths=args.crds, bookmark_interval=args.bookmark_interval,
                        access_log=args.access_log,
-                       authorization_mode=args.authorization_mode, audit_log=args.audit_log)
+                       authorization_mode=args.authorization_mode, audit_log=args.audit_log,
+                       feature_gates=FeatureGates.parse(args.feature_gates))
     await server.start()
     if args.kubeconfig:
         server.write_kubeconfig(args.kubeconfig)
@@ -47,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
                         choices=["AlwaysAllow", "RBAC"])
     parser.add_argument("--audit-log", default=None,
                         help="append one JSON line per authorization decision to this file")
+    parser.add_argument("--feature-gates", default="",
+                        help="Name=true|false,... (ContainerRestartRules, "
+                             "RestartAllContainersOnContainerExits)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level)
     with contextlib.suppress(KeyboardInterrupt):

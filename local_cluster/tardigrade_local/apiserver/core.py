@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from . import builtin_fields, crd_schema, crds, kinds
+from . import builtin_fields, crd_schema, crds, featuregates, kinds
 from .errors import (
     ApiError,
     FieldCause,
@@ -66,6 +66,7 @@ class Core:
         self.store = store
         self.registry = registry
         self.admission: list[AdmissionHook] = []
+        self.feature_gates = featuregates.FeatureGates()
 
     # ---- bootstrap ---------------------------------------------------------------------
     def bootstrap(self) -> None:
@@ -179,6 +180,9 @@ class Core:
         errors += config_data_errors(rt.kind, obj)
         if rt.builtin:
             errors += kinds.validate(rt.kind, obj, old)
+            if rt.kind == "Pod":
+                errors += featuregates.restart_rule_errors(
+                    obj.get("spec"), (old or {}).get("spec"), self.feature_gates)
             if rt.kind == "CustomResourceDefinition":
                 errors += crds.crd_errors(obj)
         else:
@@ -229,6 +233,8 @@ class Core:
             obj.pop("status", None)
         used_ips = ({(o.get("spec") or {}).get("clusterIP", "") for o in self.store.iter(rt.key)}
                     if rt.kind == "Service" else set())
+        if rt.kind == "Pod":
+            featuregates.drop_disabled_pod_fields(obj.get("spec"), None, self.feature_gates)
         kinds.default_on_create(rt.kind, obj, used_ips)
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)
@@ -303,6 +309,9 @@ class Core:
             obj = self._prepare_custom(rt, obj, field_validation, warnings)
         else:
             self._prepare_builtin(rt, obj, field_validation, warnings)
+        if rt.kind == "Pod":
+            featuregates.drop_disabled_pod_fields(obj.get("spec"), old.get("spec"),
+                                                  self.feature_gates)
         kinds.default_on_update(rt.kind, obj, old)
         if rt.kind == "CustomResourceDefinition":
             crds.default_crd(obj)

@@ -16,6 +16,8 @@ from .access import Access
 from .core import Core, Warnings
 from .errors import ApiError, bad_request, method_not_allowed, not_found, not_found_resource
 from .hostcheck import check_host
+from .metrics import METRICS_PATH, RequestMetrics
+from .requestinfo import request_attributes
 from .resources import ResourceType
 from .review import self_subject_access_review
 from .scale import scale_get, scale_update
@@ -80,6 +82,7 @@ class Handlers:
         self.registry = core.registry
         self.access = access
         self.bookmark_interval = bookmark_interval
+        self.metrics = RequestMetrics()
 
     # ---- routing ----------------------------------------------------------------------------
     def _parse(self, path: str) -> Target | None:
@@ -111,9 +114,24 @@ class Handlers:
 
     # ---- entry point --------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        code = 500
+        try:
+            response = await self._serve(request)
+            code = response.status
+            return response
+        except web.HTTPException as err:
+            code = err.status
+            raise
+        finally:
+            self.metrics.observe(
+                request_attributes(request.method, request.path, request.query), code)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
         try:
             check_host(request.headers.get("Host"))
             self.access.admit(request)
+            if request.path == METRICS_PATH and request.method == "GET":
+                return self.metrics.response()
             return await self._dispatch(request)
         except ApiError as err:
             return error_response(err)

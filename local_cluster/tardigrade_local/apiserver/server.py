@@ -22,6 +22,7 @@ from .access import UNSECURED, Access, AuditLog
 from .authn import Authenticator, Keys
 from .core import CRD_KEY, Core
 from .decoding import allow_deep_objects
+from .featuregates import FeatureGates
 from .gc import GarbageCollector
 from .handlers import Handlers
 from .policy import ensure_bootstrap_policy
@@ -64,7 +65,8 @@ class ApiServer:
                  authorization_mode: str = "AlwaysAllow",
                  audit_log: str | Path | None = None, secure_port: int | None = None,
                  pki_dir: str | Path | None = None,
-                 admission_plugins: tuple[str, ...] = ()) -> None:
+                 admission_plugins: tuple[str, ...] = (),
+                 feature_gates: FeatureGates | None = None) -> None:
         self.host = host
         # Port 0 binds an ephemeral port at start (no race with other processes); `url`
         # is final once `start()` returns.
@@ -74,6 +76,7 @@ class ApiServer:
         self.store = Store(history_size)
         self.registry = Registry()
         self.core = Core(self.store, self.registry)
+        self.core.feature_gates = feature_gates or FeatureGates()
         self.secure_port = secure_port
         self.pki_dir = Path(pki_dir) if pki_dir else None
         self.ca_pem: str | None = None

@@ -52,19 +52,30 @@ class Binder:
                 await asyncio.sleep(1)
                 self.dirty.set()
 
+    def _waiting(self, pod: Obj) -> bool:
+        """Whether the pod waits for this scheduler to place it."""
+        meta, spec = pod["metadata"], pod["spec"]
+        key = (meta.get("namespace") or "default", meta["name"], meta.get("uid", ""))
+        return not (spec.get("nodeName") or key in self._assumed or meta.get("deletionTimestamp")
+                    or _is_terminal(pod)
+                    or spec.get("schedulerName", "default-scheduler") != "default-scheduler")
+
     async def _schedule_pending(self) -> None:
+        # Most passes follow a status write of a pod already bound: with nothing waiting,
+        # adding up what every node holds would be wasted (it grows with the cluster).
+        pending = [p for p in self.pods.cache.values() if self._waiting(p)]
+        if not pending:
+            return
         nodes = list(self.nodes.cache.values())
         bound = [p for p in self.pods.cache.values() if p["spec"].get("nodeName")]
         bound += [self._assumed_pod(p, self._assumed[k]) for k, p in self._pending_assumed()]
-        for pod in sorted(self.pods.cache.values(),
-                          key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-            meta, spec = pod["metadata"], pod["spec"]
+        usage = scheduler.NodeUsage(bound)
+        for pod in sorted(pending, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+            meta = pod["metadata"]
             key = (meta.get("namespace") or "default", meta["name"], meta.get("uid", ""))
-            if (spec.get("nodeName") or key in self._assumed or meta.get("deletionTimestamp")
-                    or _is_terminal(pod)
-                    or spec.get("schedulerName", "default-scheduler") != "default-scheduler"):
+            if not self._waiting(pod):
                 continue
-            decision = scheduler.schedule(pod, nodes, bound)
+            decision = scheduler.schedule(pod, nodes, bound, usage=usage)
             if decision.node is None:
                 if self._unschedulable.get(key) != decision.message:
                     self._unschedulable[key] = decision.message
@@ -74,7 +85,9 @@ class Binder:
                 continue
             self._unschedulable.pop(key, None)
             self._assumed[key] = decision.node
-            bound.append(self._assumed_pod(pod, decision.node))
+            assumed = self._assumed_pod(pod, decision.node)
+            usage.add(assumed)
+            bound.append(assumed)
             try:
                 await self._bind(key, decision.node)
                 self.events.pod(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} "

@@ -18,6 +18,10 @@ DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral
 # GKE's default node pool name, and the label GKE puts on every node with its pool's name.
 DEFAULT_POOL = "default-pool"
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+# The mark of a simulated node (`simulated.py`), in the style of kwok's `kwok.x-k8s.io/node:
+# fake`, and the runtime its Node reports.
+SIMULATED_ANNOTATION = "local.tardigrade.dev/simulated"
+SIMULATED_RUNTIME_VERSION = "simulated://0.1"
 
 
 def project_python_path() -> list[str]:
@@ -38,6 +42,12 @@ class NodeConfig:
         default_factory=lambda: dict(DEFAULT_NODE_CAPACITY)
     )
     pool: str = DEFAULT_POOL
+    # Pods run without processes (`simulated.py`), as on a kwok-managed node.
+    simulated: bool = False
+    # What this node's kubelet reports and honours: nodes of one cluster can run different
+    # kubelet releases (version skew), so features are per node. None: the default release.
+    kubelet_version: str | None = None
+    feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
@@ -48,12 +58,17 @@ class NodeConfig:
             capacity={**DEFAULT_NODE_CAPACITY,
                       **{str(k): str(v) for k, v in (data.get("capacity") or {}).items()}},
             pool=str(data.get("pool") or DEFAULT_POOL),
+            simulated=bool(data.get("simulated", False)),
+            kubelet_version=(str(data["kubeletVersion"]) if data.get("kubeletVersion")
+                             else None),
+            feature_gates={str(k): bool(v) for k, v in (data.get("featureGates") or {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "labels": dict(self.labels),
                 "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity),
-                "pool": self.pool}
+                "pool": self.pool, "simulated": self.simulated,
+                "kubeletVersion": self.kubelet_version, "featureGates": dict(self.feature_gates)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +100,7 @@ class KubeletSettings:
     python_path: tuple[str, ...] = dataclasses.field(
         default_factory=lambda: tuple(project_python_path())
     )
+    # Simulated nodes (`simulated.py`): seconds from ContainerCreating to Running (image pull,
+    # create, start). Zero by default: benches measure the control plane, not a runtime.
+    # kwok's "general" pod stages wait 1 s plus up to 5 s of jitter (pod-create.yaml, `delay`).
+    simulated_start_seconds: float = 0.0

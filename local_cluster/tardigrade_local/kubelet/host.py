@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from tardigrade_local import disruptions as d
-from tardigrade_local.kubelet import admission, network
+from tardigrade_local.kubelet import admission, network, tpuslices
 from tardigrade_local.kubelet.binder import Binder
 from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
 from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
@@ -29,6 +29,8 @@ from tardigrade_local.kubelet.node import node_object, node_status
 from tardigrade_local.kubelet.nodelifecycle import NodeLifecycle
 from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
+from tardigrade_local.kubelet.restartrules import KubeletGates
+from tardigrade_local.kubelet.simulated import SimulatedRuntime
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ class KubeletHost:
         # instances being created.
         self.recreating: dict[str, NodeConfig] = {}
         self.ips = network.IpAllocator()
+        # The container runtime of simulated nodes: one for all, so gangs span nodes.
+        self.simulation = SimulatedRuntime(settings.simulated_start_seconds)
         self._node_index = 0
         self.pods = Informer(self.client, core_path("pods"), self._on_pod)
         self.nodes = Informer(self.client, core_path("nodes"), self._on_node)
@@ -121,6 +125,7 @@ class KubeletHost:
                 await task
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.simulation.stop()
         await self.client.close()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -165,10 +170,24 @@ class KubeletHost:
                            why: str = "Node is shutting down (spot instance reclaimed)") -> None:
         """Spot reclaim: graceful node shutdown, then the Node object goes away; the node pool
         recreates the VM under the same name after `replace_after_seconds` (default: the
-        cluster's setting; None there: never)."""
+        cluster's setting; None there: never). A host of a multi-host TPU slice goes, and
+        comes back, with every host of its slice (`tpuslices.py`)."""
         agent = self._agent(name)
         if agent.state != "ready":
             return
+        ready = [a.config for a in self.agents.values() if a.state == "ready"]
+        agents = [self.agents[c.name] for c in tpuslices.slice_of(agent.config, ready)]
+        await asyncio.gather(*(self._shut_down(a, grace_seconds, why) for a in agents))
+        if replace_after_seconds is None:
+            replace_after_seconds = self.settings.replace_after_seconds
+        if replace_after_seconds is not None:
+            # In the background: a `wait`ing caller returns once the node is gone.
+            for a in agents:
+                self.recreating[a.config.name] = a.config
+            self._spawn(self._recreate(agents, replace_after_seconds))
+
+    async def _shut_down(self, agent: NodeAgent, grace_seconds: float | None, why: str) -> None:
+        name = agent.config.name
         agent.state = "shutting-down"
         self.events.node(name, "Shutdown", why, warning=True)
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
@@ -186,12 +205,6 @@ class KubeletHost:
         with contextlib.suppress(ApiError):
             await self.client.delete(path)
         self.binder.dirty.set()
-        if replace_after_seconds is None:
-            replace_after_seconds = self.settings.replace_after_seconds
-        if replace_after_seconds is not None:
-            # In the background: a `wait`ing caller returns once the node is gone.
-            self.recreating[name] = agent.config
-            self._spawn(self._recreate(agent, replace_after_seconds))
 
     async def schedule_maintenance(self, name: str, in_seconds: float,
                                    back_after_seconds: float | None = None) -> float:
@@ -223,14 +236,17 @@ class KubeletHost:
         await self.preempt_node(name, d.MAINTENANCE_POD_GRACE_SECONDS, back_after_seconds,
                                 why=d.MAINTENANCE_MESSAGE)
 
-    async def _recreate(self, agent: NodeAgent, delay: float) -> None:
-        """The pool's managed instance group recreates the VM under its name."""
+    async def _recreate(self, agents: list[NodeAgent], delay: float) -> None:
+        """The pool's managed instance group recreates the VMs under their names (a slice's
+        hosts all at once)."""
         try:
             await asyncio.sleep(delay)
-            if self.agents.get(agent.config.name) is agent:  # nobody took the name meanwhile
-                await self.add_node(agent.config)
+            # Nobody took a name meanwhile.
+            back = [a for a in agents if self.agents.get(a.config.name) is a]
+            await asyncio.gather(*(self.add_node(a.config) for a in back))
         finally:
-            self.recreating.pop(agent.config.name, None)
+            for a in agents:
+                self.recreating.pop(a.config.name, None)
 
     async def lose_node(self, name: str, delete_object: bool = True) -> None:
         """The machine vanished: processes die now, nothing more is reported."""
@@ -354,6 +370,7 @@ class KubeletHost:
         return {
             "nodes": [
                 {"name": n, "state": a.state, "ip": a.ip, "pool": a.config.pool,
+                 "simulated": a.config.simulated,
                  "pods": sorted(f"{k[0]}/{k[1]}" for k in a.workers)}
                 for n, a in sorted(self.agents.items())
             ],
@@ -414,10 +431,17 @@ class KubeletHost:
             self._finished.add(uid)
             self._spawn(self._reject(pod, rejection))
             return
+        simulated = agent.config.simulated
         worker = PodWorker(self.settings, self.client, node_name, agent.ip,
-                           self.ips.allocate(), pod, self.events)
+                           self.ips.allocate(), pod, self.events,
+                           runtime=self.simulation if simulated else None,
+                           gates=KubeletGates.from_mapping(agent.config.feature_gates))
         agent.workers[key] = worker
-        self._write_hosts()
+        if simulated:
+            # No process resolves names before it starts: the loop writes the file soon.
+            self._hosts_dirty.set()
+        else:
+            self._write_hosts()
         worker.start()
         self._spawn(self._reap(agent, key, worker))
 

@@ -22,7 +22,7 @@ from tardigrade_local.kubelet.credentials import (
     write_pod_credentials,
 )
 from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
-from tardigrade_local.kubelet.projected import remap
+from tardigrade_local.kubelet.volumes import container_mounts, map_path
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
@@ -96,11 +96,11 @@ def pod_base_env(settings: KubeletSettings, pod: Mapping[str, Any], pod_ip: str,
 def container_launch(settings: KubeletSettings, pod: Mapping[str, Any],
                      spec: Mapping[str, Any], pod_ip: str, host_ip: str,
                      configmaps: Sources, secrets: Sources,
-                     kubeconfig: str | None = None, mounts: Mapping[str, str] | None = None
+                     kubeconfig: str | None = None, volumes: Mapping[str, Path] | None = None,
                      ) -> tuple[list[str], dict[str, str]]:
     """argv and env of one container; raises ImagePullError or EnvError like the kubelet's
     ErrImagePull and CreateContainerConfigError. `kubeconfig`: the pod's API credentials;
-    `mounts`: mountPath -> where the volume was written (projected.py)."""
+    `volumes`: the pod's volumes set up on the node (`volumes.set_up`)."""
     meta = pod["metadata"]
     image_rule = settings.image_map.resolve(spec.get("image", ""))
     # The downward API sees the addresses this kubelet assigned, reported or not.
@@ -111,12 +111,15 @@ def container_launch(settings: KubeletSettings, pod: Mapping[str, Any],
                                                     meta["name"], spec["name"]))
     declared = spec.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
     # The container's idea of its termination-log path is mapped to a file of its own.
-    own_env = {k: (term_path if v == declared else remap(v, mounts or {}))
-               for k, v in own_env.items()}
+    own_env = {k: (term_path if v == declared else v) for k, v in own_env.items()}
     command = [expand(str(x), own_env) for x in spec.get("command") or []]
     args = [expand(str(x), own_env) for x in spec.get("args") or []]
     argv = settings.image_map.argv(spec.get("image", ""), command, args)
-    argv = [term_path if x == declared else remap(x, mounts or {}) for x in argv]
+    argv = [term_path if x == declared else x for x in argv]
+    # No mount namespace: paths inside volumeMounts lead to the volumes' directories instead.
+    mounts = container_mounts(spec, volumes or {}, own_env)
+    own_env = {k: map_path(v, mounts) for k, v in own_env.items()}
+    argv = [map_path(x, mounts) for x in argv]
     base = pod_base_env(settings, pod, pod_ip, kubeconfig)
     if image_rule.bin_dir:
         # A shipped image runs from its own venv: none of the checkout's sources, only the pod

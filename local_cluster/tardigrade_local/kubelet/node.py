@@ -5,8 +5,14 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from tardigrade_local.kubelet.config import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.kubelet.config import (
+    NODE_POOL_LABEL,
+    SIMULATED_ANNOTATION,
+    SIMULATED_RUNTIME_VERSION,
+    NodeConfig,
+)
 from tardigrade_local.kubelet.podstatus import now_rfc3339
+from tardigrade_local.kubelet.restartrules import KubeletGates
 
 KUBELET_VERSION = "v1.33.0-tardigrade-local"
 MANAGED_ANNOTATION = "local.tardigrade.dev/kubelet"
@@ -48,9 +54,17 @@ def ready_conditions(ready: bool, message: str = "") -> list[dict[str, Any]]:
     ]
 
 
+def node_annotations(config: NodeConfig) -> dict[str, str]:
+    marks = {MANAGED_ANNOTATION: "true"}
+    if config.simulated:
+        marks[SIMULATED_ANNOTATION] = "true"
+    return marks
+
+
 def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
                 message: str = "") -> dict[str, Any]:
-    return {
+    version = config.kubelet_version or KUBELET_VERSION
+    status: dict[str, Any] = {
         "capacity": dict(config.capacity),
         "allocatable": dict(config.capacity),
         "conditions": ready_conditions(ready, message),
@@ -61,11 +75,16 @@ def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
         "nodeInfo": {
             "machineID": config.name, "systemUUID": config.name, "bootID": config.name,
             "kernelVersion": platform.release(), "osImage": "local processes",
-            "containerRuntimeVersion": "local://process", "kubeletVersion": KUBELET_VERSION,
-            "kubeProxyVersion": KUBELET_VERSION, "operatingSystem": "linux",
+            "containerRuntimeVersion": (SIMULATED_RUNTIME_VERSION if config.simulated
+                                        else "local://process"),
+            "kubeletVersion": version, "kubeProxyVersion": version, "operatingSystem": "linux",
             "architecture": _arch(),
         },
     }
+    declared = KubeletGates.from_mapping(config.feature_gates).declared_features()
+    if declared:
+        status["declaredFeatures"] = declared
+    return status
 
 
 def node_object(config: NodeConfig, ip: str, port: int) -> dict[str, Any]:
@@ -75,7 +94,7 @@ def node_object(config: NodeConfig, ip: str, port: int) -> dict[str, Any]:
         "metadata": {
             "name": config.name,
             "labels": node_labels(config),
-            "annotations": {MANAGED_ANNOTATION: "true"},
+            "annotations": node_annotations(config),
         },
         "spec": {"taints": [dict(t) for t in config.taints]} if config.taints else {},
         "status": node_status(config, ip, port),

@@ -64,21 +64,6 @@ def volume_dir(pod_dir: Path, volume: str) -> Path:
     return pod_dir / "volumes" / volume
 
 
-def mount_map(pod_dir: Path, container: Mapping[str, Any],
-              pod_spec: Mapping[str, Any]) -> dict[str, str]:
-    """mountPath -> where this kubelet wrote the volume, for the projected token volumes."""
-    projected = {f.volume for f in token_files(pod_spec)}
-    return {m["mountPath"].rstrip("/"): str(volume_dir(pod_dir, m["name"]))
-            for m in container.get("volumeMounts") or [] if m.get("name") in projected}
-
-
-def remap(value: str, mounts: Mapping[str, str]) -> str:
-    for mount_path, host in mounts.items():
-        if value == mount_path or value.startswith(mount_path + "/"):
-            return host + value[len(mount_path):]
-    return value
-
-
 class ProjectedTokens:
     """Writes a pod's projected tokens, then keeps them fresh until `stop`."""
 

@@ -1,9 +1,10 @@
 """Where a pod may run: the default scheduler's filters that matter for our pods, pure.
 
 Filters: node readiness/cordon, nodeSelector and required node affinity, taints and
-tolerations, and resource requests against allocatable (incl. extended resources such as
-`google.com/tpu`). Among feasible nodes the least loaded wins. When none fits, the message
-has the real scheduler's shape, e.g.
+tolerations, resource requests against allocatable (incl. extended resources such as
+`google.com/tpu`), and required inter-pod (anti-)affinity (`interpodaffinity.py`). Among
+feasible nodes the least loaded wins. When none fits, the message has the real scheduler's
+shape, e.g.
 `0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node
 affinity/selector. preemption: ...`.
 """
@@ -11,12 +12,15 @@ affinity/selector. preemption: ...`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils import parse_quantity
+
+from tardigrade_local.kubelet import interpodaffinity
 
 Obj = Mapping[str, Any]
 
@@ -48,6 +52,12 @@ def pod_requests(spec: Obj) -> dict[str, Decimal]:
         for name, value in one(container).items():
             result[name] = max(result.get(name, Decimal(0)), value)
     return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Decimal:
+    # Nodes repeat a handful of allocatable strings; parsing them is most of a fit check.
+    return Decimal(parse_quantity(text))
 
 
 def _is_terminal(pod: Obj) -> bool:
@@ -129,13 +139,13 @@ def untolerated_taint(spec: Obj, node: Obj) -> Obj | None:
 def _insufficient(requests: Mapping[str, Decimal], node: Obj, used: Mapping[str, Decimal],
                   pod_count: int) -> str | None:
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    max_pods = int(parse_quantity(str(allocatable.get("pods", "110"))))
+    max_pods = int(_quantity(str(allocatable.get("pods", "110"))))
     if pod_count + 1 > max_pods:
         return TOO_MANY_PODS
     for name, amount in sorted(requests.items()):
         if amount <= 0:
             continue
-        free = parse_quantity(str(allocatable.get(name, "0"))) - used.get(name, Decimal(0))
+        free = _quantity(str(allocatable.get(name, "0"))) - used.get(name, Decimal(0))
         if amount > free:
             return f"Insufficient {name}"
     return None
@@ -151,19 +161,40 @@ def unfit_reason(pod: Obj, node: Obj, bound_pods: Iterable[Obj] = ()) -> str | N
     return decision.message.split(": ", 1)[1].split(". preemption", 1)[0].split(" ", 1)[1]
 
 
-def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj]) -> Decision:
-    """Pick a node for `pod`; `bound_pods` are all pods with a nodeName (incl. just bound)."""
+class NodeUsage:
+    """What the pods bound to each node take: the scheduler cache's per-node totals (upstream's
+    `NodeInfo.Requested`, pkg/scheduler/framework/types.go), so that a pass placing many pods
+    adds each bound pod up once, not once per pod placed."""
+
+    def __init__(self, bound_pods: Iterable[Obj] = ()) -> None:
+        self.requests: dict[str, Counter[str]] = {}
+        self.counts: Counter[str] = Counter()
+        for pod in bound_pods:
+            self.add(pod)
+
+    def add(self, pod: Obj) -> None:
+        node_name = pod["spec"].get("nodeName")
+        if not node_name or _is_terminal(pod):
+            return
+        self.counts[node_name] += 1
+        self.requests.setdefault(node_name, Counter()).update(pod_requests(pod["spec"]))
+
+
+def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj] = (),
+             usage: NodeUsage | None = None) -> Decision:
+    """Pick a node for `pod`; `bound_pods` are all pods with a nodeName (incl. just bound),
+    or `usage` what they take."""
     nodes = list(nodes)
     if not nodes:
         return Decision(None, "no nodes available to schedule pods")
-    usage: dict[str, Counter[str]] = {}
-    counts: Counter[str] = Counter()
-    for other in bound_pods:
-        node_name = other["spec"].get("nodeName")
-        if not node_name or _is_terminal(other):
-            continue
-        counts[node_name] += 1
-        usage.setdefault(node_name, Counter()).update(pod_requests(other["spec"]))
+    bound_pods = list(bound_pods)
+    taken = NodeUsage(bound_pods) if usage is None else usage
+    # Inter-pod affinity looks at the pods that run, and only when some pod states a term:
+    # scanning every bound pod for every node costs a thousand-host gang dearly otherwise.
+    live = [p for p in bound_pods if not _is_terminal(p)]
+    affinity_matters = interpodaffinity.states_terms(pod) or any(
+        interpodaffinity.states_terms(p) for p in live)
+    counts, usage_by_node = taken.counts, taken.requests
     spec = pod["spec"]
     requests = pod_requests(spec)
     reasons: Counter[str] = Counter()
@@ -178,7 +209,9 @@ def schedule(pod: Obj, nodes: Iterable[Obj], bound_pods: Iterable[Obj]) -> Decis
         elif taint is not None:
             value = taint.get("value") or ""
             reasons[f"node(s) had untolerated taint {{{taint['key']}: {value}}}"] += 1
-        elif (why := _insufficient(requests, node, usage.get(name, {}), counts[name])) is not None:
+        elif (why := (_insufficient(requests, node, usage_by_node.get(name, {}), counts[name])
+                      or (affinity_matters
+                          and interpodaffinity.unfit_reason(pod, node, nodes, live)))):
             reasons[why] += 1
         else:
             feasible.append((counts[name], name))

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -31,8 +33,18 @@ from tardigrade_local.kubelet.launch import (
     termination_message,
 )
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
-from tardigrade_local.kubelet.process import ContainerProcess
-from tardigrade_local.kubelet.projected import ProjectedTokens, mount_map
+from tardigrade_local.kubelet.projected import ProjectedTokens, volume_dir
+from tardigrade_local.kubelet.restartrules import ALL_CONTAINERS_RESTARTING, KubeletGates, OnExit
+from tardigrade_local.kubelet.restartrules import on_exit as restart_on_exit
+from tardigrade_local.kubelet.runtime import Container, ContainerRuntime, ProcessRuntime
+from tardigrade_local.kubelet.volumes import (
+    MOUNT_RETRY_FIRST_SECONDS,
+    MOUNT_RETRY_MAX_SECONDS,
+    NodeDisk,
+    VolumeSetupError,
+    set_up,
+    tear_down,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +62,12 @@ class Stop(enum.Enum):
 class PodWorker:
     def __init__(self, settings: KubeletSettings, client: ApiClient, node_name: str,
                  host_ip: str, pod_ip: str, pod: Mapping[str, Any],
-                 events: EventRecorder | None = None) -> None:
+                 events: EventRecorder | None = None,
+                 runtime: ContainerRuntime | None = None,
+                 gates: KubeletGates | None = None) -> None:
         self.settings = settings
+        self.runtime: ContainerRuntime = runtime or ProcessRuntime()
+        self.gates = gates or KubeletGates()
         self.client = client
         self.events = events or EventRecorder(client)
         self.node_name = node_name
@@ -72,9 +88,11 @@ class PodWorker:
             for record in self.records:
                 record.wait("PodInitializing")
         self.initialized = not self.init_specs
-        self.processes: dict[str, ContainerProcess] = {}
+        self.processes: dict[str, Container] = {}
         self._kubeconfig: str | None = None  # "" once it is known the pod gets none
         self._tokens: ProjectedTokens | None = None  # projected token volumes, once written
+        self.disk = NodeDisk(settings.layout.node_root(node_name))
+        self.volumes: dict[str, Path] = {}
         self.start_time = ps.now_rfc3339()
         self.terminal_phase: str | None = None
         self.reason: str | None = None
@@ -83,6 +101,9 @@ class PodWorker:
         self.stopping: Stop | None = None
         self.silent = False  # no more API writes (node lost, object gone)
         self._stop_requested = asyncio.Event()
+        # Set when a RestartAllContainers rule fired: the message of its condition.
+        self._restart_all: str | None = None
+        self._restart_all_requested = asyncio.Event()
         self._grace: float = DEFAULT_GRACE_SECONDS
         self._push_lock = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
@@ -141,6 +162,7 @@ class PodWorker:
         except Exception:
             log.exception("pod %s/%s: worker failed", self.namespace, self.name)
         finally:
+            tear_down(self.disk, self.uid or self.name)
             self.done.set()
 
     async def _run_pod(self) -> None:
@@ -159,23 +181,53 @@ class PodWorker:
             else:
                 stop_wait.cancel()
                 await main
-                # Terminal: nothing restarts. The pod object stays until someone deletes it.
+                # Terminal: nothing restarts, and the volume manager tears the pod's volumes
+                # down. The pod object stays until someone deletes it.
+                tear_down(self.disk, self.uid or self.name)
                 await self._stop_requested.wait()
                 await self._stop(main)
         finally:
             if self._tokens is not None:
                 await self._tokens.stop()
 
+    async def _mount_volumes(self) -> bool:
+        """Set up the pod's volumes, retrying as the volume manager does; False if the pod
+        was stopped first."""
+        delay = MOUNT_RETRY_FIRST_SECONDS
+        while self.stopping is None:
+            try:
+                pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
+                self.volumes = set_up(self.pod, self.disk, functools.partial(volume_dir, pod_dir))
+                return True
+            except VolumeSetupError as err:
+                self._event("FailedMount", str(err), warning=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), delay)
+            delay = min(delay * 2, MOUNT_RETRY_MAX_SECONDS)
+        return False
+
     async def _run_containers(self) -> None:
-        for index in range(len(self.init_specs)):
-            if not await self._run_init(index):
-                if self.stopping is None:
-                    self.terminal_phase = "Failed"
-                    await self.push()
-                return
-        self.initialized = True
-        loops = [asyncio.create_task(self._container_loop(i)) for i in range(len(self.specs))]
-        await asyncio.gather(*loops)
+        if not await self._mount_volumes():
+            return
+        restarts = 0
+        while True:
+            for index in range(len(self.init_specs)):
+                if not await self._run_init(index):
+                    if self.stopping is None:
+                        self.terminal_phase = "Failed"
+                        await self.push()
+                    return
+            self.initialized = True
+            started = time.monotonic()
+            loops = [asyncio.create_task(self._container_loop(i))
+                     for i in range(len(self.specs))]
+            await asyncio.gather(*loops)
+            if self._restart_all is None or self.stopping is not None:
+                break
+            if time.monotonic() - started > 2 * self.settings.backoff_max_seconds:
+                restarts = 0
+            await self._restart_all_containers(restarts)
+            restarts += 1
         if self.terminal_phase is None and self.stopping is None:
             self.terminal_phase = ps.final_phase(self.records)
             await self.push()
@@ -202,15 +254,19 @@ class PodWorker:
     async def _container_loop(self, index: int) -> None:
         record, spec = self.records[index], self.specs[index]
         attempt = 0
-        while self.stopping is None:
+        while self.stopping is None and self._restart_all is None:
             started = time.monotonic()
             code = await self._run_once(record, spec)
             if code is None:
                 # Cannot start (image, config): stays waiting until the pod goes away.
-                await self._stop_requested.wait()
-            if code is None or self.stopping is not None:
+                await self._first_of(self._stop_requested, self._restart_all_requested)
+            if code is None or self.stopping is not None or self._restart_all is not None:
                 return
-            if self.restart_policy == "Never" or (self.restart_policy == "OnFailure" and code == 0):
+            action = restart_on_exit(spec, self.restart_policy, code, self.gates)
+            if action is OnExit.RESTART_ALL:
+                self._begin_restart_all(record.name, code)
+                return
+            if action is OnExit.STOP:
                 await self.push()
                 return
             if time.monotonic() - started > 2 * self.settings.backoff_max_seconds:
@@ -230,9 +286,58 @@ class PodWorker:
                     f"{self.name}_{self.namespace}({self.uid})", warning=True,
                     container=record.name)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop_requested.wait(), delay)
-        if self.stopping is None:
+            await asyncio.wait_for(
+                self._first_of(self._stop_requested, self._restart_all_requested), delay)
+        if self.stopping is None and self._restart_all is None:
             record.restart_count += 1
+
+    @staticmethod
+    async def _first_of(*events: asyncio.Event) -> None:
+        waits = [asyncio.create_task(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    # --- RestartAllContainers (KEP-5532 "Restart Phases") ---------------------------------
+    def _set_own_condition(self, cond: dict[str, Any]) -> None:
+        self.own_conditions = [c for c in self.own_conditions if c["type"] != cond["type"]]
+        self.own_conditions.append(cond)
+
+    def _begin_restart_all(self, container: str, code: int) -> None:
+        """Termination phase: kill every container at once, no grace, no preStop."""
+        self._restart_all = (f"Container {container} exited with code {code}, "
+                             f"triggering pod restart")
+        self._set_own_condition(ps.condition(ALL_CONTAINERS_RESTARTING, True, "ContainerExited",
+                                             self._restart_all))
+        self._restart_all_requested.set()
+        for proc in list(self.processes.values()):
+            proc.signal_group(signal.SIGKILL)
+
+    async def _restart_all_containers(self, attempt: int) -> None:
+        """Containers are gone: clear the condition and start over from the init containers,
+        in the same pod (uid, IP, volumes kept); every container's restart count grows."""
+        message = self._restart_all or ""
+        await self.push()
+        # The crash-loop back-off paces pod restarts as it does container restarts
+        # (KEP-5532 "Unintended Pod Restart Loops"), with the same delays as `_back_off`.
+        delay = min(self.settings.backoff_base_seconds * 2**attempt,
+                    self.settings.backoff_max_seconds)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), delay)
+        if self.stopping is not None:
+            return
+        for record in [*self.init_records, *self.records]:
+            if record.terminated is None:
+                record.terminate(137, "Error")
+            record.prepare_restart()
+            record.wait("PodInitializing" if self.init_specs else "ContainerCreating")
+        self._set_own_condition(ps.condition(ALL_CONTAINERS_RESTARTING, False,
+                                             "ContainerExited", message))
+        self._restart_all = None
+        self._restart_all_requested.clear()
+        await self.push()
 
     async def _run_once(self, record: ps.ContainerRecord, spec: Mapping[str, Any]) -> int | None:
         """Run the container to its end; its exit code, or None if it cannot start at all."""
@@ -262,8 +367,8 @@ class PodWorker:
         term_path = layout.termination_log(ns, name, cname)
         term_path.unlink(missing_ok=True)
         memory = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
-        proc = ContainerProcess(argv, env, layout.pod_dir(ns, name), log_path,
-                                int(parse_quantity(str(memory))) if memory else None)
+        proc = self.runtime.container(argv, env, layout.pod_dir(ns, name), log_path,
+                                      int(parse_quantity(str(memory))) if memory else None)
         try:
             pid = await proc.start()
         except OSError as err:
@@ -281,8 +386,9 @@ class PodWorker:
         self._event("Started", f"Started container {cname}", container=cname)
         self.processes[cname] = proc
         pid_file = layout.container_pid(ns, name, cname)
-        pid_file.write_text(str(pid))
-        record.start(f"local://{pid}")
+        if self.runtime.host_processes:
+            pid_file.write_text(str(pid))
+        record.start(f"{self.runtime.scheme}://{pid}")
         probes = self._probes(record, spec, proc, env)
         record.ready_flag, record.started_flag = probes.ready, probes.started
         probe_task = asyncio.create_task(probes.run()) if probes.active else None
@@ -299,7 +405,7 @@ class PodWorker:
         return code
 
     def _probes(self, record: ps.ContainerRecord, spec: Mapping[str, Any],
-                proc: ContainerProcess, env: Mapping[str, str]) -> ContainerProbes:
+                proc: Container, env: Mapping[str, str]) -> ContainerProbes:
         ports = {p["name"]: int(p["containerPort"]) for p in spec.get("ports") or []
                  if p.get("name")}
         target = ProbeTarget(self.pod_ip, ports, env,
@@ -334,8 +440,7 @@ class PodWorker:
             self._tokens = tokens
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
-                                configmaps, secrets, self._kubeconfig or None,
-                                mount_map(pod_dir, spec, self.pod["spec"]))
+                                configmaps, secrets, self._kubeconfig or None, self.volumes)
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping

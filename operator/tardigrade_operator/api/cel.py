@@ -24,6 +24,11 @@ class CelRule:
     # Relative JSONPath-like field the rule is about (".minReplicas"): error messages name it.
     field_path: str = ""
 
+    @property
+    def transition(self) -> bool:
+        """A transition rule compares with the stored object (`oldSelf`): updates only."""
+        return "oldSelf" in self.rule
+
     def to_crd(self) -> dict[str, str]:
         entry = {"rule": self.rule, "message": self.message}
         if self.field_path:
@@ -57,6 +62,8 @@ class CelValidated(BaseModel):
             return self
         data = self.model_dump(by_alias=True, exclude_none=True, mode="json")
         for rule in self.cel_rules:
+            if rule.transition:
+                continue  # needs the stored object: only the API server can check it
             if not evaluate(rule.rule, data):
                 raise PydanticCustomError(
                     "cel_rule",

@@ -424,14 +424,48 @@ class KeepPolicy(ApiModel):
     )
 
 
+class InitFrom(ApiModel):
+    """Another job's checkpoint root to start from, read only."""
+
+    path: str = Field(
+        min_length=1, max_length=1024,
+        description="The other job's spec.checkpoint.path (gs://BUCKET/PREFIX or an absolute "
+        "path). Only read, never written or cleaned up.",
+    )
+    step: int | None = Field(
+        None, ge=0, description="Committed step to start from; unset: the newest of that root's "
+        "current line.")
+
+    cel_rules = (
+        CelRule(
+            r"self.path.matches('^(gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\\s]*)?|/[^\\s]*)$')",
+            "checkpoint.initFrom.path must be gs://BUCKET/PREFIX or an absolute path",
+            ".path",
+        ),
+    )
+
+
 class CheckpointSpec(ApiModel):
     """Where and when the trainer checkpoints."""
 
     path: str = Field(
         min_length=1, max_length=1024,
         description="gs://BUCKET/PREFIX (GCS through TensorStore) or an absolute path on a "
-        "mounted volume.",
+        "mounted volume. Immutable: the root records this job as its owner (see "
+        "docs/checkpoint-format.md); to move, delete and re-create the job, or create a new one "
+        "with initFrom.",
     )
+    restore_step: int | None = Field(
+        None, ge=0,
+        description="Roll back: the next launch restores exactly this committed step and "
+        "continues from it as a new line; the steps after it are abandoned (overwritten or "
+        "deleted as the new line passes them). Applied once per value: to roll a running job "
+        "back, set it while spec.suspend is true, then resume. A step that is not committed "
+        "stops the job with reason CheckpointMissing.",
+    )
+    init_from: InitFrom | None = Field(
+        None, description="Start from another job's checkpoint (read only) while this job's "
+        "own root has no committed step; afterwards the job resumes from its own.")
     interval: CheckpointInterval = Field(
         default_factory=lambda: CheckpointInterval(steps=100),
         description="Save every N steps and/or every S seconds.",
@@ -473,6 +507,14 @@ class CheckpointSpec(ApiModel):
             "a mounted volume, e.g. /mnt/ckpt/JOB",
             ".path",
         ),
+        # A transition rule: the API server checks it on update only (pydantic skips it).
+        CelRule("self.path == oldSelf.path",
+                "checkpoint.path is immutable: the checkpoint root belongs to this job. Delete "
+                "and re-create the job to use another path (start it from the old root with "
+                "checkpoint.initFrom)", ".path"),
+        CelRule("!has(self.initFrom) || self.initFrom.path != self.path",
+                "checkpoint.initFrom.path must differ from checkpoint.path: a job resumes from "
+                "its own root by itself", ".initFrom.path"),
     )
 
 
@@ -637,23 +679,38 @@ class TrainingJobSpec(ApiModel):
     def _tpu_slice_matches_replicas(self) -> TrainingJobSpec:
         # Not expressible in the CEL subset we can evaluate here (needs string split), so the
         # API server accepts it and the operator reports it as an InvalidSpec condition.
+        # Replicas are hosts; several whole slices of the topology make a multislice job.
         accel = self.accelerator
         chips = accel.topology_chips()
         if (
             accel.kind == "tpu"
             and chips is not None
             and accel.count is not None
-            and chips != self.replicas * accel.count
+            and (self.replicas * accel.count) % chips
         ):
             raise PydanticCustomError(
                 "tpu_slice",
                 "a TPU slice of topology {topology} has {chips} chips, but replicas "
-                "({replicas}) x accelerator.count ({count}) = {product}: set replicas to {hosts}",
+                "({replicas}) x accelerator.count ({count}) = {product} is not a whole number of "
+                "slices: set replicas to a multiple of {hosts}",
                 {"topology": accel.topology, "chips": chips, "replicas": self.replicas,
                  "count": accel.count, "product": self.replicas * accel.count,
                  "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
                  "field_path": "replicas"},
             )
+        # A TPU job shrinks and grows by whole slices, so its bounds are whole slices too.
+        for field, bound in (("minReplicas", self.min_replicas),
+                             ("maxReplicas", self.max_replicas)):
+            if (accel.kind == "tpu" and chips is not None and accel.count is not None
+                    and bound is not None and (bound * accel.count) % chips):
+                raise PydanticCustomError(
+                    "tpu_slice_bound",
+                    "{field} ({bound}) is not a whole number of TPU slices of topology "
+                    "{topology}: set it to a multiple of {hosts}",
+                    {"field": field, "bound": bound, "topology": accel.topology,
+                     "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
+                     "field_path": field},
+                )
         return self
 
 
@@ -686,6 +743,14 @@ class Condition(ApiModel):
         description="When status last changed (not when reason or message did).")
     observed_generation: int | None = Field(
         None, ge=0, description="metadata.generation the condition was computed from.")
+
+
+class RestoreRequest(ApiModel):
+    """A spec.checkpoint.restoreStep the operator has passed on to the trainer."""
+
+    step: int = Field(ge=0)
+    request: str = Field(max_length=128,
+                         description="Id the trainer applies it once under: <job uid>/a<attempt>.")
 
 
 class CheckpointRef(ApiModel):
@@ -751,6 +816,8 @@ class TrainingJobStatus(ApiModel):
     total_steps: int | None = Field(None, ge=0)
     loss: float | None = None
     last_checkpoint: CheckpointRef | None = None
+    restore_request: RestoreRequest | None = Field(
+        None, description="The rollback (spec.checkpoint.restoreStep) launches carry.")
     last_progress_time: Timestamp | None = Field(
         None, description="When rank 0's reported step was last seen advancing: a rank whose "
         "node stopped reporting is declared lost only once the gang stopped making progress.")

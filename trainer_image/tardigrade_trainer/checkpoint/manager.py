@@ -1,8 +1,9 @@
-"""The checkpoint manager: async sharded save, two-barrier commit, resharding restore."""
+"""The checkpoint manager: async sharded save, agreed commit, resharding restore."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -14,6 +15,7 @@ import mmap
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -22,28 +24,48 @@ import jax
 import numpy as np
 import tensorstore as ts
 
-from tardigrade_trainer import distributed, testhooks
-from tardigrade_trainer.checkpoint import chunkfiles, digest, durability, restoreplan, writers
+from tardigrade_trainer import testhooks
+from tardigrade_trainer.checkpoint import (
+    agreement,
+    chunkfiles,
+    digest,
+    durability,
+    restoreplan,
+    rootrecord,
+    writers,
+)
+from tardigrade_trainer.checkpoint import deadline as deadlines
+from tardigrade_trainer.checkpoint import leaves as leafkinds
+from tardigrade_trainer.checkpoint.background import SaveThread
+from tardigrade_trainer.checkpoint.deadline import Deadline, DeadlineExceeded
+from tardigrade_trainer.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointDeadlineError,
+    CheckpointError,
+    CheckpointIOError,
+    CheckpointUsageError,
+    FencedError,
+)
+from tardigrade_trainer.checkpoint.extra import ExtraError, check_extra
+from tardigrade_trainer.checkpoint.lineage import LEGACY_LINEAGE, MarkerLine, line_steps
 from tardigrade_trainer.checkpoint.policy import KeepLast, KeepPolicy, deletable
 from tardigrade_trainer.checkpoint.storage import StorageRetries, is_unavailable
 
 log = logging.getLogger(__name__)
 
-FORMAT = "tardigrade-checkpoint/1"
+# The format written; the ones read. Format 1 markers (no lineage, owner or attempt) belong to
+# the first line of their root (docs/checkpoint-format.md).
+FORMAT = "tardigrade-checkpoint/2"
+READABLE_FORMATS = frozenset({"tardigrade-checkpoint/1", FORMAT})
 COMMIT_FILE = "metadata.json"
+# How long past a save's deadline `wait` listens for the save's own failure (within the
+# deadline's margin, which is at least this).
+_OWN_ERROR_GRACE_SECONDS = 0.5
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be saved or restored."""
-
-
-class CheckpointIOError(CheckpointError):
-    """Storage refused a read or write (unwritable path, unreachable bucket): retryable."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A committed checkpoint cannot be read back or does not match the model."""
+# Storage errors from TensorStore carry an absl status code; anything else is our own bug.
+_STATUS = re.compile(r"^[A-Z][A-Z_]+: ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +80,17 @@ class CheckpointInfo:
     # leaf name -> shard region -> digest of the bytes written (see digest.py)
     digests: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     digest_algorithm: str = digest.LEGACY_ALGORITHM
+    # The line it was committed on, and by which attempt of which job (None before format 2).
+    lineage: str = LEGACY_LINEAGE
+    attempt: int | None = None
+    owner: dict[str, str] | None = None
+
+    def line(self) -> MarkerLine:
+        uid = self.owner.get("uid") if self.owner else None
+        return MarkerLine(self.step, self.lineage, uid, self.attempt)
+    # Every chunk is stored, fill-value ones too: a missing chunk is an error on restore.
+    # (Markers from before this field omit it: their all-zero chunks may be absent.)
+    all_chunks_stored: bool = False
 
     def to_json(self) -> str:
         payload = {"format": FORMAT, **dataclasses.asdict(self)}
@@ -75,6 +108,7 @@ class _HostLeaf:
     chunk: tuple[int, ...]
     # numpy data, or (CPU backend) a private on-device copy that is already host memory.
     shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
+    prng_impl: str | None = None  # a typed PRNG key leaf, stored as its key data
 
 
 class _Waitable(Protocol):
@@ -235,8 +269,9 @@ class CheckpointManager:
     """Saves and restores pytrees of `jax.Array`s under one checkpoint root.
 
     Every process constructs one with the same root. `save` returns once this host's shards
-    are copied to host memory; a background thread writes them, then the hosts meet at a
-    barrier and process 0 writes the commit marker. Only one save is in flight at a time.
+    are copied to host memory; a background thread writes them, then process 0 gathers
+    every host's word (agreement.py) and writes the commit marker. Only one save is in
+    flight at a time.
     """
 
     def __init__(
@@ -288,11 +323,24 @@ class CheckpointManager:
             self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
         except Exception as err:
             raise CheckpointIOError(f"cannot open checkpoint root {self.root}: {err}") from err
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, "checkpoint-writer")
+        self._executor = SaveThread("checkpoint-writer")
         self._pending: concurrent.futures.Future[CheckpointInfo | None] | None = None
         self._saves = 0  # every process counts the same saves: a gang-wide save id
         self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
+        self._previous_channel: str | None = None
+        # Retention deletes run after a commit on a thread of their own: a save on notice
+        # stops them instead of waiting behind them (see wait()).
+        self._retention: threading.Thread | None = None
+        self._retention_stop = threading.Event()
+        # Local-disk writes a missed deadline left running: the next save waits for them.
+        self._stragglers: list[concurrent.futures.Future[int]] = []
         self.last_committed: CheckpointInfo | None = None
+        # Who commits (process 0, once `open_root` ran) and the root record as last read.
+        self.identity: rootrecord.JobIdentity | None = None
+        self.attempt = 0
+        self._record: rootrecord.RootRecord | None = None
+        self._record_loaded = False
+        self._lines: dict[int, MarkerLine] = {}  # committed markers are immutable
 
     # --- inspection ---------------------------------------------------------------------------
     def path_of(self, step: int) -> str:
@@ -317,8 +365,77 @@ class CheckpointManager:
         return sorted(committed), sorted(seen - committed)
 
     def latest_committed(self) -> int | None:
-        committed, _ = self.list_steps()
-        return committed[-1] if committed else None
+        """The newest committed step of the current line (it follows rollbacks)."""
+        steps = self.line_steps()
+        return steps[-1] if steps else None
+
+    # --- ownership, fencing, lineage (rootrecord.py, lineage.py) -------------------------------
+    def root_record(self) -> rootrecord.RootRecord | None:
+        if not self._record_loaded:
+            self.reload_root()
+        return self._record
+
+    def reload_root(self) -> rootrecord.RootRecord | None:
+        """Read the root record again, e.g. once process 0 has claimed or forked the root."""
+        self._record = rootrecord.load(self._kv, self.root)[0]
+        self._record_loaded = True
+        return self._record
+
+    def _marker_line(self, step: int) -> MarkerLine:
+        if step not in self._lines:
+            self._lines[step] = self.read_info(step).line()
+        return self._lines[step]
+
+    def _line_of(self, record: rootrecord.RootRecord | None, committed: list[int]) -> list[int]:
+        markers = [self._marker_line(s) for s in committed]
+        if record is None:
+            return line_steps(markers, None, LEGACY_LINEAGE, None)
+        return line_steps(markers, record.branches, record.lineage, record.fence)
+
+    def line_steps(self) -> list[int]:
+        """Committed steps of the current line, ascending."""
+        return self._line_of(self.root_record(), self.list_steps()[0])
+
+    def on_current_line(self, info: CheckpointInfo) -> bool:
+        return info.step in self._line_of(self.root_record(), [info.step])
+
+    def _swap_record(self, change: Callable[[rootrecord.RootRecord | None], rootrecord.RootRecord]
+                     ) -> rootrecord.RootRecord:
+        for _ in range(8):
+            record, generation = rootrecord.load(self._kv, self.root)
+            new = change(record)
+            if rootrecord.store(self._kv, new, generation, self.root):
+                self._record, self._record_loaded = new, True
+                return new
+        raise CheckpointIOError(f"{self.root}/{rootrecord.ROOT_FILE} keeps changing under us: "
+                                "another gang is starting on the same checkpoint root")
+
+    def open_root(self, identity: rootrecord.JobIdentity, attempt: int
+                  ) -> rootrecord.RootRecord:
+        """Process 0 of a starting gang: claim or adopt the root for `identity` and fence off
+        every older attempt. Raises ForeignRootError or FencedError."""
+        self.identity, self.attempt = identity, attempt
+
+        def claim(record: rootrecord.RootRecord | None) -> rootrecord.RootRecord:
+            steps = self._line_of(record, self.list_steps()[0])
+            return rootrecord.take_over(record, identity, attempt, steps[-1] if steps else -1,
+                                        self.root)
+
+        return self._swap_record(claim)
+
+    def fork_root(self, step: int | None, request: str | None) -> rootrecord.RootRecord:
+        """Make a new line, starting from committed `step` (None: from nothing), current."""
+        parent = None if step is None else self.read_info(step).lineage
+
+        def branch(record: rootrecord.RootRecord | None) -> rootrecord.RootRecord:
+            if record is None:
+                raise FencedError(f"{self.root} has no root record: open_root first")
+            return rootrecord.fork(record, parent, step, request)
+
+        record = self._swap_record(branch)
+        self.on_event({"event": "checkpoint_line_started", "lineage": record.lineage,
+                       "from_step": step})
+        return record
 
     def read_info(self, step: int) -> CheckpointInfo:
         key = f"{step_dir(step)}/{COMMIT_FILE}"
@@ -332,12 +449,13 @@ class CheckpointManager:
             raise CheckpointCorruptError(f"checkpoint {self.path_of(step)} is not committed")
         try:
             data = json.loads(bytes(result.value))
-            if data.get("format") != FORMAT or data.get("step") != step:
+            if data.get("format") not in READABLE_FORMATS or data.get("step") != step:
                 raise ValueError(f"unexpected format/step {data.get('format')}/{data.get('step')}")
             fields = {f.name for f in dataclasses.fields(CheckpointInfo)} - {"path"}
             # Checkpoints from before digests were recorded have none: nothing to check; those
             # from before the algorithm was recorded used SHA-256.
-            optional = {"digests", "digest_algorithm"}
+            optional = {"digests", "digest_algorithm", "lineage", "attempt", "owner",
+                        "all_chunks_stored"}
             info = CheckpointInfo(path=self.path_of(step),
                                   **{k: data[k] for k in fields if k in data or k not in optional})
             digest.check_algorithm(info.digest_algorithm)
@@ -366,25 +484,61 @@ class CheckpointManager:
         *,
         extra: Mapping[str, Any] | None = None,
         mesh: Mapping[str, int] | None = None,
+        deadline: Deadline | None = None,
     ) -> float:
-        """Start saving `state` as `step`; returns the seconds the caller was blocked."""
-        self.wait()
+        """Start saving `state` as `step`; returns the seconds the caller was blocked.
+
+        `extra` (JSON values) goes into the commit marker. With `deadline` (a save on
+        notice), every wait of the save gives up at the deadline and the save fails as
+        CheckpointDeadlineError; retention deletes are left for the next start.
+        """
+        try:
+            checked_extra = check_extra(extra)
+        except ExtraError as err:
+            raise CheckpointUsageError(str(err)) from None
+        self.wait(deadline)
         started = time.perf_counter()
-        host_leaves = self._copy_to_host(state)
+        try:
+            host_leaves = self._copy_to_host(state)
+        except leafkinds.LeafError as err:
+            raise CheckpointUsageError(f"cannot save step {step}: {err}") from None
         blocked = time.perf_counter() - started
         self.on_event({"event": "checkpoint_started", "step": step, "blocked_s": round(blocked, 6)})
         self._saves += 1
         self._pending = self._executor.submit(
-            self._write_and_commit, step, host_leaves, dict(extra or {}), dict(mesh or {})
+            self._write_and_commit, step, host_leaves, checked_extra, dict(mesh or {}), deadline
         )
         return blocked
 
-    def wait(self) -> CheckpointInfo | None:
-        """Block until the save in flight (if any) is committed; re-raise its failure."""
+    def wait(self, deadline: Deadline | None = None) -> CheckpointInfo | None:
+        """Block until the save in flight (if any) is committed; re-raise its failure.
+
+        Without a deadline, retention deletes after that commit are waited for too. With
+        one, they are told to stop (a save on notice must not wait behind deletes) and the
+        wait for the save ends at the deadline as CheckpointDeadlineError.
+        """
         pending, self._pending = self._pending, None
-        if pending is None:
-            return None
-        return pending.result()
+        if deadline is not None:
+            self._retention_stop.set()
+        info = None
+        if pending is not None:
+            try:
+                info = deadlines.result(pending, deadline, "the save in flight")
+            except DeadlineExceeded as err:
+                # The save is held to the same deadline, so its own error (which names what it
+                # was waiting for) is due at the same moment: give it that moment.
+                try:
+                    info = pending.result(timeout=_OWN_ERROR_GRACE_SECONDS)
+                except concurrent.futures.TimeoutError:
+                    raise CheckpointDeadlineError(str(err)) from None
+        if deadline is None:
+            self._join_retention()
+        return info
+
+    def _join_retention(self) -> None:
+        if self._retention is not None:
+            self._retention.join()
+            self._retention = None
 
     def close(self) -> None:
         try:
@@ -397,6 +551,18 @@ class CheckpointManager:
     def _copy_to_host(self, state: Any) -> list[_HostLeaf]:
         leaves = jax.tree_util.tree_leaves(state)
         names = leaf_names(state)
+        impls: dict[str, str] = {}
+        leaves = list(leaves)
+        for i, (name, leaf) in enumerate(zip(names, leaves, strict=True)):
+            if isinstance(leaf, jax.Array):
+                leafkinds.check_global(name, leaf, self.process_count)
+                if leafkinds.is_prng_key(leaf):
+                    impls[name] = leafkinds.key_impl(leaf)
+                    leaves[i] = jax.random.key_data(leaf)
+            elif not leafkinds.is_host_value(leaf):
+                raise leafkinds.LeafError(
+                    f"state leaf {name!r} is a {type(leaf).__name__}: a checkpoint holds "
+                    "jax.Arrays, numpy arrays and Python numbers")
         named = [(name, leaf) for name, leaf in zip(names, leaves, strict=True)
                  if isinstance(leaf, jax.Array)]
         # The plan depends only on the layout, which a training loop keeps: computing it
@@ -450,17 +616,25 @@ class CheckpointManager:
                 full = tuple(slice(None) for _ in shape)
                 shards = [(full, value.copy())] if self.process_id == 0 else []
                 dtype = value.dtype.name
-            host.append(_HostLeaf(name, shape, dtype, chunk, shards))
+            host.append(_HostLeaf(name, shape, dtype, chunk, shards, impls.get(name)))
         return host
 
-    def _array_spec(self, directory: str, name: str) -> dict[str, Any]:
-        return {
+    def _array_spec(self, directory: str, name: str, *, write: bool = False,
+                    strict: bool = False) -> dict[str, Any]:
+        """`write`: store chunks equal to the fill value too (TensorStore leaves them out by
+        default), so that `strict` reads can treat a missing chunk as an error, not zeros."""
+        spec: dict[str, Any] = {
             "driver": "zarr3",
             "kvstore": {
                 **self._kv_spec,
                 "path": f"{self._kv_spec['path']}{directory}/arrays/{name}/",
             },
         }
+        if write:
+            spec["store_data_equal_to_fill_value"] = True
+        if strict:
+            spec["fill_missing_data_reads"] = False
+        return spec
 
     def _local_array_dir(self, directory: str, name: str) -> str:
         return f"{self._kv_spec['path']}{directory}/arrays/{name}"
@@ -471,31 +645,75 @@ class CheckpointManager:
             codecs.append({"name": "crc32c"})
         return codecs
 
-    def _barrier(self, step: int, phase: str) -> None:
-        distributed.barrier(f"tardigrade-checkpoint-{step}-{phase}", self.barrier_timeout_seconds)
+    def _bounded_storage(self, until: Deadline) -> tuple[ts.KvStore, ts.Context]:
+        """Storage handles for a save on notice: retries cut to fit the time that is left."""
+        retries = self.storage.within(until.remaining()).context_spec()
+        write = ts.Context({"file_io_concurrency": {"limit": 64},
+                            "file_io_sync": not self._flush_filesystem, **retries})
+        kv_context = ts.Context({"file_io_concurrency": {"limit": 64}, **retries})
+        kv = deadlines.result(ts.KvStore.open(self._kv_spec, context=kv_context), until,
+                              "opening the checkpoint root")
+        return kv, write
+
+    def _save_error(self, step: int, err: BaseException) -> CheckpointError:
+        """What a failed save raises: storage and deadline trouble retryable, bugs not."""
+        where = f"saving {self.path_of(step)} failed"
+        if isinstance(err, CheckpointError):
+            return err
+        if isinstance(err, agreement.PeerFailed):
+            kind = {agreement.IO: CheckpointIOError, agreement.DEADLINE: CheckpointDeadlineError}
+            return kind.get(err.failure.kind, CheckpointError)(f"{where} on {err}")
+        if isinstance(err, DeadlineExceeded):
+            return CheckpointDeadlineError(f"{where}: {err}; nothing was committed")
+        if isinstance(err, agreement.PeerSilent | OSError) or _STATUS.match(str(err)):
+            return CheckpointIOError(f"{where}: {err}")
+        return CheckpointError(f"{where}: {type(err).__name__}: {err}")
+
+    @staticmethod
+    def _failure_kind(error: CheckpointError) -> str:
+        if isinstance(error, CheckpointDeadlineError):
+            return agreement.DEADLINE
+        return agreement.IO if isinstance(error, CheckpointIOError) else agreement.FAILED
 
     def _write_and_commit(
-        self, step: int, leaves: list[_HostLeaf], extra: dict[str, Any], mesh: dict[str, int]
+        self, step: int, leaves: list[_HostLeaf], extra: dict[str, Any], mesh: dict[str, int],
+        until: Deadline | None = None,
     ) -> CheckpointInfo | None:
         started = time.perf_counter()
         directory = step_dir(step)
         pid = self.process_id
         flush: durability.FilesystemFlush | None = None
+        channel = agreement.Channel(f"tardigrade-checkpoint-{step}-{self._saves}", pid,
+                                    self.process_count, self.barrier_timeout_seconds, until)
+        kv, write_context = self._kv, self._write_context
         try:
-            if self._kv.read(f"{directory}/{COMMIT_FILE}").result().state == "value":
-                # Never rewrite a committed checkpoint (e.g. after restoring an older one).
-                self.on_event({"event": "checkpoint_skipped", "step": step,
-                               "reason": "already committed"})
-                return self.read_info(step)
+            if until is not None:
+                deadlines.all_results(self._stragglers, until, "an earlier save's writes")
+                self._stragglers = []
+                kv, write_context = self._bounded_storage(until)
+            marker = deadlines.result(kv.read(f"{directory}/{COMMIT_FILE}"), until,
+                                      "reading the commit marker")
+            if marker.state == "value":
+                existing = self.read_info(step)
+                if self.on_current_line(existing):
+                    # Never rewrite a committed checkpoint of the line being trained.
+                    self.on_event({"event": "checkpoint_skipped", "step": step,
+                                   "reason": "already committed"})
+                    return existing
+                # A step of an abandoned line (or a fenced-off gang): process 0 deletes it,
+                # marker first, before writing this line's step there.
+                self.on_event({"event": "checkpoint_superseded", "step": step,
+                               "lineage": existing.lineage})
+            self._lines.pop(step, None)
             testhooks.hit("save_start", step, pid)
             if pid == 0:
                 # Leftovers of an earlier crashed save of this step may use another chunk grid.
-                self._delete_dir(directory)
+                self._delete_dir(directory, until)
                 flush = self._open_flush(directory)
                 creates = [
                     ts.open(
                         {
-                            **self._array_spec(directory, leaf.name),
+                            **self._array_spec(directory, leaf.name, write=True),
                             "metadata": {
                                 "shape": list(leaf.shape),
                                 "data_type": leaf.dtype,
@@ -506,13 +724,14 @@ class CheckpointManager:
                             },
                         },
                         create=True,
-                        context=self._write_context,
+                        context=write_context,
                     )
                     for leaf in leaves
                 ]
-                for future in creates:
-                    future.result()
-            self._barrier(step, "prepared")
+                deadlines.all_results(creates, until, "creating the step's arrays")
+                channel.prepared()
+            else:
+                channel.wait_prepared()
             testhooks.hit("after_prepare", step, pid)
             flush = flush or self._open_flush(directory)
             files: list[concurrent.futures.Future[int]] = []
@@ -528,14 +747,14 @@ class CheckpointManager:
                     through_tensorstore.append((leaf, shards))
             opened = [
                 ts.open(
-                    self._array_spec(directory, leaf.name), open=True, context=self._write_context
+                    self._array_spec(directory, leaf.name, write=True), open=True,
+                    context=write_context
                 )
                 for leaf, _ in through_tensorstore
             ]
             writes = []
-            save_id = self._saves
             for store_future, (_, shards) in zip(opened, through_tensorstore, strict=True):
-                store = store_future.result()
+                store = deadlines.result(store_future, until, "opening the step's arrays")
                 # Snapshots are private and never mutated: TensorStore may keep referencing
                 # them instead of copying every shard once more.
                 writes.extend(
@@ -546,43 +765,71 @@ class CheckpointManager:
                 )
             # Hashing the host copies overlaps the writes in flight (xxhash drops the GIL).
             local = digest.shard_digests((lf.name, lf.shape, lf.shards) for lf in leaves)
-            # Every file write ends before the save may fail: none may outlive it.
-            concurrent.futures.wait(files)
+            # Every file write ends before the save may fail (none may outlive it), except
+            # at a deadline: those left running are waited for before the next save.
+            _, late = concurrent.futures.wait(files, timeout=deadlines.bounded(until, 1e9))
+            if late:
+                self._stragglers = [f for f in late if not f.cancel()]
+                raise DeadlineExceeded(f"writing this host's chunk files had not finished at "
+                                       f"{until.what if until else 'the deadline'}")
             for file in files:
                 file.result()
-            for write in writes:
-                write.result()
+            deadlines.all_results(writes, until, "writing this host's shards")
             if flush is not None:
-                flush.flush()  # durable before the barrier, hence before the commit marker
+                flush.flush()  # durable before the others hear of it, hence before the commit
             nbytes = sum(d.nbytes for leaf in leaves for _, d in leaf.shards)
             testhooks.hit("after_write", step, pid)
-            gathered = distributed.gather_to_root(
-                f"tardigrade-checkpoint-{step}-{save_id}-digests", json.dumps(local),
-                self.barrier_timeout_seconds)
-            self._barrier(step, "written")
+            if pid == 0:
+                gathered = channel.gather_written(local)
+                if self._previous_channel is not None:
+                    channel.forget(self._previous_channel)  # every host is past it now
+            else:
+                channel.written(local)
+                gathered = []
             info = CheckpointInfo(
                 step=step,
                 path=self.path_of(step),
                 time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 process_count=self.process_count,
                 mesh=mesh,
-                arrays={lf.name: {"shape": list(lf.shape), "dtype": lf.dtype} for lf in leaves},
+                arrays={lf.name: {"shape": list(lf.shape), "dtype": lf.dtype,
+                                  **({"prng_impl": lf.prng_impl} if lf.prng_impl else {})}
+                        for lf in leaves},
                 extra=extra,
-                digests=digest.merge(json.loads(part) for part in gathered),
+                digests=digest.merge(gathered),
                 digest_algorithm=digest.DEFAULT_ALGORITHM,
+                **self._commit_identity(),
+                all_chunks_stored=True,
             )
             if pid == 0:
                 testhooks.hit("before_commit", step, pid)
-                self._kv.write(f"{directory}/{COMMIT_FILE}", info.to_json().encode()).result()
+                if until is not None and until.passed():
+                    raise DeadlineExceeded(f"every shard was written, but not before {until.what}")
+                if self.identity is not None:
+                    # A gang cut off from the operator may still be running: it must not
+                    # commit once a newer attempt (or a re-created job) took the root over.
+                    current = rootrecord.load(self._kv, self.root)[0]
+                    rootrecord.check_fence(current, self.identity, self.attempt, self.root)
+                deadlines.result(kv.write(f"{directory}/{COMMIT_FILE}", info.to_json().encode()),
+                                 until, "writing the commit marker")
                 testhooks.hit("after_commit", step, pid)
-            self._barrier(step, "committed")
+                channel.outcome()
+            else:
+                channel.wait_outcome()
         except Exception as err:
             # Not committed: the previous commit stays the newest; this step dir is partial.
-            self.on_event({"event": "checkpoint_failed", "step": step, "error": str(err)})
-            if isinstance(err, CheckpointError):
-                raise
-            raise CheckpointIOError(f"saving {self.path_of(step)} failed: {err}") from err
+            error = self._save_error(step, err)
+            peer = err.failure if isinstance(err, agreement.PeerFailed) else None
+            if pid == 0 or peer is None:
+                # Every host hears of it now, wherever it waits, with the same cause.
+                with contextlib.suppress(Exception):
+                    channel.fail(peer or agreement.Failure(pid, self._failure_kind(error),
+                                                           str(error)))
+            self.on_event({"event": "checkpoint_failed", "step": step, "error": str(error)})
+            raise error from err
         finally:
+            if pid == 0:
+                self._previous_channel = channel.name
             if flush is not None:
                 flush.close()
         self.last_committed = info
@@ -590,10 +837,42 @@ class CheckpointManager:
             "event": "checkpoint_committed", "step": step, "path": info.path,
             "seconds": round(time.perf_counter() - started, 6), "bytes_this_host": nbytes,
         })
-        if pid == 0:
-            self._collect_garbage(step)
-        testhooks.hit("after_gc", step, pid)
+        if pid != 0:
+            testhooks.hit("after_gc", step, pid)
+        elif until is None:
+            self._start_retention(step)
+        else:
+            # A save on notice ends at its commit: deletes wait for the next start.
+            self.on_event({"event": "checkpoint_retention_deferred", "step": step})
         return info
+
+    def _commit_identity(self) -> dict[str, Any]:
+        record = self.root_record()
+        identity = self.identity
+        return {"lineage": record.lineage if record else LEGACY_LINEAGE,
+                "attempt": self.attempt if identity else None,
+                "owner": dataclasses.asdict(identity) if identity else None}
+
+    def _start_retention(self, newest: int) -> None:
+        self._join_retention()  # one at a time; the previous one is done or stopping
+        self._retention_stop = threading.Event()
+        stop = self._retention_stop
+
+        def run() -> None:
+            self._collect_garbage(newest, stop)
+            testhooks.hit("after_gc", newest, self.process_id)
+
+        # A daemon: a process leaving after a save on notice must not wait for deletes.
+        self._retention = threading.Thread(target=run, name="checkpoint-retention", daemon=True)
+        self._retention.start()
+
+    def apply_retention(self) -> list[int]:
+        """Run the keep policy now (process 0): at start-up, for deletes a save on notice
+        left undone. Returns the steps deleted."""
+        if self.process_id != 0:
+            return []
+        newest = self.latest_committed()
+        return [] if newest is None else self._collect_garbage(newest, threading.Event())
 
     def _open_flush(self, directory: str) -> durability.FilesystemFlush | None:
         """Before this host's first write of the step, so that syncfs sees its errors."""
@@ -602,13 +881,14 @@ class CheckpointManager:
         return durability.FilesystemFlush(self._kv_spec["path"] + directory)
 
     # --- garbage collection -------------------------------------------------------------------
-    def _delete_dir(self, directory: str) -> None:
+    def _delete_dir(self, directory: str, until: Deadline | None = None) -> None:
         # The commit marker goes first: an interrupted delete leaves a partial checkpoint
         # (ignored, collected later), never a committed one with missing shards.
-        self._kv.delete_range(
+        deadlines.result(self._kv.delete_range(
             ts.KvStore.KeyRange(f"{directory}/{COMMIT_FILE}", f"{directory}/{COMMIT_FILE}\0")
-        ).result()
-        self._kv.delete_range(ts.KvStore.KeyRange(f"{directory}/", f"{directory}0")).result()
+        ), until, f"deleting {directory}")
+        deadlines.result(self._kv.delete_range(
+            ts.KvStore.KeyRange(f"{directory}/", f"{directory}0")), until, f"deleting {directory}")
         if self._kv_spec["driver"] == "file":
             # The file driver deletes files but leaves their (now empty) directories behind.
             shutil.rmtree(self._kv_spec["path"] + directory, ignore_errors=True)
@@ -627,15 +907,34 @@ class CheckpointManager:
             self.on_event({"event": "checkpoint_partial_removed", "step": step})
         return doomed
 
-    def _collect_garbage(self, newest: int) -> None:
+    def _collect_garbage(self, newest: int, stop: threading.Event) -> list[int]:
+        """Apply the keep policy up to `newest`; `stop` ends it between two deletes."""
+        deleted = []
         try:
             committed, _ = self.list_steps()
-            for step in deletable(self.keep, [s for s in committed if s <= newest]):
+            line = self._line_of(self.root_record(), committed)
+            for step in deletable(self.keep, [s for s in line if s <= newest]):
+                if stop.is_set():
+                    return deleted
                 self._delete_dir(step_dir(step))
+                self._lines.pop(step, None)
+                deleted.append(step)
                 self.on_event({"event": "checkpoint_deleted", "step": step})
-            self.collect_partials(below=newest)
+            # Steps of abandoned lines (or of fenced-off gangs) older than this commit can
+            # never become the newest of the current line again.
+            for step in sorted(set(committed) - set(line)):
+                if stop.is_set():
+                    return deleted
+                if step < newest:
+                    self._delete_dir(step_dir(step))
+                    self._lines.pop(step, None)
+                    deleted.append(step)
+                    self.on_event({"event": "checkpoint_abandoned_removed", "step": step})
+            if not stop.is_set():
+                self.collect_partials(below=newest)
         except Exception as err:  # cleanup is best effort; the next commit retries it
             log.warning("checkpoint garbage collection failed: %s", err)
+        return deleted
 
     def verify(self, step: int) -> tuple[int, list[str]]:
         """Read committed checkpoint `step` back and compare every region with its digest.
@@ -719,10 +1018,15 @@ class CheckpointManager:
         info = self.read_info(step)
         names = leaf_names(target)
         leaves, treedef = jax.tree_util.tree_flatten(target)
+        try:
+            targets = [leafkinds.read_target(n, leaf)
+                       for n, leaf in zip(names, leaves, strict=True)]
+        except leafkinds.LeafError as err:
+            raise CheckpointUsageError(f"cannot restore {info.path}: {err}") from None
         problems = []
-        for name, leaf in zip(names, leaves, strict=True):
+        for name, target_leaf in zip(names, targets, strict=True):
             saved = info.arrays.get(name)
-            want = {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name}
+            want = target_leaf.recorded()
             if saved != want:
                 problems.append(f"{name}: checkpoint has {saved}, model needs {want}")
         if problems:
@@ -737,21 +1041,24 @@ class CheckpointManager:
         checked = 0
         try:
             stores = [
-                ts.open(self._array_spec(directory, n), open=True, read=True, context=self._context)
+                ts.open(self._array_spec(directory, n, strict=info.all_chunks_stored), open=True,
+                        read=True, context=self._context)
                 for n in names
             ]
             # Reads are consumed (checked, put on their devices) oldest first, as soon as the
             # next ones would exceed the bytes allowed in flight.
             window = restoreplan.ReadWindow(self.restore_inflight_bytes)
-            placed: list[tuple[list[jax.Device], dict[jax.Device, jax.Array]]] = []
+            # Per leaf: its devices in order (None: a host value, read whole by every host)
+            # and what was read for each.
+            placed: list[tuple[list[jax.Device | None], dict[jax.Device | None, Any]]] = []
 
-            def place(read: _PendingRead, name: str, devices: list[jax.Device],
-                      into: dict[jax.Device, jax.Array]) -> None:
+            def place(read: _PendingRead, name: str, devices: list[jax.Device | None],
+                      into: dict[jax.Device | None, Any]) -> None:
                 buffer = read.result(mismatches, name)
                 for device in devices:
-                    into[device] = jax.device_put(buffer, device)
+                    into[device] = buffer if device is None else jax.device_put(buffer, device)
 
-            for name, store_future, leaf in zip(names, stores, leaves, strict=True):
+            for name, store_future, leaf in zip(names, stores, targets, strict=True):
                 store = store_future.result()
                 recorded = info.digests.get(name) if check else None
                 try:
@@ -763,14 +1070,15 @@ class CheckpointManager:
                 files = self._chunk_files(directory, name, store)
                 itemsize = store.dtype.numpy_dtype.itemsize
                 # slices are unhashable before 3.12: boxes are keyed by their region key
-                boxes: dict[str, list[jax.Device]] = {}
-                order = []
-                for device, index in leaf.sharding.addressable_devices_indices_map(
-                    leaf.shape
-                ).items():
+                boxes: dict[str, list[jax.Device | None]] = {}
+                order: list[jax.Device | None] = []
+                whole = {None: tuple(slice(0, n) for n in leaf.shape)}
+                for device, index in (whole if leaf.sharding is None else
+                                      leaf.sharding.addressable_devices_indices_map(leaf.shape)
+                                      ).items():
                     boxes.setdefault(digest.region_key(index, leaf.shape), []).append(device)
                     order.append(device)
-                on_device: dict[jax.Device, jax.Array] = {}
+                on_device: dict[jax.Device | None, Any] = {}
                 placed.append((order, on_device))
                 scratches: dict[str, _Scratch] = {}
                 for key, devices in boxes.items():
@@ -792,11 +1100,13 @@ class CheckpointManager:
                                                              on_device))
                 checked += len(scratches)
             window.drain()
-            arrays = [
-                jax.make_array_from_single_device_arrays(
-                    leaf.shape, leaf.sharding, [on_device[device] for device in order])
-                for leaf, (order, on_device) in zip(leaves, placed, strict=True)
-            ]
+            arrays = []
+            for leaf, (order, on_device) in zip(targets, placed, strict=True):
+                if leaf.sharding is None:
+                    arrays.append(leaf.finish(on_device[None]))
+                    continue
+                arrays.append(leaf.finish(jax.make_array_from_single_device_arrays(
+                    leaf.shape, leaf.sharding, [on_device[device] for device in order])))
         except CheckpointError:
             raise
         except Exception as err:

@@ -56,6 +56,21 @@ class StorageRetries:
                       for i in range(self.max_retries))
         return attempts * per_attempt + backoff
 
+    def within(self, seconds: float) -> StorageRetries:
+        """These retries, cut so that their backoff alone fits in `seconds` (a deadline's rest).
+
+        Beyond the backoff, the deadline itself bounds each wait: a retry that could not
+        finish in time would only delay the clear failure.
+        """
+        retries = 0
+        while retries < self.max_retries and self._backoff(retries + 1) <= seconds:
+            retries += 1
+        return dataclasses.replace(self, max_retries=retries)
+
+    def _backoff(self, retries: int) -> float:
+        return sum(min(self.max_delay_seconds, self.initial_delay_seconds * 2**i)
+                   for i in range(retries))
+
     def apply_stall_timeout(self) -> None:
         """Put the stall cut into the environment TensorStore's HTTP transport reads.
 

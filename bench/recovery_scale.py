@@ -1,0 +1,330 @@
+"""Recovery from one lost host against gang size, on simulated nodes.
+
+    python bench/recovery_scale.py [--quick] [--sizes 8,64,256,1024] [--out FILE]
+
+For each gang size N (`--quick`: 8 and 64), a fresh local cluster with N + 1 simulated nodes
+(`tardigrade_local.kubelet.simulated`: pods without processes, one rank per node as on TPU
+hosts), the real operator (this checkout, run as a ServiceAccount on the API server's TLS port
+so that the audit log records its requests) and one TrainingJob of N simulated ranks. Once the
+gang trains, the node of its last rank is preempted (GKE spot reclaim: DisruptionTarget,
+SIGTERM, the ranks save one step), and the bench follows, from watches on the admin port:
+- the operator's decision (phase Restarting), every old pod terminal, every new pod created,
+  every new pod Running, the job's status back to Running (seconds from the preemption);
+- API requests during the recovery: everyone's (`apiserver_request_total` on the API server's
+  `/metrics`, non-resource requests left out) and the operator's (audit log), the operator's
+  TrainingJob status writes, the kubelets' pod status writes;
+- the operator's RSS and CPU seconds over the recovery; the cluster process's (API server,
+  kubelets, scheduler: one process) memory and CPU per simulated pod while the gang starts.
+
+Simulator latencies are zero (a container starts at once: `simulated_start_seconds` 0) and the
+ranks step every 50 ms, so the figures are the control plane's and the operator's own. The
+arm is today's recovery, which deletes and recreates every pod: it is the baseline that a
+later arm (restart in place, issue 18 point 3) is printed against as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
+
+from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
+
+NS = "default"
+JOB = "scale"
+SIZES = [8, 64, 256, 1024]
+QUICK_SIZES = [8, 64]
+OPERATOR_ACCOUNT = "tardigrade-bench"
+STEP_SECONDS = 0.05
+
+
+def job(replicas: int, checkpoint: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": JOB, "namespace": NS},
+        "spec": {"replicas": replicas, "image": "ghcr.io/tardigrade-dev/tardigrade-trainer:0.1.0",
+                 # One rank per host: each node has one CPU to give.
+                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                 "trainer": {"steps": 10_000_000, "step_seconds": STEP_SECONDS},
+                 "checkpoint": {"path": str(checkpoint), "interval": {"steps": 100},
+                                "saveOnPreemption": True},
+                 "failurePolicy": {"maxRestarts": 10, "backoffSeconds": 0}},
+    }
+
+
+class Watcher:
+    """One raw watch (admin port: neither audited nor counted as the operator's); calls
+    `on_event(type, object)` for each event, from a thread."""
+
+    def __init__(self, url: str, on_event: Callable[[str, dict[str, Any]], None]) -> None:
+        self.url = url
+        self.on_event = on_event
+        self.stopped = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                with urllib.request.urlopen(self.url, timeout=3600) as stream:
+                    for line in stream:
+                        event = json.loads(line)
+                        self.on_event(event["type"], event["object"])
+            except Exception:
+                if self.stopped:
+                    return
+                time.sleep(0.5)
+
+
+class Timeline:
+    """What the watches saw, with times; `wait` polls a predicate over it."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self.lock = threading.Lock()
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.job: dict[str, Any] = {}
+        self.marks: dict[str, float] = {}
+
+    def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        with self.lock:
+            name = pod["metadata"]["name"]
+            if kind == "DELETED":
+                self.pods.pop(name, None)
+            else:
+                self.pods[name] = pod
+
+    def on_job(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.job = obj
+
+    def attempt_pods(self, attempt: int) -> list[dict[str, Any]]:
+        label = "tardigrade.dev/attempt"
+        return [p for p in self.pods.values()
+                if p["metadata"].get("labels", {}).get(label) == str(attempt)]
+
+    def running(self, attempt: int) -> int:
+        return sum((p.get("status") or {}).get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp")
+                   for p in self.attempt_pods(attempt))
+
+    def status(self) -> dict[str, Any]:
+        return self.job.get("status") or {}
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if predicate():
+                    now = time.monotonic()
+                    self.marks.setdefault(what, now)
+                    return self.marks[what]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.02)
+
+
+def request_counts(api_url: str) -> Counter[tuple[str, str, str]]:
+    """(verb, resource, subresource) -> requests so far, resource requests only."""
+    with urllib.request.urlopen(f"{api_url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["resource"]:
+                key = (sample.labels["verb"], sample.labels["resource"],
+                       sample.labels["subresource"])
+                counts[key] += int(sample.value)
+    return counts
+
+
+def audit_lines(path: Path, user: str) -> list[dict[str, Any]]:
+    """The user's requests (an admission plugin's own checks on them left out)."""
+    events = []
+    with open(path) as f:
+        for line in f:
+            event = json.loads(line)
+            if (event["user"]["username"] == user
+                    and "tardigrade.dev/checked-by" not in event["annotations"]):
+                events.append(event)
+    return events
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def run_size(replicas: int, workdir: Path, timeout: float) -> dict[str, float | str]:
+    state = workdir / f"gang-{replicas}"
+    nodes = simulated_nodes(replicas + 1, capacity={"cpu": "1", "memory": "8Gi"})
+    user = f"system:serviceaccount:{NS}:{OPERATOR_ACCOUNT}"
+    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False) as cluster:
+        cluster_proc = psutil.Process(int(cluster.info["pid"]))
+        kubeconfig = cluster.service_account_kubeconfig(NS, OPERATOR_ACCOUNT,
+                                                        state / "operator.kubeconfig")
+        env = {**cluster.client_env(), "KUBECONFIG": str(kubeconfig),
+               "TARDIGRADE_METRICS_PORT": "0"}
+        log = open(state / "operator.log", "wb")  # noqa: SIM115 - the operator's, closed below
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run", "-n", NS,
+             "--standalone", "--health-port", "0"], env=env, stdout=log,
+            stderr=subprocess.STDOUT)
+        timeline = Timeline(replicas)
+        api = cluster.api_url
+        watchers = [
+            Watcher(f"{api}/api/v1/namespaces/{NS}/pods?watch=true&timeoutSeconds=3600"
+                    f"&labelSelector=tardigrade.dev/job%3D{JOB}", timeline.on_pod),
+            Watcher(f"{api}/apis/tardigrade.dev/v1alpha1/namespaces/{NS}/trainingjobs"
+                    f"?watch=true&timeoutSeconds=3600", timeline.on_job),
+        ]
+        try:
+            op = psutil.Process(operator.pid)
+            cluster_rss0, cluster_cpu0 = cluster_proc.memory_info().rss, cpu_seconds(cluster_proc)
+            body = json.dumps(job(replicas, state / "checkpoints")).encode()
+            request = urllib.request.Request(
+                f"{api}/apis/tardigrade.dev/v1alpha1/namespaces/{NS}/trainingjobs", data=body,
+                headers={"Content-Type": "application/json"}, method="POST")
+            urllib.request.urlopen(request, timeout=60).read()
+            launched = time.monotonic()
+            timeline.wait("gang running", lambda: timeline.running(
+                int(timeline.status().get("attempt", 1))) == replicas, timeout)
+            started_in = time.monotonic() - launched
+            cluster_rss1, cluster_cpu1 = cluster_proc.memory_info().rss, cpu_seconds(cluster_proc)
+            # Trained and reported: the operator has read rank 0's progress.
+            timeline.wait("progress", lambda: (timeline.status().get("step") or 0) > 0
+                          and timeline.status().get("phase") == "Running", timeout)
+            attempt = int(timeline.status().get("attempt", 0))
+            with timeline.lock:
+                victim = next(p for p in timeline.attempt_pods(attempt)
+                              if p["metadata"]["labels"]["tardigrade.dev/rank"]
+                              == str(replicas - 1))
+            node = victim["spec"]["nodeName"]
+            requests0 = request_counts(api)
+            audited0 = len(audit_lines(cluster.layout.audit_log, user))
+            op_cpu0, op_rss0 = cpu_seconds(op), op.memory_info().rss
+            t0 = time.monotonic()
+            cluster.preempt_node(node)
+            marks = {
+                "decision (phase Restarting)": timeline.wait(
+                    "restarting", lambda: timeline.status().get("phase") == "Restarting",
+                    timeout),
+                "old gang gone (all terminal)": timeline.wait(
+                    "old gone", lambda: all(
+                        (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                        for p in timeline.attempt_pods(attempt)), timeout),
+                "new pods created": timeline.wait(
+                    "created", lambda: len(timeline.attempt_pods(attempt + 1)) == replicas,
+                    timeout),
+                "every rank Running": timeline.wait(
+                    "running", lambda: timeline.running(attempt + 1) == replicas, timeout),
+                "job status Running": timeline.wait(
+                    "status", lambda: timeline.status().get("phase") == "Running"
+                    and int(timeline.status().get("attempt", 0)) == attempt + 1, timeout),
+            }
+            op_cpu1, op_rss1 = cpu_seconds(op), op.memory_info().rss
+            requests1 = request_counts(api)
+            operator_events = audit_lines(cluster.layout.audit_log, user)[audited0:]
+        finally:
+            for watcher in watchers:
+                watcher.stopped = True
+            operator.terminate()
+            operator.wait(30)
+            log.close()
+    delta = requests1 - requests0
+    op_verbs = Counter(e["verb"] for e in operator_events)
+    status_writes = sum(1 for e in operator_events
+                        if e.get("objectRef", {}).get("resource") == "trainingjobs"
+                        and e["objectRef"].get("subresource") == "status"
+                        and e["verb"] in ("patch", "update"))
+    result: dict[str, float | str] = {f"{k} s": v - t0 for k, v in marks.items()}
+    result.update({
+        "API requests, everyone": sum(delta.values()),
+        "API requests, operator": len(operator_events),
+        "operator creates / deletes / patches":
+            f"{op_verbs['create']} / {op_verbs['delete']} / {op_verbs['patch']}",
+        "operator TrainingJob status writes": status_writes,
+        "kubelet pod status writes": sum(v for (verb, res, sub), v in delta.items()
+                                         if res == "pods" and sub == "status"),
+        "operator CPU s during recovery": op_cpu1 - op_cpu0,
+        "operator RSS MiB after recovery": op_rss1 / 2**20,
+        "operator RSS MiB before": op_rss0 / 2**20,
+        "cluster RSS KiB per simulated pod": (cluster_rss1 - cluster_rss0) / 1024 / replicas,
+        "cluster CPU ms per simulated pod start": (cluster_cpu1 - cluster_cpu0) * 1000 / replicas,
+        "gang start s (create to all Running)": started_in,
+    })
+    return result
+
+
+def format_value(value: float | str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="gangs of 8 and 64 only")
+    parser.add_argument("--sizes", default=None, help="comma-separated gang sizes")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds any one stage may take before the size is given up")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = parser.parse_args()
+    sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
+             else QUICK_SIZES if args.quick else SIZES)
+    workdir = Path(tempfile.mkdtemp(prefix="tardigrade-recovery-scale-"))
+    load_before = os.getloadavg()
+    columns: dict[int, dict[str, float | str]] = {}
+    skipped: dict[int, str] = {}
+    for size in sizes:
+        print(f"gang of {size}: starting", flush=True)
+        try:
+            columns[size] = run_size(size, workdir, args.timeout)
+        except TimeoutError as err:
+            skipped[size] = str(err)
+            print(f"gang of {size}: did not finish: {err}", flush=True)
+            continue
+        print(f"gang of {size}: " + "; ".join(f"{k} {format_value(v)}"
+                                               for k, v in columns[size].items()), flush=True)
+    lines = [f"arm: recreate (today's recovery: every pod deleted and created again); "
+             f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}",
+             "| gang size | " + " | ".join(str(c) for c in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    if columns:
+        for measure in next(iter(columns.values())):
+            lines.append(f"| {measure} | " + " | ".join(
+                format_value(column[measure]) for column in columns.values()) + " |")
+        per_rank = [f"{size}: {float(c['API requests, everyone']) / size:.1f}"
+                    for size, c in columns.items()]
+        lines.append(f"API requests per rank (everyone): {', '.join(per_rank)}")
+    lines.append("in-place arm: not built yet (issue 18 point 3); compare it against this "
+                 "recreate arm as ratios, same sizes, same machine, same run")
+    for size, why in skipped.items():
+        lines.append(f"gang of {size}: not measured ({why})")
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Restart in place: which pods of a gang a recovery keeps, and which it recreates, pure.
+
+A kept pod's trainer exits with `contract.EXIT_RESTART_IN_PLACE`; its container's restart
+rule (KEP-5307, `restartPolicyRules`, gate ContainerRestartRules, beta and on by default
+since 1.35) makes the kubelet start it again in the same pod: same node, uid and IP, no
+scheduling. Support is judged per pod and node, never per cluster:
+- the API server drops the fields when its gate is off (dropDisabledFields in
+  pkg/api/pod/util.go), so the rule must have survived on the created pod;
+- kubelets may be older than the control plane, and an old kubelet ignores the rule: the
+  node's `status.nodeInfo.kubeletVersion` must be 1.35 or later.
+A rank on a node that fails either test, and every lost rank, gets a new pod as today.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tardigrade_trainer import contract
+
+# The first release whose kubelet restarts on rules by default (ContainerRestartRules beta,
+# pkg/features/kube_features.go).
+MIN_KUBELET = (1, 35)
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+def restart_rule() -> dict[str, Any]:
+    """The container fields that make the kubelet restart the trainer on the in-place code;
+    any other exit still ends the pod (container restartPolicy Never, as the pod's)."""
+    return {"restartPolicy": "Never", "restartPolicyRules": [{
+        "action": "Restart",
+        "exitCodes": {"operator": "In", "values": [contract.EXIT_RESTART_IN_PLACE]}}]}
+
+
+def kubelet_supports_rules(node: Mapping[str, Any] | None) -> bool:
+    version = ((((node or {}).get("status") or {}).get("nodeInfo") or {})
+               .get("kubeletVersion") or "")
+    found = _VERSION.match(version)
+    return found is not None and (int(found[1]), int(found[2])) >= MIN_KUBELET
+
+
+def rule_survived(pod: Mapping[str, Any]) -> bool:
+    """The API server kept the trainer's in-place rule (its gate is on)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(rule.get("action") == "Restart"
+               and contract.EXIT_RESTART_IN_PLACE in
+               ((rule.get("exitCodes") or {}).get("values") or [])
+               for c in containers for rule in c.get("restartPolicyRules") or [])
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One pod of the running gang, as a recovery sees it."""
+
+    name: str
+    rank: int
+    healthy: bool  # running, not deleting, its node not lost or shutting down
+    can_restart: bool  # rule_survived and kubelet_supports_rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    name: str
+    old_rank: int
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class InPlacePlan:
+    keep: tuple[Keep, ...]
+    # Pods to stop and delete (lost, unhealthy, unable to restart, or surplus on a shrink).
+    delete: tuple[str, ...]
+    # New world ranks that get a new pod.
+    create_ranks: tuple[int, ...]
+
+    @property
+    def in_place(self) -> bool:
+        return bool(self.keep)
+
+
+def plan(members: Sequence[Member], replicas: int, enabled: bool) -> InPlacePlan:
+    """Keep every healthy pod that can restart, up to the new size; recreate the rest.
+
+    A kept pod keeps its rank when it is still in range, so most ranks find their data and
+    peers where they were; surplus kept pods fill the ranks whose pods are gone before any
+    new pod is made (a shrink after a loss creates nothing)."""
+    if not enabled:
+        return InPlacePlan((), tuple(m.name for m in members), tuple(range(replicas)))
+    usable = sorted((m for m in members if m.healthy and m.can_restart), key=lambda m: m.rank)
+    keep: dict[int, Keep] = {}
+    surplus: list[Member] = []
+    for m in usable:
+        if m.rank < replicas and m.rank not in keep:
+            keep[m.rank] = Keep(m.name, m.rank, m.rank)
+        else:
+            surplus.append(m)
+    open_ranks = [r for r in range(replicas) if r not in keep]
+    for rank, m in zip(open_ranks, surplus, strict=False):
+        keep[rank] = Keep(m.name, m.rank, rank)
+    kept = {k.name for k in keep.values()}
+    return InPlacePlan(
+        keep=tuple(keep[r] for r in sorted(keep)),
+        delete=tuple(m.name for m in members if m.name not in kept),
+        create_ranks=tuple(r for r in range(replicas) if r not in keep),
+    )

@@ -1,0 +1,77 @@
+"""End to end: a plain preemption after the keep policy deleted the operator's pinned step
+(issue 14, point 1) resumes from a newer step instead of ending the job as CannotRun.
+Before the fix the relaunched trainer exited 3 (`requested restore step ... is not a committed
+checkpoint`) and the job failed."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tardigrade_local.cluster import LocalCluster
+
+from tests.e2e.harness import Cluster, running_operator, trainingjob, wait_for
+
+pytestmark = pytest.mark.slow
+
+GRACE_SECONDS = 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("e2e-pin")
+    with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
+        yield Cluster(local)
+
+
+def _committed(cluster: Cluster, job: str) -> set[int]:
+    url = f"{cluster.local.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        names = [item["name"] for item in json.load(response).get("items", [])]
+    return {int(n.split("/step_")[1].split("/")[0]) for n in names
+            if n.endswith("/metadata.json") and "/step_" in n}
+
+
+def test_a_preemption_after_the_pinned_step_was_deleted_resumes_from_a_newer_one(
+        cluster: Cluster, tmp_path: Path) -> None:
+    name = "e2e-pin"
+    job = trainingjob(name, steps=160)
+    # A commit every 2 steps, only the newest kept, no save on SIGTERM.
+    job["spec"]["checkpoint"].update(interval={"steps": 2}, keep={"last": 1},
+                                     saveOnPreemption=False)
+    with running_operator(cluster, tmp_path) as operator:
+        cluster.apply(job)
+        log = cluster.step_log(name)
+
+        def pinned() -> int | None:
+            log.collect()
+            status = cluster.status(name)
+            step = (status.get("lastCheckpoint") or {}).get("step")
+            return int(step) if step and status.get("phase") == "Running" else None
+
+        pin = wait_for(pinned, 420, "a pinned checkpoint", interval=1.0)
+        # An operator fail-over: the gang keeps committing, the keep policy deletes the pinned
+        # step, and the gang is preempted before any operator reads its progress again.
+        operator.kill()
+        pin = pinned() or pin
+        wait_for(lambda: (lambda c: c and pin not in c and max(c) > pin)(_committed(cluster, name)),
+                 300, "the keep policy to delete the pinned step", interval=1.0)
+        leader = next(p for p in cluster.pods(name)
+                      if p.metadata.labels["tardigrade.dev/rank"] == "0")
+        cluster.local.preempt_node(leader.spec.node_name, grace_seconds=GRACE_SECONDS,
+                                   replace_after_seconds=1)
+        wait_for(lambda: all(p.status.phase in ("Failed", "Succeeded") for p in cluster.pods(name)
+                             if p.metadata.labels["tardigrade.dev/rank"] == "0"),
+                 120, "rank 0 to be gone", interval=1.0)
+        assert cluster.status(name)["lastCheckpoint"]["step"] == pin
+        operator.start()
+        status = cluster.wait_phase(name, {"Succeeded", "Failed"}, timeout=600, collector=log)
+    assert status["phase"] == "Succeeded", status.get("message")
+    assert status["restarts"]["failures"] == 0
+    recovery = status["recoveries"][0]
+    assert recovery["cause"] == "Preemption" and recovery["restoreStep"] == pin
+    # The gang resumed from a step newer than the pin it was given: the pin itself was gone.
+    assert log.restored and log.restored[0] > pin, (log.restored, recovery)

@@ -1,0 +1,48 @@
+"""Exclusive slice placement: what the operator renders for TPU gangs, and nothing for others."""
+
+from __future__ import annotations
+
+import pytest
+from tardigrade_operator import slices
+from tardigrade_operator.api.parse import parse_trainingjob
+from tardigrade_operator.render import GangLaunch, JobRef, build_gang
+
+from tests.conftest import EXAMPLES, load_yaml
+
+JOB = JobRef(name="gpt", namespace="ml", uid="0d3c")
+
+
+def _gang(example: str, attempt: int = 3) -> list[dict]:
+    spec = parse_trainingjob(load_yaml(EXAMPLES / example)).spec
+    return build_gang(JOB, spec, GangLaunch(attempt, spec.replicas, "latest"))
+
+
+def test_every_host_of_a_tpu_slice_carries_its_slice_label_and_the_exclusive_terms():
+    gang = _gang("gke-tpu-v5e.yaml")
+    assert len(gang) == 2
+    for pod in gang:
+        assert pod["metadata"]["labels"][slices.SLICE_LABEL] == "gpt-a3-s0"
+        affinity = pod["spec"]["affinity"]
+        (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        (alone,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert together == {
+            "labelSelector": {"matchExpressions": [
+                {"key": "tardigrade.dev/slice", "operator": "In", "values": ["gpt-a3-s0"]}]},
+            "topologyKey": "cloud.google.com/gke-nodepool", "namespaceSelector": {}}
+        assert alone == {
+            "labelSelector": {"matchExpressions": [
+                {"key": "tardigrade.dev/slice", "operator": "Exists"},
+                {"key": "tardigrade.dev/slice", "operator": "NotIn", "values": ["gpt-a3-s0"]}]},
+            "topologyKey": "cloud.google.com/gke-nodepool", "namespaceSelector": {}}
+
+
+def test_a_new_attempt_is_a_new_slice_identity():
+    assert {p["metadata"]["labels"][slices.SLICE_LABEL]
+            for p in _gang("gke-tpu-v5e.yaml", attempt=4)} == {"gpt-a4-s0"}
+
+
+@pytest.mark.parametrize("example", ["trainingjob.yaml", "gke-gpu-spot.yaml"])
+def test_gpu_and_cpu_hosts_are_not_pinned_to_a_pool(example):
+    for pod in _gang(example):
+        assert slices.SLICE_LABEL not in pod["metadata"]["labels"]
+        assert "affinity" not in pod["spec"]

@@ -1,0 +1,132 @@
+"""A save on notice has a deadline; retention deletes stay out of it (issue 14, point 6).
+
+Storage is the GCS emulator behind the fault proxy, which stalls chosen requests the way an
+unhealthy bucket does (held, never answered).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tardigrade_local.gcs import client_env
+from tardigrade_local.gcs_faults import FaultRule
+from tardigrade_trainer import contract
+from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
+from tardigrade_trainer.checkpoint.deadline import Deadline
+from tardigrade_trainer.checkpoint.manager import CheckpointDeadlineError
+from tardigrade_trainer.checkpoint.storage import ENV_LOW_SPEED_TIME, StorageRetries
+from trainer_harness import launch, wait_for
+
+from tests.faults.gcs_scenarios import BUCKET, faulty_gcs
+
+# The trainer's defaults: 8 retries with backoff up to 16 s, a request cut after 60 s stalled.
+# Unbounded, one stalled request keeps a save busy for minutes.
+DEFAULT_RETRIES = StorageRetries()
+# A loaded 2-core machine (other test suites beside this one) delays every thread; unbounded,
+# the same stalled save takes minutes (90 s and more with the retries below).
+SLACK = 10.0
+
+
+@pytest.fixture(scope="module")
+def proxy():
+    with faulty_gcs() as proxy:
+        yield proxy
+
+
+def _state(seed: int) -> dict[str, jax.Array]:
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("data",)), PartitionSpec("data"))
+    rng = np.random.default_rng(seed)
+    return {"w": jax.device_put(rng.standard_normal((64, 32)).astype(np.float32), sharding)}
+
+
+def _target(state: dict[str, jax.Array]) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+            for k, v in state.items()}
+
+
+def test_a_save_on_notice_against_stalled_storage_fails_inside_its_deadline(proxy):
+    events: list[dict] = []
+    manager = CheckpointManager(f"gs://{BUCKET}/deadline", storage=DEFAULT_RETRIES,
+                                on_event=events.append)
+    before = _state(10)
+    manager.save(10, before)
+    manager.wait()
+    proxy.set_rules([FaultRule("write", action="stall")])
+    until = Deadline.after(3.0, "the test's deadline")
+    started = time.monotonic()
+    manager.save(20, _state(20), deadline=until)
+    with pytest.raises(CheckpointDeadlineError, match=r"step_00000020 failed: .* had not "
+                                                      r"finished at the test's deadline"):
+        manager.wait(until)
+    assert time.monotonic() - started < 3.0 + SLACK
+    assert events[-1]["event"] == "checkpoint_failed" and events[-1]["step"] == 20
+    proxy.clear()
+    assert manager.list_steps()[0] == [10]
+    restored, _ = manager.restore(10, _target(before))
+    assert np.array_equal(np.asarray(restored["w"]), np.asarray(before["w"]))
+    manager.close()
+
+
+def test_retention_deletes_stay_out_of_a_save_on_notice(proxy):
+    events: list[dict] = []
+    manager = CheckpointManager(f"gs://{BUCKET}/retention", keep=KeepLast(1),
+                                storage=DEFAULT_RETRIES, on_event=events.append)
+    manager.save(10, _state(10))
+    manager.wait()
+    # Deleting step 10 (due once 20 commits) hangs, as on a bucket that stopped answering.
+    proxy.set_rules([FaultRule("write", action="stall", path_contains="step_00000010")])
+    manager.save(20, _state(20))
+    wait_for(lambda: manager.list_steps()[0] == [10, 20], 30, "step 20 to commit")
+    until = Deadline.after(8.0, "the test's deadline")
+    manager.save(30, _state(30), deadline=until)  # the notice comes while 10 is being deleted
+    info = manager.wait(until)  # raises CheckpointDeadlineError if it waited behind the delete
+    assert info is not None and info.step == 30
+    assert events[-1] == {"event": "checkpoint_retention_deferred", "step": 30}
+    proxy.clear()  # the stalled delete is dropped unanswered: step 10 stays
+    # The next start applies the keep policy that the save on notice left undone.
+    assert manager.apply_retention() == [10, 20]
+    assert manager.list_steps() == ([30], [])
+    manager.close()
+
+
+@pytest.mark.slow
+def test_the_trainer_fails_a_stalled_save_on_notice_inside_the_window(proxy, tmp_path):
+    url = f"gs://{BUCKET}/trainer-deadline"
+    env = {**client_env(proxy.url), ENV_LOW_SPEED_TIME: "60",
+           contract.ENV_SHUTDOWN_WINDOW_SECONDS: "5"}
+    config = {"steps": 4, "devices_per_process": 1}
+    first = launch(tmp_path / "first", processes=1, checkpoint_path=url, config=config,
+                   extra_env=env)
+    assert first.wait() == [0], first.describe()  # commits step 4, the last
+    config = {**config, "steps": 100000}
+    gang = launch(tmp_path / "second", processes=1, checkpoint_path=url, config=config,
+                  interval_seconds=3600, extra_env=env)
+    try:
+        wait_for(lambda: any(e["step"] >= 8 for e in gang.events("step"))
+                 or gang.procs[0].poll() is not None, 180, "training past the restored step")
+        proxy.set_rules([FaultRule("write", action="stall")])
+        signalled = time.time()
+        gang.signal(signal.SIGTERM)
+        assert gang.wait(60) == [contract.EXIT_CHECKPOINT_IO_ERROR], gang.describe()
+    finally:
+        gang.kill()
+        proxy.clear()
+    (unsaved,) = gang.events("preempted_unsaved")
+    # 5 s window, 1 s margin: given up 4 s after the notice (the trainer's clock), reported
+    # inside the window (wall clock from the signal; a loaded machine may add scheduling).
+    assert 4.0 <= unsaved["seconds_since_notice"] < 5.0
+    assert unsaved["time"] - signalled < 5.0 + SLACK / 5
+    message = gang.termination(0)
+    assert message is not None and message.reason == "CheckpointIOError"
+    assert "the save-on-notice deadline (4.0s after the notice, of the 5s shutdown window)" in (
+        message.message)
+    assert message.checkpoint_step == 4
+    manager = CheckpointManager(url)
+    assert manager.list_steps()[0] == [4]
+    assert manager.verify(4)[1] == []
+    manager.close()
