@@ -125,7 +125,9 @@ def launch(
     progress_port: int | None = None,
     ranks: list[int] | None = None,
     rank_env: dict[int, dict[str, str]] | None = None,
+    argv: list[str] | None = None,
 ) -> Gang:
+    """`argv`: what each rank runs (default: the reference trainer)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
@@ -152,7 +154,7 @@ def launch(
         env.update(extra_env or {})
         env.update((rank_env or {}).get(rank, {}))  # e.g. a host that sees another root
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tardigrade_trainer"],
+            argv or [sys.executable, "-m", "tardigrade_trainer"],
             env=env, cwd=workdir,
             stdout=open(workdir / f"rank{rank}.out", "wb"),  # noqa: SIM115
             stderr=open(workdir / f"rank{rank}.err", "wb"),  # noqa: SIM115

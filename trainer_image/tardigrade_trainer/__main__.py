@@ -5,28 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import traceback
-from typing import Any
 
 from tardigrade_trainer import contract
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 
-def write_termination(path: str, message: contract.TerminationMessage) -> None:
-    try:
-        with open(path, "w") as f:
-            f.write(message.to_json())
-    except OSError as err:
-        print(f"cannot write termination log {path}: {err}", file=sys.stderr)
+def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
+    from tardigrade_trainer.session import write_termination
 
-
-def _fail(path: str, code: int, reason: str, err: BaseException, trainer: Any = None) -> int:
-    """Report and return `code`; with the trainer, the message names the last step and the
-    last committed checkpoint too (what a relaunch resumes from)."""
     print(f"tardigrade-trainer: {reason}: {err}", file=sys.stderr, flush=True)
-    message = (contract.TerminationMessage(reason=reason, message=str(err)) if trainer is None
-               else trainer.termination(reason, str(err)))
-    write_termination(path, message)
+    write_termination(path, contract.TerminationMessage(reason=reason, message=str(err)))
     return code
 
 
@@ -61,85 +49,14 @@ def main(argv: list[str] | None = None) -> int:
 
     distributed.configure_host_devices(config.devices_per_process)
     distributed.configure_compilation_cache(config.compilation_cache_dir)
-    try:
-        distributed.initialize(env)
-    except distributed.PeerTimeoutError as err:
-        return _fail(env.termination_log, contract.EXIT_PEER_TIMEOUT, "PeerTimeout", err)
-    except distributed.peerauth.PeerAuthError as err:
-        return _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
 
-    import jax
+    from tardigrade_trainer.session import TrainingSession
+    from tardigrade_trainer.train import Trainer, checkpoint_options
 
-    from tardigrade_trainer.checkpoint import (
-        CheckpointCorruptError,
-        CheckpointIOError,
-        CheckpointMissingError,
-        CheckpointUsageError,
-        FencedError,
-        ForeignRootError,
-    )
-    from tardigrade_trainer.train import Trainer
-
-    trainer = None
-    try:
-        trainer = Trainer(env, config)
-        code, message = trainer.run()
-    except (ConfigError, CheckpointUsageError) as err:
-        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err, trainer)
-    except ForeignRootError as err:
-        code = _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "CheckpointRootOwned", err,
-                     trainer)
-    except FencedError as err:
-        # A stale gang: the operator already moved on to a newer attempt or job.
-        code = _fail(env.termination_log, contract.EXIT_FAILED, "Fenced", err, trainer)
-    except CheckpointMissingError as err:
-        code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointMissing",
-                     err, trainer)
-    except CheckpointCorruptError as err:
-        code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_CORRUPT, "CheckpointCorrupt",
-                     err, trainer)
-    except CheckpointIOError as err:
-        code = _fail(env.termination_log, contract.EXIT_CHECKPOINT_IO_ERROR, "CheckpointIOError",
-                     err, trainer)
-    except Exception as err:
-        traceback.print_exc()
-        code = _fail(env.termination_log, contract.EXIT_FAILED, "Failed", err, trainer)
-    else:
-        write_termination(env.termination_log, message)
-        # Every host reached this point at the same step, so the shutdown barrier is met.
-        jax.distributed.shutdown()
-        if code != contract.EXIT_SUCCEEDED:
-            # Stopped on notice, SIGKILL on its way: the interpreter's teardown (seconds on a
-            # busy host) has nothing left to do that matters, and the exit code must arrive.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
-    _exit_gang(code)
-    return code
-
-
-def _exit_gang(code: int) -> None:
-    """Leave after a failure without taking healthy-but-failing peers down with us.
-
-    When rank 0 exits, its coordination service goes with it and JAX aborts every peer still
-    connected, before they could write their own termination message. If all ranks fail
-    together (e.g. a config error every rank sees) they meet at a short barrier and shut down
-    cleanly; if the peers are gone or stuck, the barrier times out and we leave at once.
-    """
-    import jax
-
-    from tardigrade_trainer import distributed
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        distributed.barrier("tardigrade-exit-on-failure", 15)
-        jax.distributed.shutdown()
-    except Exception as err:
-        print(f"tardigrade-trainer: leaving without a clean shutdown: {err}", file=sys.stderr,
-              flush=True)
-    os._exit(code)
+    # The session turns every outcome into the contract's exit code and termination message.
+    with TrainingSession(env=env, checkpoint_options=checkpoint_options(config)) as session:
+        Trainer(session, config).run()
+    return contract.EXIT_SUCCEEDED
 
 
 if __name__ == "__main__":
