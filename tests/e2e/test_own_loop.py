@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
+from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
 from tests.trainer.test_session import LOOPS, doc_example
 
 pytestmark = pytest.mark.slow
@@ -32,13 +32,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("e2e-own-loop")
     with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
         yield Cluster(local)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
-        yield process
 
 
 @pytest.fixture(autouse=True)
