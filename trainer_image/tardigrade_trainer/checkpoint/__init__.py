@@ -4,6 +4,8 @@ Layout under the checkpoint root:
 
     step_00000100/arrays/<leaf name>/   one zarr3 array per state leaf, chunk = one shard
                                         (or one piece of a replicated one: writers.py)
+    step_00000100/zarr.json             zarr v3 group metadata with the step's attributes
+                                        (and one per intermediate directory: zarrgroup.py)
     step_00000100/metadata.json         the commit marker, written last by process 0
     tardigrade-root.json                owner, fence and lines of the root (rootrecord.py)
 

@@ -119,6 +119,8 @@ class ReadTarget:
 
 def read_target(name: str, leaf: Any) -> ReadTarget:
     """How to read target leaf `leaf` (a ShapeDtypeStruct, an array or a host value)."""
+    if isinstance(leaf, ReadTarget):  # already one (a restore without target: targetless.py)
+        return leaf
     if isinstance(leaf, HOST_SCALARS):
         value = np.asarray(leaf)
         return ReadTarget(value.shape, value.dtype, None, python_type=type(leaf))

@@ -27,12 +27,16 @@ import tensorstore as ts
 from tardigrade_trainer import testhooks
 from tardigrade_trainer.checkpoint import (
     agreement,
+    cast,
     chunkfiles,
     digest,
     durability,
+    formatversion,
     restoreplan,
     rootrecord,
+    targetless,
     writers,
+    zarrgroup,
 )
 from tardigrade_trainer.checkpoint import deadline as deadlines
 from tardigrade_trainer.checkpoint import leaves as leafkinds
@@ -449,7 +453,9 @@ class CheckpointManager:
             raise CheckpointCorruptError(f"checkpoint {self.path_of(step)} is not committed")
         try:
             data = json.loads(bytes(result.value))
-            if data.get("format") not in READABLE_FORMATS or data.get("step") != step:
+            if data.get("format") not in READABLE_FORMATS:
+                raise ValueError(formatversion.why_unreadable(data.get("format"), READABLE_FORMATS))
+            if data.get("step") != step:
                 raise ValueError(f"unexpected format/step {data.get('format')}/{data.get('step')}")
             fields = {f.name for f in dataclasses.fields(CheckpointInfo)} - {"path"}
             # Checkpoints from before digests were recorded have none: nothing to check; those
@@ -728,6 +734,8 @@ class CheckpointManager:
                     )
                     for leaf in leaves
                 ]
+                # The step is a zarr group with attributes (zarrgroup.py); the marker stays last.
+                creates += zarrgroup.write(kv, directory, zarrgroup.documents(step, FORMAT, leaves))
                 deadlines.all_results(creates, until, "creating the step's arrays")
                 channel.prepared()
             else:
@@ -1006,7 +1014,8 @@ class CheckpointManager:
         chunk = store.chunk_layout.read_chunk.shape
         return _ChunkFiles(self._local_array_dir(directory, name), tuple(chunk or ()))
 
-    def restore(self, step: int, target: Any) -> tuple[Any, CheckpointInfo]:
+    def restore(self, step: int, target: Any = None, *, dtype: cast.DTypes = None,
+                sharding: targetless.ShardingChoice | None = None) -> tuple[Any, CheckpointInfo]:
         """Read checkpoint `step` into the shapes and shardings of `target`.
 
         `target` is a pytree of `jax.ShapeDtypeStruct`s (or arrays) carrying `.sharding` for
@@ -1014,8 +1023,17 @@ class CheckpointManager:
         or process count wrote them. With `verify_restore`, every byte read is checked
         against the digests in the commit marker: a saved shard that only partly overlaps
         this host's slices (after a resharding) is read whole to be checked.
+
+        Without `target`, the checkpoint's own leaves, as nested dicts (targetless.py; numpy
+        arrays, or jax.Arrays with `sharding`). A target or `dtype` of another dtype than the
+        stored one casts (cast.py).
         """
         info = self.read_info(step)
+        if target is None:
+            target = targetless.target(info.arrays, sharding)
+        elif sharding is not None:
+            raise CheckpointUsageError("restore(sharding=...) is for a restore without a target: "
+                                       "give the target's leaves their shardings instead")
         names = leaf_names(target)
         leaves, treedef = jax.tree_util.tree_flatten(target)
         try:
@@ -1023,12 +1041,12 @@ class CheckpointManager:
                        for n, leaf in zip(names, leaves, strict=True)]
         except leafkinds.LeafError as err:
             raise CheckpointUsageError(f"cannot restore {info.path}: {err}") from None
+        targets = cast.with_dtypes(names, targets, dtype)
         problems = []
         for name, target_leaf in zip(names, targets, strict=True):
-            saved = info.arrays.get(name)
-            want = target_leaf.recorded()
-            if saved != want:
-                problems.append(f"{name}: checkpoint has {saved}, model needs {want}")
+            problem = cast.mismatch(name, info.arrays.get(name), target_leaf)
+            if problem:
+                problems.append(problem)
         if problems:
             raise CheckpointCorruptError(
                 f"checkpoint {info.path} does not match the model: " + "; ".join(problems[:5])
@@ -1053,8 +1071,8 @@ class CheckpointManager:
             placed: list[tuple[list[jax.Device | None], dict[jax.Device | None, Any]]] = []
 
             def place(read: _PendingRead, name: str, devices: list[jax.Device | None],
-                      into: dict[jax.Device | None, Any]) -> None:
-                buffer = read.result(mismatches, name)
+                      into: dict[jax.Device | None, Any], dtype: np.dtype) -> None:
+                buffer = cast.to_dtype(read.result(mismatches, name), dtype)  # after the check
                 for device in devices:
                     into[device] = buffer if device is None else jax.device_put(buffer, device)
 
@@ -1068,6 +1086,9 @@ class CheckpointManager:
                     raise CheckpointCorruptError(
                         f"the commit marker's digests are incomplete: {err}") from err
                 files = self._chunk_files(directory, name, store)
+                if recorded is None and cast.needed(store, leaf.dtype):
+                    # Nothing to check: TensorStore casts as it reads, not from chunk files.
+                    store, files = cast.on_read(store, leaf.dtype), None
                 itemsize = store.dtype.numpy_dtype.itemsize
                 # slices are unhashable before 3.12: boxes are keyed by their region key
                 boxes: dict[str, list[jax.Device | None]] = {}
@@ -1097,7 +1118,7 @@ class CheckpointManager:
                     checked += sum(part.piece is not None and part.scratch is None
                                    for part in read.parts)
                     window.started(nbytes, functools.partial(place, read, name, devices,
-                                                             on_device))
+                                                             on_device, leaf.dtype))
                 checked += len(scratches)
             window.drain()
             arrays = []
