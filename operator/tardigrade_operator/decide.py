@@ -15,7 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, multislice, naming
+from tardigrade_operator import checkpoint_scope, multislice, naming, slices
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -103,6 +103,8 @@ class Observed:
     scale_up: Mapping[str, ScaleUpSignal] = dataclasses.field(default_factory=dict)
     # Node name -> when GKE scheduled host maintenance on it (maintenance.scheduled_nodes).
     nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    # Node name -> its GKE node pool (slices.NODE_POOL_LABEL); None when nodes are not watched.
+    node_pools: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,12 +244,18 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # sees every rank, so an interrupted finish is finished again, not counted.
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
                             _avoid_maintenance_until(spec, _launched_by(status)))
-        plan.create_pods = [pod for pod in build_gang(obs.job, spec, launch)
-                            if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing]
+        plan.create_pods = slices.to_create(
+            spec, status.replicas,
+            [pod for pod in build_gang(obs.job, spec, launch)
+             if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing],
+            {p.rank: p.node_name for p in gang}, obs.node_pools)
+        # Nothing to create: only followers are missing, each waiting for its slice's leader to
+        # be placed (the phase stays Launching meanwhile); a leader that cannot be placed takes
+        # its whole slice out of the gang.
+        if not plan.create_pods and not _resize_if_requested(plan, obs, spec, gang):
+            _shrink_for_capacity(plan, obs, spec, gang)
         return
-    if _resize_requested(status, spec):
-        _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
-                        f"spec.replicas changed from {status.replicas} to {spec.replicas}")
+    if _resize_if_requested(plan, obs, spec, gang):
         return
     if _migrate_before_maintenance(plan, obs, spec, gang):
         return
@@ -428,6 +436,16 @@ def capacity_view(obs: Observed, gang: list[PodView]) -> CapacityView:
             unavailable.append((pod, f"unschedulable for {waited}s and no node scale-up under "
                                      "way"))
     return CapacityView(scaling_up, unavailable)
+
+
+def _resize_if_requested(plan: Plan, obs: Observed, spec: TrainingJobSpec,
+                         gang: list[PodView]) -> bool:
+    status = plan.status
+    if not _resize_requested(status, spec):
+        return False
+    _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
+                    f"spec.replicas changed from {status.replicas} to {spec.replicas}")
+    return True
 
 
 def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,
@@ -657,6 +675,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     restore = _restore_step(status)
     status.attempt = attempt
     status.replicas = replicas
+    layout = multislice.layout_for(spec.accelerator, replicas)
+    status.slices = layout.slices if layout is not None else None
     restored = int(restore) if restore.isdigit() else None
     if recovery is not None:
         recovery.restore_step = restored
@@ -669,7 +689,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
                         rollback=rollback)
-    plan.create_pods = build_gang(obs.job, spec, launch)
+    plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
+                                        obs.node_pools)
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")
     message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"
