@@ -226,13 +226,17 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         return
 
     missing = [r for r in range(status.replicas) if r not in outcomes]
+    # A slice's followers are created once its leader is placed (slices.to_create): until the
+    # gang has run, a missing one is still to come, not lost.
+    to_come = ([] if status.phase == "Running"
+               else slices.followers(spec, status.replicas, missing, obs.node_pools))
     if missing and not _launching(status):
         # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
-        for rank in missing:
+        for rank in (r for r in missing if r not in to_come):
             outcomes[rank] = RankOutcome(
                 Outcome.PREEMPTED, f"{naming.pod_name(obs.job.name, status.attempt, rank)}: gone"
             )
-        missing = []
+        missing = to_come
 
     stopped = _first_disruption(outcomes)
     if stopped is not None:
@@ -249,13 +253,13 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
             [pod for pod in build_gang(obs.job, spec, launch)
              if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing],
             {p.rank: p.node_name for p in gang}, obs.node_pools)
-        # Nothing to create: only followers are missing, each waiting for its slice's leader to
-        # be placed (the phase stays Launching meanwhile); a leader that cannot be placed takes
-        # its whole slice out of the gang.
-        if not plan.create_pods and not _resize_if_requested(plan, obs, spec, gang):
-            _shrink_for_capacity(plan, obs, spec, gang)
-        return
-    if _resize_if_requested(plan, obs, spec, gang):
+        if plan.create_pods:
+            return
+        # Only followers are missing, each waiting for its slice's leader to be placed: the
+        # gang is watched as it is (capacity, shrinking by slices, resizes).
+    if _resize_requested(status, spec):
+        _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
+                        f"spec.replicas changed from {status.replicas} to {spec.replicas}")
         return
     if _migrate_before_maintenance(plan, obs, spec, gang):
         return
@@ -436,16 +440,6 @@ def capacity_view(obs: Observed, gang: list[PodView]) -> CapacityView:
             unavailable.append((pod, f"unschedulable for {waited}s and no node scale-up under "
                                      "way"))
     return CapacityView(scaling_up, unavailable)
-
-
-def _resize_if_requested(plan: Plan, obs: Observed, spec: TrainingJobSpec,
-                         gang: list[PodView]) -> bool:
-    status = plan.status
-    if not _resize_requested(status, spec):
-        return False
-    _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
-                    f"spec.replicas changed from {status.replicas} to {spec.replicas}")
-    return True
 
 
 def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,

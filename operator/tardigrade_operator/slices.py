@@ -99,6 +99,24 @@ def as_follower(pod: dict[str, Any], pool: str) -> dict[str, Any]:
     return pod
 
 
+def _leaders_first(spec: TrainingJobSpec, replicas: int,
+                   node_pools: Mapping[str, str] | None) -> multislice.SliceLayout | None:
+    """The gang's slice layout when its followers wait for their leaders, else None."""
+    layout = multislice.layout_for(spec.accelerator, replicas)
+    if not is_exclusive(spec) or layout is None or layout.hosts_per_slice == 1 \
+            or node_pools is None:
+        return None
+    return layout
+
+
+def followers(spec: TrainingJobSpec, replicas: int, ranks: list[int],
+              node_pools: Mapping[str, str] | None) -> list[int]:
+    """The ranks among `ranks` that are followers created after their leader (none where every
+    host is created at once)."""
+    layout = _leaders_first(spec, replicas, node_pools)
+    return [] if layout is None else [r for r in ranks if layout.worker_of(r) != 0]
+
+
 def to_create(spec: TrainingJobSpec, replicas: int, pods: list[dict[str, Any]],
               bound: Mapping[int, str | None], node_pools: Mapping[str, str] | None
               ) -> list[dict[str, Any]]:
@@ -109,9 +127,8 @@ def to_create(spec: TrainingJobSpec, replicas: int, pods: list[dict[str, Any]],
     follower once its leader has a node, pinned to that node's pool (with the terms, as the
     leader, where the node carries no pool label). Everything at once where leaders do not apply.
     """
-    layout = multislice.layout_for(spec.accelerator, replicas)
-    if not is_exclusive(spec) or layout is None or layout.hosts_per_slice == 1 \
-            or node_pools is None:
+    layout = _leaders_first(spec, replicas, node_pools)
+    if layout is None or node_pools is None:
         return pods
     chosen = []
     for pod in pods:

@@ -83,7 +83,7 @@ def test_a_slice_leader_goes_first_and_its_followers_follow_it_to_its_pool():
     assert sorted(first) == [0, 2]
     assert all(_pod_terms(p) == {"podAffinity", "podAntiAffinity"} for p in first.values())
     assert _created(cluster.reconcile()) == {}
-    assert condition(cluster, "Running") == ("False", "Launching")
+    assert cluster.status.phase == "Pending" and cluster.status.restarts.total == 0
 
     _bind(cluster, 0, "pool-b-1")
     followers = _created(cluster.reconcile())
@@ -131,3 +131,26 @@ def test_without_node_pools_every_host_carries_the_terms():
     created = _created(cluster.reconcile())
     assert sorted(created) == [0, 1, 2, 3]
     assert all(_pod_terms(p) == {"podAffinity", "podAntiAffinity"} for p in created.values())
+
+
+def test_a_job_at_its_minimum_says_it_waits_for_capacity_while_a_leader_cannot_be_placed():
+    cluster = FakeCluster(spec(replicas=4, minReplicas=4, accelerator=TPU), settings=SETTINGS,
+                          node_pools=POOLS)
+    cluster.reconcile()
+    _bind(cluster, 0, "pool-a-0")
+    cluster.reconcile()
+    _bind(cluster, 1, "pool-a-1")
+    leader = next(p for p in cluster.attempt_pods()
+                  if p["metadata"]["labels"]["tardigrade.dev/rank"] == "2")
+    leader["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/4 nodes are available: 4 node(s) didn't match pod affinity rules.",
+         "lastTransitionTime": iso(cluster.now)}]}
+    cluster.advance(60)
+    for _ in range(3):  # the follower of slice 1 is still to come, never lost
+        cluster.reconcile()
+    assert condition(cluster, "CapacityLimited") == ("True", "WaitingForCapacity")
+    assert "tiny-a1-2" in cluster.status.message
+    assert sorted(int(p["metadata"]["labels"]["tardigrade.dev/rank"])
+                  for p in cluster.attempt_pods()) == [0, 1, 2]
+    assert (cluster.status.attempt, cluster.status.recoveries) == (1, [])
