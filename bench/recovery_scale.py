@@ -1,6 +1,6 @@
 """Recovery from one lost host against gang size, on simulated nodes.
 
-    python bench/recovery_scale.py [--quick] [--sizes 8,64,256,1024] [--out FILE]
+    python bench/recovery_scale.py [--quick] [--sizes 8,64,256,1024] [--tpu] [--out FILE]
 
 For each gang size N (`--quick`: 8 and 64), a fresh local cluster with N + 1 simulated nodes
 (`tardigrade_local.kubelet.simulated`: pods without processes, one rank per node as on TPU
@@ -20,6 +20,16 @@ Simulator latencies are zero (a container starts at once: `simulated_start_secon
 ranks step every 50 ms, so the figures are the control plane's and the operator's own. The
 arm is today's recovery, which deletes and recreates every pod: it is the baseline that a
 later arm (restart in place, issue 18 point 3) is printed against as ratios.
+
+`--tpu` measures TPU-like slices instead: the gang on simulated slice node pools of
+tpu-v5p-slice 2x2x4 (4 hosts of 4 chips), one spare pool, and the preempted node takes its
+whole slice with it. Two arms per size, in the same run: `every host` (the operator does not
+watch nodes, so it cannot learn a leader's pool and every host carries the exclusive inter-pod
+terms) is the baseline; `leader first` (the default: each slice's worker 0 with the terms, its
+followers created once it is placed, pinned to its pool by node selector) is printed against it
+as ratios. The local scheduler checks inter-pod terms pod by pod, not with the kube-scheduler's
+PreFilter maps, so its CPU is no measure of the kube-scheduler's: that ratio is printed for
+what it is and judges no target; what the arms do show is the latency the second wave adds.
 """
 
 from __future__ import annotations
@@ -44,7 +54,10 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
 
+import dataclasses  # noqa: E402
+
 from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
+from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes  # noqa: E402
 
 NS = "default"
 JOB = "scale"
@@ -52,9 +65,28 @@ SIZES = [8, 64, 256, 1024]
 QUICK_SIZES = [8, 64]
 OPERATOR_ACCOUNT = "tardigrade-bench"
 STEP_SECONDS = 0.05
+TPU_SHAPE = SliceShape("tpu-v5p-slice", "2x2x4", 4)
+TPU_ARMS = {"every host": False, "leader first": True}  # arm -> the operator watches nodes
 
 
-def job(replicas: int, checkpoint: Path) -> dict[str, Any]:
+def tpu_nodes(replicas: int) -> list[Any]:
+    """Simulated slice pools for `replicas` hosts, and one spare pool to recover onto."""
+    pools = replicas // TPU_SHAPE.hosts() + 1
+    return [dataclasses.replace(node, simulated=True, capacity={**node.capacity, "cpu": "1",
+                                                               "memory": "8Gi"})
+            for pool in range(pools) for node in slice_nodes(f"slice-{pool}", TPU_SHAPE)]
+
+
+def job(replicas: int, checkpoint: Path, tpu: bool = False) -> dict[str, Any]:
+    body = _job(replicas, checkpoint)
+    if tpu:
+        body["spec"]["accelerator"] = {"kind": "tpu", "type": TPU_SHAPE.accelerator,
+                                       "topology": TPU_SHAPE.topology,
+                                       "count": TPU_SHAPE.chips_per_host}
+    return body
+
+
+def _job(replicas: int, checkpoint: Path) -> dict[str, Any]:
     return {
         "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": JOB, "namespace": NS},
@@ -172,16 +204,19 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def run_size(replicas: int, workdir: Path, timeout: float) -> dict[str, float | str]:
-    state = workdir / f"gang-{replicas}"
-    nodes = simulated_nodes(replicas + 1, capacity={"cpu": "1", "memory": "8Gi"})
+def run_size(replicas: int, workdir: Path, timeout: float, tpu: bool = False,
+             watch_nodes: bool = True) -> dict[str, float | str]:
+    state = workdir / f"gang-{replicas}{'-tpu' if tpu else ''}{'' if watch_nodes else '-nw'}"
+    nodes = (tpu_nodes(replicas) if tpu
+             else simulated_nodes(replicas + 1, capacity={"cpu": "1", "memory": "8Gi"}))
     user = f"system:serviceaccount:{NS}:{OPERATOR_ACCOUNT}"
     with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False) as cluster:
         cluster_proc = psutil.Process(int(cluster.info["pid"]))
         kubeconfig = cluster.service_account_kubeconfig(NS, OPERATOR_ACCOUNT,
                                                         state / "operator.kubeconfig")
         env = {**cluster.client_env(), "KUBECONFIG": str(kubeconfig),
-               "TARDIGRADE_METRICS_PORT": "0"}
+               "TARDIGRADE_METRICS_PORT": "0",
+               "TARDIGRADE_WATCH_NODES": "true" if watch_nodes else "false"}
         log = open(state / "operator.log", "wb")  # noqa: SIM115 - the operator's, closed below
         operator = subprocess.Popen(
             [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run", "-n", NS,
@@ -198,7 +233,7 @@ def run_size(replicas: int, workdir: Path, timeout: float) -> dict[str, float | 
         try:
             op = psutil.Process(operator.pid)
             cluster_rss0, cluster_cpu0 = cluster_proc.memory_info().rss, cpu_seconds(cluster_proc)
-            body = json.dumps(job(replicas, state / "checkpoints")).encode()
+            body = json.dumps(job(replicas, state / "checkpoints", tpu)).encode()
             request = urllib.request.Request(
                 f"{api}/apis/tardigrade.dev/v1alpha1/namespaces/{NS}/trainingjobs", data=body,
                 headers={"Content-Type": "application/json"}, method="POST")
@@ -241,6 +276,8 @@ def run_size(replicas: int, workdir: Path, timeout: float) -> dict[str, float | 
             }
             op_cpu1, op_rss1 = cpu_seconds(op), op.memory_info().rss
             requests1 = request_counts(api)
+            with timeline.lock:
+                relaunched = [p["spec"] for p in timeline.attempt_pods(attempt + 1)]
             operator_events = audit_lines(cluster.layout.audit_log, user)[audited0:]
         finally:
             for watcher in watchers:
@@ -269,8 +306,52 @@ def run_size(replicas: int, workdir: Path, timeout: float) -> dict[str, float | 
         "cluster RSS KiB per simulated pod": (cluster_rss1 - cluster_rss0) / 1024 / replicas,
         "cluster CPU ms per simulated pod start": (cluster_cpu1 - cluster_cpu0) * 1000 / replicas,
         "gang start s (create to all Running)": started_in,
+        # What the arm exercised: how the relaunched hosts were kept on their slices.
+        "relaunched hosts with inter-pod terms": sum(
+            "podAffinity" in (spec.get("affinity") or {}) for spec in relaunched),
+        "relaunched hosts pinned by pool selector": sum(
+            "cloud.google.com/gke-nodepool" in (spec.get("nodeSelector") or {})
+            for spec in relaunched),
     })
     return result
+
+
+def tpu_table(sizes: list[int], workdir: Path, timeout: float) -> list[str]:
+    """Both slice-placement arms per size; leader first as ratios of every host."""
+    lines = []
+    for size in sizes:
+        if size % TPU_SHAPE.hosts():
+            lines.append(f"gang of {size}: not measured (not whole slices of "
+                         f"{TPU_SHAPE.hosts()} hosts)")
+            continue
+        arms: dict[str, dict[str, float | str]] = {}
+        for arm, watch_nodes in TPU_ARMS.items():
+            print(f"TPU gang of {size}, {arm}: starting", flush=True)
+            try:
+                arms[arm] = run_size(size, workdir, timeout, tpu=True, watch_nodes=watch_nodes)
+            except TimeoutError as err:
+                lines.append(f"TPU gang of {size}, {arm}: not measured ({err})")
+        if len(arms) < len(TPU_ARMS):
+            continue
+        base, lead = arms["every host"], arms["leader first"]
+        exercised = (lead["relaunched hosts pinned by pool selector"]
+                     == size - size // TPU_SHAPE.hosts()
+                     and base["relaunched hosts with inter-pod terms"] == size)
+        lines += [f"TPU gang of {size} ({size // TPU_SHAPE.hosts()} slices of "
+                  f"{TPU_SHAPE.topology}): every host | leader first | ratio",
+                  "|---|---|---|---|"]
+        for measure, value in base.items():
+            other = lead[measure]
+            ratio = (f"{float(other) / float(value):.2f}"
+                     if exercised and not isinstance(value, str) and value else "-")
+            lines.append(f"| {measure} | {format_value(value)} | {format_value(other)} "
+                         f"| {ratio} |")
+        if not exercised:
+            lines.append("the arms did not place hosts as they should (see the last two "
+                         "rows): no ratio is judged")
+    lines.append("cluster CPU is the local scheduler's, which checks inter-pod terms pod by "
+                 "pod: not a measure of the kube-scheduler's PreFilter cost, no target judged")
+    return lines
 
 
 def format_value(value: float | str) -> str:
@@ -288,11 +369,21 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds any one stage may take before the size is given up")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--tpu", action="store_true",
+                        help="TPU-like slices: every host with the terms vs leader first")
     args = parser.parse_args()
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else QUICK_SIZES if args.quick else SIZES)
     workdir = Path(tempfile.mkdtemp(prefix="tardigrade-recovery-scale-"))
     load_before = os.getloadavg()
+    if args.tpu:
+        text = "\n".join([f"load average before {load_before[0]:.1f}",
+                          *tpu_table(sizes, workdir, args.timeout),
+                          f"load average after {os.getloadavg()[0]:.1f}"])
+        print("\n" + text)
+        if args.out is not None:
+            args.out.write_text(text + "\n")
+        return
     columns: dict[int, dict[str, float | str]] = {}
     skipped: dict[int, str] = {}
     for size in sizes:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, multislice, naming
+from tardigrade_operator import checkpoint_scope, multislice, naming, slices
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -103,6 +103,8 @@ class Observed:
     scale_up: Mapping[str, ScaleUpSignal] = dataclasses.field(default_factory=dict)
     # Node name -> when GKE scheduled host maintenance on it (maintenance.scheduled_nodes).
     nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    # Node name -> its GKE node pool (slices.NODE_POOL_LABEL); None when nodes are not watched.
+    node_pools: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,13 +226,17 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         return
 
     missing = [r for r in range(status.replicas) if r not in outcomes]
+    # A slice's followers are created once its leader is placed (slices.to_create): until the
+    # gang has run, a missing one is still to come, not lost.
+    to_come = ([] if status.phase == "Running"
+               else slices.followers(spec, status.replicas, missing, obs.node_pools))
     if missing and not _launching(status):
         # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
-        for rank in missing:
+        for rank in (r for r in missing if r not in to_come):
             outcomes[rank] = RankOutcome(
                 Outcome.PREEMPTED, f"{naming.pod_name(obs.job.name, status.attempt, rank)}: gone"
             )
-        missing = []
+        missing = to_come
 
     stopped = _first_disruption(outcomes)
     if stopped is not None:
@@ -242,9 +248,15 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # sees every rank, so an interrupted finish is finished again, not counted.
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
                             _avoid_maintenance_until(spec, _launched_by(status)))
-        plan.create_pods = [pod for pod in build_gang(obs.job, spec, launch)
-                            if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing]
-        return
+        plan.create_pods = slices.to_create(
+            spec, status.replicas,
+            [pod for pod in build_gang(obs.job, spec, launch)
+             if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing],
+            {p.rank: p.node_name for p in gang}, obs.node_pools)
+        if plan.create_pods:
+            return
+        # Only followers are missing, each waiting for its slice's leader to be placed: the
+        # gang is watched as it is (capacity, shrinking by slices, resizes).
     if _resize_requested(status, spec):
         _begin_recovery(plan, obs, gang, "Resize", spec.replicas,
                         f"spec.replicas changed from {status.replicas} to {spec.replicas}")
@@ -657,6 +669,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     restore = _restore_step(status)
     status.attempt = attempt
     status.replicas = replicas
+    layout = multislice.layout_for(spec.accelerator, replicas)
+    status.slices = layout.slices if layout is not None else None
     restored = int(restore) if restore.isdigit() else None
     if recovery is not None:
         recovery.restore_step = restored
@@ -669,7 +683,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
                         rollback=rollback)
-    plan.create_pods = build_gang(obs.job, spec, launch)
+    plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
+                                        obs.node_pools)
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")
     message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"

@@ -29,6 +29,7 @@ from tardigrade_operator import (
     metrics,
     multislice,
     naming,
+    slices,
     watchdog,
 )
 from tardigrade_operator.api import types
@@ -132,8 +133,15 @@ def node_maintenance(name: str, labels: kopf.Labels, meta: kopf.Meta,
     return {name: (int(version) if version.isdigit() else 0, value)}
 
 
+def node_pool(name: str, labels: kopf.Labels, **_: Any) -> dict[str, str]:
+    return {name: str(labels[slices.NODE_POOL_LABEL])}
+
+
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
+    # Where a TPU slice's leader landed: its followers are pinned to that pool.
+    kopf.index("nodes", id="node_pool",
+               labels={slices.NODE_POOL_LABEL: kopf.PRESENT})(node_pool)
     # Only nodes that carry the label: kopf drops a node from the index once it is removed.
     kopf.index("nodes", id="node_maintenance",
                labels={maintenance.SCHEDULED_MAINTENANCE_LABEL: kopf.PRESENT})(node_maintenance)
@@ -184,12 +192,14 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
     wake = memo.wakeups.setdefault(key, asyncio.Event())
     nodes: kopf.Index | None = kwargs.get("node_readiness")
     scheduled: kopf.Index | None = kwargs.get("node_maintenance")
+    pools: kopf.Index | None = kwargs.get("node_pool")
     failures = 0
     while not stopped and uid not in memo.gone:
         wake.clear()
         started = time.perf_counter()
         try:
-            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled)
+            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled,
+                            pools)
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -227,7 +237,8 @@ _needs_no_finalizer(keep_gang)
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     pods_index: kopf.Index, services_index: kopf.Index,
                     nodes_index: kopf.Index | None,
-                    maintenance_index: kopf.Index | None = None) -> None:
+                    maintenance_index: kopf.Index | None = None,
+                    pools_index: kopf.Index | None = None) -> None:
     namespace, name = key
     meta = body.get("metadata") or {}
     status, version = _known_status(key, meta, body.get("status") or {}, memo)
@@ -271,6 +282,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
         scale_up=scale_up,
         nodes_maintenance=scheduled,
+        node_pools=None if pools_index is None else {
+            node: pool for node, store in pools_index.items() for pool in store},
     )
     plan = decide(observed)
     try:

@@ -48,8 +48,9 @@ class Grant:
 KOPF_CRDS = "kopf's resource observer lists and watches CRDs to resolve the kinds it serves"
 KOPF_NS = ("kopf's namespace observer lists and watches namespaces when the operator serves "
            "a list of them (not with --all-namespaces)")
-NODES = ("node readiness and host maintenance indexes (handlers.py `node_readiness`, "
-         "`node_maintenance`, TARDIGRADE_WATCH_NODES); a ClusterRole of its own in namespaced "
+NODES = ("node readiness, host maintenance and node pool indexes (handlers.py `node_readiness`, "
+         "`node_maintenance`, `node_pool`: a TPU slice leader's pool for its followers; "
+         "TARDIGRADE_WATCH_NODES); a ClusterRole of its own in namespaced "
          "mode, as kopf watches the cluster-scoped kind cluster-wide")
 PEERING = "kopf peering: watches the peering object and patches its keepalive into it"
 TJ = "tardigrade.dev"

@@ -74,3 +74,44 @@ def test_bad_trainingjob_gets_the_real_error_text(kubectl):
     assert 'The TrainingJob "bad" is invalid' in err
     assert (f"spec.replicas: Invalid value: {minimum - 1}: spec.replicas in body should be "
             f"greater than or equal to {minimum}") in err
+
+
+def multislice_job(name: str) -> dict:
+    """examples/gke-tpu-multislice.yaml: 2 slices of TPU v5e 2x4, 2 hosts of 4 chips each."""
+    job = yaml.safe_load((REPO / "examples" / "gke-tpu-multislice.yaml").read_text())
+    job["metadata"] = {"name": name}
+    return job
+
+
+def test_tpu_job_of_partial_slices_is_refused_naming_the_field_and_fix(kubectl):
+    name = f"partial-{'old' if kubectl.old else 'new'}"
+    bad = multislice_job(name)
+    bad["spec"]["replicas"] = 3
+    err = kubectl.fails("apply", "-f", "-", input=yaml.safe_dump(bad))
+    assert f'The TrainingJob "{name}" is invalid' in err
+    assert ('spec.replicas: Invalid value: "object": spec.replicas (3) is not a whole number of '
+            'TPU slices: it counts hosts (so does kubectl scale --replicas), and one 2x4 slice '
+            'is 2 hosts of 4 chips; set spec.replicas to a multiple of 2') in err
+    bad["spec"].update(replicas=4, minReplicas=1)
+    err = kubectl.fails("apply", "-f", "-", input=yaml.safe_dump(bad))
+    assert "spec.minReplicas (1) is not a whole number of TPU slices" in err
+    assert "set spec.minReplicas to a multiple of 2" in err
+
+
+def test_kubectl_scale_counts_hosts_in_whole_slices(kubectl):
+    name = f"scaled-{'old' if kubectl.old else 'new'}"
+    job = multislice_job(name)
+    job["spec"].update(minReplicas=2, maxReplicas=6)
+    kubectl.apply(job)
+    # /scale reads and writes spec.replicas: hosts, 2 a slice here.
+    scale = kubectl.get_json("tj", name) if kubectl.old else yaml.safe_load(
+        kubectl("get", "tj", name, "--subresource=scale", "-o", "yaml"))
+    assert scale["spec"]["replicas"] == 4
+    err = kubectl.fails("scale", "tj", name, "--replicas=5")
+    assert "spec.replicas (5) is not a whole number of TPU slices" in err
+    assert "set spec.replicas to a multiple of 2" in err
+    assert kubectl("get", "tj", name, "-o", "jsonpath={.spec.replicas}") == "4"
+    kubectl("scale", "tj", name, "--replicas=6")  # a third slice
+    assert kubectl("get", "tj", name, "-o", "jsonpath={.spec.replicas}") == "6"
+    kubectl("scale", "tj", name, "--replicas=2")  # down to one slice, minReplicas
+    assert kubectl("get", "tj", name, "-o", "jsonpath={.spec.replicas}") == "2"

@@ -58,6 +58,8 @@ class FakeCluster:
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # Node -> scheduled host maintenance start (GKE's scheduled-maintenance-time label).
     nodes_maintenance: dict[str, datetime] = dataclasses.field(default_factory=dict)
+    # Node -> its GKE node pool, as the operator's node watch sees it; None: nodes not watched.
+    node_pools: dict[str, str] | None = None
 
     def observe(self) -> Observed:
         try:
@@ -74,6 +76,7 @@ class FakeCluster:
             nodes_not_ready_since=self.nodes_not_ready_since,
             settings=self.settings, rejected=self.rejected,
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
+            node_pools=self.node_pools,
         )
 
     def reconcile(self) -> Plan:

@@ -46,3 +46,17 @@ def test_gpu_and_cpu_hosts_are_not_pinned_to_a_pool(example):
     for pod in _gang(example):
         assert slices.SLICE_LABEL not in pod["metadata"]["labels"]
         assert "affinity" not in pod["spec"]
+
+
+def test_a_follower_keeps_its_node_affinity_and_trades_the_pod_terms_for_the_pool():
+    leader, follower = _gang("gke-tpu-v5e.yaml")
+    no_maintenance = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "cloud.google.com/scheduled-maintenance-time", "operator": "DoesNotExist"}]}]}}
+    follower["spec"]["affinity"]["nodeAffinity"] = no_maintenance
+    pinned = slices.as_follower(follower, "tpu-pool-7")
+    assert pinned["spec"]["affinity"] == {"nodeAffinity": no_maintenance}
+    assert pinned["spec"]["nodeSelector"] == {**follower["spec"]["nodeSelector"],
+                                              slices.NODE_POOL_LABEL: "tpu-pool-7"}
+    assert "podAffinity" in follower["spec"]["affinity"]  # the rendered pod is left as it was
+    assert "affinity" not in slices.as_follower(leader, "tpu-pool-7")["spec"]

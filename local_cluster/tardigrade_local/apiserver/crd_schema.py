@@ -19,6 +19,7 @@ from typing import Any
 
 import celpy
 
+from .celstrings import FUNCTIONS as STRINGS_EXT
 from .errors import (
     FieldCause,
     cause_duplicate,
@@ -290,7 +291,7 @@ _CEL_ENV = celpy.Environment()
 
 @functools.lru_cache(maxsize=512)
 def _program(rule: str) -> Any:
-    return _CEL_ENV.program(_CEL_ENV.compile(rule))
+    return _CEL_ENV.program(_CEL_ENV.compile(rule), functions=STRINGS_EXT)
 
 
 def _schema_type_name(schema: dict[str, Any]) -> str:

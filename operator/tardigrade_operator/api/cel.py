@@ -4,6 +4,9 @@ A rule lives on the model class (`cel_rules`) and is emitted into the CRD as an
 `x-kubernetes-validations` entry; `CelValidated` evaluates the same expression with cel-python
 when the model is built in Python, so a spec rejected by a real API server is rejected by
 `tardigrade` tooling too, with the same message.
+
+cel-python knows the CEL standard definitions only; the API server also offers cel-go's
+extended strings library to every rule (see `_SERVER_FUNCTIONS`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import functools
 from typing import Any, ClassVar
 
 import celpy
+from celpy import celtypes
 from pydantic import BaseModel, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -23,6 +27,9 @@ class CelRule:
     message: str
     # Relative JSONPath-like field the rule is about (".minReplicas"): error messages name it.
     field_path: str = ""
+    # A CEL expression that renders the error message from the object (its numbers, the fix);
+    # `message` is the fallback where it cannot be rendered.
+    message_expression: str = ""
 
     @property
     def transition(self) -> bool:
@@ -31,15 +38,28 @@ class CelRule:
 
     def to_crd(self) -> dict[str, str]:
         entry = {"rule": self.rule, "message": self.message}
+        if self.message_expression:
+            entry["messageExpression"] = self.message_expression
         if self.field_path:
             entry["fieldPath"] = self.field_path
         return entry
 
 
+def _split(text: str, separator: str) -> Any:
+    # `<string>.split(<string>)` of cel-go's ext.Strings (Go's strings.Split); rules split on
+    # a non-empty separator only.
+    return celtypes.ListType([celtypes.StringType(p) for p in text.split(separator)])
+
+
+# The library functions our rules use beyond the CEL standard, as the API server defines them
+# (k8s.io/apiserver/pkg/cel/environment/base.go enables ext.Strings for every CEL rule).
+_SERVER_FUNCTIONS = {"split": _split}
+
+
 @functools.cache
 def _compiled(rule: str) -> Any:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions=_SERVER_FUNCTIONS)
 
 
 def evaluate(rule: str, value: dict[str, Any]) -> bool:
@@ -49,6 +69,16 @@ def evaluate(rule: str, value: dict[str, Any]) -> bool:
         # A rule that cannot evaluate (e.g. a missing field) counts as failed, as on the server.
         return False
     return bool(result)
+
+
+def render_message(rule: CelRule, value: dict[str, Any]) -> str:
+    """The rule's error message for `value`: its messageExpression when that renders a
+    non-blank string (as the API server does), else the static message."""
+    if rule.message_expression:
+        rendered = _compiled(rule.message_expression).evaluate({"self": celpy.json_to_cel(value)})
+        if isinstance(rendered, str) and rendered.strip():
+            return str(rendered)
+    return rule.message
 
 
 class CelValidated(BaseModel):
@@ -68,6 +98,7 @@ class CelValidated(BaseModel):
                 raise PydanticCustomError(
                     "cel_rule",
                     "{message}",
-                    {"message": rule.message, "field_path": rule.field_path.lstrip(".")},
+                    {"message": render_message(rule, data),
+                     "field_path": rule.field_path.lstrip(".")},
                 )
         return self

@@ -22,7 +22,7 @@ CRD_NAME = f"{types.PLURAL}.{types.GROUP}"
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas",
-     "description": "Desired number of hosts"},
+     "description": "Desired number of hosts: the unit of kubectl scale (TPU: whole slices)"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step",
      "description": "Latest training step reported by the trainer"},
@@ -30,6 +30,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Step of the newest committed checkpoint"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total",
      "description": "Gang restarts (preemptions + failures + resizes)"},
+    {"name": "Slices", "type": "integer", "jsonPath": ".status.slices",
+     "description": "TPU slices of the current attempt (Replicas counts their hosts)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.restarts.preemptions",

@@ -65,7 +65,7 @@ def explain(
                 message += f"; allowed fields: {', '.join(allowed)}"
         elif item["type"] == "missing":
             message = "required field is missing"
-        elif "input" in item and item["type"] not in ("cel_rule", "tpu_slice", "quantity",
+        elif "input" in item and item["type"] not in ("cel_rule", "quantity",
                                                          "qualified_name", "reserved_key",
                                                          "trainer_size", "trainer_depth"):
             message = f"{message} (got {_short(item['input'])})"

@@ -20,7 +20,6 @@ from pydantic import (
     PlainValidator,
     WithJsonSchema,
     field_validator,
-    model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
@@ -274,6 +273,44 @@ class ResourceRequirements(ApiModel):
     )
 
 
+def _slice_chips(topology: str) -> str:
+    """CEL: the chips of one slice of `topology` ("AxB" or "AxBxC"), a product of its sides.
+    The string functions (split) are cel-go's extended strings library, which every
+    Kubernetes API server enables for CRD rules."""
+    sides = f"{topology}.split('x')"
+    return (f"int({sides}[0]) * int({sides}[1]) * "
+            f"(size({sides}) == 3 ? int({sides}[2]) : 1)")
+
+
+def _sliced_tpu(accel: str) -> str:
+    """CEL: `accel` is a TPU with chips per host and a well-formed topology (the schema's
+    pattern reports a malformed one; this keeps the arithmetic from failing on it)."""
+    return (f"{accel}.kind == 'tpu' && has({accel}.count) && has({accel}.topology) && "
+            f"{accel}.topology.matches('^[0-9]+x[0-9]+(x[0-9]+)?$')")
+
+
+def _whole_slices_rule(field: str, why: str) -> CelRule:
+    """spec.<field> hosts are a whole number of TPU slices: field * chips per host is a multiple
+    of one slice's chips. Left to the count rule when the chips do not split into hosts."""
+    chips = _slice_chips("self.accelerator.topology")
+    accel = "self.accelerator"
+    unset = "" if field == "replicas" else f"!has(self.{field}) || "
+    hosts = f"string(({chips}) / {accel}.count)"
+    return CelRule(
+        f"{unset}!({_sliced_tpu(accel)} && ({chips}) % {accel}.count == 0) || "
+        f"self.{field} * {accel}.count % ({chips}) == 0",
+        f"spec.{field} must be a whole number of TPU slices: it counts hosts ({why}), and one "
+        f"slice is the chips of accelerator.topology / accelerator.count hosts (topology 4x4 "
+        f"with count 4: 4 hosts); set spec.{field} to a multiple of that",
+        f".{field}",
+        message_expression=(
+            f"'spec.{field} (' + string(self.{field}) + ') is not a whole number of TPU slices: "
+            f"it counts hosts ({why}), and one ' + {accel}.topology + ' slice is ' + {hosts} + "
+            f"' hosts of ' + string({accel}.count) + ' chips; set spec.{field} to a multiple of "
+            f"' + {hosts}"),
+    )
+
+
 class AcceleratorSpec(ApiModel):
     """What each replica (host) runs on. Mapped to GKE node selectors and resource limits."""
 
@@ -290,8 +327,9 @@ class AcceleratorSpec(ApiModel):
         None, ge=1, le=16,
         description="Accelerator chips per replica (GPUs per pod, or TPU chips per host).",
     )
+    # maxLength bounds the rules' estimated cost on a real server (split is priced by length).
     topology: str | None = Field(
-        None, pattern=r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$",
+        None, max_length=11, pattern=r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$",
         description='TPU slice topology, "AxB" (v5e, v6e) or "AxBxC" (v4, v5p, tpu7x).',
     )
 
@@ -316,6 +354,12 @@ class AcceleratorSpec(ApiModel):
             "accelerator: tpu-v5-lite and tpu-v6e slices take a 2D topology (AxB); tpu-v4, "
             "tpu-v5p and tpu7x take a 3D topology (AxBxC)",
             ".topology",
+        ),
+        CelRule(
+            f"!({_sliced_tpu('self')}) || ({_slice_chips('self.topology')}) % self.count == 0",
+            "accelerator: count (chips per host) must divide the chips of topology, so that a "
+            "slice is a whole number of hosts: topology 2x4 (8 chips) takes count 1, 2, 4 or 8",
+            ".count",
         ),
     )
 
@@ -608,7 +652,11 @@ class NetworkPolicySpec(ApiModel):
 class TrainingJobSpec(ApiModel):
     """The desired state of a TrainingJob."""
 
-    replicas: int = Field(1, ge=1, le=4096, description="Number of hosts (one trainer pod each).")
+    replicas: int = Field(
+        1, ge=1, le=4096,
+        description="Number of hosts (one trainer pod each), the unit `kubectl scale "
+        "--replicas` sets too. TPU: a whole number of slices, i.e. a multiple of one slice's "
+        "hosts (topology chips / accelerator.count): 2 slices of 2x4 with count 4 are 4.")
     min_replicas: int | None = Field(
         None, ge=1, le=4096,
         description="Elastic lower bound: with capacity short, relaunch with fewer replicas.",
@@ -645,6 +693,11 @@ class TrainingJobSpec(ApiModel):
         CelRule("!has(self.minReplicas) || !has(self.maxReplicas) || "
                 "self.minReplicas <= self.maxReplicas",
                 "spec.minReplicas must be <= spec.maxReplicas", ".minReplicas"),
+        # Replicas are hosts; several whole slices of the topology make a multislice job.
+        _whole_slices_rule("replicas", "so does kubectl scale --replicas"),
+        # A TPU job shrinks and grows by whole slices, so its bounds are whole slices too.
+        _whole_slices_rule("minReplicas", "the job shrinks by whole slices"),
+        _whole_slices_rule("maxReplicas", "the job grows by whole slices"),
     )
 
     @field_validator("trainer")
@@ -674,44 +727,6 @@ class TrainingJobSpec(ApiModel):
                 {"size": size, "limit": MAX_TRAINER_CONFIG_BYTES},
             )
         return value
-
-    @model_validator(mode="after")
-    def _tpu_slice_matches_replicas(self) -> TrainingJobSpec:
-        # Not expressible in the CEL subset we can evaluate here (needs string split), so the
-        # API server accepts it and the operator reports it as an InvalidSpec condition.
-        # Replicas are hosts; several whole slices of the topology make a multislice job.
-        accel = self.accelerator
-        chips = accel.topology_chips()
-        if (
-            accel.kind == "tpu"
-            and chips is not None
-            and accel.count is not None
-            and (self.replicas * accel.count) % chips
-        ):
-            raise PydanticCustomError(
-                "tpu_slice",
-                "a TPU slice of topology {topology} has {chips} chips, but replicas "
-                "({replicas}) x accelerator.count ({count}) = {product} is not a whole number of "
-                "slices: set replicas to a multiple of {hosts}",
-                {"topology": accel.topology, "chips": chips, "replicas": self.replicas,
-                 "count": accel.count, "product": self.replicas * accel.count,
-                 "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
-                 "field_path": "replicas"},
-            )
-        # A TPU job shrinks and grows by whole slices, so its bounds are whole slices too.
-        for field, bound in (("minReplicas", self.min_replicas),
-                             ("maxReplicas", self.max_replicas)):
-            if (accel.kind == "tpu" and chips is not None and accel.count is not None
-                    and bound is not None and (bound * accel.count) % chips):
-                raise PydanticCustomError(
-                    "tpu_slice_bound",
-                    "{field} ({bound}) is not a whole number of TPU slices of topology "
-                    "{topology}: set it to a multiple of {hosts}",
-                    {"field": field, "bound": bound, "topology": accel.topology,
-                     "hosts": chips // accel.count if chips % accel.count == 0 else "a divisor",
-                     "field_path": field},
-                )
-        return self
 
 
 # -------------------------------------------------------------------------------- status ---
@@ -809,6 +824,9 @@ class TrainingJobStatus(ApiModel):
 
     phase: Phase = "Pending"
     replicas: int = Field(0, ge=0, description="Replicas of the current attempt.")
+    slices: int | None = Field(
+        None, ge=0, description="TPU slices of the current attempt (replicas counts their "
+        "hosts); unset for GPU and CPU jobs.")
     selector: str = Field("", description="Label selector of the pods (scale subresource).")
     attempt: int = Field(0, ge=0, description="Launch epoch: bumped on every gang relaunch.")
     observed_generation: int = Field(0, ge=0)
