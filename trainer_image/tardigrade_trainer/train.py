@@ -12,7 +12,7 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tardigrade_trainer import data, mesh, model, testhooks
+from tardigrade_trainer import data, distributed, mesh, model, testhooks
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
 from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
@@ -80,6 +80,27 @@ class Trainer:
                                                                              eqx.is_array))
         return {"model": eqx.apply_updates(state["model"], updates), "opt": opt}, loss
 
+    def _compile_before_the_first_collective(self, step_fn: Any, state: Any, step: int,
+                                             batch_sharding: NamedSharding) -> None:
+        """Compile the step on every host, then meet, before the gang's first collective.
+
+        XLA's CPU collectives give a peer a fixed 30 s to reach the first collective
+        (GlooKeyValueStore::get, xla/backends/cpu/collectives/gloo_kv_store.cc); on a loaded
+        host compiling the step can take longer than that, and the whole gang then fails. The
+        coordination service's barrier waits as long as start-up may (`init_timeout_seconds`).
+        The compiled step is cached, so the loop's first call does not compile it again."""
+        if jax.process_count() == 1:
+            return
+        x, y = data.sharded_batch(self.config, step, batch_sharding)
+        step_fn.lower(state, x, y).compile()
+        timeout = self.env.init_timeout_seconds
+        try:
+            distributed.barrier(f"tardigrade-compiled-{self.env.attempt}", timeout)
+        except Exception as err:  # the coordination service's error for a missing peer
+            raise distributed.PeerTimeoutError(
+                f"not every rank had compiled the training step within {timeout:g} s: {err}"
+            ) from err
+
     def run(self) -> None:
         with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
             self._run()
@@ -102,6 +123,8 @@ class Trainer:
                                 donate_args=(True, False, False))
         batch_sharding = NamedSharding(plan.mesh, PartitionSpec(plan.batch_axes, None))
         tokens_per_step = config.global_batch_size * config.seq_len
+        if start <= config.steps:
+            self._compile_before_the_first_collective(step_fn, state, start, batch_sharding)
         window_start, window_steps = time.perf_counter(), 0
 
         for step in session.steps(config.steps):
