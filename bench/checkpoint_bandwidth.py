@@ -1,6 +1,7 @@
 """Checkpoint save/restore bandwidth against raw disk and orbax, in one run on one machine.
 
     python bench/checkpoint_bandwidth.py --gib 1 [--dir DIR] [--devices 4] [--repeats 5]
+    python bench/checkpoint_bandwidth.py --gib 0.5 --repeats 3 --skip-crc --skip-orbax  # quick
     python bench/checkpoint_bandwidth.py --gcs --gib 0.25 [--repeats 3]
 
 With --gcs every contender saves to and restores from gs:// on the local GCS emulator
@@ -17,7 +18,11 @@ Prints, for a sharded float32 state of about --gib GiB:
     configured by default (XXH3 digests of every shard in the commit marker, checked on
     restore) and with the optional zarr crc32c codec on top;
   * training-loop time blocked per async save, absolute and as a fraction of the full save;
-  * the same figures for orbax-checkpoint's StandardCheckpointer on the same state.
+  * the same figures for orbax-checkpoint's StandardCheckpointer on the same state;
+  * on a disk, the manager with its local-disk chunk-file backend off (everything through
+    TensorStore), and the backend's ratio to it: it stays only while that ratio is above 1.
+    Each tardigrade contender reports the chunk files the backend wrote or read; with none
+    (a filesystem it cannot use) the ratio is not judged.
 
 Fairness rules, each of which changed the figures when broken:
   * one untimed warm-up round first (first save compiles, first restore after a save in the
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 BLOCK = 64 << 20
+TENSORSTORE_ONLY = "tardigrade, TensorStore only (no chunk files)"
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-crc", action="store_true",
                         help="skip the tardigrade run with the crc32c codec")
     parser.add_argument("--skip-orbax", action="store_true")
+    parser.add_argument("--skip-tensorstore-only", action="store_true",
+                        help="skip the tardigrade run without the chunk-file backend")
     parser.add_argument("--gcs", action="store_true",
                         help="save and restore through the local GCS emulator, not a disk")
     return parser.parse_args()
@@ -213,12 +221,19 @@ class GcsStorage:
 
 
 class Tardigrade:
-    def __init__(self, storage: DiskStorage | GcsStorage, root: str, checksum: bool) -> None:
+    def __init__(self, storage: DiskStorage | GcsStorage, root: str, checksum: bool,
+                 chunk_files: bool = True) -> None:
         from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
 
         self.storage = storage
         self.root = root
-        self.manager = CheckpointManager(root, checksum=checksum, keep=KeepLast(2))
+        self.manager = CheckpointManager(root, checksum=checksum, keep=KeepLast(2),
+                                         chunk_files=chunk_files)
+
+    def chunk_files_used(self) -> int:
+        """Chunk files this manager wrote or read itself (0: all went through TensorStore)."""
+        io = self.manager.chunk_io
+        return 0 if io is None else io.files_written + io.files_read
 
     def save(self, step: int, state: Any) -> float:
         return self.manager.save(step, state)
@@ -269,6 +284,7 @@ def measure(checkpointer: Tardigrade | Orbax, state: Any, target: Any,
     import jax
     import numpy as np
 
+    chunk_files = getattr(checkpointer, "chunk_files_used", None)
     figures = {"blocked_first": checkpointer.save(1, state)}
     checkpointer.wait()
     blocked = 0.0
@@ -298,6 +314,8 @@ def measure(checkpointer: Tardigrade | Orbax, state: Any, target: Any,
     if served is not None:
         figures["restore_requests"] = (storage.requests() or 0) - served
     assert restored is not None
+    if chunk_files is not None:
+        figures["chunk_files"] = chunk_files()
     assert all(np.array_equal(restored[k], state[k]) for k in state), "restore differs"
     del restored
     checkpointer.close()
@@ -353,6 +371,10 @@ def main() -> int:
     contenders: dict[str, Callable[[str], Tardigrade | Orbax]] = {
         "tardigrade": lambda root: Tardigrade(storage, root, checksum=False)
     }
+    if not args.gcs and not args.skip_tensorstore_only:
+        # The local-disk chunk-file backend stays only while it beats this arm.
+        contenders[TENSORSTORE_ONLY] = lambda root: Tardigrade(storage, root, checksum=False,
+                                                               chunk_files=False)
     if not args.skip_crc:
         contenders["tardigrade + crc32c codec"] = lambda root: Tardigrade(storage, root,
                                                                           checksum=True)
@@ -432,6 +454,21 @@ def main() -> int:
         print(f"    blocked {median([f['blocked'] for f in runs]) * 1e3:6.1f} ms per save  "
               f"{spread([f['blocked_frac'] * 100 for f in runs], '.1f')}% of the full save  "
               f"(first save in the process: {warmup[name]['blocked_first'] * 1e3:.1f} ms)")
+        if "chunk_files" in runs[0]:
+            print(f"    chunk files written or read by the local-disk backend: "
+                  f"{median([f['chunk_files'] for f in runs]):.0f} per round")
+    if TENSORSTORE_ONLY in contenders and not args.gcs:
+        used = median([r["tardigrade"]["chunk_files"] for r in timed_rounds])
+        if not used:
+            print("chunk-file backend: not exercised (every chunk went through TensorStore); "
+                  "no judgement")
+        else:
+            for phase in ("save", "restore"):
+                ratio = [r["tardigrade"][phase] / r[TENSORSTORE_ONLY][phase]
+                         for r in timed_rounds]
+                verdict = "earns its place" if median(ratio) > 1.0 else "does NOT earn its place"
+                print(f"chunk-file backend {phase}: with / without {spread(ratio, '.2f')}x: "
+                      f"{verdict}")
     orbax = "orbax StandardCheckpointer"
     if args.gcs and orbax in contenders:
         for phase in ("save", "restore"):

@@ -3,7 +3,8 @@
 A campaign is one training run on one checkpoint root, restarted after every kill as the
 operator would (restore "latest"). Each trial draws a kill from a seeded generator:
 
-* hook:     SIGKILL at a named point of a save (testhooks: save_start ... after_gc);
+* hook:     SIGKILL at a named point of a save (checkpoint/faults.py: save_start ...
+            after_gc, injected by tests/trainer/faulty_trainer.py);
 * timer:    SIGKILL a random few milliseconds after a save started (inside its writes);
 * anywhere: SIGKILL at a random moment: a random delay after launch (start-up, restore) or
             a random jitter after a random training step (training, saves, GC).

@@ -119,8 +119,8 @@ def test_restore_keeps_reads_in_flight_under_the_bound(tmp_path, monkeypatch, ta
                                 verify_restore=verify)
     manager.save(1, saved)
     manager.wait()
-    counter = CountingReads(manager._read_region)
-    monkeypatch.setattr(manager, "_read_region", counter)
+    counter = CountingReads(manager.store.read_region)
+    monkeypatch.setattr(manager.store, "read_region", counter)
     mesh = Mesh(devices.reshape(target_mesh), ("data", "model"))
     target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, spec))
               for k, v in saved.items()}

@@ -19,6 +19,8 @@ from tardigrade_trainer import contract
 from tests.polling import wait_for  # noqa: F401  (re-exported for the test modules)
 
 REPO = Path(__file__).resolve().parents[2]
+# The reference trainer with faults injected (`hooks`): a test-only entry point.
+FAULTY_TRAINER = Path(__file__).with_name("faulty_trainer.py")
 SOURCE_PATHS = [str(REPO / "trainer_image"), str(REPO / "local_cluster")]
 
 # Small enough that a step takes milliseconds and compiling takes seconds on 2 CPU cores.
@@ -127,7 +129,12 @@ def launch(
     rank_env: dict[int, dict[str, str]] | None = None,
     argv: list[str] | None = None,
 ) -> Gang:
-    """`argv`: what each rank runs (default: the reference trainer)."""
+    """`argv`: what each rank runs (default: the reference trainer). `hooks`: faults the
+    reference trainer injects (injected_faults.py), through the test-only entry point."""
+    if hooks and argv is not None:
+        raise ValueError("hooks run the reference trainer (faulty_trainer.py): drop argv")
+    if hooks:
+        argv = [sys.executable, str(FAULTY_TRAINER), json.dumps(hooks), str(workdir)]
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
@@ -149,8 +156,6 @@ def launch(
         env.update(env_contract.to_env())
         env["PYTHONPATH"] = os.pathsep.join([*SOURCE_PATHS, env.get("PYTHONPATH", "")])
         env["JAX_PLATFORMS"] = "cpu"
-        env["TARDIGRADE_TEST_HOOKS"] = json.dumps(hooks or [])
-        env["TARDIGRADE_TEST_HOOK_DIR"] = str(workdir)
         env.update(extra_env or {})
         env.update((rank_env or {}).get(rank, {}))  # e.g. a host that sees another root
         procs.append(subprocess.Popen(

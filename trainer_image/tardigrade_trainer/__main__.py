@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from tardigrade_trainer import contract
 from tardigrade_trainer.config import ConfigError, TrainerConfig
+
+if TYPE_CHECKING:
+    from tardigrade_trainer.checkpoint.faults import SaveFaults
 
 
 def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
@@ -30,7 +34,8 @@ preempted, {contract.EXIT_CONFIG_ERROR} config error, {contract.EXIT_FAILED} fai
 termination message goes to ${contract.ENV_TERMINATION_LOG}."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int:
+    """`faults`: for tests only (checkpoint/faults.py), passed to the session."""
     if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
         print(USAGE)
         return 0
@@ -54,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from tardigrade_trainer.train import Trainer, checkpoint_options
 
     # The session turns every outcome into the contract's exit code and termination message.
-    with TrainingSession(env=env, checkpoint_options=checkpoint_options(config)) as session:
+    with TrainingSession(env=env, checkpoint_options=checkpoint_options(config),
+                         faults=faults) as session:
         Trainer(session, config).run()
     return contract.EXIT_SUCCEEDED
 

@@ -86,7 +86,7 @@ class Checkpoints(Protocol):
 
 def keep_policy(env: contract.TrainerEnvironment) -> KeepPolicy:
     """The retention the operator asked for (spec.checkpoint.keep)."""
-    policies: list[KeepPolicy] = [KeepLast(env.checkpoint_keep_last or 1)]
+    policies: list[KeepPolicy] = [KeepLast(env.keep_last)]
     if env.checkpoint_keep_every:
         policies.append(KeepEvery(env.checkpoint_keep_every))
     return keep_union(*policies)

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from tardigrade_trainer import contract
+
 
 class ConfigError(ValueError):
     """The trainer config cannot run as written (exit code EXIT_CONFIG_ERROR)."""
@@ -36,19 +38,20 @@ class TrainerConfig:
     # Gathers the whole state after every save/restore to log a hash: for tests, costly at scale.
     debug_state_hash: bool = False
     # How long a host waits for its peers at a checkpoint barrier before the save is failed.
-    checkpoint_barrier_timeout_seconds: float = 600.0
+    checkpoint_barrier_timeout_seconds: float = (
+        contract.DEFAULT_CHECKPOINT_BARRIER_TIMEOUT_SECONDS)
     # A zarr crc32c per chunk, on top of the digests in the commit marker (which already
     # check every restored byte): for tools that read the arrays without the marker. Costly:
     # TensorStore's PyPI build computes crc32c at ~2.3 GB/s per core, on save and on restore.
     checkpoint_checksum: bool = False
     # Object storage (gs://): retries of a failed or stalled request (429, 5xx, transport
     # errors), and how long a request may receive nothing before it counts as failed.
-    checkpoint_storage_retries: int = 8
-    checkpoint_storage_stall_seconds: int = 60
+    checkpoint_storage_retries: int = contract.DEFAULT_STORAGE_RETRIES
+    checkpoint_storage_stall_seconds: int = contract.DEFAULT_STORAGE_STALL_SECONDS
     # Compare the restored shards with the digests recorded at save time (one hash pass).
     checkpoint_verify_restore: bool = True
     # Host memory a restore may fill with reads not yet checked and put on their devices.
-    checkpoint_restore_inflight_mib: int = 4096
+    checkpoint_restore_inflight_mib: int = contract.DEFAULT_RESTORE_INFLIGHT_MIB
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
     # here starts training seconds sooner. Must be shared by the hosts that relaunch (a volume,
     # or the machine itself on the local cluster). Unset: JAX's own default (no cache).

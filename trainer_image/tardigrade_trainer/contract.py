@@ -85,6 +85,19 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 # - shutdownGracePeriodCriticalPods) = the first 15 s of the 30 s notice
 # (pkg/kubelet/nodeshutdown/nodeshutdown_manager.go: migrateConfig, podManager.killPods).
 DEFAULT_SHUTDOWN_WINDOW_SECONDS = 15
+# spec.checkpoint.keep.last when the job does not say, and the trainer's keep policy when
+# TARDIGRADE_CHECKPOINT_KEEP_LAST is unset: one value for both sides.
+DEFAULT_CHECKPOINT_KEEP_LAST = 3
+DEFAULT_INIT_TIMEOUT_SECONDS = 300.0
+# Defaults of the checkpoint library that the reference trainer's spec.trainer settings
+# (config.py) expose: stated once, here, because both sides must stay importable without jax.
+# How long a host waits for its peers at a step of a save before the save fails.
+DEFAULT_CHECKPOINT_BARRIER_TIMEOUT_SECONDS = 600.0
+# Object storage: retries of a failed or stalled request, and the stall that cuts one.
+DEFAULT_STORAGE_RETRIES = 8
+DEFAULT_STORAGE_STALL_SECONDS = 60
+# Host memory a restore may fill with reads not yet checked and put on their devices.
+DEFAULT_RESTORE_INFLIGHT_MIB = 4096
 # Kubernetes truncates termination messages beyond this many bytes.
 TERMINATION_MESSAGE_LIMIT = 4096
 # Longest string field of a report (a checkpoint path, a message) the operator takes in.
@@ -125,13 +138,13 @@ class TrainerEnvironment:
     restore_step: str = RESTORE_LATEST
     checkpoint_interval_steps: int | None = None
     checkpoint_interval_seconds: float | None = None
-    checkpoint_keep_last: int | None = 3
+    checkpoint_keep_last: int | None = DEFAULT_CHECKPOINT_KEEP_LAST
     checkpoint_keep_every: int | None = None
     save_on_preemption: bool = True
     progress_port: int | None = None
     trainer_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     termination_log: str = DEFAULT_TERMINATION_LOG
-    init_timeout_seconds: float = 300.0
+    init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS
     shutdown_window_seconds: float = DEFAULT_SHUTDOWN_WINDOW_SECONDS
     rendezvous_token_file: str | None = None
     rendezvous_insecure: bool = False
@@ -140,6 +153,12 @@ class TrainerEnvironment:
     rollback_request: str | None = None
     init_from_path: str | None = None
     init_from_step: int | None = None
+
+    @property
+    def keep_last(self) -> int:
+        """How many committed checkpoints to keep: the API's default when unset."""
+        last = self.checkpoint_keep_last
+        return DEFAULT_CHECKPOINT_KEEP_LAST if last is None else last
 
     def to_env(self) -> dict[str, str]:
         """Render as environment variables (unset optional values are left out)."""
@@ -251,7 +270,8 @@ class TrainerEnvironment:
             progress_port=optional_int(ENV_PROGRESS_PORT),
             trainer_config=trainer_config,
             termination_log=env.get(ENV_TERMINATION_LOG) or DEFAULT_TERMINATION_LOG,
-            init_timeout_seconds=optional_float(ENV_INIT_TIMEOUT_SECONDS) or 300.0,
+            init_timeout_seconds=(optional_float(ENV_INIT_TIMEOUT_SECONDS)
+                                  or DEFAULT_INIT_TIMEOUT_SECONDS),
             shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
             rendezvous_token_file=env.get(ENV_RENDEZVOUS_TOKEN_FILE) or None,
             rendezvous_insecure=(env.get(ENV_RENDEZVOUS_INSECURE) or "").lower() == "true",

@@ -65,7 +65,7 @@ class OrbaxCheckpoints:
         """An Orbax manager at the operator's path, keeping `keepLast` checkpoints; `options`
         go to `CheckpointManagerOptions`."""
         ocp = _orbax()
-        options.setdefault("max_to_keep", env.checkpoint_keep_last or 1)
+        options.setdefault("max_to_keep", env.keep_last)
         if env.checkpoint_keep_every:
             options.setdefault("keep_period", env.checkpoint_keep_every)
         return cls(ocp.CheckpointManager(env.checkpoint_path,

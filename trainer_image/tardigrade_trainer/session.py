@@ -32,6 +32,7 @@ from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
 
 if TYPE_CHECKING:  # the backends import jax and tensorstore: only once a session starts
+    from tardigrade_trainer.checkpoint.faults import SaveFaults
     from tardigrade_trainer.checkpoint_backend import Checkpoints
 
 # -1: start from scratch.
@@ -126,19 +127,23 @@ class TrainingSession:
     `env`: the operator's environment, read from os.environ when not given.
     `checkpoint_options`: settings for the named backend's manager (our `CheckpointManager`,
     or Orbax's `CheckpointManagerOptions`).
+    `faults`: for tests only, faults injected at the named points of checkpoint/faults.py
+    (our backend's save stages and the end of each step); None injects nothing.
     """
 
     def __init__(self,
                  checkpoints: str | Callable[[contract.TrainerEnvironment], Checkpoints]
                  = "tardigrade", *,
                  env: contract.TrainerEnvironment | None = None,
-                 checkpoint_options: Mapping[str, Any] | None = None) -> None:
+                 checkpoint_options: Mapping[str, Any] | None = None,
+                 faults: SaveFaults | None = None) -> None:
         if isinstance(checkpoints, str) and checkpoints not in BACKENDS:
             raise ValueError(f"checkpoints={checkpoints!r}: use one of {', '.join(BACKENDS)} "
                              "or a callable that builds a backend from the environment")
         self._choice = checkpoints
         self._given_env = env
         self._options = dict(checkpoint_options or {})
+        self._faults = faults
         self.env: contract.TrainerEnvironment
         self._checkpoints: Checkpoints | None = None
         self.restore_step = _NO_RESTORE
@@ -219,8 +224,10 @@ class TrainingSession:
                                              **self._options)
         from tardigrade_trainer.checkpoint_backend import TardigradeCheckpoints
 
+        options = self._options if self._faults is None else {**self._options,
+                                                               "faults": self._faults}
         return TardigradeCheckpoints.from_env(self.env, on_event=self._on_checkpoint_event,
-                                              **self._options)
+                                              **options)
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:
         self.log(event)
@@ -299,6 +306,12 @@ class TrainingSession:
                       **{k: v for k, v in fields.items() if v is not None}})
         self.metrics.report(**changes)
         self._report_checkpoint()
+        if self._faults is not None:
+            import jax
+
+            from tardigrade_trainer.checkpoint.faults import STEP_END
+
+            self._faults.at(STEP_END, step, jax.process_index())
 
     def save_reason(self, step: int) -> str | None:
         """Why `step` must be saved ("preemption", "interval", "final"), or None.

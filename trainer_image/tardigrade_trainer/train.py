@@ -12,7 +12,7 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tardigrade_trainer import data, distributed, mesh, model, testhooks
+from tardigrade_trainer import data, distributed, mesh, model
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
 from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
@@ -140,7 +140,6 @@ class Trainer:
                 session.report(step, loss=loss_value, tokens_per_second=tps)
             else:
                 session.report(step)
-            testhooks.hit("step_end", step, jax.process_index())
             reason = session.save_reason(step)
             if reason is not None:
                 if config.debug_state_hash:

@@ -462,7 +462,9 @@ class CheckpointInterval(ApiModel):
 class KeepPolicy(ApiModel):
     """Which committed checkpoints to keep. The newest committed one is always kept."""
 
-    last: int = Field(3, ge=1, le=1000, description="Keep the newest N committed checkpoints.")
+    last: int = Field(
+        contract.DEFAULT_CHECKPOINT_KEEP_LAST, ge=1, le=1000,
+        description="Keep the newest N committed checkpoints.")
     every: int | None = Field(
         None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
     )

@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from tardigrade_trainer import contract
 from tardigrade_trainer.checkpoint import digest
-from tardigrade_trainer.config import TrainerConfig
 
-# The trainer's setting (`checkpoint_restore_inflight_mib`, 4 GiB): enough for 16 I/O threads
-# (or TensorStore's gcs concurrency) to keep busy with chunks of up to hundreds of MiB; a
-# single slice larger than this is still read, alone.
-DEFAULT_INFLIGHT_BYTES = TrainerConfig.checkpoint_restore_inflight_mib << 20
+# 4 GiB (the trainer's `checkpoint_restore_inflight_mib`): enough for 16 I/O threads (or
+# TensorStore's gcs concurrency) to keep busy with chunks of up to hundreds of MiB; a single
+# slice larger than this is still read, alone.
+DEFAULT_INFLIGHT_BYTES = contract.DEFAULT_RESTORE_INFLIGHT_MIB << 20
 
 
 def _grid_edges(keys: list[str], rank: int) -> list[list[int]] | None:

@@ -33,8 +33,10 @@ from typing import Any
 import tensorstore as ts
 
 from tardigrade_trainer import distributed
-from tardigrade_trainer.checkpoint.manager import CheckpointIOError, kvstore_spec
+from tardigrade_trainer.checkpoint.errors import CheckpointIOError
+from tardigrade_trainer.checkpoint.layout import kvstore_spec
 from tardigrade_trainer.config import ConfigError
+from tardigrade_trainer.contract import DEFAULT_CHECKPOINT_BARRIER_TIMEOUT_SECONDS
 
 PROBE_PREFIX = ".tardigrade-shared-probe-"
 _PROBE_PREFIX_END = PROBE_PREFIX[:-1] + chr(ord(PROBE_PREFIX[-1]) + 1)
@@ -89,7 +91,7 @@ def check_shared(
     process_id: int,
     process_count: int,
     context_spec: Mapping[str, Any] | None = None,
-    barrier_timeout_seconds: float = 600.0,
+    barrier_timeout_seconds: float = DEFAULT_CHECKPOINT_BARRIER_TIMEOUT_SECONDS,
     visibility_seconds: float = DEFAULT_VISIBILITY_SECONDS,
 ) -> None:
     """Return if every host sees every host's probe under `root`; else raise

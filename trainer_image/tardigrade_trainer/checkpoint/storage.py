@@ -14,6 +14,8 @@ import os
 import re
 from typing import Any
 
+from tardigrade_trainer import contract
+
 # Status codes (absl) in TensorStore errors that mean "storage did not answer well", as
 # opposed to DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, ... about the bytes themselves.
 _UNAVAILABLE = re.compile(
@@ -32,10 +34,10 @@ class StorageRetries:
     and counts as a failed attempt. Worst case for one request: see `request_bound_seconds`.
     """
 
-    max_retries: int = 8
+    max_retries: int = contract.DEFAULT_STORAGE_RETRIES
     initial_delay_seconds: float = 0.5
     max_delay_seconds: float = 16.0
-    stall_seconds: int = 60
+    stall_seconds: int = contract.DEFAULT_STORAGE_STALL_SECONDS
     stall_bytes_per_second: int = 1
 
     def context_spec(self) -> dict[str, Any]:

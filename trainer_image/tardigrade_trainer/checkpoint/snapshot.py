@@ -1,0 +1,115 @@
+"""Host snapshots: what `save` copies off the devices before it returns to the training loop.
+
+Each host copies only the shards the write plan (writers.py) gives it; the background save
+writes from these copies while the loop goes on and may donate the device buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from tardigrade_trainer.checkpoint import layout, writers
+from tardigrade_trainer.checkpoint import leaves as leafkinds
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLeaf:
+    """One state leaf after its device->host copy: only the shards this host must write."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunk: tuple[int, ...]
+    # numpy data, or (CPU backend) a private on-device copy that is already host memory.
+    shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
+    prng_impl: str | None = None  # a typed PRNG key leaf, stored as its key data
+
+    def recorded(self) -> dict[str, Any]:
+        """The commit marker's `arrays` entry of this leaf."""
+        return {"shape": list(self.shape), "dtype": self.dtype,
+                **({"prng_impl": self.prng_impl} if self.prng_impl else {})}
+
+
+class Snapshotter:
+    """Copies a state's shards to host memory; one per manager (it caches the write plan)."""
+
+    def __init__(self, process_id: int, process_count: int) -> None:
+        self.process_id = process_id
+        self.process_count = process_count
+        self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
+
+    def copy_to_host(self, state: Any) -> list[HostLeaf]:
+        """This host's part of `state`; LeafError for a leaf a checkpoint cannot hold."""
+        leaves = jax.tree_util.tree_leaves(state)
+        names = layout.leaf_names(state)
+        impls: dict[str, str] = {}
+        leaves = list(leaves)
+        for i, (name, leaf) in enumerate(zip(names, leaves, strict=True)):
+            if isinstance(leaf, jax.Array):
+                leafkinds.check_global(name, leaf, self.process_count)
+                if leafkinds.is_prng_key(leaf):
+                    impls[name] = leafkinds.key_impl(leaf)
+                    leaves[i] = jax.random.key_data(leaf)
+            elif not leafkinds.is_host_value(leaf):
+                raise leafkinds.LeafError(
+                    f"state leaf {name!r} is a {type(leaf).__name__}: a checkpoint holds "
+                    "jax.Arrays, numpy arrays and Python numbers")
+        named = [(name, leaf) for name, leaf in zip(names, leaves, strict=True)
+                 if isinstance(leaf, jax.Array)]
+        # The plan depends only on the layout, which a training loop keeps: computing it
+        # (seconds for thousands of devices) once keeps it out of every later save's stall.
+        layout_key = tuple((name, leaf.shape, leaf.dtype, leaf.sharding) for name, leaf in named)
+        if self._write_plan is None or self._write_plan[0] != layout_key:
+            self._write_plan = (layout_key, writers.plan([writers.layout(name, leaf)
+                                                          for name, leaf in named]))
+        plans = self._write_plan[1]
+        mine = {name: [w for w in p.writes if w.device.process_index == self.process_id]
+                for name, p in plans.items()}
+        on_cpu = all(w.device.platform == "cpu" for ws in mine.values() for w in ws)
+        if on_cpu:
+            # CPU "device" memory is host memory: a private copy made by the runtime
+            # (dispatched asynchronously, ordered before any later donation of the original
+            # buffer) is the snapshot, and the background thread views it as numpy without
+            # copying. One batched device_put dispatches all copies several times faster
+            # than a copy per leaf, and dispatch is all the loop waits for.
+            arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+            copies = jax.device_put([leaves[i] for i in arrays],
+                                    [leaves[i].sharding for i in arrays], may_alias=False)
+            leaves = list(leaves)
+            for i, copy in zip(arrays, copies, strict=True):
+                leaves[i] = copy
+        else:
+            for name, leaf in zip(names, leaves, strict=True):
+                if isinstance(leaf, jax.Array):
+                    devices = {w.device for w in mine[name]}
+                    for shard in leaf.addressable_shards:
+                        if shard.device in devices:
+                            shard.data.copy_to_host_async()
+        host = []
+        for name, leaf in zip(names, leaves, strict=True):
+            if isinstance(leaf, jax.Array):
+                shape = tuple(leaf.shape)
+                chunk = plans[name].chunk
+                # Off CPU, an explicit host copy: the device buffer may be donated by the next
+                # train step, and device memory is the scarce resource.
+                copies = {shard.device: shard.data if on_cpu else np.array(shard.data)
+                          for shard in leaf.addressable_shards
+                          if any(w.device == shard.device for w in mine[name])}
+                shards = [
+                    (w.region, copies[w.device] if w.region == w.shard
+                     else writers.ShardPiece(copies[w.device], w.local()))
+                    for w in mine[name]
+                ]
+                dtype = np.dtype(leaf.dtype).name
+            else:
+                value = np.asarray(leaf)
+                shape, chunk = value.shape, tuple(max(1, c) for c in value.shape)
+                full = tuple(slice(None) for _ in shape)
+                shards = [(full, value.copy())] if self.process_id == 0 else []
+                dtype = value.dtype.name
+            host.append(HostLeaf(name, shape, dtype, chunk, shards, impls.get(name)))
+        return host
