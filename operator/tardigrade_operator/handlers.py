@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -49,6 +50,7 @@ from tardigrade_operator.observe import (
 )
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
+from tardigrade_operator.restart_request import request_restart
 
 # kopf's finalizer name. No TrainingJob carries it any more (see `_needs_no_finalizer`); kopf
 # removes it from jobs that an older operator version gave it.
@@ -132,8 +134,13 @@ def node_maintenance(name: str, labels: kopf.Labels, meta: kopf.Meta,
     return {name: (int(version) if version.isdigit() else 0, value)}
 
 
+def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
+    return {name: str((status.get("nodeInfo") or {}).get("kubeletVersion") or "")}
+
+
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
+    kopf.index("nodes", id="node_kubelet")(node_kubelet)
     # Only nodes that carry the label: kopf drops a node from the index once it is removed.
     kopf.index("nodes", id="node_maintenance",
                labels={maintenance.SCHEDULED_MAINTENANCE_LABEL: kopf.PRESENT})(node_maintenance)
@@ -189,7 +196,8 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
         wake.clear()
         started = time.perf_counter()
         try:
-            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled)
+            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled,
+                            kwargs.get("node_kubelet"))
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -227,7 +235,8 @@ _needs_no_finalizer(keep_gang)
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     pods_index: kopf.Index, services_index: kopf.Index,
                     nodes_index: kopf.Index | None,
-                    maintenance_index: kopf.Index | None = None) -> None:
+                    maintenance_index: kopf.Index | None = None,
+                    kubelet_index: kopf.Index | None = None) -> None:
     namespace, name = key
     meta = body.get("metadata") or {}
     status, version = _known_status(key, meta, body.get("status") or {}, memo)
@@ -271,6 +280,9 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
         scale_up=scale_up,
         nodes_maintenance=scheduled,
+        kubelet_versions={node: max(store) for node, store in (kubelet_index or {}).items()
+                          if store},
+        restart_key=secrets.token_urlsafe(24),
     )
     plan = decide(observed)
     try:
@@ -290,6 +302,9 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         memo.rejected[key] = (generation, str(err))
         _wake(memo, key)
         return
+    if plan.restart_in_place is not None:
+        await request_restart(memo.session, plan.restart_in_place,
+                              memo.config.progress_timeout_seconds)
     if written is not None:
         memo.written[key] = (written, plan.status)
     for event in plan.events:

@@ -80,6 +80,10 @@ class ClusterWriter:
             written = str(job["metadata"]["resourceVersion"])
         for pod_name in plan.release_pods:
             self.release_pod(namespace, pod_name)
+        # Kept pods get their new world before any delete: a deleted pod's SIGTERM is what
+        # makes them save and restart (restart_in_place.py).
+        for pod_name, patch in plan.patch_pods:
+            self.patch_pod(namespace, pod_name, patch)
         for pod_name, grace in plan.delete_pods:
             self.delete_pod(namespace, pod_name, grace)
         if plan.create_service is not None:
@@ -90,6 +94,13 @@ class ClusterWriter:
         for pod in plan.create_pods:
             self._create(self.core.create_namespaced_pod, namespace, pod)
         return written
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        try:
+            self.core.patch_namespaced_pod(name, namespace, patch)
+        except ApiException as err:
+            if err.status != 404:  # gone meanwhile: the next pass recreates its rank
+                raise
 
     def delete_pod(self, namespace: str, name: str, grace: int | None) -> None:
         body = kubernetes.client.V1DeleteOptions(grace_period_seconds=grace)

@@ -58,6 +58,9 @@ class FakeCluster:
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # Node -> scheduled host maintenance start (GKE's scheduled-maintenance-time label).
     nodes_maintenance: dict[str, datetime] = dataclasses.field(default_factory=dict)
+    # Node -> status.nodeInfo.kubeletVersion; the key pods launched now get (restart in place).
+    kubelet_versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    restart_key: str | None = None
 
     def observe(self) -> Observed:
         try:
@@ -74,6 +77,7 @@ class FakeCluster:
             nodes_not_ready_since=self.nodes_not_ready_since,
             settings=self.settings, rejected=self.rejected,
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
+            kubelet_versions=self.kubelet_versions, restart_key=self.restart_key,
         )
 
     def reconcile(self) -> Plan:
@@ -84,6 +88,10 @@ class FakeCluster:
             self.service = plan.create_service
         for name in plan.release_pods:
             self.pods[name]["metadata"]["finalizers"].remove("tardigrade.dev/gang-tracking")
+        for name, patch in plan.patch_pods:  # a merge patch of labels and annotations
+            meta = self.pods[name]["metadata"]
+            for field in ("labels", "annotations"):
+                meta.setdefault(field, {}).update(patch["metadata"].get(field) or {})
         for name, grace in plan.delete_pods:
             pod = self.pods.get(name)
             if pod is None:

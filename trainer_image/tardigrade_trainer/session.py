@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import contract, distributed
+from tardigrade_trainer import contract, distributed, inplace
 from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
 
@@ -159,6 +159,13 @@ class TrainingSession:
             _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
             raise SystemExit(contract.EXIT_CONFIG_ERROR) from None
         try:
+            inplace.enter_world(self.env)
+        except inplace.StaleWorld as err:
+            _fail(self.env.termination_log, contract.EXIT_RESTART_IN_PLACE, "StaleWorld", err,
+                  contract.TerminationMessage(reason="StaleWorld", message=str(err),
+                                              attempt=self.env.attempt))
+            raise SystemExit(contract.EXIT_RESTART_IN_PLACE) from None
+        try:
             self._start()
         except BaseException as err:
             self._leave_on_error(err)
@@ -183,7 +190,9 @@ class TrainingSession:
         self.log = JsonLog(jax.process_index())
         self.metrics = Metrics()
         if env.progress_port is not None and jax.process_index() == 0:
-            self._server = ProgressServer(self.metrics, env.progress_port).start()
+            self._server = ProgressServer(
+                self.metrics, env.progress_port,
+                on_restart=inplace.RestartRequests(env.restart_key).handle).start()
 
     @property
     def checkpoints(self) -> Checkpoints:
@@ -378,8 +387,8 @@ class TrainingSession:
         if overrun is not None:
             self.log({"event": "shutdown_window_exceeded", "level": "warning", "step": step,
                       "message": overrun})
-        raise StopTraining(contract.EXIT_PREEMPTED_SAVED,
-                           self.termination("PreemptedSaved", f"saved step {step} on SIGTERM"))
+        code, reason = inplace.stop_code(self.env)
+        raise StopTraining(code, self.termination(reason, f"saved step {step} on SIGTERM"))
 
     def _report_checkpoint(self) -> None:
         committed = self._checkpoints.committed() if self._checkpoints is not None else None
@@ -394,7 +403,8 @@ class TrainingSession:
         return contract.TerminationMessage(
             reason=reason, step=self.last_step,
             checkpoint_step=committed.step if committed else None,
-            checkpoint_path=committed.path if committed else None, message=message)
+            checkpoint_path=committed.path if committed else None, message=message,
+            attempt=self.env.attempt)
 
     # --- leaving ------------------------------------------------------------------------------
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

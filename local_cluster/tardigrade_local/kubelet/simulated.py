@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from tardigrade_trainer import contract
+from tardigrade_trainer import contract, inplace
 
 from tardigrade_local.kubelet import simgang
 from tardigrade_local.kubelet.runtime import Container
@@ -72,6 +72,13 @@ class SimulatedContainer:
             self._fail_config(self.env.get(contract.ENV_TERMINATION_LOG), str(err))
             return self._pid
         if env is not None:
+            try:
+                inplace.enter_world(env)
+            except inplace.StaleWorld as err:
+                simgang.write_termination(env.termination_log, contract.TerminationMessage(
+                    reason="StaleWorld", message=str(err), attempt=env.attempt))
+                self._set_exit(contract.EXIT_RESTART_IN_PLACE)
+                return self._pid
             problem = simgang.checkpoint_problem(env)
             if problem is not None:
                 self._fail_config(env.termination_log, problem)
@@ -130,6 +137,7 @@ class ProgressEndpoints:
         if self._runner is None:
             app = web.Application()
             app.router.add_get("/progress", self._progress)
+            app.router.add_post(contract.RESTART_IN_PLACE_PATH, self._restart)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
         return self._runner
@@ -171,6 +179,16 @@ class ProgressEndpoints:
         if rank.exit is not None:
             raise web.HTTPServiceUnavailable()
         return web.Response(text=rank.gang.progress().to_json(), content_type="application/json")
+
+    async def _restart(self, request: web.Request) -> web.StreamResponse:
+        """The trainer's inplace.RestartRequests: the key, then a SIGTERM to rank 0."""
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        rank = self._by_address.get((sockname[0], sockname[1])) if sockname else None
+        if rank is None or rank.exit is not None:
+            raise web.HTTPNotFound()
+        code = inplace.RestartRequests(rank.env.restart_key).handle(
+            request.headers.get("Authorization"), notice=lambda: rank.deliver(signal.SIGTERM))
+        return web.Response(status=code)
 
     async def stop(self) -> None:
         for site in list(self._sites.values()):
