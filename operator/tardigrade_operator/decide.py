@@ -131,9 +131,9 @@ class Plan:
     release_pods: list[str] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
     # Restart in place: (pod name, merge patch) for kept pods, applied before any delete; then
-    # the request that makes the gang save and restart (sent after the writes).
+    # the requests that make the gang save and restart (sent after the writes).
     patch_pods: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
-    restart_in_place: restart_in_place.Trigger | None = None
+    restart_in_place: list[restart_in_place.Trigger] = dataclasses.field(default_factory=list)
 
 
 def decide(obs: Observed) -> Plan:
@@ -714,7 +714,7 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         restart_in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_pod, launch)
         plan.patch_pods = [(k.name, restart_in_place.kept_patch(
             obs.job, in_place.coordinator_pod, launch, k.rank)) for k in in_place.plan.keep]
-        plan.restart_in_place = in_place.trigger
+        plan.restart_in_place = list(in_place.triggers)
         message = (f"attempt {attempt}: {len(in_place.plan.keep)} of {replicas} ranks restart "
                    f"in place, {len(ranks)} new, restoring {restore} or the step they save")
     _set_phase(plan, obs, phase, LAUNCHING, message)

@@ -302,9 +302,10 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         memo.rejected[key] = (generation, str(err))
         _wake(memo, key)
         return
-    if plan.restart_in_place is not None:
-        await request_restart(memo.session, plan.restart_in_place,
-                              memo.config.progress_timeout_seconds)
+    if plan.restart_in_place:
+        await asyncio.gather(*(request_restart(memo.session, trigger,
+                                               memo.config.progress_timeout_seconds)
+                               for trigger in plan.restart_in_place))
     if written is not None:
         memo.written[key] = (written, plan.status)
     for event in plan.events:

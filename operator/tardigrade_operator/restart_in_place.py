@@ -9,10 +9,11 @@ The steps, in the order the plan is applied (kube.py, handlers.py):
    puts into the restarted container's environment;
 3. the pods that are not kept are deleted and the missing ranks created (with the world as
    their annotation too: the coordinator may be a kept pod of an older name);
-4. the gang is told to save and stop: the SIGTERM of a deleted pod (or of a lost host) reaches
-   every rank through JAX's preemption sync, otherwise the operator asks rank 0
-   (`Trigger`); every rank saves the agreed step and exits 77, and the kubelet restarts the
-   kept ones in their pods.
+4. each kept rank gets the operator's request (`Trigger`, after the writes): the first one
+   to get it sends itself SIGTERM, which reaches every rank through JAX's preemption sync
+   (as does the SIGTERM of a deleted pod or of a lost host); every rank saves the agreed step,
+   waits for its own request (its world is written) and exits 77, and the kubelet restarts
+   the kept ones in their pods.
 Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
 (its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
 """
@@ -39,7 +40,8 @@ CAUSES: tuple[RecoveryCause, ...] = ("Preemption", "Resize")
 
 @dataclasses.dataclass(frozen=True)
 class Trigger:
-    """Ask rank 0 to save and restart the gang in place (trainer inplace.RestartRequests)."""
+    """Ask a kept rank to save and restart into the new attempt (trainer
+    inplace.RestartRequests)."""
 
     pod: str
     url: str
@@ -50,7 +52,7 @@ class Trigger:
 class InPlaceRecovery:
     plan: inplace.InPlacePlan
     coordinator_pod: str  # the pod that holds rank 0 in the new world
-    trigger: Trigger | None
+    triggers: tuple[Trigger, ...]
 
 
 def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
@@ -91,17 +93,18 @@ def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
     kept = [by_name[k.name] for k in chosen.keep]
     rank0 = next((p for p in kept if p.rank == 0), None)
     coordinator = rank0.name if rank0 is not None else naming.pod_name(job.name, attempt, 0)
-    trigger = None
-    if rank0 is not None and rank0.pod_ip and rank0.restart_key:
-        trigger = Trigger(rank0.name, f"http://{rank0.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
-                                      f"{contract.RESTART_IN_PLACE_PATH}", rank0.restart_key)
-    notified = any(by_name[name].active and not by_name[name].deleting
-                   for name in chosen.delete) or any(
-        p.exit_code == contract.EXIT_RESTART_IN_PLACE for p in kept)
-    if trigger is None and not notified:
+    # The ranks that go are asked too: they save with the gang and then need not wait for a
+    # word that would never come (their kubelet does not restart a pod being deleted).
+    going = [by_name[name] for name in chosen.delete
+             if by_name[name].active and not by_name[name].deleting]
+    triggers = tuple(
+        Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
+                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}", p.restart_key)
+        for p in [*kept, *going] if p.pod_ip and p.restart_key)
+    if not any(t.pod in {p.name for p in kept} for t in triggers):
         # Nothing would make the kept trainers save and stop: recreate instead.
         return None
-    return InPlaceRecovery(chosen, coordinator, trigger)
+    return InPlaceRecovery(chosen, coordinator, triggers)
 
 
 def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:

@@ -1,9 +1,10 @@
-"""The act step of restart in place: ask rank 0 to make the gang save and restart.
+"""The act step of restart in place: ask each kept rank to save and restart.
 
 Sent after the plan's writes, so the kept pods already carry their new world when the
-trainers stop. The request carries the key the pod was created with (contract.ENV_RESTART_KEY):
-only the operator, which rendered it, and whoever may read the job's pods know it; a peer in
-another namespace cannot make a gang restart.
+trainers stop: a rank waits for its request before it exits. The request carries the key the
+pod was created with (contract.ENV_RESTART_KEY): only the operator, which rendered it, and
+whoever may read the job's pods know it; a peer in another namespace cannot make a gang
+restart.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ RETRY_SECONDS = 0.5
 
 async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
                           timeout: float) -> bool:
-    """True once rank 0 accepted (202); a refusal or silence is logged. The gang then stays
-    on its old world until a later disruption; nothing is lost, its saves go on."""
+    """True once the rank accepted (202); a refusal or silence is logged. A rank that missed
+    it still stops after the gang's save (inplace.RELEASE_WAIT_SECONDS) and its kubelet
+    restarts it; one that no request reached at all keeps training on its old world until a
+    later disruption: nothing is lost, its saves go on."""
     headers = {"Authorization": f"Bearer {trigger.key}"}
     why = ""
     for attempt in range(ATTEMPTS):
@@ -34,7 +37,7 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
                 if answer.status == 202:
                     return True
                 why = f"HTTP {answer.status}"
-                if answer.status in (401, 404):
+                if answer.status in (400, 401, 404):
                     break  # wrong key, or restart in place off in that pod: no retry helps
         except (TimeoutError, aiohttp.ClientError) as err:
             why = str(err) or type(err).__name__

@@ -81,9 +81,12 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
     assert [n for n, _ in plan.delete_pods] == ["tiny-a1-1"]
     assert names(plan.create_pods) == ["tiny-a2-1"]
     assert world_of(plan.create_pods[0])["coordinatorAddress"] == "tiny-a1-0.tiny:8476"
-    assert plan.restart_in_place is not None and plan.restart_in_place.pod == "tiny-a1-0"
-    assert plan.restart_in_place.url == "http://127.0.1.1:8477/restart-in-place"
-    assert plan.restart_in_place.key == KEY
+    # Each kept rank is asked, after the writes, to restart into attempt 2; the lost one too,
+    # so that it leaves once saved instead of waiting for a word that would never come.
+    assert [(t.pod, t.url, t.key) for t in plan.restart_in_place] == [
+        ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2", KEY),
+        ("tiny-a1-2", "http://127.0.1.3:8477/restart-in-place?attempt=2", KEY),
+        ("tiny-a1-1", "http://127.0.1.2:8477/restart-in-place?attempt=2", KEY)]
 
     # The old trainers are still saving: the new gang is not running yet.
     cluster.pods["tiny-a2-1"]["spec"]["nodeName"] = "node-3"
@@ -131,7 +134,7 @@ def test_no_kept_pod_at_all_is_a_plain_recreation():
     cluster = running_gang(versions=("v1.33.0",) * 3)
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
-    assert not plan.patch_pods and not plan.create_pods and plan.restart_in_place is None
+    assert not plan.patch_pods and not plan.create_pods and not plan.restart_in_place
     assert len(plan.delete_pods) == 3 and cluster.status.recoveries[-1].kept_pods is None
 
 
@@ -145,8 +148,8 @@ def test_grow_keeps_every_pod_and_asks_rank_0_to_restart():
     assert not plan.delete_pods
     assert names(plan.create_pods) == ["tiny-a2-2"]
     assert world_of(plan.create_pods[0])["numProcesses"] == 3
-    # Nothing is deleted, so no SIGTERM tells the gang: the operator asks rank 0.
-    assert plan.restart_in_place is not None and plan.restart_in_place.pod == "tiny-a1-0"
+    # Nothing is deleted, so no SIGTERM tells the gang: the operator's requests do.
+    assert [t.pod for t in plan.restart_in_place] == ["tiny-a1-0", "tiny-a1-1"]
 
 
 def test_shrink_deletes_the_surplus_ranks_only():

@@ -28,6 +28,13 @@ def test_a_world_not_newer_than_the_last_one_run_in_the_pod_is_refused(tmp_path)
     inplace.enter_world(_env(tmp_path, attempt=2))
     with pytest.raises(inplace.StaleWorld):
         inplace.enter_world(_env(tmp_path, attempt=2))
+    # A stale restart repeats the save it stands on, so the pod's last state still names it.
+    saved = contract.TerminationMessage(reason="RestartInPlace", step=31, checkpoint_step=31,
+                                        attempt=2)
+    inplace.remember_exit(_env(tmp_path, attempt=2), saved)
+    with pytest.raises(inplace.StaleWorld) as stale:
+        inplace.enter_world(_env(tmp_path, attempt=2))
+    assert stale.value.termination(2) == saved
     # Off: nothing is kept, nothing refused.
     inplace.enter_world(_env(None))
     inplace.enter_world(_env(None))
@@ -39,10 +46,11 @@ def test_a_save_on_notice_ends_with_77_only_when_restart_in_place_is_on(tmp_path
     assert inplace.stop_code(_env(None)) == (contract.EXIT_PREEMPTED_SAVED, "PreemptedSaved")
 
 
-def _post(port: int, key: str | None) -> int:
+def _post(port: int, key: str | None, attempt: int = 2) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{contract.RESTART_IN_PLACE_PATH}",
-                                     data=b"", method="POST", headers=headers)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}",
+        data=b"", method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:
             return answer.status
@@ -50,18 +58,23 @@ def _post(port: int, key: str | None) -> int:
         return err.code
 
 
-def test_rank_0_takes_the_request_only_with_its_key_and_then_gets_the_notice(monkeypatch):
+def test_a_rank_takes_the_request_only_with_its_key_then_gets_the_notice_once(monkeypatch):
     notices: list[tuple[int, int]] = []
     monkeypatch.setattr(inplace.os, "kill", lambda pid, sig: notices.append((pid, sig)))
     env = _env(None)
-    server = ProgressServer(Metrics(), 0, "127.0.0.1",
-                            on_restart=inplace.RestartRequests(env.restart_key).handle).start()
+    requests = inplace.RestartRequests(env.restart_key, env.attempt)
+    server = ProgressServer(Metrics(), 0, "127.0.0.1", on_restart=requests.handle).start()
     try:
         assert _post(server.port, None) == 401
         assert _post(server.port, "wrong") == 401
-        assert notices == []
+        # A world that is not newer than the one it runs is nothing to restart into.
+        assert _post(server.port, env.restart_key, attempt=1) == 400
+        assert notices == [] and not requests.wait_released(0)
         assert _post(server.port, env.restart_key) == 202
         assert notices == [(inplace.os.getpid(), signal.SIGTERM)]
+        assert requests.wait_released(0)  # its world is written: it may exit 77
+        assert _post(server.port, env.restart_key) == 202
+        assert len(notices) == 1  # the notice is given once
     finally:
         server.stop()
     # A pod without a key (restart in place off) does not know the path.

@@ -85,8 +85,8 @@ class ProgressServer:
     """A tiny threaded HTTP server; one per job on rank 0."""
 
     def __init__(self, metrics: Metrics, port: int, host: str = "",
-                 on_restart: Callable[[str | None], int] | None = None) -> None:
-        """`on_restart(authorization header)`: the HTTP status for a POST to
+                 on_restart: Callable[[str | None, str], int] | None = None) -> None:
+        """`on_restart(authorization header, query)`: the HTTP status for a POST to
         RESTART_IN_PLACE_PATH (inplace.RestartRequests); without it the path is unknown."""
         metrics_ref = metrics
 
@@ -115,7 +115,8 @@ class ProgressServer:
                 if on_restart is None or self.path.split("?")[0] != RESTART_IN_PLACE_PATH:
                     self.send_error(404)
                     return
-                code = on_restart(self.headers.get("Authorization"))
+                code = on_restart(self.headers.get("Authorization"),
+                                  self.path.partition("?")[2])
                 self.send_response(code)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

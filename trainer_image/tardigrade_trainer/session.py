@@ -162,8 +162,7 @@ class TrainingSession:
             inplace.enter_world(self.env)
         except inplace.StaleWorld as err:
             _fail(self.env.termination_log, contract.EXIT_RESTART_IN_PLACE, "StaleWorld", err,
-                  contract.TerminationMessage(reason="StaleWorld", message=str(err),
-                                              attempt=self.env.attempt))
+                  err.termination(self.env.attempt))
             raise SystemExit(contract.EXIT_RESTART_IN_PLACE) from None
         try:
             self._start()
@@ -189,10 +188,11 @@ class TrainingSession:
         env = self.env
         self.log = JsonLog(jax.process_index())
         self.metrics = Metrics()
-        if env.progress_port is not None and jax.process_index() == 0:
-            self._server = ProgressServer(
-                self.metrics, env.progress_port,
-                on_restart=inplace.RestartRequests(env.restart_key).handle).start()
+        self._restarts = inplace.RestartRequests(env.restart_key, env.attempt)
+        # Rank 0 serves progress; with restart in place every rank takes the operator's word.
+        if env.progress_port is not None and (jax.process_index() == 0 or env.restart_key):
+            self._server = ProgressServer(self.metrics, env.progress_port,
+                                          on_restart=self._restarts.handle).start()
 
     @property
     def checkpoints(self) -> Checkpoints:
@@ -388,7 +388,12 @@ class TrainingSession:
             self.log({"event": "shutdown_window_exceeded", "level": "warning", "step": step,
                       "message": overrun})
         code, reason = inplace.stop_code(self.env)
-        raise StopTraining(code, self.termination(reason, f"saved step {step} on SIGTERM"))
+        message = self.termination(reason, f"saved step {step} on SIGTERM")
+        if code == contract.EXIT_RESTART_IN_PLACE:
+            inplace.remember_exit(self.env, message)
+            released = self._restarts.wait_released()
+            self.log({"event": "restart_in_place", "step": step, "released": released})
+        raise StopTraining(code, message)
 
     def _report_checkpoint(self) -> None:
         committed = self._checkpoints.committed() if self._checkpoints is not None else None
