@@ -186,7 +186,7 @@ class TrainingSession:
         from tardigrade_trainer.metrics import Metrics, ProgressServer
 
         env = self.env
-        self.log = JsonLog(jax.process_index())
+        self.log = JsonLog(jax.process_index(), attempt=env.attempt)
         self.metrics = Metrics()
         self._restarts = inplace.RestartRequests(env.restart_key, env.attempt)
         # Rank 0 serves progress; with restart in place every rank takes the operator's word.
