@@ -303,8 +303,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         _wake(memo, key)
         return
     if plan.restart_in_place:
-        await asyncio.gather(*(request_restart(memo.session, trigger,
-                                               memo.config.progress_timeout_seconds)
+        await asyncio.gather(*(request_restart(memo.session, trigger)
                                for trigger in plan.restart_in_place))
     if written is not None:
         memo.written[key] = (written, plan.status)

@@ -18,10 +18,12 @@ from tardigrade_operator.restart_in_place import Trigger
 
 ATTEMPTS = 3
 RETRY_SECONDS = 0.5
+# A trainer answers at once, but a rank's host may be busy saving: more than a progress poll.
+REQUEST_SECONDS = 5.0
 
 
 async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
-                          timeout: float) -> bool:
+                          timeout: float = REQUEST_SECONDS) -> bool:
     """True once the rank accepted (202); a refusal or silence is logged. A rank that missed
     it still stops after the gang's save (inplace.RELEASE_WAIT_SECONDS) and its kubelet
     restarts it; one that no request reached at all keeps training on its old world until a
