@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from tardigrade_trainer import contract
@@ -36,6 +37,13 @@ from tardigrade_operator.render import GangLaunch, JobRef
 # Recoveries that may keep pods: the others back off first (a crash, a retry) or must leave
 # their nodes (host maintenance), so they recreate.
 CAUSES: tuple[RecoveryCause, ...] = ("Preemption", "Resize")
+# A container restart goes through the kubelet's crash-loop back-off (KEP-5307, "Unintended
+# Restart Loops"): the first restart is immediate, a container that exits again before the
+# back-off entry expires waits 10 s, then 20 s... The entry expires when the container last
+# exited more than twice the maximum back-off (2 x 300 s) before (client-go
+# util/flowcontrol/backoff.go, `hasExpired`, as kuberuntime_manager.go's doBackOff uses it). A
+# pod restarted in place more recently is recreated: a new pod has no back-off.
+BACK_OFF_MEMORY = timedelta(seconds=600)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +71,12 @@ def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
 
 def members(gang: Sequence[PodView], nodes: NodeWatch,
             kubelet_versions: Mapping[str, str]) -> list[inplace.Member]:
+    def backed_off(p: PodView) -> bool:
+        if p.restart_count == 0:
+            return False
+        last = p.last_finished_at
+        return last is None or nodes.now - last < BACK_OFF_MEMORY
+
     def healthy(p: PodView) -> bool:
         if not p.active or p.deleting or not p.node_name or nodes.suspect(p):
             return False
@@ -75,7 +89,7 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
         node = {"status": {"nodeInfo": {"kubeletVersion": kubelet_versions.get(
             p.node_name or "", "")}}}
         return p.restart_rule and p.restart_key is not None and \
-            inplace.kubelet_supports_rules(node)
+            inplace.kubelet_supports_rules(node) and not backed_off(p)
 
     return [inplace.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
 

@@ -4,13 +4,14 @@ into, and the pods it recreates (restart_in_place.py)."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 from tardigrade_operator import inplace
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.observe import Outcome, classify, parse_pod
 from tardigrade_trainer import contract
 
-from tests.operator.fake_cluster import FakeCluster, spec
+from tests.operator.fake_cluster import FakeCluster, iso, spec
 
 KEY = "key-1"
 NEW = "v1.36.0"
@@ -180,3 +181,18 @@ def test_exit_77_is_a_restart_while_the_pod_lives_and_a_save_once_it_ended():
     cluster.terminate(pod, IN_PLACE)
     view = parse_pod(pod)
     assert view is not None and classify(view).outcome is Outcome.PREEMPTED
+
+
+def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back_off():
+    cluster = running_gang()
+    for name, minutes_ago in (("tiny-a1-0", 11), ("tiny-a1-2", 2)):
+        status = cluster.pods[name]["status"]["containerStatuses"][0]
+        status["restartCount"] = 1
+        finished = cluster.now - timedelta(minutes=minutes_ago)
+        status["lastState"] = {"terminated": {"exitCode": IN_PLACE,
+                                              "finishedAt": iso(finished)}}
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    # Its next restart would wait 10 s of back-off; the one that ran 11 minutes has none.
+    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
