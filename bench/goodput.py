@@ -1,6 +1,6 @@
 """Goodput of one training job under preemptions and resizes, on the local cluster.
 
-    python bench/goodput.py [--quick] [--seed 0] [--out DIR] [--arms a,b,c,d,e,f]
+    python bench/goodput.py [--quick] [--seed 0] [--out DIR] [--arms a,b,c,d,e,f,g,h]
 
 The same TrainingJob (examples/trainingjob.yaml: the reference trainer, 2 ranks, a fixed
 number of steps) runs through the local cluster and the operator, one arm after the other:
@@ -21,7 +21,17 @@ number of steps) runs through the local cluster and the operator, one arm after 
   f window         two spot reclaims as in (b) with a trainer state of about 100 MB, so that
                    the save on notice takes a measurable share of the 15 s window
                    (spec.preemption.shutdownWindowSeconds, default 15, and the cluster's 15 s);
-                   60 steps of its own (its steps are slow).
+                   60 steps of its own (its steps are slow);
+  g preempted      (b) with restart in place (the operator's TARDIGRADE_RESTART_IN_PLACE):
+    in place       the healthy rank's pod stays and its trainer restarts with the new world;
+                   only the reclaimed rank gets a new pod;
+  h resized        (d) with restart in place: a shrink keeps rank 0, a grow keeps it and adds
+    in place       a pod.
+Arms g and h run on a second local cluster whose operator has restart in place on; every
+cluster's nodes run a 1.36 kubelet with ContainerRestartRules and its API server the gate, so
+the arms differ only in the operator's switch. Their logs are collected live (a kept pod's
+earlier runs are gone from the node once it restarted twice: the kubelet keeps one previous
+log), each line tagged with the attempt its trainer ran as.
 
 Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
 wall time, its ratio to arm a, the time to recover per disruption (from the disruption to the
@@ -29,7 +39,8 @@ first step of the relaunched gang; p50/p99) and the steps lost per disruption (c
 kept), and for saves on notice the seconds from SIGTERM to the committed save against the
 window (the trainer's `preempted` event). Step times come from the trainer's own log (see
 tardigrade_local/goodput.py).
-Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice (b, d, f);
+Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice (b, d, f, g,
+h); g's time to recover p50 <= 0.5 x b's (issue 18: half of today's);
 f's save on notice inside the window; e's relaunched gang training within the node monitor
 grace period + the operator's TARDIGRADE_NODE_LOST_AFTER_SECONDS + the survivors' SIGTERM grace
 + RELAUNCH_SLACK_SECONDS. An arm that saw no disruption judges no target.
@@ -103,6 +114,8 @@ class Arm:
     at_most: int | None = None
     # Its own step count (None: the run's): for a model whose steps are slow.
     steps: int | None = None
+    # Run by an operator with restart in place on.
+    in_place: bool = False
 
 
 ARMS = {
@@ -118,7 +131,10 @@ ARMS = {
     # and saves periodically only every 200 steps: it measures the save on notice.
     "f": Arm("f", "window", "preemption", trainer=tuple(BIG_STATE_TRAINER.items()),
              interval_steps=200, steps=60, at_most=2),
+    "g": Arm("g", "preempted-in-place", "preemption", in_place=True),
+    "h": Arm("h", "resized-in-place", "resize", in_place=True),
 }
+KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,8 +280,10 @@ class Bench:
                 print(f"  {when - submitted:6.1f}s step {log.last_step}: {what}", flush=True)
                 next_at = when + rng.uniform(*self.settings.every_seconds)
             time.sleep(0.5)
-        # The whole log, also what the API could not serve any more (pods on reclaimed nodes).
-        final = StepLog.from_container_logs(self.cluster.layout, NS, name)
+        # The whole log, also what the API could not serve any more (pods on reclaimed nodes);
+        # in place, the live one (see the module's docstring).
+        final = log if arm.in_place else StepLog.from_container_logs(self.cluster.layout, NS,
+                                                                     name)
         report = run_report(final.records, disruptions, submitted)
         runs = [{"attempt": int(r["attempt"]), "step": int(r["step"]),
                  "time": float(r["time"]) - submitted}
@@ -337,7 +355,7 @@ def verdicts(results: list[ArmResult]) -> list[str]:
         else:
             ratio = by_key["b"].goodput / by_key["a"].goodput
             lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio >= 0.9 else 'MISSED'}")
-    for key in ("b", "d", "f"):
+    for key in ("b", "d", "f", "g", "h"):
         if key not in by_key:
             continue
         target = f"target zero steps lost with notice ({key})"
@@ -346,6 +364,17 @@ def verdicts(results: list[ArmResult]) -> list[str]:
             continue
         lost = sum(c.steps_lost for c in by_key[key].costs)
         lines.append(f"{target}: {lost} lost -> {'met' if lost == 0 else 'MISSED'}")
+    if "b" in by_key and "g" in by_key:
+        target = "target (g) time to recover p50 <= 0.5 x (b)"
+        recreate = [c.recovery_seconds for c in by_key["b"].costs
+                    if c.recovery_seconds is not None]
+        in_place = [c.recovery_seconds for c in by_key["g"].costs
+                    if c.recovery_seconds is not None]
+        if not recreate or not in_place:
+            lines.append(f"{target}: not judged, arm (b) or (g) saw no recovered preemption")
+        else:
+            ratio = percentile(in_place, 0.5) / percentile(recreate, 0.5)
+            lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio <= 0.5 else 'MISSED'}")
     window = next((r for r in results if r.arm.key == "f"), None)
     if window is not None:
         target = "target (f) save on notice inside the shutdown window"
@@ -407,7 +436,7 @@ def plot(results: list[ArmResult], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(9, 4.8), dpi=110)
     colors = {"a": "0.45", "b": "tab:blue", "c": "tab:red", "d": "tab:orange", "e": "tab:purple",
-              "f": "tab:green"}
+              "f": "tab:green", "g": "tab:cyan", "h": "tab:brown"}
     for result in results:
         color = colors[result.arm.key]
         runs = sorted(result.runs, key=lambda r: r["time"])
@@ -427,26 +456,18 @@ def plot(results: list[ArmResult], path: Path) -> None:
     plt.close(figure)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short job, short intervals")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arms", default="a,b,c,d",
-                        help="which arms, in order (a,b,c,d,e,f; e and f are opt-in)")
-    parser.add_argument("--steps", type=int, help="override the job's step count")
-    parser.add_argument("--out", type=Path, help="write goodput.json/.md/.png here")
-    args = parser.parse_args()
-    settings = Settings.quick() if args.quick else Settings()
-    if args.steps:
-        settings = dataclasses.replace(settings, steps=args.steps)
-    arms = [ARMS[key] for key in args.arms.split(",")]
-    nodes = [NodeConfig(f"local-node-{i}") for i in range(1, 4)]
-    started = time.monotonic()
-    results: list[ArmResult] = []
+def run_arms(arms: list[Arm], settings: Settings, args: argparse.Namespace,
+             in_place: bool) -> list[ArmResult]:
+    """The arms on one local cluster whose operator has restart in place on or off."""
+    nodes = [NodeConfig(f"local-node-{i}", **KUBELET) for i in range(1, 4)]
     operator = operator_command(namespace=NS, resync_seconds=1)
+    # operator_command is `env VAR=... tardigrade ...`: the switch goes with the others.
+    operator.insert(1, f"TARDIGRADE_RESTART_IN_PLACE={'true' if in_place else 'false'}")
+    results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="tardigrade-goodput-") as state, \
             LocalCluster(Path(state) / "cluster", nodes=nodes, operator_command=operator,
-                         shutdown_grace_seconds=settings.grace_seconds) as cluster:
+                         shutdown_grace_seconds=settings.grace_seconds,
+                         api_feature_gates="ContainerRestartRules=true") as cluster:
         bench = Bench(cluster, settings, args.seed)
         for arm in arms:
             print(f"arm ({arm.key}) {arm.name}: {bench.steps(arm)} steps", flush=True)
@@ -461,8 +482,33 @@ def main() -> None:
                   flush=True)
             if args.out:
                 write_outputs(results, settings, args.out)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short job, short intervals")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", default="a,b,c,d",
+                        help="which arms (a,b,c,d,e,f,g,h; e to h are opt-in)")
+    parser.add_argument("--steps", type=int, help="override the job's step count")
+    parser.add_argument("--out", type=Path, help="write goodput.json/.md/.png here")
+    args = parser.parse_args()
+    settings = Settings.quick() if args.quick else Settings()
+    if args.steps:
+        settings = dataclasses.replace(settings, steps=args.steps)
+    arms = [ARMS[key] for key in args.arms.split(",")]
+    started = time.monotonic()
+    results: list[ArmResult] = []
+    for in_place in (False, True):
+        group = [arm for arm in arms if arm.in_place is in_place]
+        if group:
+            results += run_arms(group, settings, args, in_place)
     if not results:
         raise SystemExit("no arm finished")
+    results.sort(key=lambda r: r.arm.key)
+    if args.out:
+        write_outputs(results, settings, args.out)
     print(f"\n{len(results)} arms in {time.monotonic() - started:.0f}s; seed {args.seed}, "
           f"{settings.steps} steps, disruptions every {settings.every_seconds[0]:g}-"
           f"{settings.every_seconds[1]:g}s, grace {settings.grace_seconds:g}s\n")

@@ -1,6 +1,7 @@
 """Recovery from one lost host against gang size, on simulated nodes.
 
-    python bench/recovery_scale.py [--quick] [--sizes 8,64,256,1024] [--tpu] [--out FILE]
+    python bench/recovery_scale.py [--quick] [--sizes 8,64,256,1024] [--arms recreate,in-place]
+                                   [--tpu] [--out FILE]
 
 For each gang size N (`--quick`: 8 and 64), a fresh local cluster with N + 1 simulated nodes
 (`tardigrade_local.kubelet.simulated`: pods without processes, one rank per node as on TPU
@@ -17,9 +18,17 @@ SIGTERM, the ranks save one step), and the bench follows, from watches on the ad
   kubelets, scheduler: one process) memory and CPU per simulated pod while the gang starts.
 
 Simulator latencies are zero (a container starts at once: `simulated_start_seconds` 0) and the
-ranks step every 50 ms, so the figures are the control plane's and the operator's own. The
-arm is today's recovery, which deletes and recreates every pod: it is the baseline that a
-later arm (restart in place, issue 18 point 3) is printed against as ratios.
+ranks step every 50 ms, so the figures are the control plane's and the operator's own; a
+simulated save takes one step, far less than a real one. Two arms, each on its own fresh
+cluster of the same nodes (1.36 kubelets with ContainerRestartRules, the API server's gate on):
+- recreate: today's recovery (operator switch off), every pod deleted and created again: the
+  baseline;
+- in-place: `TARDIGRADE_RESTART_IN_PLACE=true`: the healthy ranks' pods stay and their
+  trainers exit 77 and are restarted by their kubelets with the new world; only the lost
+  rank gets a new pod. A kept rank counts as running once its container runs again after
+  that exit. The in-place arm is printed as ratios against the recreate arm of the same size.
+An arm whose recovery kept no pod did not exercise restart in place: it says so and its
+ratios are not printed.
 
 `--tpu` measures TPU-like slices instead: the gang on simulated slice node pools of
 tpu-v5p-slice 2x2x4 (4 hosts of 4 chips), one spare pool, and the preempted node takes its
@@ -35,6 +44,7 @@ what it is and judges no target; what the arms do show is the latency the second
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,10 +64,9 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
 
-import dataclasses  # noqa: E402
-
 from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
 from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes  # noqa: E402
+from tardigrade_trainer import contract  # noqa: E402
 
 NS = "default"
 JOB = "scale"
@@ -65,6 +74,8 @@ SIZES = [8, 64, 256, 1024]
 QUICK_SIZES = [8, 64]
 OPERATOR_ACCOUNT = "tardigrade-bench"
 STEP_SECONDS = 0.05
+ARMS = ("recreate", "in-place")
+KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
 TPU_SHAPE = SliceShape("tpu-v5p-slice", "2x2x4", 4)
 TPU_ARMS = {"every host": False, "leader first": True}  # arm -> the operator watches nodes
 
@@ -155,8 +166,42 @@ class Timeline:
                    and not p["metadata"].get("deletionTimestamp")
                    for p in self.attempt_pods(attempt))
 
+    def restarted(self, attempt: int) -> int:
+        """Ranks of `attempt` whose trainer runs in its world: a new pod's, or a kept pod's
+        container running again after its exit 77 (pods keep their first attempt's name)."""
+        count = 0
+        for pod in self.attempt_pods(attempt):
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            state, last = statuses[0].get("state") or {}, statuses[0].get("lastState") or {}
+            kept = pod["metadata"]["name"].rsplit("-", 2)[1] != f"a{attempt}"
+            exit_code = (last.get("terminated") or {}).get("exitCode")
+            if "running" in state and (not kept
+                                       or exit_code == contract.EXIT_RESTART_IN_PLACE):
+                count += 1
+        return count
+
     def status(self) -> dict[str, Any]:
         return self.job.get("status") or {}
+
+    def wait_all(self, predicates: dict[str, Callable[[], bool]],
+                 timeout: float) -> dict[str, float]:
+        """When each predicate first held, all watched at once (their order differs between
+        arms: in place, ranks may run again before the lost rank's old pod is gone)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                for what, predicate in predicates.items():
+                    if what not in self.marks and predicate():
+                        self.marks[what] = now
+                if all(what in self.marks for what in predicates):
+                    return {what: self.marks[what] for what in predicates}
+            if now > deadline:
+                missing = [w for w in predicates if w not in self.marks]
+                raise TimeoutError(f"timed out waiting for {', '.join(missing)}")
+            time.sleep(0.02)
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float) -> float:
         deadline = time.monotonic() + timeout
@@ -204,18 +249,22 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def run_size(replicas: int, workdir: Path, timeout: float, tpu: bool = False,
-             watch_nodes: bool = True) -> dict[str, float | str]:
-    state = workdir / f"gang-{replicas}{'-tpu' if tpu else ''}{'' if watch_nodes else '-nw'}"
-    nodes = (tpu_nodes(replicas) if tpu
-             else simulated_nodes(replicas + 1, capacity={"cpu": "1", "memory": "8Gi"}))
+def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate",
+             tpu: bool = False, watch_nodes: bool = True) -> dict[str, float | str]:
+    state = workdir / f"gang-{replicas}-{arm}{'-tpu' if tpu else ''}{'' if watch_nodes else '-nw'}"
+    nodes = [dataclasses.replace(n, **KUBELET) for n in (
+        tpu_nodes(replicas) if tpu
+        else simulated_nodes(replicas + 1, capacity={"cpu": "1", "memory": "8Gi"}))]
     user = f"system:serviceaccount:{NS}:{OPERATOR_ACCOUNT}"
-    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False) as cluster:
+    in_place = arm == "in-place"
+    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False,
+                      api_feature_gates="ContainerRestartRules=true") as cluster:
         cluster_proc = psutil.Process(int(cluster.info["pid"]))
         kubeconfig = cluster.service_account_kubeconfig(NS, OPERATOR_ACCOUNT,
                                                         state / "operator.kubeconfig")
         env = {**cluster.client_env(), "KUBECONFIG": str(kubeconfig),
                "TARDIGRADE_METRICS_PORT": "0",
+               "TARDIGRADE_RESTART_IN_PLACE": "true" if in_place else "false",
                "TARDIGRADE_WATCH_NODES": "true" if watch_nodes else "false"}
         log = open(state / "operator.log", "wb")  # noqa: SIM115 - the operator's, closed below
         operator = subprocess.Popen(
@@ -257,28 +306,28 @@ def run_size(replicas: int, workdir: Path, timeout: float, tpu: bool = False,
             op_cpu0, op_rss0 = cpu_seconds(op), op.memory_info().rss
             t0 = time.monotonic()
             cluster.preempt_node(node)
-            marks = {
-                "decision (phase Restarting)": timeline.wait(
-                    "restarting", lambda: timeline.status().get("phase") == "Restarting",
-                    timeout),
-                "old gang gone (all terminal)": timeline.wait(
-                    "old gone", lambda: all(
-                        (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-                        for p in timeline.attempt_pods(attempt)), timeout),
-                "new pods created": timeline.wait(
-                    "created", lambda: len(timeline.attempt_pods(attempt + 1)) == replicas,
-                    timeout),
-                "every rank Running": timeline.wait(
-                    "running", lambda: timeline.running(attempt + 1) == replicas, timeout),
-                "job status Running": timeline.wait(
-                    "status", lambda: timeline.status().get("phase") == "Running"
-                    and int(timeline.status().get("attempt", 0)) == attempt + 1, timeout),
-            }
+            marks = timeline.wait_all({
+                "decision (phase Restarting)":
+                    lambda: timeline.status().get("phase") in ("Restarting", "Running")
+                    and int(timeline.status().get("restarts", {}).get("total", 0)) > 0,
+                # Recreate: every old pod terminal; in place: the lost rank's alone.
+                "old pods gone (terminal)": lambda: all(
+                    (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                    for p in timeline.attempt_pods(attempt)),
+                "every rank's pod in the new attempt":
+                    lambda: len(timeline.attempt_pods(attempt + 1)) == replicas,
+                "every rank running in the new world":
+                    lambda: timeline.restarted(attempt + 1) == replicas,
+                "job status Running":
+                    lambda: timeline.status().get("phase") == "Running"
+                    and int(timeline.status().get("attempt", 0)) == attempt + 1,
+            }, timeout)
+            recovery = (timeline.status().get("recoveries") or [{}])[-1]
             op_cpu1, op_rss1 = cpu_seconds(op), op.memory_info().rss
             requests1 = request_counts(api)
+            operator_events = audit_lines(cluster.layout.audit_log, user)[audited0:]
             with timeline.lock:
                 relaunched = [p["spec"] for p in timeline.attempt_pods(attempt + 1)]
-            operator_events = audit_lines(cluster.layout.audit_log, user)[audited0:]
         finally:
             for watcher in watchers:
                 watcher.stopped = True
@@ -293,6 +342,7 @@ def run_size(replicas: int, workdir: Path, timeout: float, tpu: bool = False,
                         and e["verb"] in ("patch", "update"))
     result: dict[str, float | str] = {f"{k} s": v - t0 for k, v in marks.items()}
     result.update({
+        "pods kept (restarted in place)": int(recovery.get("keptPods") or 0),
         "API requests, everyone": sum(delta.values()),
         "API requests, operator": len(operator_events),
         "operator creates / deletes / patches":
@@ -316,6 +366,36 @@ def run_size(replicas: int, workdir: Path, timeout: float, tpu: bool = False,
     return result
 
 
+def format_value(value: float | str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+RATIOS = ("every rank running in the new world s", "job status Running s",
+          "API requests, everyone", "API requests, operator", "operator TrainingJob status writes",
+          "kubelet pod status writes")
+
+
+def ratio_lines(results: dict[str, dict[int, dict[str, float | str]]]) -> list[str]:
+    """in-place / recreate, per size, for sizes both arms measured in this run."""
+    base, other = results.get("recreate") or {}, results.get("in-place") or {}
+    lines: list[str] = []
+    for size in sorted(set(base) & set(other)):
+        if not other[size]["pods kept (restarted in place)"]:
+            lines.append(f"gang of {size}: the in-place arm kept no pod, so it did not "
+                         "exercise restart in place; no ratio judged")
+            continue
+        ratios = []
+        for measure in RATIOS:
+            b, o = float(base[size][measure]), float(other[size][measure])
+            ratios.append(f"{measure} {o / b:.2f}x" if b else f"{measure} n/a")
+        lines.append(f"gang of {size}, in-place / recreate: " + "; ".join(ratios))
+    return lines
+
+
 def tpu_table(sizes: list[int], workdir: Path, timeout: float) -> list[str]:
     """Both slice-placement arms per size; leader first as ratios of every host."""
     lines = []
@@ -328,7 +408,8 @@ def tpu_table(sizes: list[int], workdir: Path, timeout: float) -> list[str]:
         for arm, watch_nodes in TPU_ARMS.items():
             print(f"TPU gang of {size}, {arm}: starting", flush=True)
             try:
-                arms[arm] = run_size(size, workdir, timeout, tpu=True, watch_nodes=watch_nodes)
+                arms[arm] = run_size(size, workdir, timeout, tpu=True,
+                                      watch_nodes=watch_nodes)
             except TimeoutError as err:
                 lines.append(f"TPU gang of {size}, {arm}: not measured ({err})")
         if len(arms) < len(TPU_ARMS):
@@ -354,13 +435,6 @@ def tpu_table(sizes: list[int], workdir: Path, timeout: float) -> list[str]:
     return lines
 
 
-def format_value(value: float | str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -368,10 +442,16 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="comma-separated gang sizes")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds any one stage may take before the size is given up")
-    parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms among {', '.join(ARMS)}")
     parser.add_argument("--tpu", action="store_true",
                         help="TPU-like slices: every host with the terms vs leader first")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown {unknown}; choose among {', '.join(ARMS)}")
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else QUICK_SIZES if args.quick else SIZES)
     workdir = Path(tempfile.mkdtemp(prefix="tardigrade-recovery-scale-"))
@@ -384,33 +464,35 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(text + "\n")
         return
-    columns: dict[int, dict[str, float | str]] = {}
-    skipped: dict[int, str] = {}
+    results: dict[str, dict[int, dict[str, float | str]]] = {arm: {} for arm in arms}
+    skipped: list[str] = []
     for size in sizes:
-        print(f"gang of {size}: starting", flush=True)
-        try:
-            columns[size] = run_size(size, workdir, args.timeout)
-        except TimeoutError as err:
-            skipped[size] = str(err)
-            print(f"gang of {size}: did not finish: {err}", flush=True)
+        for arm in arms:
+            print(f"gang of {size}, {arm}: starting", flush=True)
+            try:
+                column = run_size(size, workdir, args.timeout, arm)
+            except TimeoutError as err:
+                skipped.append(f"gang of {size}, {arm}: not measured ({err})")
+                print(skipped[-1], flush=True)
+                continue
+            results[arm][size] = column
+            print(f"gang of {size}, {arm}: " + "; ".join(
+                f"{k} {format_value(v)}" for k, v in column.items()), flush=True)
+    lines = [f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}"]
+    for arm, columns in results.items():
+        if not columns:
             continue
-        print(f"gang of {size}: " + "; ".join(f"{k} {format_value(v)}"
-                                               for k, v in columns[size].items()), flush=True)
-    lines = [f"arm: recreate (today's recovery: every pod deleted and created again); "
-             f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}",
-             "| gang size | " + " | ".join(str(c) for c in columns) + " |",
-             "|---|" + "---|" * len(columns)]
-    if columns:
+        lines += ["", f"arm: {arm}",
+                  "| gang size | " + " | ".join(str(c) for c in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
         for measure in next(iter(columns.values())):
             lines.append(f"| {measure} | " + " | ".join(
                 format_value(column[measure]) for column in columns.values()) + " |")
         per_rank = [f"{size}: {float(c['API requests, everyone']) / size:.1f}"
                     for size, c in columns.items()]
         lines.append(f"API requests per rank (everyone): {', '.join(per_rank)}")
-    lines.append("in-place arm: not built yet (issue 18 point 3); compare it against this "
-                 "recreate arm as ratios, same sizes, same machine, same run")
-    for size, why in skipped.items():
-        lines.append(f"gang of {size}: not measured ({why})")
+    lines += ratio_lines(results)
+    lines += skipped
     text = "\n".join(lines)
     print("\n" + text)
     if args.out is not None:

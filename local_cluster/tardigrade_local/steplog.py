@@ -32,7 +32,8 @@ class StepLog:
         self.restored: list[int] = []
         self.committed: list[int] = []
         self.records: list[dict[str, Any]] = []
-        self._lines_seen: dict[str, int] = {}
+        self._lines_seen: dict[str, int] = {}  # by pod name and restart count
+        self._restarts_seen: dict[str, int] = {}
 
     @classmethod
     def from_container_logs(cls, layout: StateLayout, namespace: str, job: str) -> StepLog:
@@ -59,17 +60,31 @@ class StepLog:
             return
         for pod in pods:
             name = pod.metadata.name
-            try:
-                text = self.core.read_namespaced_pod_log(name, self.namespace)
-            except ApiException:
-                continue
-            lines = text.splitlines()
-            # The last line may be half written: read it next time.
-            complete = lines if text.endswith("\n") else lines[:-1]
             attempt = int((pod.metadata.labels or {}).get(ATTEMPT_LABEL, 0))
-            for line in complete[self._lines_seen.get(name, 0):]:
-                self._read(line, attempt)
-            self._lines_seen[name] = len(complete)
+            restarts = max((s.restart_count or 0 for s in
+                            (pod.status.container_statuses if pod.status else None) or []),
+                           default=0)
+            seen = self._restarts_seen.get(name, 0)
+            if restarts > seen:
+                # Restarted in its pod since the last read: finish the run before (the kubelet
+                # keeps only the one before the current), then read the new one from the start.
+                self._read_log(name, f"{name}#{restarts - 1}", attempt, previous=True)
+                self._restarts_seen[name] = restarts
+            self._read_log(name, f"{name}#{restarts}", attempt, previous=False)
+
+    def _read_log(self, name: str, key: str, attempt: int, previous: bool) -> None:
+        if self.core is None:
+            return
+        try:
+            text = self.core.read_namespaced_pod_log(name, self.namespace, previous=previous)
+        except ApiException:
+            return
+        lines = text.splitlines()
+        # The last line may be half written: read it next time.
+        complete = lines if text.endswith("\n") or previous else lines[:-1]
+        for line in complete[self._lines_seen.get(key, 0):]:
+            self._read(line, attempt)
+        self._lines_seen[key] = len(complete)
 
     def _read(self, line: str, attempt: int) -> None:
         try:

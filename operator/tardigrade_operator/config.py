@@ -37,6 +37,9 @@ class OperatorConfig:
     admission: AdmissionPolicy = dataclasses.field(default_factory=AdmissionPolicy)
     # A NetworkPolicy per job (netpolicy.py), unless a job opts out; None: none at all.
     network_peers: NetworkPeers | None = dataclasses.field(default_factory=NetworkPeers)
+    # Keep healthy pods on a preemption or resize and restart their trainers in place
+    # (restart_in_place.py); off by default: every recovery recreates the gang.
+    restart_in_place: bool = False
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -69,6 +72,7 @@ class OperatorConfig:
                 os.environ.get("TARDIGRADE_CHECKPOINT_PATH_PREFIX", "")),
             admission=_admission_from_env(),
             network_peers=_network_peers_from_env(),
+            restart_in_place=_flag("TARDIGRADE_RESTART_IN_PLACE"),
         )
 
     def decision_settings(self) -> DecisionSettings:
@@ -79,7 +83,15 @@ class OperatorConfig:
             scale_up_wait=timedelta(seconds=self.scale_up_wait_seconds),
             checkpoint_path_prefix=self.checkpoint_path_prefix,
             network_peers=self.network_peers,
+            restart_in_place=self.restart_in_place,
         )
+
+
+def _flag(name: str) -> bool:
+    value = (os.environ.get(name) or "false").lower()
+    if value not in ("true", "false"):
+        raise SystemExit(f"{name}={value!r}: expected true or false")
+    return value == "true"
 
 
 def _prefix_template(value: str) -> str | None:

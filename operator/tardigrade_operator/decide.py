@@ -15,7 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, multislice, naming, slices
+from tardigrade_operator import checkpoint_scope, multislice, naming, restart_in_place, slices
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -74,6 +74,9 @@ class DecisionSettings:
     checkpoint_path_prefix: str | None = None
     # Who besides the gang may reach its pods; None: the operator renders no NetworkPolicy.
     network_peers: NetworkPeers | None = None
+    # Keep healthy pods on a recovery and restart their trainers in place
+    # (restart_in_place.py); off: every recovery recreates the whole gang.
+    restart_in_place: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,10 @@ class Observed:
     nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
     # Node name -> its GKE node pool (slices.NODE_POOL_LABEL); None when nodes are not watched.
     node_pools: Mapping[str, str] | None = None
+    # Node name -> status.nodeInfo.kubeletVersion (restart in place needs 1.35 or later).
+    kubelet_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # A fresh random key for pods launched in this pass to accept restart requests with.
+    restart_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +132,10 @@ class Plan:
     # Pods whose final state is in `status` now: drop our finalizer (after the status write).
     release_pods: list[str] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
+    # Restart in place: (pod name, merge patch) for kept pods, applied before any delete; then
+    # the requests that make the gang save and restart (sent after the writes).
+    patch_pods: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
+    restart_in_place: list[restart_in_place.Trigger] = dataclasses.field(default_factory=list)
 
 
 def decide(obs: Observed) -> Plan:
@@ -210,8 +221,10 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                         gang: list[PodView]) -> None:
     status = plan.status
     outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes) for p in gang}
+    restart_in_place.hold_unrestarted(outcomes, gang, status.attempt)
     _judge_unready_nodes(outcomes, node_watch(obs), gang)
-    _note_recovered(status, obs)
+    if not restart_in_place.note_restore(status, gang):
+        _note_recovered(status, obs)
 
     if spec.suspend:
         _stop_all(plan, obs, gang, grace=None)
@@ -247,12 +260,16 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # may be running already): finish the launch. The phase stays Launching until a pass
         # sees every rank, so an interrupted finish is finished again, not counted.
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
-                            _avoid_maintenance_until(spec, _launched_by(status)))
+                            _avoid_maintenance_until(spec, _launched_by(status)),
+                            restart_key=_restart_key(obs, spec))
         plan.create_pods = slices.to_create(
             spec, status.replicas,
             [pod for pod in build_gang(obs.job, spec, launch)
              if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing],
             {p.rank: p.node_name for p in gang}, obs.node_pools)
+        if plan.create_pods and launch.restart_key is not None:
+            restart_in_place.annotate(plan.create_pods, obs.job, restart_in_place.coordinator_of(
+                gang, obs.job, status.attempt), launch)
         if plan.create_pods:
             return
         # Only followers are missing, each waiting for its slice's leader to be placed: the
@@ -582,6 +599,17 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
     _set_phase(plan, obs, phase, cause, reason)
     plan.events.append(Event("Normal" if cause in ("Preemption", "Resize", "Migration")
                              else "Warning", cause, reason))
+    in_place = None
+    if obs.spec is not None and _restart_key(obs, obs.spec) is not None:
+        in_place = restart_in_place.plan_recovery(
+            gang, cause, replicas, node_watch(obs), obs.kubelet_versions, obs.job,
+            status.attempt + 1)
+    if in_place is not None and obs.spec is not None:
+        # Healthy pods stay; only the rest are stopped (their SIGTERM reaches every rank).
+        _launch(plan, obs, obs.spec, status.attempt + 1, replicas, status.recoveries[-1],
+                in_place)
+        _stop_all(plan, obs, [p for p in gang if p.name in in_place.plan.delete], grace=None)
+        return
     # Every rank gets SIGTERM now, so the gang agrees on a step and saves inside the grace.
     _stop_all(plan, obs, gang, grace=None)
 
@@ -663,7 +691,8 @@ def _forget_streaks_after_healthy_run(status: TrainingJobStatus, obs: Observed,
 
 
 def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, replicas: int,
-            recovery: Recovery | None = None) -> None:
+            recovery: Recovery | None = None,
+            in_place: restart_in_place.InPlaceRecovery | None = None) -> None:
     status = plan.status
     rollback = _rollback(spec, status, obs.job.uid, attempt)
     restore = _restore_step(status)
@@ -672,7 +701,12 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     layout = multislice.layout_for(spec.accelerator, replicas)
     status.slices = layout.slices if layout is not None else None
     restored = int(restore) if restore.isdigit() else None
-    if recovery is not None:
+    if recovery is not None and in_place is not None:
+        # The kept trainers are about to save a newer step: the restore and the steps lost
+        # are read from their exits (restart_in_place.note_restore).
+        recovery.to_replicas = replicas
+        recovery.kept_pods = len(in_place.plan.keep)
+    elif recovery is not None:
         recovery.restore_step = restored
         if status.step is not None and restored is not None:
             recovery.steps_lost = max(0, status.step - restored)
@@ -682,14 +716,31 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         status.step = restored
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
-                        rollback=rollback)
+                        rollback=rollback, restart_key=_restart_key(obs, spec))
     plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
                                         obs.node_pools)
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")
     message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"
+    if in_place is not None:
+        ranks = set(in_place.plan.create_ranks)
+        plan.create_pods = [p for p in plan.create_pods
+                            if int(p["metadata"]["labels"][naming.LABEL_RANK]) in ranks]
+        restart_in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_pod, launch)
+        plan.patch_pods = [(k.name, restart_in_place.kept_patch(
+            obs.job, in_place.coordinator_pod, launch, k.rank)) for k in in_place.plan.keep]
+        plan.restart_in_place = list(in_place.triggers)
+        message = (f"attempt {attempt}: {len(in_place.plan.keep)} of {replicas} ranks restart "
+                   f"in place, {len(ranks)} new, restoring {restore} or the step they save")
     _set_phase(plan, obs, phase, LAUNCHING, message)
     plan.events.append(Event("Normal", "Launched", message))
+
+
+def _restart_key(obs: Observed, spec: TrainingJobSpec) -> str | None:
+    """The key for pods launched now, when they may later restart in place."""
+    if restart_in_place.enabled(spec, obs.settings.restart_in_place):
+        return obs.restart_key
+    return None
 
 
 def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus, uid: str,

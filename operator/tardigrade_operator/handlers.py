@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +51,7 @@ from tardigrade_operator.observe import (
 )
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
+from tardigrade_operator.restart_request import request_restart
 
 # kopf's finalizer name. No TrainingJob carries it any more (see `_needs_no_finalizer`); kopf
 # removes it from jobs that an older operator version gave it.
@@ -137,11 +139,16 @@ def node_pool(name: str, labels: kopf.Labels, **_: Any) -> dict[str, str]:
     return {name: str(labels[slices.NODE_POOL_LABEL])}
 
 
+def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
+    return {name: str((status.get("nodeInfo") or {}).get("kubeletVersion") or "")}
+
+
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
     # Where a TPU slice's leader landed: its followers are pinned to that pool.
     kopf.index("nodes", id="node_pool",
                labels={slices.NODE_POOL_LABEL: kopf.PRESENT})(node_pool)
+    kopf.index("nodes", id="node_kubelet")(node_kubelet)
     # Only nodes that carry the label: kopf drops a node from the index once it is removed.
     kopf.index("nodes", id="node_maintenance",
                labels={maintenance.SCHEDULED_MAINTENANCE_LABEL: kopf.PRESENT})(node_maintenance)
@@ -199,7 +206,7 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
         started = time.perf_counter()
         try:
             await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled,
-                            pools)
+                            pools, kwargs.get("node_kubelet"))
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -238,7 +245,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     pods_index: kopf.Index, services_index: kopf.Index,
                     nodes_index: kopf.Index | None,
                     maintenance_index: kopf.Index | None = None,
-                    pools_index: kopf.Index | None = None) -> None:
+                    pools_index: kopf.Index | None = None,
+                    kubelet_index: kopf.Index | None = None) -> None:
     namespace, name = key
     meta = body.get("metadata") or {}
     status, version = _known_status(key, meta, body.get("status") or {}, memo)
@@ -284,6 +292,9 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         nodes_maintenance=scheduled,
         node_pools=None if pools_index is None else {
             node: pool for node, store in pools_index.items() for pool in store},
+        kubelet_versions={node: max(store) for node, store in (kubelet_index or {}).items()
+                          if store},
+        restart_key=secrets.token_urlsafe(24),
     )
     plan = decide(observed)
     try:
@@ -303,6 +314,9 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         memo.rejected[key] = (generation, str(err))
         _wake(memo, key)
         return
+    if plan.restart_in_place:
+        await asyncio.gather(*(request_restart(memo.session, trigger)
+                               for trigger in plan.restart_in_place))
     if written is not None:
         memo.written[key] = (written, plan.status)
     for event in plan.events:

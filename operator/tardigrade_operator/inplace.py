@@ -81,24 +81,18 @@ class InPlacePlan:
 
 
 def plan(members: Sequence[Member], replicas: int, enabled: bool) -> InPlacePlan:
-    """Keep every healthy pod that can restart, up to the new size; recreate the rest.
+    """Keep every healthy pod that can restart and whose rank is in the new world; recreate
+    the rest.
 
-    A kept pod keeps its rank when it is still in range, so most ranks find their data and
-    peers where they were; surplus kept pods fill the ranks whose pods are gone before any
-    new pod is made (a shrink after a loss creates nothing)."""
+    A kept pod keeps its rank: the rendezvous admits a rank only from the pod whose name
+    carries that rank (trainer peerauth.py, `rejection`), so a pod cannot take over another
+    rank without a new name, that is a new pod."""
     if not enabled:
         return InPlacePlan((), tuple(m.name for m in members), tuple(range(replicas)))
-    usable = sorted((m for m in members if m.healthy and m.can_restart), key=lambda m: m.rank)
     keep: dict[int, Keep] = {}
-    surplus: list[Member] = []
-    for m in usable:
-        if m.rank < replicas and m.rank not in keep:
+    for m in sorted(members, key=lambda m: m.rank):
+        if m.healthy and m.can_restart and m.rank < replicas and m.rank not in keep:
             keep[m.rank] = Keep(m.name, m.rank, m.rank)
-        else:
-            surplus.append(m)
-    open_ranks = [r for r in range(replicas) if r not in keep]
-    for rank, m in zip(open_ranks, surplus, strict=False):
-        keep[rank] = Keep(m.name, m.rank, rank)
     kept = {k.name for k in keep.values()}
     return InPlacePlan(
         keep=tuple(keep[r] for r in sorted(keep)),

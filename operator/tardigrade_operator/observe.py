@@ -10,7 +10,7 @@ from typing import Any
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import naming
+from tardigrade_operator import inplace, naming
 from tardigrade_operator.finalizers import owner_uid
 
 # pod.status.reason values that mean the node went away or the pod was pushed off it.
@@ -81,6 +81,15 @@ class PodView:
     # uid of the TrainingJob in the pod's ownerReferences: a job deleted and re-created under
     # the same name has a new uid, and the old one's pods carry the same labels.
     owner_uid: str | None = None
+    # Restart in place (restart_in_place.py): the API server kept the trainer's restart rule;
+    # the key rank 0 accepts a restart request with; the container's restarts, and the
+    # termination message and exit code of its previous run in this pod.
+    restart_rule: bool = False
+    restart_key: str | None = None
+    restart_count: int = 0
+    last_exit_code: int | None = None
+    last_termination: contract.TerminationMessage | None = None
+    last_finished_at: datetime | None = None
 
     @property
     def deleting(self) -> bool:
@@ -130,6 +139,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
     state = (container or {}).get("state") or {}
     terminated = state.get("terminated") or {}
     text = terminated.get("message") or ""
+    last = ((container or {}).get("lastState") or {}).get("terminated") or {}
     return PodView(
         name=meta.get("name", ""),
         attempt=attempt,
@@ -151,7 +161,22 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         tracked=naming.POD_FINALIZER in (meta.get("finalizers") or []),
         waiting=_waiting(state.get("waiting") or {}),
         owner_uid=owner_uid(pod),
+        restart_rule=inplace.rule_survived(pod),
+        restart_key=_trainer_env(pod, contract.ENV_RESTART_KEY),
+        restart_count=int((container or {}).get("restartCount") or 0),
+        last_exit_code=last.get("exitCode"),
+        last_finished_at=_time(last.get("finishedAt")),
+        last_termination=(contract.TerminationMessage.from_json(last["message"])
+                          if last.get("message") else None),
     )
+
+
+def _trainer_env(pod: Mapping[str, Any], name: str) -> str | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == naming.TRAINER_CONTAINER:
+            return next((e.get("value") for e in container.get("env") or []
+                         if e.get("name") == name), None)
+    return None
 
 
 # Waiting reasons that mean "stuck until someone fixes something", not "about to start".
@@ -197,6 +222,13 @@ def classify(pod: PodView, retryable_exit_codes: Iterable[int] = ()) -> RankOutc
         # a pod deleted while its node was away): nothing the trainer did.
         return RankOutcome(Outcome.PREEMPTED,
                            f"{pod.name}: container lost with its node ({CONTAINER_STATUS_UNKNOWN})")
+    if pod.exit_code == contract.EXIT_RESTART_IN_PLACE:
+        # Saved at the gang's step and asked to be started again in this pod: its kubelet
+        # does so (restart rule) while the pod lives; a pod that ended with it (a kubelet
+        # without the rule, a pod being deleted) saved and stopped, as with exit 75.
+        if pod.terminal or pod.deleting:
+            return RankOutcome(Outcome.PREEMPTED, f"{pod.name}: saved and stopped")
+        return RankOutcome(Outcome.PENDING, "restarting in place")
     if pod.phase == "Failed" or pod.exit_code is not None:
         code = pod.exit_code
         if code == contract.EXIT_PREEMPTED_SAVED:

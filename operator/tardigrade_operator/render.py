@@ -7,7 +7,7 @@ from typing import Any
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import multislice, naming, slices
+from tardigrade_operator import inplace, multislice, naming, slices
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.maintenance import avoid_affinity
@@ -19,6 +19,10 @@ RENDEZVOUS_TOKEN_VOLUME = "tardigrade-rendezvous-token"
 # The kubelet rewrites a projected token at 80% of its life; an hour is the TokenRequest
 # default and well above the 10-minute minimum (pkg/apis/authentication/validation).
 RENDEZVOUS_TOKEN_SECONDS = 3600
+# Restart in place: where the trainer keeps the attempt it last ran (an emptyDir outlives
+# the container, not the pod).
+IN_PLACE_VOLUME = "tardigrade-in-place"
+IN_PLACE_DIR = "/var/run/tardigrade.dev/in-place"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,8 @@ class GangLaunch:
     # A gang moved off host maintenance keeps off nodes with maintenance before this epoch.
     avoid_maintenance_until: int | None = None
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
+    # Restart in place is on: the key rank 0 accepts restart requests with (restart_in_place.py).
+    restart_key: str | None = None
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -110,6 +116,8 @@ def trainer_environment(
         # podManager.killPods); a stop by the operator gives the whole pod grace.
         shutdown_window_seconds=min(spec.preemption.shutdown_window_seconds,
                                     spec.pod_template.termination_grace_period_seconds),
+        restart_in_place_dir=IN_PLACE_DIR if launch.restart_key else None,
+        restart_key=launch.restart_key,
     )
 
 
@@ -123,6 +131,12 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     env.append({"name": contract.ENV_POD_IP,
                 "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}})
     env += _tpu_worker_env(job, spec, launch, rank)
+    if launch.restart_key:
+        # Resolved again at every container start from the kubelet's copy of the pod: a
+        # trainer restarted in place reads the world the operator annotated it with.
+        env.append({"name": contract.ENV_WORLD, "valueFrom": {"fieldRef": {
+            "apiVersion": "v1",
+            "fieldPath": f"metadata.annotations['{contract.ANNOTATION_WORLD}']"}}})
     env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     limits = {**spec.resources.limits, **placement.accelerator_limits}
     requests = {**spec.resources.requests, **placement.accelerator_limits}
@@ -145,6 +159,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
             "runAsNonRoot": True,
         },
     }
+    if launch.restart_key:
+        container.update(inplace.restart_rule())
     if spec.command is not None:
         container["command"] = list(spec.command)
     if spec.args is not None:
@@ -156,6 +172,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         *(m.model_dump(by_alias=True, exclude_none=True) for m in template.volume_mounts), {
             "name": RENDEZVOUS_TOKEN_VOLUME, "mountPath": contract.RENDEZVOUS_TOKEN_DIR,
             "readOnly": True}]
+    if launch.restart_key:
+        container["volumeMounts"].append({"name": IN_PLACE_VOLUME, "mountPath": IN_PLACE_DIR})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -181,7 +199,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                 "audience": contract.RENDEZVOUS_AUDIENCE,
                 "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
                 "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
-        }],
+        }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_key else [])],
         "affinity": (avoid_affinity(launch.avoid_maintenance_until)
                      if launch.avoid_maintenance_until is not None else None),
     }

@@ -89,7 +89,9 @@ GRANTS: list[Grant] = [
           "OwnerReferencesPermissionEnforcement asks of a creator that sets an ownerReference"),
     Grant("", "pods", "get", JOBS, EVERY, "kube.Writer.release_pod reads the pod's finalizers"),
     Grant("", "pods", "patch", JOBS, EVERY,
-          "kube.Writer.release_pod: JSON patch that drops the gang-tracking finalizer"),
+          "kube.Writer.release_pod: JSON patch that drops the gang-tracking finalizer; "
+          "kube.Writer.patch_pod: a kept pod's new attempt label and world annotation "
+          "(restart in place)"),
     Grant("", "services", "list", JOBS, EVERY,
           "kopf service index; kube.Writer.read_service (a fieldSelector on the name: who owns "
           "a Service with the job's name, which a user's Service lacks the label to be indexed)"),

@@ -60,6 +60,9 @@ class FakeCluster:
     nodes_maintenance: dict[str, datetime] = dataclasses.field(default_factory=dict)
     # Node -> its GKE node pool, as the operator's node watch sees it; None: nodes not watched.
     node_pools: dict[str, str] | None = None
+    # Node -> status.nodeInfo.kubeletVersion; the key pods launched now get (restart in place).
+    kubelet_versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    restart_key: str | None = None
 
     def observe(self) -> Observed:
         try:
@@ -77,6 +80,7 @@ class FakeCluster:
             settings=self.settings, rejected=self.rejected,
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
             node_pools=self.node_pools,
+            kubelet_versions=self.kubelet_versions, restart_key=self.restart_key,
         )
 
     def reconcile(self) -> Plan:
@@ -87,6 +91,10 @@ class FakeCluster:
             self.service = plan.create_service
         for name in plan.release_pods:
             self.pods[name]["metadata"]["finalizers"].remove("tardigrade.dev/gang-tracking")
+        for name, patch in plan.patch_pods:  # a merge patch of labels and annotations
+            meta = self.pods[name]["metadata"]
+            for field in ("labels", "annotations"):
+                meta.setdefault(field, {}).update(patch["metadata"].get(field) or {})
         for name, grace in plan.delete_pods:
             pod = self.pods.get(name)
             if pod is None:

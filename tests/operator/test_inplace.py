@@ -28,9 +28,10 @@ def m(rank: int, healthy: bool = True, can: bool = True) -> Member:
     # Shrink: the ranks past the new size go.
     ([m(0), m(1), m(2), m(3)], 2, True,
      InPlacePlan((Keep("p0", 0, 0), Keep("p1", 1, 1)), ("p2", "p3"), ())),
-    # Shrink after losing rank 0: rank 1 stays, the surplus rank 2 fills rank 0, nothing new.
+    # Shrink after losing rank 0: rank 1 stays; rank 2 cannot become rank 0 (the rendezvous
+    # binds a rank to its pod's name), so it goes and rank 0 gets a new pod.
     ([m(0, healthy=False), m(1), m(2)], 2, True,
-     InPlacePlan((Keep("p2", 2, 0), Keep("p1", 1, 1)), ("p0",), ())),
+     InPlacePlan((Keep("p1", 1, 1),), ("p0", "p2"), (0,))),
     # Nothing can restart in place: a plain recreation.
     ([m(0, can=False), m(1, can=False)], 2, True,
      InPlacePlan((), ("p0", "p1"), (0, 1))),

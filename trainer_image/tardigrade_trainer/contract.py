@@ -72,6 +72,14 @@ WORLD_KEYS = {
     "coordinatorAddress": ENV_COORDINATOR_ADDRESS,
     "restoreStep": ENV_RESTORE_STEP,
 }
+# Restart in place is on for this pod: a directory that outlives the container (an emptyDir),
+# where the trainer keeps the attempt it last ran so that a restart on a stale world is
+# refused. With it set, a rank stops after a save on notice with EXIT_RESTART_IN_PLACE.
+ENV_RESTART_IN_PLACE_DIR = "TARDIGRADE_RESTART_IN_PLACE_DIR"
+# The key the operator presents (Authorization: Bearer) when it asks rank 0 to save and
+# restart the gang in place (POST RESTART_IN_PLACE_PATH on the progress port).
+ENV_RESTART_KEY = "TARDIGRADE_RESTART_KEY"
+RESTART_IN_PLACE_PATH = "/restart-in-place"
 RENDEZVOUS_AUDIENCE = "tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_DIR = "/var/run/secrets/tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
@@ -153,6 +161,8 @@ class TrainerEnvironment:
     rollback_request: str | None = None
     init_from_path: str | None = None
     init_from_step: int | None = None
+    restart_in_place_dir: str | None = None
+    restart_key: str | None = None
 
     @property
     def keep_last(self) -> int:
@@ -188,6 +198,8 @@ class TrainerEnvironment:
             ENV_ROLLBACK_REQUEST: self.rollback_request,
             ENV_INIT_FROM_PATH: self.init_from_path,
             ENV_INIT_FROM_STEP: self.init_from_step,
+            ENV_RESTART_IN_PLACE_DIR: self.restart_in_place_dir,
+            ENV_RESTART_KEY: self.restart_key,
         }
         env.update({k: v if isinstance(v, str) else _format_number(v)
                     for k, v in optional.items() if v is not None})
@@ -280,6 +292,8 @@ class TrainerEnvironment:
             rollback_request=env.get(ENV_ROLLBACK_REQUEST) or None,
             init_from_path=env.get(ENV_INIT_FROM_PATH) or None,
             init_from_step=optional_int(ENV_INIT_FROM_STEP),
+            restart_in_place_dir=env.get(ENV_RESTART_IN_PLACE_DIR) or None,
+            restart_key=env.get(ENV_RESTART_KEY) or None,
         )
 
 
@@ -320,6 +334,7 @@ class TerminationMessage:
     checkpoint_step: int | None = None  # newest committed checkpoint
     checkpoint_path: str | None = None
     message: str = ""
+    attempt: int | None = None  # the attempt the rank ran as (its world's, when restarted)
 
     def to_json(self) -> str:
         payload = {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, "")}
@@ -347,7 +362,8 @@ class TerminationMessage:
                        step=_count(data, "step"),
                        checkpoint_step=_count(data, "checkpoint_step"),
                        checkpoint_path=_text(data, "checkpoint_path"),
-                       message=_text(data, "message") or "")
+                       message=_text(data, "message") or "",
+                       attempt=_count(data, "attempt"))
         except MalformedReport:
             return None
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import http.server
 import threading
+from collections.abc import Callable
 
 import prometheus_client
 
-from tardigrade_trainer.contract import ProgressReport
+from tardigrade_trainer.contract import RESTART_IN_PLACE_PATH, ProgressReport
 
 # The endpoint answers a poll a few times a second (operator, scraper): a handful of requests
 # at once is plenty, and each connection gets a few seconds to send its request.
@@ -83,7 +84,10 @@ class _BoundedThreadingServer(http.server.ThreadingHTTPServer):
 class ProgressServer:
     """A tiny threaded HTTP server; one per job on rank 0."""
 
-    def __init__(self, metrics: Metrics, port: int, host: str = "") -> None:
+    def __init__(self, metrics: Metrics, port: int, host: str = "",
+                 on_restart: Callable[[str | None, str], int] | None = None) -> None:
+        """`on_restart(authorization header, query)`: the HTTP status for a POST to
+        RESTART_IN_PLACE_PATH (inplace.RestartRequests); without it the path is unknown."""
         metrics_ref = metrics
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -106,6 +110,16 @@ class ProgressServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                if on_restart is None or self.path.split("?")[0] != RESTART_IN_PLACE_PATH:
+                    self.send_error(404)
+                    return
+                code = on_restart(self.headers.get("Authorization"),
+                                  self.path.partition("?")[2])
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # the operator polls often; access logs would drown the JSON log

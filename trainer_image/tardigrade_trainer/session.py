@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import contract, distributed
+from tardigrade_trainer import contract, distributed, inplace
 from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
 
@@ -164,6 +164,12 @@ class TrainingSession:
             _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
             raise SystemExit(contract.EXIT_CONFIG_ERROR) from None
         try:
+            inplace.enter_world(self.env)
+        except inplace.StaleWorld as err:
+            _fail(self.env.termination_log, contract.EXIT_RESTART_IN_PLACE, "StaleWorld", err,
+                  err.termination(self.env.attempt))
+            raise SystemExit(contract.EXIT_RESTART_IN_PLACE) from None
+        try:
             self._start()
         except BaseException as err:
             self._leave_on_error(err)
@@ -185,10 +191,13 @@ class TrainingSession:
         from tardigrade_trainer.metrics import Metrics, ProgressServer
 
         env = self.env
-        self.log = JsonLog(jax.process_index())
+        self.log = JsonLog(jax.process_index(), attempt=env.attempt)
         self.metrics = Metrics()
-        if env.progress_port is not None and jax.process_index() == 0:
-            self._server = ProgressServer(self.metrics, env.progress_port).start()
+        self._restarts = inplace.RestartRequests(env.restart_key, env.attempt)
+        # Rank 0 serves progress; with restart in place every rank takes the operator's word.
+        if env.progress_port is not None and (jax.process_index() == 0 or env.restart_key):
+            self._server = ProgressServer(self.metrics, env.progress_port,
+                                          on_restart=self._restarts.handle).start()
 
     @property
     def checkpoints(self) -> Checkpoints:
@@ -391,8 +400,13 @@ class TrainingSession:
         if overrun is not None:
             self.log({"event": "shutdown_window_exceeded", "level": "warning", "step": step,
                       "message": overrun})
-        raise StopTraining(contract.EXIT_PREEMPTED_SAVED,
-                           self.termination("PreemptedSaved", f"saved step {step} on SIGTERM"))
+        code, reason = inplace.stop_code(self.env)
+        message = self.termination(reason, f"saved step {step} on SIGTERM")
+        if code == contract.EXIT_RESTART_IN_PLACE:
+            inplace.remember_exit(self.env, message)
+            released = self._restarts.wait_released()
+            self.log({"event": "restart_in_place", "step": step, "released": released})
+        raise StopTraining(code, message)
 
     def _report_checkpoint(self) -> None:
         committed = self._checkpoints.committed() if self._checkpoints is not None else None
@@ -407,7 +421,8 @@ class TrainingSession:
         return contract.TerminationMessage(
             reason=reason, step=self.last_step,
             checkpoint_step=committed.step if committed else None,
-            checkpoint_path=committed.path if committed else None, message=message)
+            checkpoint_path=committed.path if committed else None, message=message,
+            attempt=self.env.attempt)
 
     # --- leaving ------------------------------------------------------------------------------
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

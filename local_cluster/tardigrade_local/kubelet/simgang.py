@@ -14,6 +14,10 @@ attempt and world size. The gang keeps the promises the real trainer makes (`tra
 - preemption: SIGTERM to any rank makes every rank agree on the next step
   (`multihost_utils.reached_preemption_sync_point` signals all processes), save it, write
   `PreemptedSaved` and exit 75; without saveOnPreemption the signal kills the rank (143);
+- restart in place (`inplace.py`): with TARDIGRADE_RESTART_IN_PLACE_DIR set the save ends in
+  `RestartInPlace` and exit 77, each rank once the operator's keyed POST /restart-in-place
+  released it (or after `inplace.RELEASE_WAIT_SECONDS`); the first POST is a SIGTERM; a
+  container started on a world it already ran exits 77 at once (`StaleWorld`);
 - a rank that dies or freezes stalls its peers' collectives: the gang stops stepping, and its
   ranks no longer manage a save (they go when the kubelet's grace runs out);
 - the end: every rank writes `Succeeded` and exits 0.
@@ -30,7 +34,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 
-from tardigrade_trainer import contract
+from tardigrade_trainer import contract, inplace
 
 from tardigrade_local.markers import MarkerCheckpoints, choose_restore
 
@@ -59,6 +63,20 @@ class TrainerRank:
         self.frozen = False
         self.exit: Exit | None = None
         self._on_exit = on_exit
+        self.restarts = inplace.RestartRequests(env.restart_key, env.attempt)
+        self._pending: Exit | None = None
+
+    def finish_when_released(self, result: Exit) -> None:
+        """The trainer's wait after a save for restart in place (inplace.wait_released)."""
+        if self.restarts.released.is_set():
+            self.finish(result)
+            return
+        self._pending = result
+        self.gang.loop.call_later(inplace.RELEASE_WAIT_SECONDS, self.finish, result)
+
+    def released(self) -> None:
+        if self._pending is not None:
+            self.finish(self._pending)
 
     def finish(self, result: Exit) -> None:
         if self.exit is not None:
@@ -203,10 +221,18 @@ class Gang:
         step = self.stop_step
         self.ckpt.commit(step)
         self.written = step
+        code, reason = inplace.stop_code(self.env0)
         message = contract.TerminationMessage(
-            reason="PreemptedSaved", step=step, checkpoint_step=step,
-            checkpoint_path=self.ckpt.path(step), message=f"saved step {step} on SIGTERM")
-        self._finish_all(Exit(contract.EXIT_PREEMPTED_SAVED, message))
+            reason=reason, step=step, checkpoint_step=step,
+            checkpoint_path=self.ckpt.path(step), message=f"saved step {step} on SIGTERM",
+            attempt=self.env0.attempt)
+        if code == contract.EXIT_RESTART_IN_PLACE:
+            for rank in list(self.ranks.values()):
+                inplace.remember_exit(rank.env, message)
+                if not rank.frozen:
+                    rank.finish_when_released(Exit(code, message))
+            return
+        self._finish_all(Exit(code, message))
 
     def _complete(self) -> None:
         self._write_commits()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from tardigrade_trainer import contract
+from tardigrade_trainer import contract, inplace
 
 from tardigrade_local.kubelet import simgang
 from tardigrade_local.kubelet.runtime import Container
@@ -72,6 +72,12 @@ class SimulatedContainer:
             self._fail_config(self.env.get(contract.ENV_TERMINATION_LOG), str(err))
             return self._pid
         if env is not None:
+            try:
+                inplace.enter_world(env)
+            except inplace.StaleWorld as err:
+                simgang.write_termination(env.termination_log, err.termination(env.attempt))
+                self._set_exit(contract.EXIT_RESTART_IN_PLACE)
+                return self._pid
             problem = simgang.checkpoint_problem(env)
             if problem is not None:
                 self._fail_config(env.termination_log, problem)
@@ -87,8 +93,8 @@ class SimulatedContainer:
         self._set_exit(contract.EXIT_CONFIG_ERROR)
 
     def _exited(self, result: simgang.Exit) -> None:
-        if self.rank is not None and self.rank.process_id == 0:
-            self.runtime.leader_exited(self.rank)
+        if self.rank is not None:
+            self.runtime.rank_exited(self.rank)
         self._set_exit(result.returncode)
 
     def _set_exit(self, returncode: int) -> None:
@@ -123,16 +129,21 @@ class ProgressEndpoints:
 
     def __init__(self) -> None:
         self._runner: web.AppRunner | None = None
-        self._sites: dict[simgang.GangKey, web.TCPSite] = {}
+        self._sites: dict[tuple[simgang.GangKey, int], web.TCPSite] = {}
         self._by_address: dict[tuple[str, int], simgang.TrainerRank] = {}
 
     async def _ensure_runner(self) -> web.AppRunner:
         if self._runner is None:
             app = web.Application()
             app.router.add_get("/progress", self._progress)
+            app.router.add_post(contract.RESTART_IN_PLACE_PATH, self._restart)
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
         return self._runner
+
+    @staticmethod
+    def _key(rank: simgang.TrainerRank) -> tuple[simgang.GangKey, int]:
+        return rank.gang.key, rank.process_id
 
     async def open(self, rank: simgang.TrainerRank, pod_ip: str) -> None:
         port = rank.env.progress_port
@@ -149,11 +160,11 @@ class ProgressEndpoints:
         if rank.exit is not None:  # it ended while the socket was being opened
             await site.stop()
             return
-        self._sites[rank.gang.key] = site
+        self._sites[self._key(rank)] = site
         self._by_address[(pod_ip, port)] = rank
 
     async def close(self, rank: simgang.TrainerRank) -> None:
-        site = self._sites.pop(rank.gang.key, None)
+        site = self._sites.pop(self._key(rank), None)
         for address, owner in list(self._by_address.items()):
             if owner is rank:
                 del self._by_address[address]
@@ -171,6 +182,18 @@ class ProgressEndpoints:
         if rank.exit is not None:
             raise web.HTTPServiceUnavailable()
         return web.Response(text=rank.gang.progress().to_json(), content_type="application/json")
+
+    async def _restart(self, request: web.Request) -> web.StreamResponse:
+        """The trainer's inplace.RestartRequests: the key, then a SIGTERM to rank 0."""
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        rank = self._by_address.get((sockname[0], sockname[1])) if sockname else None
+        if rank is None or rank.exit is not None:
+            raise web.HTTPNotFound()
+        code = rank.restarts.handle(request.headers.get("Authorization"), request.query_string,
+                                    notice=lambda: rank.deliver(signal.SIGTERM))
+        if code == 202:
+            rank.released()
+        return web.Response(status=code)
 
     async def stop(self) -> None:
         for site in list(self._sites.values()):
@@ -193,7 +216,8 @@ class SimulatedRuntime:
         self.pids = itertools.count(PID_BASE)
         self.gangs: dict[simgang.GangKey, simgang.Gang] = {}
         self.progress = ProgressEndpoints()
-        self._leader_ips: dict[int, str] = {}  # id(rank 0) -> its pod IP, for /progress
+        # id(rank) -> its pod IP: rank 0's for /progress, every rank's with restart in place.
+        self._ips: dict[int, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def container(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path,
@@ -209,20 +233,21 @@ class SimulatedRuntime:
                                 on_started=self._gang_started, on_ended=self._gang_ended)
             self.gangs[key] = gang
         rank = simgang.TrainerRank(gang, env, on_exit)
-        if env.process_id == 0:
-            self._leader_ips[id(rank)] = pod_ip
+        if env.process_id == 0 or env.restart_key:
+            self._ips[id(rank)] = pod_ip
         gang.join(rank)
         return rank
 
     def _gang_started(self, gang: simgang.Gang) -> None:
-        # The trainer starts its progress server once the gang has formed (train.py, run).
-        leader = gang.ranks.get(0)
-        if leader is not None:
-            self._spawn(self.progress.open(leader, self._leader_ips.get(id(leader), "")))
+        # The trainer starts its progress server once the gang has formed (session.py); with
+        # restart in place every rank serves the operator's request.
+        for rank in gang.ranks.values():
+            if id(rank) in self._ips:
+                self._spawn(self.progress.open(rank, self._ips[id(rank)]))
 
-    def leader_exited(self, rank: simgang.TrainerRank) -> None:
-        self._leader_ips.pop(id(rank), None)
-        self._spawn(self.progress.close(rank))
+    def rank_exited(self, rank: simgang.TrainerRank) -> None:
+        if self._ips.pop(id(rank), None) is not None:
+            self._spawn(self.progress.close(rank))
 
     def _gang_ended(self, gang: simgang.Gang) -> None:
         if self.gangs.get(gang.key) is gang:

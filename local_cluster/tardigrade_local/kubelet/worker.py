@@ -275,9 +275,15 @@ class PodWorker:
             attempt += 1
 
     async def _back_off(self, record: ps.ContainerRecord, attempt: int) -> None:
-        delay = min(self.settings.backoff_base_seconds * 2**attempt,
-                    self.settings.backoff_max_seconds)
         record.last_state = {"terminated": record.terminated} if record.terminated else {}
+        if attempt == 0:
+            # doBackOff (pkg/kubelet/kuberuntime/kuberuntime_manager.go): a container with no
+            # back-off entry yet is started again at once, and the entry is created (Next)
+            # with the initial delay; only the exits after that wait (IsInBackOffSince).
+            record.restart_count += 1
+            return
+        delay = min(self.settings.backoff_base_seconds * 2**(attempt - 1),
+                    self.settings.backoff_max_seconds)
         record.wait("CrashLoopBackOff",
                     f"back-off {delay:g}s restarting failed container={record.name} "
                     f"pod={self.name}_{self.namespace}({self.uid})")

@@ -815,6 +815,8 @@ class Recovery(ApiModel):
     from_replicas: int | None = Field(None, ge=0)
     to_replicas: int | None = Field(None, ge=0)
     restore_step: int | None = Field(None, ge=0, description="Checkpoint step restored.")
+    kept_pods: int | None = Field(
+        None, ge=0, description="Pods kept and restarted in place (the rest were recreated).")
     reason: str = Field("", max_length=1024)
 
 

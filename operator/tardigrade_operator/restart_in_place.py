@@ -1,0 +1,198 @@
+"""Restart in place on a recovery: keep the gang's healthy pods, restart their trainers into
+the new world, recreate only the rest. Pure; decide.py calls it, the writer and the handlers
+carry out what it puts in the plan.
+
+The steps, in the order the plan is applied (kube.py, handlers.py):
+1. the status write records the recovery and the new attempt (as for a recreation);
+2. each kept pod gets one merge patch: the new attempt in its label (so it belongs to the new
+   gang) and the new world in its annotation (contract.ANNOTATION_WORLD), which the kubelet
+   puts into the restarted container's environment;
+3. the pods that are not kept are deleted and the missing ranks created (with the world as
+   their annotation too: the coordinator may be a kept pod of an older name);
+4. each kept rank gets the operator's request (`Trigger`, after the writes): the first one
+   to get it sends itself SIGTERM, which reaches every rank through JAX's preemption sync
+   (as does the SIGTERM of a deleted pod or of a lost host); every rank saves the agreed step,
+   waits for its own request (its world is written) and exits 77, and the kubelet restarts
+   the kept ones in their pods.
+Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
+(its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from tardigrade_trainer import contract
+
+from tardigrade_operator import inplace, naming
+from tardigrade_operator.api.types import RecoveryCause, TrainingJobSpec, TrainingJobStatus
+from tardigrade_operator.nodeloss import NodeWatch
+from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
+from tardigrade_operator.render import GangLaunch, JobRef
+
+# Recoveries that may keep pods: the others back off first (a crash, a retry) or must leave
+# their nodes (host maintenance), so they recreate.
+CAUSES: tuple[RecoveryCause, ...] = ("Preemption", "Resize")
+# A container restart goes through the kubelet's crash-loop back-off (KEP-5307, "Unintended
+# Restart Loops"): the first restart is immediate, a container that exits again before the
+# back-off entry expires waits 10 s, then 20 s... The entry expires when the container last
+# exited more than twice the maximum back-off (2 x 300 s) before (client-go
+# util/flowcontrol/backoff.go, `hasExpired`, as kuberuntime_manager.go's doBackOff uses it). A
+# pod restarted in place more recently is recreated: a new pod has no back-off.
+BACK_OFF_MEMORY = timedelta(seconds=600)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trigger:
+    """Ask a kept rank to save and restart into the new attempt (trainer
+    inplace.RestartRequests)."""
+
+    pod: str
+    url: str
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class InPlaceRecovery:
+    plan: inplace.InPlacePlan
+    coordinator_pod: str  # the pod that holds rank 0 in the new world
+    triggers: tuple[Trigger, ...]
+
+
+def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
+    # TPU hosts get their slice's worker list at creation (render._tpu_worker_env), which
+    # a restarted container could not update: TPU gangs recreate.
+    return switched_on and spec.accelerator.kind != "tpu"
+
+
+def members(gang: Sequence[PodView], nodes: NodeWatch,
+            kubelet_versions: Mapping[str, str]) -> list[inplace.Member]:
+    def backed_off(p: PodView) -> bool:
+        if p.restart_count == 0:
+            return False
+        last = p.last_finished_at
+        return last is None or nodes.now - last < BACK_OFF_MEMORY
+
+    def healthy(p: PodView) -> bool:
+        if not p.active or p.deleting or not p.node_name or nodes.suspect(p):
+            return False
+        outcome = classify(p).outcome
+        # Running, or already stopped with 77 and being restarted by its kubelet.
+        return outcome is Outcome.RUNNING or (
+            outcome is Outcome.PENDING and p.exit_code == contract.EXIT_RESTART_IN_PLACE)
+
+    def can_restart(p: PodView) -> bool:
+        node = {"status": {"nodeInfo": {"kubeletVersion": kubelet_versions.get(
+            p.node_name or "", "")}}}
+        return p.restart_rule and p.restart_key is not None and \
+            inplace.kubelet_supports_rules(node) and not backed_off(p)
+
+    return [inplace.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
+
+
+def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
+                  nodes: NodeWatch, kubelet_versions: Mapping[str, str],
+                  job: JobRef, attempt: int) -> InPlaceRecovery | None:
+    """What an in-place recovery to `attempt` does, or None: recreate the whole gang."""
+    if cause not in CAUSES:
+        return None
+    chosen = inplace.plan(members(gang, nodes, kubelet_versions), replicas, enabled=True)
+    if not chosen.in_place:
+        return None
+    by_name = {p.name: p for p in gang}
+    kept = [by_name[k.name] for k in chosen.keep]
+    rank0 = next((p for p in kept if p.rank == 0), None)
+    coordinator = rank0.name if rank0 is not None else naming.pod_name(job.name, attempt, 0)
+    # The ranks that go are asked too: they save with the gang and then need not wait for a
+    # word that would never come (their kubelet does not restart a pod being deleted).
+    going = [by_name[name] for name in chosen.delete
+             if by_name[name].active and not by_name[name].deleting]
+    triggers = tuple(
+        Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
+                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}", p.restart_key)
+        for p in [*kept, *going] if p.pod_ip and p.restart_key)
+    if not any(t.pod in {p.name for p in kept} for t in triggers):
+        # Nothing would make the kept trainers save and stop: recreate instead.
+        return None
+    return InPlaceRecovery(chosen, coordinator, triggers)
+
+
+def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:
+    """The annotation a rank's container reads its new world from (contract.WORLD_KEYS)."""
+    host = f"{coordinator_pod}.{naming.service_name(job.name)}"
+    return json.dumps({
+        "attempt": launch.attempt, "numProcesses": launch.replicas, "processId": rank,
+        "coordinatorAddress": f"{host}:{contract.DEFAULT_COORDINATOR_PORT}",
+        "restoreStep": launch.restore_step}, sort_keys=True)
+
+
+def annotate(pods: Iterable[dict[str, Any]], job: JobRef, coordinator_pod: str,
+             launch: GangLaunch) -> None:
+    """Give new pods their world: their static coordinator names a pod of this attempt,
+    which does not exist when rank 0 was kept."""
+    for pod in pods:
+        rank = int(pod["metadata"]["labels"][naming.LABEL_RANK])
+        pod["metadata"].setdefault("annotations", {})[contract.ANNOTATION_WORLD] = world(
+            job, coordinator_pod, launch, rank)
+
+
+def coordinator_of(gang: Sequence[PodView], job: JobRef, attempt: int) -> str:
+    rank0 = next((p for p in gang if p.rank == 0 and not p.deleting), None)
+    return rank0.name if rank0 is not None else naming.pod_name(job.name, attempt, 0)
+
+
+def kept_patch(job: JobRef, coordinator_pod: str, launch: GangLaunch,
+               rank: int) -> dict[str, Any]:
+    """One merge patch per kept pod: joins the new attempt and carries its world."""
+    return {"metadata": {
+        "labels": {naming.LABEL_ATTEMPT: str(launch.attempt)},
+        "annotations": {contract.ANNOTATION_WORLD: world(job, coordinator_pod, launch, rank)}}}
+
+
+def _name_attempt(pod: PodView) -> int | None:
+    parts = pod.name.rsplit("-", 2)
+    if len(parts) == 3 and parts[1].startswith("a") and parts[1][1:].isdigit():
+        return int(parts[1][1:])
+    return None
+
+
+def restarted_into(pod: PodView, attempt: int) -> bool:
+    """A kept pod's trainer has stopped in the previous attempt and been started again."""
+    last = pod.last_termination
+    return (pod.last_exit_code == contract.EXIT_RESTART_IN_PLACE and last is not None
+            and last.attempt is not None and last.attempt >= attempt - 1)
+
+
+def hold_unrestarted(outcomes: dict[int, RankOutcome], gang: Sequence[PodView],
+                     attempt: int) -> None:
+    """A kept pod still running its old trainer (saving, about to exit 77) is not a rank of
+    the new gang yet: it counts as starting, not running."""
+    for pod in gang:
+        kept = _name_attempt(pod) not in (None, pod.attempt)
+        if kept and outcomes.get(pod.rank, RankOutcome(Outcome.PENDING, "")).outcome \
+                is Outcome.RUNNING and not restarted_into(pod, attempt):
+            outcomes[pod.rank] = RankOutcome(Outcome.PENDING, "saving, to restart in place")
+
+
+def note_restore(status: TrainingJobStatus, gang: Sequence[PodView]) -> bool:
+    """Fill in the step an in-place recovery restores (the one the kept trainers saved and
+    report in their last termination message). True while it is not known yet: until then
+    rank 0's progress may still be the old trainer's."""
+    last = status.recoveries[-1] if status.recoveries else None
+    if last is None or not last.kept_pods or last.attempt != status.attempt \
+            or last.restore_step is not None:
+        return False
+    saved = [p.last_termination for p in gang if p.last_termination is not None
+             and p.last_exit_code == contract.EXIT_RESTART_IN_PLACE
+             and p.last_termination.attempt == last.attempt - 1
+             and p.last_termination.checkpoint_step is not None]
+    if not saved:
+        return True
+    restore = max(m.checkpoint_step or 0 for m in saved)
+    last.restore_step = restore
+    last.steps_lost = max(0, max(m.step or 0 for m in saved) - restore)
+    return False

@@ -1,0 +1,48 @@
+"""The act step of restart in place: ask each kept rank to save and restart.
+
+Sent after the plan's writes, so the kept pods already carry their new world when the
+trainers stop: a rank waits for its request before it exits. The request carries the key the
+pod was created with (contract.ENV_RESTART_KEY): only the operator, which rendered it, and
+whoever may read the job's pods know it; a peer in another namespace cannot make a gang
+restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from tardigrade_operator.restart_in_place import Trigger
+
+ATTEMPTS = 3
+RETRY_SECONDS = 0.5
+# A trainer answers at once, but a rank's host may be busy saving: more than a progress poll.
+REQUEST_SECONDS = 5.0
+
+
+async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
+                          timeout: float = REQUEST_SECONDS) -> bool:
+    """True once the rank accepted (202); a refusal or silence is logged. A rank that missed
+    it still stops after the gang's save (inplace.RELEASE_WAIT_SECONDS) and its kubelet
+    restarts it; one that no request reached at all keeps training on its old world until a
+    later disruption: nothing is lost, its saves go on."""
+    headers = {"Authorization": f"Bearer {trigger.key}"}
+    why = ""
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(RETRY_SECONDS)
+        try:
+            async with session.post(trigger.url, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
+                if answer.status == 202:
+                    return True
+                why = f"HTTP {answer.status}"
+                if answer.status in (400, 401, 404):
+                    break  # wrong key, or restart in place off in that pod: no retry helps
+        except (TimeoutError, aiohttp.ClientError) as err:
+            why = str(err) or type(err).__name__
+    logging.getLogger(__name__).warning("restart in place: %s did not take the request: %s",
+                                        trigger.pod, why)
+    return False

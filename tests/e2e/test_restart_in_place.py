@@ -1,0 +1,150 @@
+"""End to end, restart in place on: the local cluster, the real operator, real JAX trainers.
+
+Three one-trainer nodes (1 CPU each, the trainer asks for 1): two run a 1.36 kubelet with
+ContainerRestartRules, one a 1.33 kubelet that ignores restart rules. So every gang has ranks
+that can restart in place and, when it spans three nodes, one that must be recreated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.steplog import StepLog
+
+from tests.e2e.harness import (
+    Cluster,
+    OperatorProcess,
+    running_operator,
+    trainingjob,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+GRACE_SECONDS = 20
+ONE_TRAINER = {"cpu": "1"}
+GATES = {"ContainerRestartRules": True}
+OLD_NODE = "old-kubelet"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("inplace")
+    nodes = [NodeConfig("new-a", capacity=ONE_TRAINER, kubelet_version="v1.36.0",
+                        feature_gates=GATES),
+             NodeConfig("new-b", capacity=ONE_TRAINER, kubelet_version="v1.36.0",
+                        feature_gates=GATES),
+             NodeConfig(OLD_NODE, capacity=ONE_TRAINER, kubelet_version="v1.33.0")]
+    with LocalCluster(root / "cluster", nodes=nodes, shutdown_grace_seconds=GRACE_SECONDS,
+                      api_feature_gates="ContainerRestartRules=true") as local:
+        yield Cluster(local)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    with running_operator(cluster, tmp_path_factory.mktemp("operator"),
+                          env={"TARDIGRADE_RESTART_IN_PLACE": "true"}) as process:
+        yield process
+
+
+@pytest.fixture(autouse=True)
+def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
+    yield
+    cluster.kubectl("delete", "trainingjobs", "--all", "--wait=false")
+    wait_for(lambda: not cluster.core.list_namespaced_pod(
+        "default", label_selector="tardigrade.dev/job").items, 120, "leftover pods to go")
+
+
+def _pods(cluster: Cluster, name: str) -> dict[str, Any]:
+    return {p.metadata.name: p for p in cluster.pods(name) if p.metadata.deletion_timestamp
+            is None}
+
+
+def _restarts(pod: Any) -> int:
+    return max((s.restart_count or 0 for s in pod.status.container_statuses or []), default=0)
+
+
+def _train_past(log: StepLog, step: int) -> None:
+    wait_for(lambda: (log.collect(), log.last_step >= step)[1], 300, f"training past {step}")
+
+
+def _assert_every_step_trained(log: StepLog, steps: int) -> None:
+    missing = [s for s in range(1, steps + 1) if s not in log.losses]
+    assert not missing, f"no loss logged for steps {missing[:10]}"
+
+
+def _assert_kept_and_recreated(before: dict[str, Any], after: dict[str, Any],
+                               lost: set[str]) -> None:
+    """Pods on 1.36 nodes that were not lost stay (same uid, restarted); the rest are new."""
+    for name, pod in before.items():
+        if pod.spec.node_name == OLD_NODE or name in lost:
+            assert name not in after, f"{name} on {pod.spec.node_name} should be recreated"
+            continue
+        assert name in after, f"{name} on {pod.spec.node_name} was not kept"
+        assert after[name].metadata.uid == pod.metadata.uid
+        assert _restarts(after[name]) >= 1, f"{name} was kept but never restarted"
+
+
+def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
+                                                             operator: OperatorProcess):
+    name = "inplace-preempt"
+    job = trainingjob(name, steps=50, replicas=3)
+    job["spec"]["checkpoint"]["interval"] = {"steps": 1000}  # only the coordinated save
+    cluster.apply(job)
+    log = cluster.step_log(name)
+    _train_past(log, 8)
+    before = _pods(cluster, name)
+    assert {p.spec.node_name for p in before.values()} == {"new-a", "new-b", OLD_NODE}
+    victim = next(p for p in before.values() if p.spec.node_name == "new-a")
+    cluster.local.preempt_node("new-a", grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+
+    def back_running() -> dict[str, Any] | None:
+        log.collect()
+        status = cluster.status(name)
+        return status if status.get("attempt") == 2 and status.get("phase") == "Running" \
+            else None
+
+    wait_for(back_running, 300, "the gang running again")
+    after = _pods(cluster, name)
+    _assert_kept_and_recreated(before, after, {victim.metadata.name})
+    status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
+    operator.assert_alive()
+    assert status["restarts"]["preemptions"] == 1 and status["restarts"]["failures"] == 0
+    recovery = status["recoveries"][0]
+    assert recovery["cause"] == "Preemption" and recovery["keptPods"] == 1, recovery
+    assert recovery["stepsLost"] == 0, recovery
+    assert recovery["restoreStep"] >= 8 and recovery["downtimeSeconds"] > 0
+    _assert_every_step_trained(log, 50)
+
+
+def test_resize_keeps_the_gang_and_adds_a_rank(cluster: Cluster, operator: OperatorProcess):
+    name = "inplace-resize"
+    job = trainingjob(name, steps=50, replicas=2)
+    job["spec"]["checkpoint"]["interval"] = {"steps": 1000}
+    cluster.apply(job)
+    log = cluster.step_log(name)
+    _train_past(log, 8)
+    before = _pods(cluster, name)
+    cluster.kubectl("scale", f"tj/{name}", "--replicas=3")
+
+    def grown() -> dict[str, Any] | None:
+        log.collect()
+        status = cluster.status(name)
+        return status if status.get("replicas") == 3 and status.get("phase") == "Running" \
+            else None
+
+    wait_for(grown, 300, "3 ranks running")
+    after = _pods(cluster, name)
+    assert len(after) == 3
+    _assert_kept_and_recreated(before, after, set())
+    status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
+    recovery = status["recoveries"][0]
+    assert recovery["cause"] == "Resize" and recovery["toReplicas"] == 3
+    kept = sum(p.spec.node_name != OLD_NODE for p in before.values())
+    assert recovery["keptPods"] == kept, recovery
+    assert recovery["stepsLost"] == 0, recovery
+    _assert_every_step_trained(log, 50)

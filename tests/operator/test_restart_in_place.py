@@ -1,0 +1,198 @@
+"""Restart in place through `decide`: which pods a recovery keeps, the world each restarts
+into, and the pods it recreates (restart_in_place.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from tardigrade_operator import inplace
+from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.observe import Outcome, classify, parse_pod
+from tardigrade_trainer import contract
+
+from tests.operator.fake_cluster import FakeCluster, iso, spec
+
+KEY = "key-1"
+NEW = "v1.36.0"
+ON = DecisionSettings(restart_in_place=True)
+IN_PLACE = contract.EXIT_RESTART_IN_PLACE
+
+
+def running_gang(replicas: int = 3, versions: tuple[str, ...] = (NEW, NEW, NEW),
+                 settings: DecisionSettings = ON) -> FakeCluster:
+    cluster = FakeCluster(spec(replicas=replicas), settings=settings, restart_key=KEY,
+                          kubelet_versions={f"node-{i}": v for i, v in enumerate(versions)})
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    return cluster
+
+
+def names(pods: list) -> list[str]:
+    return sorted(p["metadata"]["name"] if isinstance(p, dict) else p[0] for p in pods)
+
+
+def world_of(pod: dict) -> dict:
+    return json.loads(pod["metadata"]["annotations"][contract.ANNOTATION_WORLD])
+
+
+def restart(cluster: FakeCluster, name: str, attempt: int, step: int, saved: int) -> None:
+    """What the kubelet shows once a kept trainer exited 77 and runs again."""
+    message = contract.TerminationMessage(reason="RestartInPlace", step=step,
+                                          checkpoint_step=saved, attempt=attempt).to_json()
+    cluster.pods[name]["status"]["containerStatuses"] = [{
+        "name": "trainer", "restartCount": 1, "state": {"running": {}},
+        "lastState": {"terminated": {"exitCode": IN_PLACE, "message": message}}}]
+
+
+def test_pods_carry_the_rule_world_and_key_only_when_switched_on():
+    on = running_gang().pods["tiny-a1-0"]
+    container = on["spec"]["containers"][0]
+    assert inplace.rule_survived(on)
+    env = {e["name"]: e for e in container["env"]}
+    assert env[contract.ENV_WORLD]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        f"metadata.annotations['{contract.ANNOTATION_WORLD}']"
+    assert env[contract.ENV_RESTART_KEY]["value"] == KEY
+    assert contract.ENV_RESTART_IN_PLACE_DIR in env
+    off = running_gang(settings=DecisionSettings()).pods["tiny-a1-0"]
+    assert not inplace.rule_survived(off)
+    assert contract.ENV_RESTART_KEY not in {e["name"] for e in off["spec"]["containers"][0]["env"]}
+
+
+def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
+    cluster = running_gang()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+
+    assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
+    assert cluster.status.recoveries[-1].kept_pods == 2
+    # The kept pods join attempt 2 with their world, before anything is deleted.
+    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-2"]
+    for name in ("tiny-a1-0", "tiny-a1-2"):
+        pod = cluster.pods[name]
+        assert pod["metadata"]["labels"]["tardigrade.dev/attempt"] == "2"
+        assert world_of(pod) == {"attempt": 2, "numProcesses": 3,
+                                 "processId": int(name[-1]),
+                                 "coordinatorAddress": "tiny-a1-0.tiny:8476",
+                                 "restoreStep": "20"}
+    assert [n for n, _ in plan.delete_pods] == ["tiny-a1-1"]
+    assert names(plan.create_pods) == ["tiny-a2-1"]
+    assert world_of(plan.create_pods[0])["coordinatorAddress"] == "tiny-a1-0.tiny:8476"
+    # Each kept rank is asked, after the writes, to restart into attempt 2; the lost one too,
+    # so that it leaves once saved instead of waiting for a word that would never come.
+    assert [(t.pod, t.url, t.key) for t in plan.restart_in_place] == [
+        ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2", KEY),
+        ("tiny-a1-2", "http://127.0.1.3:8477/restart-in-place?attempt=2", KEY),
+        ("tiny-a1-1", "http://127.0.1.2:8477/restart-in-place?attempt=2", KEY)]
+
+    # The old trainers are still saving: the new gang is not running yet.
+    cluster.pods["tiny-a2-1"]["spec"]["nodeName"] = "node-3"
+    cluster.pods["tiny-a2-1"]["status"] = {
+        "phase": "Running", "podIP": "127.0.1.4",
+        "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+    cluster.reconcile()
+    assert cluster.status.phase != "Running"
+    assert cluster.status.recoveries[-1].restore_step is None
+
+    # Both saved step 31 as attempt 1 and were restarted by their kubelets.
+    for name in ("tiny-a1-0", "tiny-a1-2"):
+        restart(cluster, name, attempt=1, step=31, saved=31)
+    cluster.advance(3)
+    cluster.progress = contract.ProgressReport(step=32, checkpoint_step=31)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    recovery = cluster.status.recoveries[-1]
+    assert (recovery.restore_step, recovery.steps_lost) == (31, 0)
+    assert recovery.downtime_seconds == 3
+    assert not plan.create_pods and not plan.delete_pods and not plan.patch_pods
+
+
+def test_a_node_with_an_old_kubelet_falls_back_to_recreation_for_its_rank():
+    cluster = running_gang(versions=(NEW, NEW, "v1.33.0"))
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert sorted(n for n, _ in plan.delete_pods) == ["tiny-a1-1", "tiny-a1-2"]
+    assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
+
+
+def test_a_pod_whose_rule_the_api_server_dropped_is_recreated():
+    cluster = running_gang()
+    container = cluster.pods["tiny-a1-2"]["spec"]["containers"][0]
+    container.pop("restartPolicyRules")
+    container.pop("restartPolicy")
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
+
+
+def test_no_kept_pod_at_all_is_a_plain_recreation():
+    cluster = running_gang(versions=("v1.33.0",) * 3)
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    assert not plan.patch_pods and not plan.create_pods and not plan.restart_in_place
+    assert len(plan.delete_pods) == 3 and cluster.status.recoveries[-1].kept_pods is None
+
+
+def test_grow_keeps_every_pod_and_asks_rank_0_to_restart():
+    cluster = running_gang(replicas=2)
+    cluster.spec["replicas"] = 3
+    cluster.generation += 1
+    plan = cluster.reconcile()
+    assert cluster.status.recoveries[-1].cause == "Resize"
+    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert not plan.delete_pods
+    assert names(plan.create_pods) == ["tiny-a2-2"]
+    assert world_of(plan.create_pods[0])["numProcesses"] == 3
+    # Nothing is deleted, so no SIGTERM tells the gang: the operator's requests do.
+    assert [t.pod for t in plan.restart_in_place] == ["tiny-a1-0", "tiny-a1-1"]
+
+
+def test_shrink_deletes_the_surplus_ranks_only():
+    cluster = running_gang()
+    cluster.spec["replicas"] = 2
+    cluster.generation += 1
+    plan = cluster.reconcile()
+    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert [n for n, _ in plan.delete_pods] == ["tiny-a1-2"]
+    assert not plan.create_pods
+    assert world_of(cluster.pods["tiny-a1-1"])["numProcesses"] == 2
+
+
+def test_a_crash_still_recreates_the_gang():
+    cluster = running_gang()
+    cluster.terminate(cluster.pods["tiny-a1-1"], 1, "boom")
+    plan = cluster.reconcile()
+    assert not plan.patch_pods and cluster.status.recoveries[-1].cause == "Failure"
+
+
+def test_exit_77_is_a_restart_while_the_pod_lives_and_a_save_once_it_ended():
+    cluster = running_gang()
+    pod = cluster.pods["tiny-a1-0"]
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "state": {
+        "terminated": {"exitCode": IN_PLACE}}}]
+    view = parse_pod(pod)
+    assert view is not None and classify(view).outcome is Outcome.PENDING
+    cluster.terminate(pod, IN_PLACE)
+    view = parse_pod(pod)
+    assert view is not None and classify(view).outcome is Outcome.PREEMPTED
+
+
+def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back_off():
+    cluster = running_gang()
+    for name, minutes_ago in (("tiny-a1-0", 11), ("tiny-a1-2", 2)):
+        status = cluster.pods[name]["status"]["containerStatuses"][0]
+        status["restartCount"] = 1
+        finished = cluster.now - timedelta(minutes=minutes_ago)
+        status["lastState"] = {"terminated": {"exitCode": IN_PLACE,
+                                              "finishedAt": iso(finished)}}
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    # Its next restart would wait 10 s of back-off; the one that ran 11 minutes has none.
+    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
