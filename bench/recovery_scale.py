@@ -435,7 +435,6 @@ def tpu_table(sizes: list[int], workdir: Path, timeout: float) -> list[str]:
     return lines
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="gangs of 8 and 64 only")
