@@ -192,7 +192,9 @@ def job_changed(type: str | None, namespace: str, name: str, uid: str, meta: kop
     echo = state is not None and state.echoes_our_write(_resource_version(meta))
     if echo and not memo.config.pacing_settings().fixed:
         return
-    _wake(memo, key)
+    new_spec = state is not None and (state.spec is None
+                                      or state.spec[0] != meta.get("generation"))
+    _wake(memo, key, news=new_spec)
 
 
 @kopf.daemon(types.GROUP, types.VERSION, types.PLURAL, initial_delay=0,
@@ -208,8 +210,9 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
     clock = asyncio.get_running_loop().time
     failures = 0
     while not stopped and uid not in memo.gone:
-        if state.wake.is_set():
+        if state.news:
             state.progress = state.progress.reset(clock())
+        state.news = False
         state.wake.clear()
         began = clock()
         started = time.perf_counter()
@@ -444,7 +447,8 @@ def retry_delay(failures: int, resync_seconds: float) -> float:
     return min(0.5 * 2 ** (failures - 1), max(30.0, 3 * resync_seconds))
 
 
-def _wake(memo: kopf.Memo, key: JobKey) -> None:
+def _wake(memo: kopf.Memo, key: JobKey, news: bool = True) -> None:
     state = getattr(memo, "jobs", {}).get(key)
     if state is not None:
+        state.news = state.news or news
         state.wake.set()

@@ -17,6 +17,12 @@ from tardigrade_operator.pacing import ProgressPoll
 class JobState:
     # Set by any event about the job, its pods or their nodes: the loop passes at once.
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    # Set with `wake` by events that may change what the gang does (its pods, their nodes, a
+    # new spec): rank 0 is read at the next pass and the back-off starts over. Not by other
+    # job events, which are mostly the operator's own status writes: one that slips past
+    # `echoes_our_write` (it can arrive before the write's answer) must not start a read, a
+    # write and another echo.
+    news: bool = False
     # Our last status write (resourceVersion, status), until the watch has caught up with it.
     written: tuple[str, TrainingJobStatus] | None = None
     # The spec parsed (and admission-checked) once per generation: (generation, spec, error).

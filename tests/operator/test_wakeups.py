@@ -65,3 +65,21 @@ def test_the_fixed_loop_is_woken_by_its_own_writes_as_before():
     state = memo(OperatorConfig(pacing="fixed"))
     state.jobs[A].written = ("41", TrainingJobStatus())
     assert job_event(state, "41")
+
+
+def test_only_news_restarts_the_progress_back_off():
+    """A job event at the same generation (an echo that came before the write's answer)
+    wakes the loop for a cheap pass, but starts no read: no read, no write, no echo loop."""
+    state = memo()
+    job = state.jobs[A]
+    job.spec = (3, None, None)
+    job.news = False
+    handlers.job_changed(type="MODIFIED", namespace="ml", name="a", uid="u1",
+                         meta={"resourceVersion": "50", "generation": 3}, memo=state)
+    assert job.wake.is_set() and not job.news
+    handlers.job_changed(type="MODIFIED", namespace="ml", name="a", uid="u1",
+                         meta={"resourceVersion": "51", "generation": 4}, memo=state)
+    assert job.news
+    job.news = False
+    node_event(state, pods_on({A: "n1"}), "False")
+    assert job.news
