@@ -1,20 +1,37 @@
-"""Operator reaction latency and footprint on the local cluster.
+"""Many one-replica jobs on one operator: its steady-state cost and how fast it reacts.
 
-    python bench/operator_scale.py [--jobs 10,50,100,200] [--kills 20]
+    python bench/operator_scale.py [--jobs 10,200,1000] [--arms fixed,adaptive]
+                                   [--changes 20] [--kills 20] [--settle 100] [--sample 30]
+                                   [--out FILE.json] [--plot FILE.png]
 
-For each job count N: N one-replica TrainingJobs whose pods are simulated (a sleeping Python
-process, no JAX), the operator's resident memory and CPU in steady state, its reconcile passes
-(rate and duration, from its own `tardigrade_reconcile_duration_seconds` histogram), then
-`--kills` pods SIGKILLed one by one and the time from the moment a watching client sees the pod
-fail to the moment the operator has created its replacement. Baselines measured in the same
-run: the operator's memory with no jobs, and the API server's round trip for creating one pod
-(the floor of any reaction). Targets: reaction p99 < 2 s, memory < 300 MiB at 200 jobs.
-Prints one table at the end: a row per measure, a column per job count.
+N one-replica TrainingJobs (cumulative over `--jobs`) on simulated nodes of the local cluster
+(`kubelet/simulated.py`: pods without processes, each rank a `simgang.TrainerRank` that steps
+every 50 ms and serves `/progress` on its pod IP, so the operator reads real HTTP progress as
+from a trainer). At each N, each arm is the same operator code started afresh on the same jobs:
+- `fixed`, the **baseline**: the loop before event-driven pacing (`TARDIGRADE_PACING=fixed`):
+  every job passes every 2 s (`TARDIGRADE_RESYNC_SECONDS`) and reads rank 0 each time;
+- `adaptive`: passes on events, reads progress with a back-off up to 60 s (pacing.py).
+Once every job runs and `--settle` seconds have passed (the adaptive back-off needs ~60 s to
+reach its longest interval; the fixed arm settles 15 s at most), over `--sample` seconds: the
+operator's resident memory, its CPU (% of one core), its reconcile passes per second and their
+duration (its own `tardigrade_reconcile_duration_seconds` histogram; the p99 is the bucket
+holding it). Then reactions, one job at a time, timed by watches in this process:
+- a change to a job (its spec's failurePolicy.backoffResetSeconds, a new generation) -> the
+  operator's first action on it (its status write with the new observedGeneration);
+- a pod SIGKILLed, from its Failed event -> the operator's first action (the failure recorded:
+  status.restarts.total written) and -> the replacement pod created.
+The reaction p99 judged is the worse of the two first actions.
+Also the API server's create-pod round trip (the floor of any reaction) and the operator idle
+with no job. Targets at 1,000 jobs (adaptive): CPU < 25% of a core, reaction p99 < 1 s,
+memory < 300 MiB. An arm whose reactions timed out says so and judges no target.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import math
 import os
 import socket
 import statistics
@@ -24,7 +41,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import psutil
@@ -34,21 +53,26 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
 
-from tardigrade_local.cluster import LocalCluster  # noqa: E402
-from tardigrade_local.kubelet import NodeConfig  # noqa: E402
+from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
 
 NS = "default"
-SLEEPER = ["python", "-c", "import signal, time; signal.pause()"]
+GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
+PODS_PER_NODE = 500
+TARGETS = {"cpu": 25.0, "reaction_p99": 1.0, "rss": 300.0}
 
 
-def job(name: str) -> dict:
+def job(name: str, checkpoints: Path) -> dict[str, Any]:
     return {
-        "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": NS},
-        "spec": {"replicas": 1, "image": "python:3.11-slim", "command": SLEEPER,
+        "spec": {"replicas": 1, "image": "ghcr.io/tardigrade-dev/tardigrade-trainer:0.1.0",
                  "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-                 "checkpoint": {"path": f"/tmp/bench/{name}"},
-                 "failurePolicy": {"retryableExitCodes": [137], "backoffSeconds": 0}},
+                 "trainer": {"steps": 1_000_000_000, "step_seconds": 0.05},
+                 # No commit during the bench: marker files for 1,000 jobs are not the point.
+                 "checkpoint": {"path": str(checkpoints / name),
+                                "interval": {"steps": 1_000_000_000}},
+                 # A SIGKILLed rank is a failure relaunched at once (no retry backoff).
+                 "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 1000}},
     }
 
 
@@ -75,7 +99,7 @@ Histogram = tuple[float, float, dict[float, float]]  # count, sum, cumulative co
 
 def reconcile_histogram(port: int) -> Histogram:
     """The operator's reconcile-duration histogram, scraped from its metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
         text = resp.read().decode()
     count, total, buckets = 0.0, 0.0, {}
     for family in text_string_to_metric_families(text):
@@ -102,60 +126,97 @@ def reconcile_stats(before: Histogram, after: Histogram, seconds: float
     return count / seconds, (after[1] - before[1]) / count, p99
 
 
+class Follower:
+    """One watch, re-opened whenever it ends; `on_event(type, object)` runs in its thread
+    under `self.changed`, which is notified after each event."""
+
+    def __init__(self, list_call: Callable[..., Any], on_event: Callable[[str, Any], None],
+                 **kwargs: Any) -> None:
+        self.list_call, self.on_event, self.kwargs = list_call, on_event, kwargs
+        self.changed = threading.Condition()
+        self.stopped = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                for event in watch.Watch().stream(self.list_call, timeout_seconds=600,
+                                                  **self.kwargs):
+                    with self.changed:
+                        self.on_event(event["type"], event["object"])
+                        self.changed.notify_all()
+            except Exception:
+                if self.stopped:
+                    return  # the cluster is going away with the bench
+                time.sleep(0.5)
+
+    def wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(what)
+                self.changed.wait(left)
+
+
 class ReplacementClock:
-    """Watches pods; for each failed pod, when its job's next attempt appeared."""
+    """For each failed pod, when its job's next pod appeared."""
 
     def __init__(self, core: kubernetes.client.CoreV1Api) -> None:
-        self.core = core
         self.failed_at: dict[str, float] = {}  # job -> when the failure was seen
         # A failed pod keeps sending events (status writes, its deletion) after its
         # replacement appeared, and every re-watch lists all pods as ADDED again: only the
         # first Failed of a pod starts the clock, only a pod never seen before stops it.
         self.seen: set[str] = set()
         self.failed: set[str] = set()
+        self.failed_seen: dict[str, float] = {}  # pod -> when it was first seen Failed
         self.latencies: list[float] = []
-        self.events = threading.Condition()
-        self._stop = False
-        threading.Thread(target=self._run, daemon=True).start()
+        self.follower = Follower(core.list_namespaced_pod, self._on_event, namespace=NS,
+                                 label_selector="tardigrade.dev/job")
 
-    def stop(self) -> None:
-        self._stop = True
+    def _on_event(self, kind: str, pod: Any) -> None:
+        jobname = pod.metadata.labels["tardigrade.dev/job"]
+        name = pod.metadata.name
+        now = time.monotonic()
+        new = name not in self.seen
+        self.seen.add(name)
+        if pod.status.phase == "Failed" and name not in self.failed:
+            self.failed.add(name)
+            self.failed_seen[name] = now
+            self.failed_at.setdefault(jobname, now)
+        elif kind == "ADDED" and new and jobname in self.failed_at:
+            self.latencies.append(now - self.failed_at.pop(jobname))
 
-    def _run(self) -> None:
-        while not self._stop:
-            try:
-                self._follow()
-            except Exception:
-                if self._stop:
-                    return  # the cluster is going away with the bench
 
-    def _follow(self) -> None:
-        stream = watch.Watch().stream(self.core.list_namespaced_pod, NS,
-                                      label_selector="tardigrade.dev/job",
-                                      timeout_seconds=30)
-        for event in stream:
-            pod = event["object"]
-            jobname = pod.metadata.labels["tardigrade.dev/job"]
-            name = pod.metadata.name
-            now = time.monotonic()
-            with self.events:
-                new = name not in self.seen
-                self.seen.add(name)
-                if pod.status.phase == "Failed" and name not in self.failed:
-                    self.failed.add(name)
-                    self.failed_at.setdefault(jobname, now)
-                elif event["type"] == "ADDED" and new and jobname in self.failed_at:
-                    self.latencies.append(now - self.failed_at.pop(jobname))
-                    self.events.notify_all()
+class JobClock:
+    """Each job's status as last seen, and when its observedGeneration and its restart count
+    first showed each value: the operator's first action on a change and on a failure."""
 
-    def wait_replaced(self, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self.events:
-            while len(self.latencies) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"only {len(self.latencies)}/{count} pods replaced")
-                self.events.wait(left)
+    def __init__(self, custom: kubernetes.client.CustomObjectsApi) -> None:
+        self.status: dict[str, dict[str, Any]] = {}
+        self.seen: dict[tuple[str, str, int], float] = {}
+        self.follower = Follower(custom.list_namespaced_custom_object, self._on_event,
+                                 group=GROUP, version=VERSION, namespace=NS, plural=PLURAL)
+
+    def _on_event(self, kind: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        status = body.get("status") or {}
+        self.status[name] = status
+        now = time.monotonic()
+        self.seen.setdefault((name, "generation", int(status.get("observedGeneration") or 0)),
+                             now)
+        restarts = int((status.get("restarts") or {}).get("total") or 0)
+        self.seen.setdefault((name, "restarts", restarts), now)
+
+    def restarts(self, name: str) -> int:
+        return int((self.status.get(name, {}).get("restarts") or {}).get("total") or 0)
+
+    def running(self, count: int) -> bool:
+        return sum(s.get("phase") == "Running" for s in self.status.values()) >= count
 
 
 def create_pod_round_trip(core: kubernetes.client.CoreV1Api, repeats: int = 20) -> float:
@@ -170,98 +231,267 @@ def create_pod_round_trip(core: kubernetes.client.CoreV1Api, repeats: int = 20) 
     return statistics.median(times)
 
 
+class Operator:
+    """The operator of this checkout as a subprocess, with one pacing arm."""
+
+    def __init__(self, cluster: LocalCluster, arm: str, log: Path) -> None:
+        self.metrics_port = free_port()
+        env = {**os.environ, **cluster.client_env(),
+               "TARDIGRADE_METRICS_PORT": str(self.metrics_port),
+               "TARDIGRADE_RESYNC_SECONDS": "2", "TARDIGRADE_PACING": arm,
+               "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in
+                                             ("operator", "trainer_image", "local_cluster"))}
+        self.log = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run", "-n", NS,
+             "--standalone", "--health-port", "0"], env=env, stdout=self.log,
+            stderr=subprocess.STDOUT)
+        self.proc = psutil.Process(self.process.pid)
+
+    def wait_metrics(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reconcile_histogram(self.metrics_port)
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+        self.log.close()
+
+
+CHANGES = itertools.count(601)  # backoffResetSeconds values, new at every change
+
+
+def react_to_changes(custom: kubernetes.client.CustomObjectsApi, jobs: JobClock, count: int,
+                     changes: int, round_: int, timeout: float) -> tuple[list[float], int]:
+    """Spec change -> observedGeneration written, job by job; (latencies, timeouts)."""
+    latencies, missed = [], 0
+    for k in range(changes):
+        name = f"sim-{(k * 37 + round_ * 11) % count}"
+        patch = {"spec": {"failurePolicy": {"backoffResetSeconds": next(CHANGES)}}}
+        started = time.monotonic()
+        body = custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, patch)
+        key = (name, "generation", int(body["metadata"]["generation"]))
+        try:
+            jobs.follower.wait(lambda key=key: key in jobs.seen, timeout, name)
+        except TimeoutError:
+            missed += 1
+            continue
+        latencies.append(jobs.seen[key] - started)
+        time.sleep(0.2)
+    return latencies, missed
+
+
+def react_to_kills(core: kubernetes.client.CoreV1Api, cluster: LocalCluster, jobs: JobClock,
+                   clock: ReplacementClock, count: int, kills: int, round_: int,
+                   timeout: float) -> tuple[list[float], list[float], int]:
+    """Pod SIGKILLed -> the failure recorded (restart count written) and -> the replacement
+    created, job by job; (first-action latencies, replacement latencies, timeouts). Both are
+    timed from the Failed pod event this process saw."""
+    acted, replaced, missed = [], [], 0
+    for k in range(kills):
+        victim = f"sim-{(k * 7 + round_ * 13) % count}"
+        pods = core.list_namespaced_pod(NS, label_selector=f"tardigrade.dev/job={victim}").items
+        live = [p for p in pods if p.status.phase == "Running"
+                and not p.metadata.deletion_timestamp]
+        if not live:
+            continue
+        before = len(clock.latencies)
+        key = (victim, "restarts", jobs.restarts(victim) + 1)
+        cluster.crash_pod(NS, live[-1].metadata.name)
+        try:
+            clock.follower.wait(lambda before=before: len(clock.latencies) > before, timeout,
+                                victim)
+            jobs.follower.wait(lambda key=key: key in jobs.seen, timeout, victim)
+        except TimeoutError:
+            missed += 1
+            continue
+        replaced.append(clock.latencies[-1])
+        failed_at = clock.failed_seen[live[-1].metadata.name]
+        acted.append(jobs.seen[key] - failed_at)
+        time.sleep(0.3)
+    return acted, replaced, missed
+
+
+def measure_arm(cluster: LocalCluster, arm: str, count: int, round_: int, args: Any,
+                state: Path, core: Any, custom: Any, jobs: JobClock,
+                clock: ReplacementClock) -> dict[str, Any]:
+    operator = Operator(cluster, arm, state / f"operator-{arm}-{count}.log")
+    try:
+        operator.wait_metrics()
+        jobs.follower.wait(lambda: jobs.running(count), args.start_timeout,
+                           f"{count} jobs Running under the {arm} operator")
+        time.sleep(args.settle if arm != "fixed" else min(args.settle, 15.0))
+        before = reconcile_histogram(operator.metrics_port)
+        rss, cpu = sample(operator.proc, args.sample)
+        rate, mean, p99_bound = reconcile_stats(
+            before, reconcile_histogram(operator.metrics_port), args.sample)
+        changed, changes_missed = react_to_changes(custom, jobs, count, args.changes, round_,
+                                                   args.reaction_timeout)
+        acted, killed, kills_missed = react_to_kills(core, cluster, jobs, clock, count,
+                                                     args.kills, round_, args.reaction_timeout)
+        rss = max(rss, operator.proc.memory_info().rss / 2**20)
+    finally:
+        operator.stop()
+    row: dict[str, Any] = {
+        "arm": arm, "jobs": count, "rss_mib": rss, "cpu_percent": cpu,
+        "passes_per_s": rate, "pass_mean_ms": mean * 1000, "pass_p99_le_ms": p99_bound * 1000,
+        "change_p50_s": percentile(changed, 0.5) if changed else math.nan,
+        "change_p99_s": percentile(changed, 0.99) if changed else math.nan,
+        "fail_p50_s": percentile(acted, 0.5) if acted else math.nan,
+        "fail_p99_s": percentile(acted, 0.99) if acted else math.nan,
+        "kill_p50_s": percentile(killed, 0.5) if killed else math.nan,
+        "kill_p99_s": percentile(killed, 0.99) if killed else math.nan,
+        "reactions_timed_out": changes_missed + kills_missed,
+    }
+    row["reaction_p99_s"] = max(row["change_p99_s"], row["fail_p99_s"])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def verdict(row: dict[str, Any]) -> str:
+    if row["reactions_timed_out"]:
+        return (f"{row['reactions_timed_out']} reactions timed out: this arm judges no "
+                "target")
+    worst = max(row["change_p99_s"], row["fail_p99_s"])
+    checks = [("CPU", row["cpu_percent"] < TARGETS["cpu"]),
+              ("reaction p99", worst < TARGETS["reaction_p99"]),
+              ("memory", row["rss_mib"] < TARGETS["rss"])]
+    return ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in checks)
+
+
+def table(rows: list[dict[str, Any]], baseline: str) -> str:
+    counts = sorted({r["jobs"] for r in rows})
+    arms = [a for a in ("fixed", "adaptive") if any(r["arm"] == a for r in rows)]
+    by = {(r["arm"], r["jobs"]): r for r in rows}
+    lines = [baseline, "", "| jobs | arm | RSS MiB | CPU % of a core (x fixed) | passes/s "
+             "(x fixed) | pass mean ms (p99 <= ms) | change -> action p50 / p99 s | "
+             "pod failed -> action p50 / p99 s | pod failed -> replacement p50 / p99 s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for count in counts:
+        for arm in arms:
+            row = by.get((arm, count))
+            if row is None:
+                continue
+            base = by.get(("fixed", count))
+            cpu_ratio = (f" ({row['cpu_percent'] / base['cpu_percent']:.2f}x)"
+                         if base and arm != "fixed" and base["cpu_percent"] else "")
+            pass_ratio = (f" ({row['passes_per_s'] / base['passes_per_s']:.3f}x)"
+                          if base and arm != "fixed" and base["passes_per_s"] else "")
+            lines.append(
+                f"| {count} | {arm} | {row['rss_mib']:.0f} | {row['cpu_percent']:.1f}"
+                f"{cpu_ratio} | {row['passes_per_s']:.1f}{pass_ratio} | "
+                f"{row['pass_mean_ms']:.1f} ({row['pass_p99_le_ms']:g}) | "
+                f"{row['change_p50_s']:.2f} / {row['change_p99_s']:.2f} | "
+                f"{row['fail_p50_s']:.2f} / {row['fail_p99_s']:.2f} | "
+                f"{row['kill_p50_s']:.2f} / {row['kill_p99_s']:.2f} |")
+    top = max(counts)
+    for arm in arms:
+        if (arm, top) in by:
+            lines.append(f"\n{arm} at {top} jobs: {verdict(by[(arm, top)])}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    measures = [("cpu_percent", "operator CPU, % of one core", TARGETS["cpu"]),
+                ("passes_per_s", "reconcile passes / s", None),
+                ("reaction_p99_s", "reaction p99 s (change or failure -> first action)",
+                 TARGETS["reaction_p99"])]
+    for axis, (key, title, target) in zip(axes, measures, strict=True):
+        for arm, style in (("fixed", "o--"), ("adaptive", "s-")):
+            points = sorted((r["jobs"], r[key]) for r in rows if r["arm"] == arm)
+            if points:
+                label = "fixed 2 s loop (baseline)" if arm == "fixed" else "event-driven"
+                axis.plot(*zip(*points, strict=True), style, label=label)
+        if target is not None:
+            axis.axhline(target, color="grey", linewidth=0.8, linestyle=":",
+                         label="target at 1,000 jobs")
+        axis.set_xscale("log")
+        axis.set_xlabel("one-replica jobs")
+        axis.set_title(title, fontsize=10)
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", default="10,50,100,200")
+    parser.add_argument("--jobs", default="10,200,1000")
+    parser.add_argument("--arms", default="fixed,adaptive")
+    parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--settle", type=float, default=100.0,
+                        help="seconds after every job runs before sampling")
+    parser.add_argument("--sample", type=float, default=30.0)
+    # Launching 1,000 jobs on the 2-core machine took over 15 min (the simulated kubelets).
+    parser.add_argument("--start-timeout", type=float, default=2400.0)
+    parser.add_argument("--reaction-timeout", type=float, default=30.0)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     counts = [int(c) for c in args.jobs.split(",")]
+    arms = args.arms.split(",")
     state = Path(tempfile.mkdtemp(prefix="tardigrade-bench-"))
-    nodes = [NodeConfig(f"local-node-{i}", capacity={"cpu": "64", "memory": "256Gi",
-                                                    "pods": "500"}) for i in range(1, 3)]
+    # One node more than the pods need: a replacement may come before its failed pod goes.
+    nodes = simulated_nodes(1 + math.ceil(max(counts) / PODS_PER_NODE),
+                            capacity={"cpu": "64", "memory": "256Gi",
+                                      "pods": str(PODS_PER_NODE)})
+    rows: list[dict[str, Any]] = []
     with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False) as cluster:
         client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
         core = kubernetes.client.CoreV1Api(client)
         custom = kubernetes.client.CustomObjectsApi(client)
-        metrics_port = free_port()
-        env = {**os.environ, **cluster.client_env(),
-               "TARDIGRADE_METRICS_PORT": str(metrics_port),
-               "TARDIGRADE_RESYNC_SECONDS": "2",
-               "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in
-                                             ("operator", "trainer_image", "local_cluster"))}
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run", "-n", NS,
-             "--standalone", "--health-port", "0"], env=env,
-            stdout=open(state / "operator.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-        clock: ReplacementClock | None = None
+        jobs = JobClock(custom)
+        clock = ReplacementClock(core)
+        idle = Operator(cluster, "adaptive", state / "operator-idle.log")
         try:
-            proc = psutil.Process(operator.pid)
+            idle.wait_metrics()
             time.sleep(5)
-            base_rss, base_cpu = sample(proc, 10)
-            round_trip = create_pod_round_trip(core)
-            clock = ReplacementClock(core)
-            baseline = (f"baseline: operator with 0 jobs {base_rss:.0f} MiB, {base_cpu:.1f}% "
-                        f"CPU; API create-pod round trip {round_trip * 1000:.1f} ms")
-            print(baseline, flush=True)
-            columns: dict[int, dict[str, str]] = {}
-            created = 0
-            for count in counts:
-                for i in range(created, count):
-                    custom.create_namespaced_custom_object(
-                        "tardigrade.dev", "v1alpha1", NS, "trainingjobs", job(f"sim-{i}"))
-                created = count
-                deadline = time.monotonic() + 600
-                while time.monotonic() < deadline:
-                    jobs = custom.list_namespaced_custom_object(
-                        "tardigrade.dev", "v1alpha1", NS, "trainingjobs")["items"]
-                    if sum((j.get("status") or {}).get("phase") == "Running"
-                           for j in jobs) == count:
-                        break
-                    time.sleep(1)
-                else:
-                    raise TimeoutError(f"{count} jobs did not all reach Running")
-                histogram = reconcile_histogram(metrics_port)
-                rss, cpu = sample(proc, 15)
-                rate, mean, p99_bound = reconcile_stats(
-                    histogram, reconcile_histogram(metrics_port), 15)
-                before = len(clock.latencies)
-                for k in range(args.kills):
-                    victim = f"sim-{(k * 7) % count}"
-                    pods = core.list_namespaced_pod(
-                        NS, label_selector=f"tardigrade.dev/job={victim}").items
-                    live = [p for p in pods if p.status.phase == "Running"
-                            and not p.metadata.deletion_timestamp]
-                    if not live:
-                        continue
-                    cluster.crash_pod(NS, live[-1].metadata.name)
-                    clock.wait_replaced(before + 1, 60)
-                    before = len(clock.latencies)
-                    time.sleep(0.3)
-                recent = clock.latencies[-args.kills:]
-                p50, p99 = percentile(recent, 0.5), percentile(recent, 0.99)
-                columns[count] = {
-                    "operator RSS MiB (x idle)": f"{rss:.0f} ({rss / base_rss:.2f}x)",
-                    "operator CPU % of one core": f"{cpu:.1f}",
-                    "reconcile passes / s": f"{rate:.1f}",
-                    "reconcile pass mean ms (p99 <= ms)": f"{mean * 1000:.1f} "
-                                                          f"({p99_bound * 1000:g})",
-                    "reaction p50 s": f"{p50:.2f}",
-                    "reaction p99 s (x API round trip)": f"{p99:.2f} "
-                                                         f"({p99 / round_trip:.0f}x)",
-                }
-                print(f"{count} jobs: " + "; ".join(f"{k} {v}" for k, v in
-                                                    columns[count].items()), flush=True)
-            print(f"\n{baseline}")
-            print("| jobs | " + " | ".join(str(c) for c in columns) + " |")
-            print("|---|" + "---|" * len(columns))
-            for measure in next(iter(columns.values())):
-                print(f"| {measure} | "
-                      + " | ".join(column[measure] for column in columns.values()) + " |")
+            base_rss, base_cpu = sample(idle.proc, 10)
         finally:
-            if clock is not None:
-                clock.stop()
-            operator.terminate()
-            operator.wait(30)
+            idle.stop()
+        round_trip = create_pod_round_trip(core)
+        baseline = (f"baseline: operator with 0 jobs {base_rss:.0f} MiB, {base_cpu:.1f}% CPU; "
+                    f"API create-pod round trip {round_trip * 1000:.1f} ms")
+        print(baseline, flush=True)
+        created = 0
+        try:
+            for round_, count in enumerate(counts):
+                for i in range(created, count):
+                    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL,
+                                                           job(f"sim-{i}", state / "ckpt"))
+                created = count
+                for arm in arms:
+                    rows.append(measure_arm(cluster, arm, count, round_, args, state, core,
+                                            custom, jobs, clock))
+        finally:
+            jobs.follower.stop()
+            clock.follower.stop()
+    report = table(rows, baseline)
+    print("\n" + report)
+    if args.out:
+        args.out.write_text(json.dumps({"baseline": {"rss_mib": base_rss, "cpu": base_cpu,
+                                                     "round_trip_s": round_trip},
+                                        "rows": rows}, indent=1) + "\n")
+    if args.plot:
+        plot(rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from tardigrade_trainer import contract
+
 TRIGGERED_SCALE_UP = "TriggeredScaleUp"
 NOT_TRIGGER_SCALE_UP = "NotTriggerScaleUp"
 FAILED_SCALE_UP = "FailedScaleUp"
@@ -54,9 +56,9 @@ def parse_event(event: Mapping[str, Any]) -> tuple[str, ScaleUpSignal] | None:
     stamp = (event.get("lastTimestamp") or (event.get("series") or {}).get("lastObservedTime")
              or event.get("eventTime") or event.get("firstTimestamp")
              or (event.get("metadata") or {}).get("creationTimestamp"))
-    if not stamp or not regarding.get("name"):
+    when = contract.parse_time(str(stamp or ""))
+    if when is None or not regarding.get("name"):
         return None
-    when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
     message = str(event.get("message") or event.get("note") or "")
     return str(regarding["name"]), ScaleUpSignal(str(reason), when, message)
 

@@ -12,19 +12,31 @@ from tardigrade_operator import checkpoint_scope
 from tardigrade_operator.admission import AdmissionPolicy
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.netpolicy import NetworkPeers
+from tardigrade_operator.pacing import PacingSettings
+
+PACING_MODES = ("adaptive", "fixed")
+# The decisions' and the loop's own defaults: one place for each number.
+_DECIDE = DecisionSettings()
+_PACE = PacingSettings()
 
 
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
-    # How often each job is reconciled even when nothing changes (progress polling, backoff).
-    resync_seconds: float = 2.0
+    # How often a job with something under way (a launch, a backoff, a teardown) is
+    # reconciled even when no event comes; a settled job waits for events (pacing.py).
+    resync_seconds: float = _PACE.busy_seconds
     progress_timeout_seconds: float = 1.0
-    unschedulable_timeout_seconds: float = 60.0
-    grow_back_after_seconds: float = 300.0
+    # The longest a settled job goes between reads of rank 0's progress (and passes).
+    progress_max_interval_seconds: float = _PACE.progress_max_seconds
+    # "fixed": every job passes every resync_seconds and reads progress each time, the loop
+    # before event-driven pacing; only for measuring against it (bench/operator_scale.py).
+    pacing: str = "adaptive"
+    unschedulable_timeout_seconds: float = _DECIDE.unschedulable_timeout.total_seconds()
+    grow_back_after_seconds: float = _DECIDE.grow_back_after.total_seconds()
     # How long a node scale-up the autoscaler announced for a rank holds off a shrink.
-    scale_up_wait_seconds: float = 900.0
+    scale_up_wait_seconds: float = _DECIDE.scale_up_wait.total_seconds()
     # A rank whose node is not Ready this long, with the gang making no progress, is lost.
-    node_lost_after_seconds: float = 60.0
+    node_lost_after_seconds: float = _DECIDE.node_lost_after.total_seconds()
     # Node objects are cluster-scoped; a namespaced install may not be allowed to read them.
     watch_nodes: bool = True
     metrics_port: int = 9090
@@ -56,6 +68,11 @@ class OperatorConfig:
             resync_seconds=number("TARDIGRADE_RESYNC_SECONDS", cls.resync_seconds),
             progress_timeout_seconds=number("TARDIGRADE_PROGRESS_TIMEOUT_SECONDS",
                                             cls.progress_timeout_seconds),
+            progress_max_interval_seconds=_positive(
+                "TARDIGRADE_PROGRESS_MAX_INTERVAL_SECONDS",
+                number("TARDIGRADE_PROGRESS_MAX_INTERVAL_SECONDS",
+                       cls.progress_max_interval_seconds)),
+            pacing=_pacing_mode(os.environ.get("TARDIGRADE_PACING") or cls.pacing),
             unschedulable_timeout_seconds=number("TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS",
                                                  cls.unschedulable_timeout_seconds),
             grow_back_after_seconds=number("TARDIGRADE_GROW_BACK_AFTER_SECONDS",
@@ -75,6 +92,14 @@ class OperatorConfig:
             restart_in_place=_flag("TARDIGRADE_RESTART_IN_PLACE"),
         )
 
+    def pacing_settings(self) -> PacingSettings:
+        return PacingSettings(
+            busy_seconds=self.resync_seconds,
+            progress_min_seconds=min(self.resync_seconds, self.progress_max_interval_seconds),
+            progress_max_seconds=self.progress_max_interval_seconds,
+            fixed=self.pacing == "fixed",
+        )
+
     def decision_settings(self) -> DecisionSettings:
         return DecisionSettings(
             unschedulable_timeout=timedelta(seconds=self.unschedulable_timeout_seconds),
@@ -92,6 +117,20 @@ def _flag(name: str) -> bool:
     if value not in ("true", "false"):
         raise SystemExit(f"{name}={value!r}: expected true or false")
     return value == "true"
+
+
+def _positive(name: str, value: float) -> float:
+    if value <= 0:
+        raise SystemExit(f"{name}={value:g}: expected a number of seconds above 0 (a settled "
+                         "job would otherwise be passed in a tight loop)")
+    return value
+
+
+def _pacing_mode(value: str) -> str:
+    if value not in PACING_MODES:
+        raise SystemExit(f"TARDIGRADE_PACING={value!r}: expected one of "
+                         f"{', '.join(PACING_MODES)} (adaptive unless measuring the old loop)")
+    return value
 
 
 def _prefix_template(value: str) -> str | None:

@@ -22,6 +22,9 @@ from tardigrade_operator.api.conditions import (
     summary_conditions,
 )
 from tardigrade_operator.api.types import (
+    MAX_IGNORED_REPORT_LENGTH,
+    MAX_MESSAGE_LENGTH,
+    MAX_REASON_LENGTH,
     MAX_RECOVERY_HISTORY,
     CheckpointRef,
     Condition,
@@ -45,11 +48,14 @@ from tardigrade_operator.observe import (
     owned,
 )
 from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
+from tardigrade_operator.stage import (
+    LAUNCHING,
+    TERMINAL_PHASES,
+    Stage,
+    pending_recovery,
+    stage,
+)
 
-TERMINAL_PHASES = ("Succeeded", "Failed")
-# Reason of the Running condition from the status write that launches a gang until a pass has
-# seen every one of its pods: ranks missing meanwhile were never created, not lost.
-LAUNCHING = "Launching"
 # A pod stuck terminating this long past its deadline (node gone, kubelet dead) is forced.
 FORCE_DELETE_AFTER = timedelta(seconds=30)
 
@@ -181,15 +187,16 @@ def decide(obs: Observed) -> Plan:
     _note_malformed_progress(plan, obs)
     _release_recorded(plan, obs, current)
 
-    if status.phase in TERMINAL_PHASES:
+    job_stage = stage(status)
+    if job_stage is Stage.FINISHED:
         _stop_all(plan, obs, gang, grace=None)
         # A job that ended before the summary conditions existed gets them too.
         ended = _condition(status, status.phase)
         if ended is not None:
             _set_summary(status, obs, status.phase, ended.reason, ended.message)
         return plan
-    pending = _pending_recovery(status)
-    first_launch = current == 0 and pending is None
+    pending = pending_recovery(status)
+    first_launch = job_stage is Stage.NEW
     if _held_by_another(plan, obs, previous, first_launch):
         return plan
     if obs.service is None:
@@ -207,7 +214,7 @@ def decide(obs: Observed) -> Plan:
         attempt = 1 + max((p.attempt for p in previous), default=0)
         _launch(plan, obs, spec, attempt=attempt, replicas=spec.replicas)
         return plan
-    if pending is not None or status.phase == "Suspended":
+    if job_stage in (Stage.RECOVERING, Stage.SUSPENDED):
         _tear_down_then_launch(plan, obs, spec, gang, pending)
         return plan
     _watch_running_gang(plan, obs, spec, gang)
@@ -243,7 +250,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     # gang has run, a missing one is still to come, not lost.
     to_come = ([] if status.phase == "Running"
                else slices.followers(spec, status.replicas, missing, obs.node_pools))
-    if missing and not _launching(status):
+    if missing and stage(status) is not Stage.LAUNCHING:
         # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
         for rank in (r for r in missing if r not in to_come):
             outcomes[rank] = RankOutcome(
@@ -593,7 +600,8 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
                       + counters.retries + counters.rejections + counters.migrations)
     status.recoveries = [*status.recoveries, Recovery(
         cause=cause, time=obs.now, attempt=status.attempt + 1,
-        from_replicas=status.replicas, to_replicas=replicas, reason=reason[:1024],
+        from_replicas=status.replicas, to_replicas=replicas,
+        reason=reason[:MAX_REASON_LENGTH],
     )][-MAX_RECOVERY_HISTORY:]
     phase = "Resizing" if cause == "Resize" else "Restarting"
     _set_phase(plan, obs, phase, cause, reason)
@@ -765,18 +773,6 @@ def _restore_step(status: TrainingJobStatus) -> str:
     return contract.RESTORE_LATEST
 
 
-def _launching(status: TrainingJobStatus) -> bool:
-    """True from the status write that launches a gang until a pass has seen all its pods."""
-    running = _condition(status, "Running")
-    return running is not None and running.reason == LAUNCHING
-
-
-def _pending_recovery(status: TrainingJobStatus) -> Recovery | None:
-    if status.recoveries and status.recoveries[-1].attempt > status.attempt:
-        return status.recoveries[-1]
-    return None
-
-
 def _note_recovered(status: TrainingJobStatus, obs: Observed) -> None:
     """Close the downtime of the last recovery once the new gang trains past its restore."""
     if not status.recoveries:
@@ -802,8 +798,7 @@ def _record_progress(status: TrainingJobStatus, obs: Observed, gang: list[PodVie
         status.total_steps = progress.total_steps or status.total_steps
         if progress.loss is not None:
             status.loss = progress.loss
-        when = (datetime.fromisoformat(progress.checkpoint_time.replace("Z", "+00:00"))
-                if progress.checkpoint_time else obs.now)
+        when = contract.parse_time(progress.checkpoint_time) or obs.now
         _note_checkpoint(status, progress.checkpoint_step, progress.checkpoint_path, when)
     for pod in gang:
         message = pod.termination
@@ -821,7 +816,7 @@ def _note_malformed_progress(plan: Plan, obs: Observed) -> None:
         if obs.progress is not None:
             status.ignored_progress_report = None
         return
-    message = obs.progress_error[:4096]
+    message = obs.progress_error[:MAX_IGNORED_REPORT_LENGTH]
     if status.ignored_progress_report is None:
         plan.events.append(Event("Warning", "MalformedProgressReport",
                                  f"{message}; its reports are ignored until a valid one comes"))
@@ -876,7 +871,7 @@ def _finish(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) 
         plan.events.append(Event("Normal" if phase == "Succeeded" else "Warning", reason,
                                  message))
     status.phase = phase
-    status.message = message[:32768]
+    status.message = message[:MAX_MESSAGE_LENGTH]
     status.completion_time = status.completion_time or obs.now
     _set_condition(status, obs, phase, "True", reason, message)
     _set_condition(status, obs, "Running", "False", reason, message)
@@ -886,7 +881,7 @@ def _finish(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) 
 def _set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) -> None:
     status = plan.status
     status.phase = phase
-    status.message = message[:32768]
+    status.message = message[:MAX_MESSAGE_LENGTH]
     _set_condition(status, obs, "Running", "True" if phase == "Running" else "False", reason,
                    message)
     _set_condition(status, obs, "Suspended", "True" if phase == "Suspended" else "False",
@@ -912,7 +907,8 @@ def _set_condition(status: TrainingJobStatus, obs: Observed, kind: str,
     # so the model checks the reason (CamelCase) here, not the API server at the write.
     same = existing is not None and existing.status == value
     since = existing.last_transition_time if existing is not None and same else obs.now
-    fresh = Condition(type=kind, status=value, reason=reason, message=message[:32768],
+    fresh = Condition(type=kind, status=value, reason=reason,
+                      message=message[:MAX_MESSAGE_LENGTH],
                       last_transition_time=since, observed_generation=obs.generation)
     if same:
         status.conditions = [fresh if c.type == kind else c for c in status.conditions]

@@ -1,7 +1,8 @@
 """kopf wiring: indexes feed observe -> decide -> apply. Nothing here decides anything.
 
-One daemon per TrainingJob runs the reconcile loop; pod and job events only wake it, so a
-missed event costs at most one resync period and never a wrong decision (level-triggered).
+One daemon per TrainingJob runs the reconcile loop; events about the job, its pods and their
+nodes wake it, and pacing.py says how long it may sleep otherwise, so a missed event costs at
+most one settled interval and never a wrong decision (level-triggered).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import secrets
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -30,6 +32,7 @@ from tardigrade_operator import (
     metrics,
     multislice,
     naming,
+    pacing,
     slices,
     watchdog,
 )
@@ -37,7 +40,8 @@ from tardigrade_operator.api import types
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import Observed, decide
+from tardigrade_operator.decide import Observed, Plan, decide
+from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.kube import ChildRejected, ClusterWriter, StaleStatus, load_client_config
 from tardigrade_operator.observe import (
     NodeReadiness,
@@ -49,7 +53,7 @@ from tardigrade_operator.observe import (
     parse_pod,
     parse_service,
 )
-from tardigrade_operator.progress import fetch_progress
+from tardigrade_operator.progress import Progress, fetch_progress
 from tardigrade_operator.render import JobRef
 from tardigrade_operator.restart_request import request_restart
 
@@ -76,11 +80,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     memo.config = config
-    memo.wakeups = {}
-    memo.written = {}
-    memo.specs = {}
-    # (namespace, name) -> (generation, why the API server refused a child of that spec)
-    memo.rejected = {}
+    memo.jobs = {}  # (namespace, name) -> JobState
+    # node name -> (Ready, maintenance label) as last seen: which changes wake its jobs.
+    memo.nodes_seen = {}
     # uids of deleted jobs whose daemon has yet to notice and stop.
     memo.gone = set()
     memo.session = aiohttp.ClientSession()
@@ -143,6 +145,22 @@ def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
     return {name: str((status.get("nodeInfo") or {}).get("kubeletVersion") or "")}
 
 
+def node_changed(type: str | None, name: str, status: kopf.Status, labels: kopf.Labels,
+                 memo: kopf.Memo, gang_pods: kopf.Index, **_: Any) -> None:
+    """Wakes the jobs with a pod on the node when its readiness or scheduled maintenance
+    changed: a settled job does not pass on a timer, and both feed its decisions."""
+    conditions = status.get("conditions") or []
+    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
+    seen = None if type == "DELETED" else (
+        ready, labels.get(maintenance.SCHEDULED_MAINTENANCE_LABEL))
+    if memo.nodes_seen.get(name) == seen:
+        return
+    memo.nodes_seen[name] = seen
+    for key, pods in gang_pods.items():
+        if any((pod.get("spec") or {}).get("nodeName") == name for pod in pods):
+            _wake(memo, key)
+
+
 if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
     # Where a TPU slice's leader landed: its followers are pinned to that pool.
@@ -152,6 +170,7 @@ if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     # Only nodes that carry the label: kopf drops a node from the index once it is removed.
     kopf.index("nodes", id="node_maintenance",
                labels={maintenance.SCHEDULED_MAINTENANCE_LABEL: kopf.PRESENT})(node_maintenance)
+    kopf.on.event("nodes", id="node_changed")(node_changed)
 
 
 @kopf.index(types.GROUP, types.VERSION, types.PLURAL)
@@ -180,14 +199,17 @@ def job_changed(type: str | None, namespace: str, name: str, uid: str, meta: kop
         # Its pods need no tracking now: let the garbage collector take them.
         memo.gone.add(uid)
         memo.writer.release_all(namespace, name, uid)
-        memo.written.pop(key, None)
-        memo.specs.pop(key, None)
-        memo.rejected.pop(key, None)
         metrics.forget(key)
         _wake(memo, key)  # its daemon stops at once
-        memo.wakeups.pop(key, None)
+        memo.jobs.pop(key, None)
         return
-    _wake(memo, key)
+    state = memo.jobs.get(key)
+    echo = state is not None and state.echoes_our_write(_resource_version(meta))
+    if echo and not memo.config.pacing_settings().fixed:
+        return
+    new_spec = state is not None and (state.spec is None
+                                      or state.spec[0] != meta.get("generation"))
+    _wake(memo, key, news=new_spec)
 
 
 @kopf.daemon(types.GROUP, types.VERSION, types.PLURAL, initial_delay=0,
@@ -196,17 +218,25 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
                     body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                     gang_pods: kopf.Index, gang_services: kopf.Index, **kwargs: Any) -> None:
     key = (namespace, name)
-    wake = memo.wakeups.setdefault(key, asyncio.Event())
+    state: JobState = memo.jobs.setdefault(key, JobState())
     nodes: kopf.Index | None = kwargs.get("node_readiness")
     scheduled: kopf.Index | None = kwargs.get("node_maintenance")
     pools: kopf.Index | None = kwargs.get("node_pool")
+    settings: pacing.PacingSettings = memo.config.pacing_settings()
+    clock = asyncio.get_running_loop().time
     failures = 0
     while not stopped and uid not in memo.gone:
-        wake.clear()
+        if state.news:
+            state.progress = state.progress.reset(clock())
+        state.news = False
+        state.wake.clear()
+        began = clock()
         started = time.perf_counter()
+        sleep = settings.busy_seconds
         try:
-            await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes, scheduled,
-                            pools, kwargs.get("node_kubelet"))
+            sleep = await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes,
+                                    scheduled, state, began, pools,
+                                    kwargs.get("node_kubelet"))
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -219,7 +249,7 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
             await stopped.wait(retry_delay(failures, memo.config.resync_seconds))
             continue
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=memo.config.resync_seconds)
+            await asyncio.wait_for(state.wake.wait(), timeout=sleep)
     memo.gone.discard(uid)
 
 
@@ -244,13 +274,15 @@ _needs_no_finalizer(keep_gang)
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     pods_index: kopf.Index, services_index: kopf.Index,
                     nodes_index: kopf.Index | None,
-                    maintenance_index: kopf.Index | None = None,
-                    pools_index: kopf.Index | None = None,
-                    kubelet_index: kopf.Index | None = None) -> None:
+                    maintenance_index: kopf.Index | None, state: JobState,
+                    clock: float, pools_index: kopf.Index | None = None,
+                    kubelet_index: kopf.Index | None = None) -> float:
+    """One pass; returns the seconds the loop may sleep unless woken (pacing.py). `clock` is
+    the loop's monotonic time at the start of the pass."""
     namespace, name = key
     meta = body.get("metadata") or {}
-    status, version = _known_status(key, meta, body.get("status") or {}, memo)
-    spec, spec_error = _parsed_spec(key, meta, body, memo)
+    status, version = _known_status(key, meta, body.get("status") or {}, state)
+    spec, spec_error = _parsed_spec(key, meta, body, memo, state)
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     mine = owned(pods, uid)
     attempt = max([status.attempt, *(p.attempt for p in mine)])
@@ -262,7 +294,10 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         mine = owned(pods, uid)
         attempt = max([status.attempt, *(p.attempt for p in mine)])
     gang: list[PodView] = [p for p in mine if p.attempt == attempt]
-    fetched = await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
+    settings: pacing.PacingSettings = memo.config.pacing_settings()
+    read = settings.fixed or state.progress.is_due(clock)
+    fetched = (await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
+               if read else Progress())
     nodes_ready = None
     nodes_down: dict[str, datetime] = {}
     if nodes_index is not None and len(nodes_index) > 0:
@@ -271,7 +306,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     scheduled = maintenance.scheduled_nodes(
         (node, list(store)) for node, store in (maintenance_index or {}).items())
     generation = int(meta.get("generation") or 0)
-    rejected = memo.rejected.get(key)
+    rejected = state.rejected
     scale_up = await _scale_up_signals(namespace, gang, memo)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
@@ -303,25 +338,39 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     except StaleStatus:
         # Decide again at once, on the job as the API server has it now.
         fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
-        memo.written[key] = (_resource_version(fresh.get("metadata") or {}),
-                             _parse_status(key, fresh.get("status") or {}))
-        _wake(memo, key)
-        return
+        state.written = (_resource_version(fresh.get("metadata") or {}),
+                         _parse_status(key, fresh.get("status") or {}))
+        state.wake.set()
+        return 0.0
     except ChildRejected as err:
         # Retrying the same spec would be refused again (and hammer the API server); the next
         # pass records the refusal in status and stops there.
         logging.getLogger(__name__).warning("%s/%s: %s", namespace, name, err)
-        memo.rejected[key] = (generation, str(err))
-        _wake(memo, key)
-        return
+        state.rejected = (generation, str(err))
+        state.wake.set()
+        return 0.0
     if plan.restart_in_place:
         await asyncio.gather(*(request_restart(memo.session, trigger)
                                for trigger in plan.restart_in_place))
     if written is not None:
-        memo.written[key] = (written, plan.status)
+        state.written = (written, plan.status)
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)
+    return _next_pass(observed, plan, state, read, fetched, clock, memo, settings)
+
+
+def _next_pass(observed: Observed, plan: Plan, state: JobState, read: bool, fetched: Progress,
+               clock: float, memo: kopf.Memo, settings: pacing.PacingSettings) -> float:
+    busy = not pacing.settled(observed, plan)
+    if read:
+        news = pacing.report_news(fetched.report, fetched.malformed)
+        state.progress = state.progress.after_read(clock, news, busy, settings, random.random())
+    deadline = pacing.next_deadline(
+        observed, plan, timedelta(seconds=memo.config.grow_back_after_seconds))
+    deadline_in = (deadline - observed.now).total_seconds() if deadline is not None else None
+    return pacing.seconds_to_next_pass(clock, state.progress, busy, deadline_in, settings,
+                                       again=pacing.decided_anew(observed, plan))
 
 
 async def _scale_up_signals(namespace: str, gang: list[PodView], memo: kopf.Memo
@@ -356,11 +405,11 @@ async def _service(key: JobKey, uid: str, status: TrainingJobStatus,
     return parse_service(found) if found is not None else None
 
 
-def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
+def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo, state: JobState
                  ) -> tuple[TrainingJobSpec | None, str | None]:
     """Parse (and CEL-check) the spec once per generation, not on every pass."""
     generation = meta.get("generation")
-    cached = memo.specs.get(key)
+    cached = state.spec
     if cached is not None and cached[0] == generation:
         return cached[1], cached[2]
     try:
@@ -375,23 +424,23 @@ def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo
             spec, error = None, "; ".join(str(e) for e in forbidden)
     if spec is not None and (why := multislice.job_name_error(str(meta.get("name")), spec)):
         spec, error = None, why
-    memo.specs[key] = (generation, spec, error)
+    state.spec = (generation, spec, error)
     return spec, error
 
 
-def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], memo: kopf.Memo
+def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], state: JobState
                   ) -> tuple[TrainingJobStatus, str]:
     """The status to decide on, and the resourceVersion it is valid at: ours from the last
     write (or fresh read) until the watch has caught up.
 
     Deciding twice on a stale status would count one preemption twice.
     """
-    written = memo.written.get(key)
+    written = state.written
     if written is not None:
         version, status = written
         if _older(_resource_version(meta), version):
             return status, version
-        memo.written.pop(key, None)
+        state.written = None
     return _parse_status(key, raw), _resource_version(meta)
 
 
@@ -424,7 +473,8 @@ def retry_delay(failures: int, resync_seconds: float) -> float:
     return min(0.5 * 2 ** (failures - 1), max(30.0, 3 * resync_seconds))
 
 
-def _wake(memo: kopf.Memo, key: JobKey) -> None:
-    event = getattr(memo, "wakeups", {}).get(key)
-    if event is not None:
-        event.set()
+def _wake(memo: kopf.Memo, key: JobKey, news: bool = True) -> None:
+    state = getattr(memo, "jobs", {}).get(key)
+    if state is not None:
+        state.news = state.news or news
+        state.wake.set()

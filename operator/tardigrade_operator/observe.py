@@ -134,7 +134,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
     if scheduled and (scheduled.get("status"), scheduled.get("reason")) == (
         "False", "Unschedulable"
     ):
-        unschedulable_since = _time(scheduled.get("lastTransitionTime"))
+        unschedulable_since = contract.parse_time(scheduled.get("lastTransitionTime"))
     container = _trainer_status(status.get("containerStatuses") or [])
     state = (container or {}).get("state") or {}
     terminated = state.get("terminated") or {}
@@ -146,7 +146,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         rank=rank,
         phase=status.get("phase") or "Pending",
         node_name=(pod.get("spec") or {}).get("nodeName"),
-        deletion_timestamp=_time(meta.get("deletionTimestamp")),
+        deletion_timestamp=contract.parse_time(meta.get("deletionTimestamp")),
         unschedulable_since=unschedulable_since,
         disruption=(disruption.get("reason") or "DisruptionTarget")
         if disruption and disruption.get("status") == "True" else None,
@@ -280,7 +280,7 @@ def not_ready_since(
     found: dict[str, datetime] = {}
     for name, entries in index:
         newest = max(entries, default=None)
-        when = _time(newest[2]) if newest is not None and not newest[1] else None
+        when = contract.parse_time(newest[2]) if newest is not None and not newest[1] else None
         if when is not None:
             found[name] = when
     return found
@@ -310,12 +310,6 @@ def _trainer_status(statuses: list[dict[str, Any]]) -> dict[str, Any] | None:
         if status.get("name") == naming.TRAINER_CONTAINER:
             return status
     return statuses[0] if statuses else None
-
-
-def _time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 # ------------------------------------------------------------------------------ ownership ---

@@ -56,15 +56,17 @@ def test_the_operator_fails_a_forbidden_job_as_an_invalid_spec():
 
     from tardigrade_operator import handlers
     from tardigrade_operator.config import OperatorConfig
+    from tardigrade_operator.jobstate import JobState
 
     case = next(c for c in CASES if c["name"] == "hostPath volume")
-    memo = SimpleNamespace(specs={}, config=OperatorConfig())
+    memo = SimpleNamespace(config=OperatorConfig())
     meta = {"generation": 1, "uid": "uid-1"}
-    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo)
+    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo,
+                                        JobState())
     assert spec is None
     assert error is not None and "spec.podTemplate.volumes[0].hostPath" in error
-    permissive = SimpleNamespace(specs={}, config=OperatorConfig(
+    permissive = SimpleNamespace(config=OperatorConfig(
         admission=AdmissionPolicy(pod_security="privileged")))
     spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
-                                        permissive)
+                                        permissive, JobState())
     assert spec is not None and error is None

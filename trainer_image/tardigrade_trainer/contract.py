@@ -455,12 +455,20 @@ def _text(data: Mapping[str, Any], name: str, required: bool = False) -> str | N
     return value
 
 
+def parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 time as Kubernetes and the trainer write it ("...Z" or an offset); None
+    for an empty one. The one parser both sides use; ValueError for anything else."""
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def _timestamp(data: Mapping[str, Any], name: str) -> str | None:
     text = _text(data, name)
     if text is None:
         return None
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = parse_time(text)
     except ValueError:
         when = None
     if when is None or when.tzinfo is None:

@@ -745,6 +745,12 @@ CONDITION_TYPE_PATTERN = (
     r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
 )
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# metav1.Condition's limits on reason and message (same file); the status message and each
+# recovery's reason keep to them too, so one text fits wherever the operator writes it.
+MAX_REASON_LENGTH = 1024
+MAX_MESSAGE_LENGTH = 32768
+# Why a progress report was ignored: a short error naming the field, never the report itself.
+MAX_IGNORED_REPORT_LENGTH = 4096
 
 
 class Condition(ApiModel):
@@ -753,9 +759,11 @@ class Condition(ApiModel):
     type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN,
                       description="Condition type, CamelCase (see the conditions table).")
     status: Literal["True", "False", "Unknown"]
-    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN,
+    reason: str = Field(min_length=1, max_length=MAX_REASON_LENGTH,
+                        pattern=CONDITION_REASON_PATTERN,
                         description="Why the condition last changed, CamelCase.")
-    message: str = Field(max_length=32768, description="Human-readable detail; may be empty.")
+    message: str = Field(max_length=MAX_MESSAGE_LENGTH,
+                         description="Human-readable detail; may be empty.")
     last_transition_time: Timestamp = Field(
         description="When status last changed (not when reason or message did).")
     observed_generation: int | None = Field(
@@ -817,7 +825,7 @@ class Recovery(ApiModel):
     restore_step: int | None = Field(None, ge=0, description="Checkpoint step restored.")
     kept_pods: int | None = Field(
         None, ge=0, description="Pods kept and restarted in place (the rest were recreated).")
-    reason: str = Field("", max_length=1024)
+        reason: str = Field("", max_length=MAX_REASON_LENGTH)
 
 
 MAX_RECOVERY_HISTORY = 20
@@ -844,7 +852,7 @@ class TrainingJobStatus(ApiModel):
         None, description="When rank 0's reported step was last seen advancing: a rank whose "
         "node stopped reporting is declared lost only once the gang stopped making progress.")
     ignored_progress_report: str | None = Field(
-        None, max_length=4096,
+        None, max_length=MAX_IGNORED_REPORT_LENGTH,
         description="Why rank 0's progress reports are being ignored (one broke the "
         "operator-trainer contract, e.g. a step sent as a string); cleared by the next valid "
         "one. A Warning event MalformedProgressReport is posted once when it is set.")
@@ -859,7 +867,7 @@ class TrainingJobStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map",
                            "x-kubernetes-list-map-keys": ["type"]},
     )
-    message: str = Field("", max_length=32768)
+    message: str = Field("", max_length=MAX_MESSAGE_LENGTH)
     recoveries: list[Recovery] = Field(default_factory=list, max_length=MAX_RECOVERY_HISTORY)
 
 

@@ -1,0 +1,85 @@
+"""Which events wake a job's loop (handlers.py), without a server: a settled job passes only
+when woken, so a missed wake-up is a late decision."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tardigrade_operator import handlers
+from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.config import OperatorConfig
+from tardigrade_operator.jobstate import JobState
+from tardigrade_operator.maintenance import SCHEDULED_MAINTENANCE_LABEL
+
+A, B = ("ml", "a"), ("ml", "b")
+
+
+def memo(config: OperatorConfig | None = None) -> SimpleNamespace:
+    return SimpleNamespace(jobs={A: JobState(), B: JobState()}, nodes_seen={},
+                           config=config or OperatorConfig())
+
+
+def pods_on(node_of: dict[tuple[str, str], str]) -> dict:
+    """The gang_pods index: job -> its pods (API JSON), each on the given node."""
+    return {key: [{"metadata": {"name": f"{key[1]}-a1-0"}, "spec": {"nodeName": node}}]
+            for key, node in node_of.items()}
+
+
+def node_event(state: SimpleNamespace, index: dict, ready: str, labels: dict | None = None,
+               kind: str = "MODIFIED") -> set[tuple[str, str]]:
+    for job in state.jobs.values():
+        job.wake.clear()
+    status = {"conditions": [{"type": "Ready", "status": ready}]}
+    handlers.node_changed(type=kind, name="n1", status=status, labels=labels or {},
+                          memo=state, gang_pods=index)
+    return {key for key, job in state.jobs.items() if job.wake.is_set()}
+
+
+def test_a_node_wakes_the_jobs_on_it_only_when_its_readiness_or_maintenance_changes():
+    state, index = memo(), pods_on({A: "n1", B: "n2"})
+    assert node_event(state, index, "True") == {A}  # first sight
+    assert node_event(state, index, "True") == set()  # a heartbeat: nothing new
+    assert node_event(state, index, "Unknown") == {A}
+    assert node_event(state, index, "Unknown") == set()
+    assert node_event(state, index, "Unknown",
+                      {SCHEDULED_MAINTENANCE_LABEL: "1767225600"}) == {A}
+    assert node_event(state, index, "Unknown", kind="DELETED") == {A}
+
+
+def job_event(state: SimpleNamespace, version: str) -> bool:
+    job = state.jobs[A]
+    job.wake.clear()
+    handlers.job_changed(type="MODIFIED", namespace="ml", name="a", uid="u1",
+                         meta={"resourceVersion": version}, memo=state)
+    return job.wake.is_set()
+
+
+def test_the_echo_of_the_operator_s_own_status_write_wakes_nobody():
+    state = memo()
+    state.jobs[A].written = ("41", TrainingJobStatus())
+    assert not job_event(state, "41")
+    assert job_event(state, "42")  # someone else changed the job
+
+
+def test_the_fixed_loop_is_woken_by_its_own_writes_as_before():
+    state = memo(OperatorConfig(pacing="fixed"))
+    state.jobs[A].written = ("41", TrainingJobStatus())
+    assert job_event(state, "41")
+
+
+def test_only_news_restarts_the_progress_back_off():
+    """A job event at the same generation (an echo that came before the write's answer)
+    wakes the loop for a cheap pass, but starts no read: no read, no write, no echo loop."""
+    state = memo()
+    job = state.jobs[A]
+    job.spec = (3, None, None)
+    job.news = False
+    handlers.job_changed(type="MODIFIED", namespace="ml", name="a", uid="u1",
+                         meta={"resourceVersion": "50", "generation": 3}, memo=state)
+    assert job.wake.is_set() and not job.news
+    handlers.job_changed(type="MODIFIED", namespace="ml", name="a", uid="u1",
+                         meta={"resourceVersion": "51", "generation": 4}, memo=state)
+    assert job.news
+    job.news = False
+    node_event(state, pods_on({A: "n1"}), "False")
+    assert job.news
