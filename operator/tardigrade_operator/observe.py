@@ -165,7 +165,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         restart_key=_trainer_env(pod, contract.ENV_RESTART_KEY),
         restart_count=int((container or {}).get("restartCount") or 0),
         last_exit_code=last.get("exitCode"),
-        last_finished_at=_time(last.get("finishedAt")),
+        last_finished_at=contract.parse_time(last.get("finishedAt")),
         last_termination=(contract.TerminationMessage.from_json(last["message"])
                           if last.get("message") else None),
     )

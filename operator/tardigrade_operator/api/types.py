@@ -825,7 +825,7 @@ class Recovery(ApiModel):
     restore_step: int | None = Field(None, ge=0, description="Checkpoint step restored.")
     kept_pods: int | None = Field(
         None, ge=0, description="Pods kept and restarted in place (the rest were recreated).")
-        reason: str = Field("", max_length=MAX_REASON_LENGTH)
+    reason: str = Field("", max_length=MAX_REASON_LENGTH)
 
 
 MAX_RECOVERY_HISTORY = 20
