@@ -69,3 +69,15 @@ def bad_trainingjob_cases() -> list[dict[str, Any]]:
 @pytest.fixture
 def example_job() -> dict[str, Any]:
     return load_yaml(EXAMPLES / "trainingjob.yaml")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first, each module's tests kept together in their order.
+
+    `scripts/test` runs two modules at a time; started last, a long end-to-end module would
+    run on alone while the other worker sits idle."""
+    slow_modules = {item.module.__name__ for item in items
+                    if item.module is not None and item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.module is None
+                                 or item.module.__name__ not in slow_modules))
+

@@ -26,11 +26,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(autouse=True)
 def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
-    # Two cores: a test's leftover gang would slow the next one down.
     yield
-    cluster.kubectl("delete", "trainingjobs", "--all", "--wait=false")
-    wait_for(lambda: not cluster.core.list_namespaced_pod(
-        "default", label_selector="tardigrade.dev/job").items, 120, "leftover pods to go")
+    cluster.clear_jobs()
 
 
 def _checkpoint_objects(cluster: Cluster, job: str) -> list[str]:

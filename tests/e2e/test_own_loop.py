@@ -37,9 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(autouse=True)
 def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
     yield
-    cluster.kubectl("delete", "trainingjobs", "--all", "--wait=false")
-    wait_for(lambda: not cluster.core.list_namespaced_pod(
-        "default", label_selector="tardigrade.dev/job").items, 120, "leftover pods to go")
+    cluster.clear_jobs()
 
 
 def _loop_job(name: str, backend: str, loop: Path, checkpoints: Path) -> dict:

