@@ -78,7 +78,9 @@ def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
     operator.assert_alive()
     assert status["restarts"]["preemptions"] == 1, status["recoveries"]
     assert status["restarts"]["failures"] == 0
-    assert log.restored == [status["recoveries"][-1]["restoreStep"]]
+    # No save on notice here: the operator pins the newest commit it has seen (progress reads
+    # are paced, so it can lag), and the trainer restores the newest commit at or after it.
+    assert len(log.restored) == 1 and log.restored[0] >= status["recoveries"][-1]["restoreStep"]
     # The VM came back under its name; its kubelet reported the old pod, which then went.
     wait_for(lambda: _ready(cluster, node) == "True", 120, "the VM back")
     wait_for(lambda: not any(p.metadata.name == victim.metadata.name
