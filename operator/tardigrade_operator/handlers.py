@@ -308,6 +308,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     generation = int(meta.get("generation") or 0)
     rejected = state.rejected
     scale_up = await _scale_up_signals(namespace, gang, memo)
+    decision = memo.config.decision_settings()
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,
@@ -321,15 +322,16 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         progress_error=fetched.malformed,
         nodes_ready=nodes_ready,
         nodes_not_ready_since=nodes_down,
-        settings=memo.config.decision_settings(),
+        settings=decision,
         rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
         scale_up=scale_up,
         nodes_maintenance=scheduled,
         node_pools=None if pools_index is None else {
             node: pool for node, store in pools_index.items() for pool in store},
+        # Only restart in place reads these: no per-pass walk over every node without it.
         kubelet_versions={node: max(store) for node, store in (kubelet_index or {}).items()
-                          if store},
-        restart_key=secrets.token_urlsafe(24),
+                          if store} if decision.restart_in_place else {},
+        restart_key=secrets.token_urlsafe(24) if decision.restart_in_place else None,
     )
     plan = decide(observed)
     try:

@@ -105,9 +105,8 @@ def test_a_slice_leader_goes_first_and_its_followers_follow_it_to_its_pool():
     assert cluster.status.recoveries == []
 
 
-def test_a_leader_that_cannot_be_placed_takes_its_slice_out_of_the_gang():
-    cluster = FakeCluster(spec(replicas=4, minReplicas=2, accelerator=TPU), settings=SETTINGS,
-                          node_pools=POOLS)
+def _place_the_first_slice_but_not_the_second_leader(cluster) -> None:
+    """Slice 0 (ranks 0, 1) bound in pool-a; slice 1's leader (rank 2) unschedulable."""
     cluster.reconcile()
     _bind(cluster, 0, "pool-a-0")
     cluster.reconcile()  # creates follower 1
@@ -118,6 +117,12 @@ def test_a_leader_that_cannot_be_placed_takes_its_slice_out_of_the_gang():
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/4 nodes are available: 4 node(s) didn't match pod affinity rules.",
          "lastTransitionTime": iso(cluster.now)}]}
+
+
+def test_a_leader_that_cannot_be_placed_takes_its_slice_out_of_the_gang():
+    cluster = FakeCluster(spec(replicas=4, minReplicas=2, accelerator=TPU), settings=SETTINGS,
+                          node_pools=POOLS)
+    _place_the_first_slice_but_not_the_second_leader(cluster)
     cluster.reconcile()
     assert cluster.status.phase == "Pending"  # slice 1 waits for its leader
     cluster.advance(60)
@@ -136,16 +141,7 @@ def test_without_node_pools_every_host_carries_the_terms():
 def test_a_job_at_its_minimum_says_it_waits_for_capacity_while_a_leader_cannot_be_placed():
     cluster = FakeCluster(spec(replicas=4, minReplicas=4, accelerator=TPU), settings=SETTINGS,
                           node_pools=POOLS)
-    cluster.reconcile()
-    _bind(cluster, 0, "pool-a-0")
-    cluster.reconcile()
-    _bind(cluster, 1, "pool-a-1")
-    leader = next(p for p in cluster.attempt_pods()
-                  if p["metadata"]["labels"]["tardigrade.dev/rank"] == "2")
-    leader["status"] = {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/4 nodes are available: 4 node(s) didn't match pod affinity rules.",
-         "lastTransitionTime": iso(cluster.now)}]}
+    _place_the_first_slice_but_not_the_second_leader(cluster)
     cluster.advance(60)
     for _ in range(3):  # the follower of slice 1 is still to come, never lost
         cluster.reconcile()
