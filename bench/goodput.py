@@ -38,7 +38,10 @@ wall time, its ratio to arm a, the time to recover per disruption (from the disr
 first step of the relaunched gang; p50/p99) and the steps lost per disruption (computed but not
 kept), and for saves on notice the seconds from SIGTERM to the committed save against the
 window (the trainer's `preempted` event). Step times come from the trainer's own log (see
-tardigrade_local/goodput.py).
+tardigrade_local/goodput.py). Each recovery is also split into phases from rank 0's log (the
+old gang's notice, save and exit; the new trainer's process start, imports, rendezvous,
+jax.distributed, restore, compilation and first step: tardigrade_local/recovery_phases.py),
+printed as the median seconds from the disruption to each.
 Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice (b, d, f, g,
 h); g's time to recover p50 <= 0.5 x b's (issue 18: half of today's);
 f's save on notice inside the window; e's relaunched gang training within the node monitor
@@ -74,6 +77,7 @@ from tardigrade_local.disruptions import (  # noqa: E402
 from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
 from tardigrade_local.kubelet import NodeConfig  # noqa: E402
 from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS  # noqa: E402
+from tardigrade_local.recovery_phases import PHASES, median_phases, recovery_phases  # noqa: E402
 from tardigrade_local.steplog import StepLog  # noqa: E402
 
 NS = "default"
@@ -161,6 +165,8 @@ class ArmResult:
     recoveries: list[dict[str, Any]]  # the operator's own account (status.recoveries)
     # Rank 0's saves on notice: (seconds from SIGTERM to the committed save, the window).
     notice_saves: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    # Per disruption, seconds from it to each phase of its recovery (recovery_phases.py).
+    phases: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
     def comparable(self) -> bool:
         """Trains the same model as arm (a): its wall time and goodput have a ratio to a's."""
@@ -291,8 +297,9 @@ class Bench:
         notice_saves = [(float(r["seconds_since_notice"]), float(r["shutdown_window_seconds"]))
                         for r in final.records if r.get("event") == "preempted"
                         and r.get("shutdown_window_seconds")]
+        phases = [recovery_phases(final.records, d) for d in disruptions]
         return ArmResult(arm, report, submitted, disruptions, runs,
-                         list(status.get("recoveries") or []), notice_saves)
+                         list(status.get("recoveries") or []), notice_saves, phases)
 
 
 # --- what it prints and leaves behind --------------------------------------------------------
@@ -333,6 +340,19 @@ def summary_rows(results: list[ArmResult]) -> list[dict[str, str]]:
                 f"{max(used for used, _ in result.notice_saves):.2f} s / "
                 f"{result.notice_saves[0][1]:g} s ({max(saves):.2f})" if saves else "-"),
         })
+    return rows
+
+
+def phase_rows(results: list[ArmResult]) -> list[dict[str, str]]:
+    """Per arm that saw a disruption: the median seconds from it to each recovery phase."""
+    rows = []
+    for result in results:
+        if not result.phases:
+            continue
+        medians = median_phases(result.phases)
+        rows.append({"arm": f"({result.arm.key}) {result.arm.name}",
+                     "n": str(len(result.phases)),
+                     **{name: _fmt(medians.get(name, float("nan")), ".2f") for name in PHASES}})
     return rows
 
 
@@ -415,7 +435,8 @@ def write_outputs(results: list[ArmResult], settings: Settings, out: Path) -> No
                 "attempt": c.disruption.attempt, "recovery_seconds": c.recovery_seconds,
                 "stopped_seconds": c.stopped_seconds, "relaunch_seconds": c.relaunch_seconds,
                 "steps_lost": c.steps_lost,
-            } for c in r.report.costs],
+                "phases_seconds": phases,
+            } for c, phases in zip(r.report.costs, r.phases, strict=True)],
             "operator_recoveries": r.recoveries,
             "notice_saves": [{"seconds_since_notice": used, "window_seconds": limit}
                              for used, limit in r.notice_saves],
@@ -423,8 +444,11 @@ def write_outputs(results: list[ArmResult], settings: Settings, out: Path) -> No
         } for r in results],
     }
     (out / "goodput.json").write_text(json.dumps(data, indent=2))
-    (out / "goodput.md").write_text(markdown(summary_rows(results)) + "\n\n"
-                                    + "\n".join(verdicts(results)) + "\n")
+    phases = phase_rows(results)
+    (out / "goodput.md").write_text(
+        markdown(summary_rows(results)) + "\n\n" + "\n".join(verdicts(results)) + "\n"
+        + (f"\nseconds from the disruption to each recovery phase (median)\n\n"
+           f"{markdown(phases)}\n" if phases else ""))
     plot(results, out / "goodput.png")
 
 
@@ -515,6 +539,9 @@ def main() -> None:
     print(markdown(summary_rows(results)))
     print()
     print("\n".join(verdicts(results)))
+    if phase_rows(results):
+        print("\nseconds from the disruption to each recovery phase (median)\n")
+        print(markdown(phase_rows(results)))
     if args.out:
         print(f"\nwrote {args.out}/goodput.json, goodput.md, goodput.png")
 

@@ -620,6 +620,7 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
         return
     # Every rank gets SIGTERM now, so the gang agrees on a step and saves inside the grace.
     _stop_all(plan, obs, gang, grace=None)
+    plan.restart_in_place = restart_in_place.release_on_recreate(gang, status.attempt + 1)
 
 
 def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,

@@ -111,14 +111,27 @@ def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
     # word that would never come (their kubelet does not restart a pod being deleted).
     going = [by_name[name] for name in chosen.delete
              if by_name[name].active and not by_name[name].deleting]
-    triggers = tuple(
-        Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
-                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}", p.restart_key)
-        for p in [*kept, *going] if p.pod_ip and p.restart_key)
+    triggers = _triggers([*kept, *going], attempt)
     if not any(t.pod in {p.name for p in kept} for t in triggers):
         # Nothing would make the kept trainers save and stop: recreate instead.
         return None
     return InPlaceRecovery(chosen, coordinator, triggers)
+
+
+def _triggers(pods: Iterable[PodView], attempt: int) -> tuple[Trigger, ...]:
+    return tuple(
+        Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
+                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}", p.restart_key)
+        for p in pods if p.pod_ip and p.restart_key)
+
+
+def release_on_recreate(gang: Sequence[PodView], attempt: int) -> list[Trigger]:
+    """The operator's word for the ranks of a gang it recreates whole (a recovery that keeps
+    no pod). Trainers started for restart in place wait after their save on notice for this
+    word before they exit (trainer inplace.RELEASE_WAIT_SECONDS): told nothing, each would
+    hold its pod, and the relaunch, that long. Their pods are being deleted, so their kubelet
+    does not restart them: the word only lets them exit at once."""
+    return list(_triggers([p for p in gang if p.active and not p.deleting], attempt))
 
 
 def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:

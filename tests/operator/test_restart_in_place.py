@@ -135,8 +135,25 @@ def test_no_kept_pod_at_all_is_a_plain_recreation():
     cluster = running_gang(versions=("v1.33.0",) * 3)
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
-    assert not plan.patch_pods and not plan.create_pods and not plan.restart_in_place
+    assert not plan.patch_pods and not plan.create_pods
     assert len(plan.delete_pods) == 3 and cluster.status.recoveries[-1].kept_pods is None
+
+
+def test_a_gang_recreated_whole_tells_its_waiting_trainers_to_exit_at_once():
+    # Rank 0 restarted in place a minute ago (back-off ahead), rank 1 is preempted: nothing
+    # is kept. Both trainers wait after their save for the operator's word
+    # (inplace.RELEASE_WAIT_SECONDS); without it they would hold the relaunch that long.
+    cluster = running_gang(replicas=2)
+    status = cluster.pods["tiny-a1-0"]["status"]["containerStatuses"][0]
+    status["restartCount"] = 1
+    status["lastState"] = {"terminated": {"exitCode": IN_PLACE,
+                                          "finishedAt": iso(cluster.now - timedelta(minutes=1))}}
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    assert not plan.patch_pods and sorted(n for n, _ in plan.delete_pods) == [
+        "tiny-a1-0", "tiny-a1-1"]
+    assert [(t.pod, t.url.rpartition("?")[2], t.key) for t in plan.restart_in_place] == [
+        ("tiny-a1-0", "attempt=2", KEY), ("tiny-a1-1", "attempt=2", KEY)]
 
 
 def test_grow_keeps_every_pod_and_asks_rank_0_to_restart():

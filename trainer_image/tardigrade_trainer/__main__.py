@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from tardigrade_trainer import contract
+from tardigrade_trainer import contract, phases
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
 
     from tardigrade_trainer.session import TrainingSession
     from tardigrade_trainer.train import Trainer, checkpoint_options
+
+    phases.mark("imports_done")
 
     # The session turns every outcome into the contract's exit code and termination message.
     with TrainingSession(env=env, checkpoint_options=checkpoint_options(config),

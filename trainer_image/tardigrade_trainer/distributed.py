@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tardigrade_trainer import peerauth
+from tardigrade_trainer import peerauth, phases
 from tardigrade_trainer.contract import (
     ENV_POD_IP,
     ENV_RENDEZVOUS_INSECURE,
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 _GO = b"go\n"
 _RETRY_SECONDS = 0.2
+# How often a peer looks for rank 0's coordination service after the rendezvous: it starts in
+# milliseconds once rank 0 has said "go".
+_LISTEN_POLL_SECONDS = 0.01
 # A hello is a small JSON line plus a token (1-2 KB); a caller gets this many bytes and
 # seconds to send one, and at most this many connections wait to be heard, per rank.
 MAX_HELLO_BYTES = 16384
@@ -197,6 +200,9 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                     rank = next(r for r, s in peers.items() if s is sock)
                     log.warning("rank %d left the rendezvous before it completed", rank)
                     peers.pop(rank).close()
+        # The port is the coordination service's from now on: a peer told "go" waits until
+        # something listens on it again (wait_for_listener), which must not be this socket.
+        server.close()
         for sock in peers.values():
             sock.sendall(_GO)
         # Let peers close first so the coordinator port is not left in TIME_WAIT on our side.
@@ -270,6 +276,27 @@ def _join_rendezvous(host: str, port: int, hello: dict[str, Any], deadline: floa
     )
 
 
+def wait_for_listener(address: str, deadline: float) -> bool:
+    """Return True once something accepts connections at `address` (host:port, [v6]:port),
+    False at `deadline` (monotonic).
+
+    After the rendezvous, rank 0 starts JAX's coordination service on the same port. A peer
+    whose gRPC client connects before that service listens is refused, and gRPC tries again
+    only after its initial reconnect back-off, 1 s (grpc/grpc doc/connection-backoff.md,
+    INITIAL_BACKOFF): a second of every relaunch. Probing with plain TCP first costs
+    milliseconds."""
+    host, port = split_address(address)
+    host = host.strip("[]")
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=IO_SECONDS):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_LISTEN_POLL_SECONDS)
+
+
 def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
     """Rendezvous, then `jax.distributed.initialize` for the gang described by `env`.
 
@@ -278,7 +305,9 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
     """
     timeout = env.init_timeout_seconds if timeout is None else timeout
     started = time.monotonic()
+    phases.mark("rendezvous_started")
     rendezvous(env, timeout)
+    phases.mark("rendezvous_done")
     import jax  # late: callers may need to set XLA_FLAGS first
 
     # JAX's preemption service swallows SIGTERM to turn it into a sync point; a job that
@@ -286,6 +315,9 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
     jax.config.update("jax_enable_preemption_service", env.save_on_preemption)
     remaining = max(30.0, timeout - (time.monotonic() - started))
     coordinator, bind = grpc_addresses(env)
+    if env.process_id != 0:
+        # Not met in time: jax.distributed.initialize below reports it its own way.
+        wait_for_listener(coordinator, started + timeout)
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=env.num_processes,
@@ -293,6 +325,7 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
         initialization_timeout=int(remaining),
         coordinator_bind_address=bind,
     )
+    phases.mark("distributed_initialized")
     log.info("jax.distributed initialized: process %d of %d, %d global devices",
              env.process_id, env.num_processes, jax.device_count())
 

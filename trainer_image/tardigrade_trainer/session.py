@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import contract, distributed, inplace
+from tardigrade_trainer import contract, distributed, inplace, phases
 from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
 
@@ -192,6 +192,8 @@ class TrainingSession:
 
         env = self.env
         self.log = JsonLog(jax.process_index(), attempt=env.attempt)
+        # Where this process's start-up went so far (phases.py); later phases log their own.
+        self.log({"event": "startup", **phases.marks()})
         self.metrics = Metrics()
         self._restarts = inplace.RestartRequests(env.restart_key, env.attempt)
         # Rank 0 serves progress; with restart in place every rank takes the operator's word.
@@ -272,6 +274,7 @@ class TrainingSession:
             self.last_step = restored.start_step - 1
             self._report_checkpoint()
         self._after_restore()
+        self.log({"event": "restore_done", "step": self.start_step - 1})
         return state
 
     def _after_restore(self) -> None:

@@ -12,7 +12,7 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tardigrade_trainer import data, distributed, mesh, model
+from tardigrade_trainer import compile_stats, data, distributed, mesh, model
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
 from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
@@ -102,6 +102,7 @@ class Trainer:
             ) from err
 
     def run(self) -> None:
+        compile_stats.watch()
         with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
             self._run()
 
@@ -125,6 +126,7 @@ class Trainer:
         tokens_per_step = config.global_batch_size * config.seq_len
         if start <= config.steps:
             self._compile_before_the_first_collective(step_fn, state, start, batch_sharding)
+            self.log({"event": "compiled", "step": start, **compile_stats.totals()})
         window_start, window_steps = time.perf_counter(), 0
 
         for step in session.steps(config.steps):
