@@ -15,7 +15,14 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, multislice, naming, restart_in_place, slices
+from tardigrade_operator import (
+    checkpoint_scope,
+    gangprogress,
+    multislice,
+    naming,
+    restart_in_place,
+    slices,
+)
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -300,10 +307,10 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                                      f"attempt {status.attempt}: all {running} ranks running"))
         _capacity_found(status, obs)
         _set_phase(plan, obs, "Running", "GangRunning",
-                   f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
+                   gangprogress.ranks_running(status.attempt, running, status.replicas))
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
-        message = f"attempt {status.attempt}: {running}/{status.replicas} ranks running"
+        message = gangprogress.ranks_running(status.attempt, running, status.replicas)
         if _report_capacity(plan, obs, gang, phase, message):
             return
         stuck = next((p for p in gang if p.waiting and not p.deleting), None)
