@@ -78,6 +78,8 @@ ARMS = ("recreate", "in-place")
 KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
 TPU_SHAPE = SliceShape("tpu-v5p-slice", "2x2x4", 4)
 TPU_ARMS = {"every host": False, "leader first": True}  # arm -> the operator watches nodes
+OPERATOR_PART = "operator's part: decision to every rank running s"
+OPERATOR_PART_TARGET_S = 5.0  # issue 18 point 6, at 1,024 ranks
 
 
 def tpu_nodes(replicas: int) -> list[Any]:
@@ -341,6 +343,11 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
                         and e["objectRef"].get("subresource") == "status"
                         and e["verb"] in ("patch", "update"))
     result: dict[str, float | str] = {f"{k} s": v - t0 for k, v in marks.items()}
+    # Issue 18's measure: from the operator's decision to every rank's pod started in the new
+    # world as the simulator reports it (its own latencies are zero, so this is the
+    # operator's and the control plane's time).
+    result[OPERATOR_PART] = (marks["every rank running in the new world"]
+                             - marks["decision (phase Restarting)"])
     result.update({
         "pods kept (restarted in place)": int(recovery.get("keptPods") or 0),
         "API requests, everyone": sum(delta.values()),
@@ -374,7 +381,7 @@ def format_value(value: float | str) -> str:
     return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
 
 
-RATIOS = ("every rank running in the new world s", "job status Running s",
+RATIOS = ("every rank running in the new world s", OPERATOR_PART, "job status Running s",
           "API requests, everyone", "API requests, operator", "operator TrainingJob status writes",
           "kubelet pod status writes")
 
@@ -393,6 +400,20 @@ def ratio_lines(results: dict[str, dict[int, dict[str, float | str]]]) -> list[s
             b, o = float(base[size][measure]), float(other[size][measure])
             ratios.append(f"{measure} {o / b:.2f}x" if b else f"{measure} n/a")
         lines.append(f"gang of {size}, in-place / recreate: " + "; ".join(ratios))
+    return lines
+
+
+def target_lines(results: Results) -> list[str]:
+    """Issue 18 point 6 on the in-place arm: met or missed, per size measured."""
+    lines = []
+    for size, column in sorted((results.get("in-place") or {}).items()):
+        if not column["pods kept (restarted in place)"]:
+            continue
+        part = float(column[OPERATOR_PART])
+        verdict = ("the target is judged at 1,024 ranks" if size != 1024
+                   else "met" if part <= OPERATOR_PART_TARGET_S else "missed")
+        lines.append(f"gang of {size}, in-place: decision to every rank running {part:.2f} s "
+                     f"(target <= {OPERATOR_PART_TARGET_S:.0f} s: {verdict})")
     return lines
 
 
@@ -435,6 +456,56 @@ def tpu_table(sizes: list[int], workdir: Path, timeout: float) -> list[str]:
     return lines
 
 
+Results = dict[str, dict[int, dict[str, float | str]]]  # arm -> gang size -> measures
+PLOTTED = ((OPERATOR_PART, "decision to every rank running, s"),
+           ("API requests, everyone", "API requests per recovery (everyone)"),
+           ("operator TrainingJob status writes", "operator TrainingJob status writes"))
+
+
+def load_results(path: Path) -> Results:
+    """Results a run wrote with --json (JSON keys are strings)."""
+    raw = json.loads(path.read_text())
+    return {arm: {int(size): column for size, column in columns.items()}
+            for arm, columns in raw.items()}
+
+
+def plot(results: Results, path: Path, earlier: Results | None = None) -> None:
+    """Scaling curves of both arms; points from another run (--with) are drawn hollow and
+    labelled so: they are not ratios of this run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(13, 3.8))
+    styles = {"recreate": ("o", "--", "tab:red"), "in-place": ("s", "-", "tab:blue")}
+    for axis, (measure, title) in zip(axes, PLOTTED, strict=True):
+        for arm, (marker, line, color) in styles.items():
+            points = sorted((size, float(c[measure]))
+                            for size, c in (results.get(arm) or {}).items() if measure in c)
+            if points:
+                axis.plot(*zip(*points, strict=True), marker=marker, linestyle=line,
+                          color=color, label=arm)
+            old = sorted((size, float(c[measure]))
+                         for size, c in ((earlier or {}).get(arm) or {}).items()
+                         if measure in c and size not in (results.get(arm) or {}))
+            if old:
+                axis.plot(*zip(*old, strict=True), marker=marker, linestyle="none",
+                          markerfacecolor="none", color=color, label=f"{arm} (other run)")
+        if measure == OPERATOR_PART:
+            axis.axhline(OPERATOR_PART_TARGET_S, color="grey", linewidth=0.8, linestyle=":",
+                         label="target at 1,024 ranks")
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("gang size (simulated ranks)")
+        axis.set_title(title, fontsize=10)
+        axis.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="gangs of 8 and 64 only")
@@ -446,6 +517,11 @@ def main() -> None:
     parser.add_argument("--tpu", action="store_true",
                         help="TPU-like slices: every host with the terms vs leader first")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="write the scaling curves (PNG) of both arms here")
+    parser.add_argument("--with", dest="earlier", type=Path, action="append", default=[],
+                        help="results (--json) of another run to draw, hollow, in --plot")
     args = parser.parse_args()
     arms = [a for a in args.arms.split(",") if a]
     unknown = sorted(set(arms) - set(ARMS))
@@ -463,7 +539,7 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(text + "\n")
         return
-    results: dict[str, dict[int, dict[str, float | str]]] = {arm: {} for arm in arms}
+    results: Results = {arm: {} for arm in arms}
     skipped: list[str] = []
     for size in sizes:
         for arm in arms:
@@ -491,11 +567,20 @@ def main() -> None:
                     for size, c in columns.items()]
         lines.append(f"API requests per rank (everyone): {', '.join(per_rank)}")
     lines += ratio_lines(results)
+    lines += target_lines(results)
     lines += skipped
     text = "\n".join(lines)
     print("\n" + text)
     if args.out is not None:
         args.out.write_text(text + "\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.plot is not None:
+        earlier: Results = {}
+        for path in args.earlier:
+            for arm, columns in load_results(path).items():
+                earlier.setdefault(arm, {}).update(columns)
+        plot(results, args.plot, earlier)
 
 
 if __name__ == "__main__":
