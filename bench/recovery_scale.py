@@ -1,7 +1,8 @@
 """Recovery from one lost host against gang size, on simulated nodes.
 
     python bench/recovery_scale.py [--quick] [--sizes 8,64,256,1024] [--arms recreate,in-place]
-                                   [--tpu] [--out FILE]
+                                   [--tpu] [--out FILE] [--json FILE] [--plot FILE.png]
+                                   [--with EARLIER.json]
 
 For each gang size N (`--quick`: 8 and 64), a fresh local cluster with N + 1 simulated nodes
 (`tardigrade_local.kubelet.simulated`: pods without processes, one rank per node as on TPU
@@ -10,7 +11,9 @@ so that the audit log records its requests) and one TrainingJob of N simulated r
 gang trains, the node of its last rank is preempted (GKE spot reclaim: DisruptionTarget,
 SIGTERM, the ranks save one step), and the bench follows, from watches on the admin port:
 - the operator's decision (phase Restarting), every old pod terminal, every new pod created,
-  every new pod Running, the job's status back to Running (seconds from the preemption);
+  every new pod Running, the job's status back to Running (seconds from the preemption), and
+  issue 18's measure of the operator's part: from its decision to every rank running in the
+  new world as the simulator reports it (target <= 5 s at 1,024 ranks);
 - API requests during the recovery: everyone's (`apiserver_request_total` on the API server's
   `/metrics`, non-resource requests left out) and the operator's (audit log), the operator's
   TrainingJob status writes, the kubelets' pod status writes;
@@ -28,7 +31,9 @@ cluster of the same nodes (1.36 kubelets with ContainerRestartRules, the API ser
   rank gets a new pod. A kept rank counts as running once its container runs again after
   that exit. The in-place arm is printed as ratios against the recreate arm of the same size.
 An arm whose recovery kept no pod did not exercise restart in place: it says so and its
-ratios are not printed.
+ratios are not printed. `--plot` draws the scaling curves of both arms (decision to every rank
+running, API requests, status writes against gang size); `--with` adds the points of another
+run's `--json` for sizes this run did not measure, drawn hollow and labelled as another run's.
 
 `--tpu` measures TPU-like slices instead: the gang on simulated slice node pools of
 tpu-v5p-slice 2x2x4 (4 hosts of 4 chips), one spare pool, and the preempted node takes its

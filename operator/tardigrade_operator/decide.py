@@ -512,9 +512,16 @@ def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phas
     if not view.unavailable:
         return False
     pod, why = view.unavailable[0]
-    text = (f"{message}; waiting for capacity: {len(view.unavailable)} pods cannot be placed "
-            f"({pod.name}: {why})")
+    # Counted by quarter, and the example pod kept while the quarter holds: the count, the
+    # first pod and the scheduler's node counts change on every pass while a gang drains.
+    waiting = (f"{message}; waiting for capacity: "
+               f"{gangprogress.quarter(len(view.unavailable), status.replicas)}/"
+               f"{status.replicas} pods cannot be placed (")
+    text = f"{waiting}{pod.name}: {why})"
     limited = _condition(status, "CapacityLimited")
+    if limited is not None and limited.status == "True" and \
+            limited.reason == WAITING_FOR_CAPACITY and limited.message.startswith(waiting):
+        text = limited.message
     if limited is None or limited.status != "True":
         plan.events.append(Event("Warning", WAITING_FOR_CAPACITY, text))
     _set_condition(status, obs, "CapacityLimited", "True", WAITING_FOR_CAPACITY, text)

@@ -4,7 +4,7 @@ The status is written only when it changes (kube.StatusWriter), so a message tha
 every rank would cost one TrainingJob status write per rank that starts: hundreds for a large
 gang. The count is reported by quarter of the gang instead ("64-127/256 ranks running"): at
 most five messages per launch whatever the gang's size, each of them true, and exact for
-gangs of up to four ranks.
+gangs of up to four ranks. Pods waiting for capacity are counted the same way.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def running_range(running: int, replicas: int) -> tuple[int, int]:
     return low, edges[edges.index(low) + 1] - 1
 
 
+def quarter(count: int, replicas: int) -> str:
+    """`count` of the gang as its quarter says it: "64-127", or the number when exact."""
+    low, high = running_range(count, replicas)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def ranks_running(attempt: int, running: int, replicas: int) -> str:
     """The status message of a gang with `running` of its `replicas` ranks up."""
-    low, high = running_range(running, replicas)
-    count = str(low) if low == high else f"{low}-{high}"
-    return f"attempt {attempt}: {count}/{replicas} ranks running"
+    return f"attempt {attempt}: {quarter(running, replicas)}/{replicas} ranks running"

@@ -3,14 +3,16 @@ and a recovery: a bound that does not grow with the gang."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.gangprogress import ranks_running, running_range
 from tardigrade_operator.kube import status_json
 from tardigrade_trainer import contract
 
-from tests.operator.fake_cluster import FakeCluster, spec
+from tests.operator.fake_cluster import FakeCluster, iso, spec
 
 SIZES = [1, 2, 3, 4, 5, 8, 64, 255, 256, 1024]
 
@@ -91,3 +93,39 @@ def test_status_writes_do_not_grow_with_the_gang() -> None:
     # Launch: the launch itself, then a message per quarter reached; recovery: the
     # decision, the relaunch, then the same quarters.
     assert max(small) <= 7
+
+
+def _capacity_wait(replicas: int) -> int:
+    """Status writes while a gang that may not shrink waits for capacity and its pods are
+    placed one at a time, the scheduler's message changing with each."""
+    cluster = FakeCluster(spec(replicas=replicas, minReplicas=replicas),
+                          settings=DecisionSettings(unschedulable_timeout=timedelta(seconds=60)))
+    cluster.reconcile()
+    pods = cluster.attempt_pods()
+    for pod in pods:
+        pod["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": f"0/{replicas} nodes are available: {replicas} Insufficient cpu.",
+             "lastTransitionTime": iso(cluster.now)}]}
+    cluster.advance(60)
+    before = status_json(cluster.status)
+    writes, before = _writes(cluster, before)
+    assert f"waiting for capacity: {replicas}/{replicas} pods" in cluster.status.message
+    for placed, pod in enumerate(pods[:-1], start=1):
+        pod["spec"]["nodeName"] = f"node-{placed}"
+        pod["status"] = {"phase": "Running",
+                         "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+        for waiting in pods[placed:]:
+            waiting["status"]["conditions"][0]["message"] = (
+                f"{placed}/{replicas} nodes are available: {replicas - placed} Insufficient cpu.")
+        cluster.advance(1)
+        wrote, before = _writes(cluster, before)
+        writes += wrote
+        assert "waiting for capacity" in cluster.status.message
+    return writes
+
+
+def test_waiting_for_capacity_is_rewritten_by_quarter_only() -> None:
+    small, large = _capacity_wait(8), _capacity_wait(32)
+    assert large == small
+    assert small <= 9
