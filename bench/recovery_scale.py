@@ -506,6 +506,7 @@ def plot(results: Results, path: Path, earlier: Results | None = None) -> None:
         axis.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
+    axes[2].set_ylim(bottom=0)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -527,7 +528,14 @@ def main() -> None:
                         help="write the scaling curves (PNG) of both arms here")
     parser.add_argument("--with", dest="earlier", type=Path, action="append", default=[],
                         help="results (--json) of another run to draw, hollow, in --plot")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="measure nothing: draw --plot from these results (--json)")
     args = parser.parse_args()
+    if args.replot is not None:
+        if args.plot is None:
+            parser.error("--replot needs --plot")
+        plot(load_results(args.replot), args.plot, _earlier(args.earlier))
+        return
     arms = [a for a in args.arms.split(",") if a]
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
@@ -581,11 +589,15 @@ def main() -> None:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     if args.plot is not None:
-        earlier: Results = {}
-        for path in args.earlier:
-            for arm, columns in load_results(path).items():
-                earlier.setdefault(arm, {}).update(columns)
-        plot(results, args.plot, earlier)
+        plot(results, args.plot, _earlier(args.earlier))
+
+
+def _earlier(paths: list[Path]) -> Results:
+    earlier: Results = {}
+    for path in paths:
+        for arm, columns in load_results(path).items():
+            earlier.setdefault(arm, {}).update(columns)
+    return earlier
 
 
 if __name__ == "__main__":

@@ -15,14 +15,7 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import (
-    checkpoint_scope,
-    gangprogress,
-    multislice,
-    naming,
-    restart_in_place,
-    slices,
-)
+from tardigrade_operator import checkpoint_scope, multislice, naming, restart_in_place, slices
 from tardigrade_operator.api.conditions import (
     SUSPENDING,
     WAITING_FOR_CAPACITY,
@@ -43,6 +36,7 @@ from tardigrade_operator.api.types import (
     TrainingJobStatus,
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
+from tardigrade_operator.gangprogress import quarter, ranks_running
 from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until
 from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
@@ -307,10 +301,10 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                                      f"attempt {status.attempt}: all {running} ranks running"))
         _capacity_found(status, obs)
         _set_phase(plan, obs, "Running", "GangRunning",
-                   gangprogress.ranks_running(status.attempt, running, status.replicas))
+                   ranks_running(status.attempt, running, status.replicas))
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
-        message = gangprogress.ranks_running(status.attempt, running, status.replicas)
+        message = ranks_running(status.attempt, running, status.replicas)
         if _report_capacity(plan, obs, gang, phase, message):
             return
         stuck = next((p for p in gang if p.waiting and not p.deleting), None)
@@ -515,7 +509,7 @@ def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phas
     # Counted by quarter, and the example pod kept while the quarter holds: the count, the
     # first pod and the scheduler's node counts change on every pass while a gang drains.
     waiting = (f"{message}; waiting for capacity: "
-               f"{gangprogress.quarter(len(view.unavailable), status.replicas)}/"
+               f"{quarter(len(view.unavailable), status.replicas)}/"
                f"{status.replicas} pods cannot be placed (")
     text = f"{waiting}{pod.name}: {why})"
     limited = _condition(status, "CapacityLimited")
