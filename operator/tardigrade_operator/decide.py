@@ -36,6 +36,7 @@ from tardigrade_operator.api.types import (
     TrainingJobStatus,
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
+from tardigrade_operator.gangprogress import quarter, ranks_running
 from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until
 from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
@@ -300,10 +301,10 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                                      f"attempt {status.attempt}: all {running} ranks running"))
         _capacity_found(status, obs)
         _set_phase(plan, obs, "Running", "GangRunning",
-                   f"attempt {status.attempt}: {running}/{status.replicas} ranks running")
+                   ranks_running(status.attempt, running, status.replicas))
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
-        message = f"attempt {status.attempt}: {running}/{status.replicas} ranks running"
+        message = ranks_running(status.attempt, running, status.replicas)
         if _report_capacity(plan, obs, gang, phase, message):
             return
         stuck = next((p for p in gang if p.waiting and not p.deleting), None)
@@ -505,9 +506,16 @@ def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phas
     if not view.unavailable:
         return False
     pod, why = view.unavailable[0]
-    text = (f"{message}; waiting for capacity: {len(view.unavailable)} pods cannot be placed "
-            f"({pod.name}: {why})")
+    # Counted by quarter, and the example pod kept while the quarter holds: the count, the
+    # first pod and the scheduler's node counts change on every pass while a gang drains.
+    waiting = (f"{message}; waiting for capacity: "
+               f"{quarter(len(view.unavailable), status.replicas)}/"
+               f"{status.replicas} pods cannot be placed (")
+    text = f"{waiting}{pod.name}: {why})"
     limited = _condition(status, "CapacityLimited")
+    if limited is not None and limited.status == "True" and \
+            limited.reason == WAITING_FOR_CAPACITY and limited.message.startswith(waiting):
+        text = limited.message
     if limited is None or limited.status != "True":
         plan.events.append(Event("Warning", WAITING_FOR_CAPACITY, text))
     _set_condition(status, obs, "CapacityLimited", "True", WAITING_FOR_CAPACITY, text)

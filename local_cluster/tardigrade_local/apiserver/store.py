@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import triggers
+
 
 @dataclass(frozen=True)
 class WatchEvent:
@@ -47,9 +49,11 @@ class Watcher:
     # client re-watches from the last resourceVersion it saw.
     MAX_BACKLOG = 50_000
 
-    def __init__(self, key: str, namespace: str | None) -> None:
+    def __init__(self, key: str, namespace: str | None, trigger: str | None = None) -> None:
         self.key = key
         self.namespace = namespace
+        # The value of its type's indexed field this watch requires (triggers.py), if any.
+        self.trigger = trigger
         self.queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
         self.cut_off = False
         # Drops the watch's connection without a clean end (set by the HTTP layer).
@@ -88,7 +92,8 @@ class Store:
         self.history: deque[WatchEvent] = deque(maxlen=history_size)
         # The oldest resourceVersion a watch may resume from; older ones get 410 Gone.
         self.compacted_rv = 1
-        self._watchers: set[Watcher] = set()
+        # Type key -> trigger value (None: unindexed) -> open watches (triggers.py).
+        self._watchers: dict[str, dict[str | None, set[Watcher]]] = {}
         self.listeners: list[Callable[[WatchEvent], None]] = []
         self.dirty = False
 
@@ -201,7 +206,7 @@ class Store:
         if len(self.history) == self.history.maxlen:
             self.compacted_rv = self.history[0].rv
         self.history.append(event)
-        for watcher in self._watchers:
+        for watcher in self._candidates(event):
             if watcher.wants(event):
                 watcher.offer(event)
         for listener in self.listeners:
@@ -213,26 +218,46 @@ class Store:
         self.compacted_rv = self.rv
 
     # ---- watch -------------------------------------------------------------------------
-    def subscribe(self, key: str, namespace: str | None) -> Watcher:
-        watcher = Watcher(key, namespace)
-        self._watchers.add(watcher)
+    def subscribe(self, key: str, namespace: str | None, trigger: str | None = None) -> Watcher:
+        watcher = Watcher(key, namespace, trigger)
+        self._watchers.setdefault(key, {}).setdefault(trigger, set()).add(watcher)
         return watcher
 
     def unsubscribe(self, watcher: Watcher) -> None:
-        self._watchers.discard(watcher)
+        by_trigger = self._watchers.get(watcher.key, {})
+        filed = by_trigger.get(watcher.trigger)
+        if filed is not None:
+            filed.discard(watcher)
+            if not filed:
+                del by_trigger[watcher.trigger]
+
+    def _candidates(self, event: WatchEvent) -> list[Watcher]:
+        """The watches an event can concern: its type's unindexed ones and those filed under
+        the trigger value of the object or of its previous version."""
+        by_trigger = self._watchers.get(event.key)
+        if not by_trigger:
+            return []
+        found = list(by_trigger.get(None, ()))
+        for value in triggers.event_triggers(event.key, event.obj, event.old):
+            found.extend(by_trigger.get(value, ()))
+        return found
+
+    def _all_watchers(self) -> list[Watcher]:
+        return [w for by_trigger in self._watchers.values() for filed in by_trigger.values()
+                for w in filed]
 
     def watcher_count(self, key: str) -> int:
         """Open watches on one resource type (lets tests know a client is listening)."""
-        return sum(1 for w in self._watchers if w.key == key)
+        return sum(len(filed) for filed in self._watchers.get(key, {}).values())
 
     def close_watchers(self) -> None:
-        for watcher in self._watchers:
+        for watcher in self._all_watchers():
             watcher.queue.put_nowait(None)
 
     def cut_watchers(self) -> int:
         """Drop every open watch connection abruptly, as a network blip or a restarting
         server does; clients must re-watch (or relist). Returns how many were cut."""
-        cut = list(self._watchers)
+        cut = self._all_watchers()
         for watcher in cut:
             watcher.cut_off = True
             if watcher.abort is not None:

@@ -15,6 +15,7 @@ from .errors import ApiError
 from .resources import ResourceType
 from .selectors import FieldRequirement, Requirement, fields_match, labels_match
 from .store import Store, WatchEvent
+from .triggers import watch_trigger
 
 DEFAULT_TIMEOUT = 1800.0
 
@@ -69,7 +70,7 @@ async def serve_watch(request: web.Request, store: Store, req: WatchRequest,
                       ) -> web.StreamResponse:
     """Stream events; `render` converts objects (e.g. to Tables), None sends them as stored."""
     rt = req.rt
-    watcher = store.subscribe(rt.key, req.namespace)
+    watcher = store.subscribe(rt.key, req.namespace, watch_trigger(rt.key, req.fields))
     if request.transport is not None:
         watcher.abort = request.transport.abort
     try:

@@ -39,6 +39,7 @@ Obj = dict[str, Any]
 SHUTDOWN_KILL_GRACE_SECONDS = 3.0
 CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"  # kubecontainer.ContainerReasonStatusUnknown
 CONTAINER_LOST_MESSAGE = "The container could not be located when the pod was terminated"
+HOSTS_COALESCE_SECONDS = 0.2
 
 
 @dataclasses.dataclass
@@ -482,6 +483,11 @@ class KubeletHost:
     async def _hosts_loop(self) -> None:
         while True:
             await self._hosts_dirty.wait()
+            # The file lists every pod: rewriting it on each pod event costs O(pods) per event.
+            # Changes coalesce for a moment instead (a process gets the file written before
+            # it starts, in `_on_pod`); cluster DNS answers are staler than that (the default
+            # Corefile's `kubernetes ... ttl 30` and `cache 30`).
+            await asyncio.sleep(HOSTS_COALESCE_SECONDS)
             self._hosts_dirty.clear()
             self._write_hosts()
 
