@@ -287,6 +287,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     mine = owned(pods, uid)
     attempt = max([status.attempt, *(p.attempt for p in mine)])
+    if state.created is not None:
+        state.created = state.created.saw(p.name for p in mine)
     if status.attempt and sum(p.attempt == attempt for p in mine) < status.replicas:
         if indexlag.awaiting_own_creates(state.created, attempt,
                                          [p.name for p in mine if p.attempt == attempt],

@@ -4,8 +4,9 @@ A pass that finds fewer ranks in the index than it launched asks the API server 
 calls them gone (the index may lag). Right after a launch it always lags: the pods' ADDED
 events come after the creates' answers, and under load seconds after. Asking then costs one
 pod list per launching job per pass (a thousand jobs launching: the API server's busiest
-request). Pods this operator created, whose creates succeeded, exist or their events are on
-the way and wake the job; only past `INDEX_GRACE_SECONDS` is the index asked about.
+request). Pods this operator created, whose creates succeeded and which the index has not
+shown yet, exist or their events are on the way and wake the job; past
+`INDEX_GRACE_SECONDS`, or once the index has shown a pod and lost it, the API server is asked.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ class Created:
 
     names_by_attempt: Mapping[int, frozenset[str]]
     at: float  # the event loop's clock
+    # Those the index has shown since: one missing again is gone (deleted), not awaited.
+    seen: frozenset[str] = frozenset()
+
+    def saw(self, names: Iterable[str]) -> Created:
+        new = self.seen | frozenset(names)
+        return self if new == self.seen else dataclasses.replace(self, seen=new)
 
 
 def created(pods: Iterable[Mapping[str, Any]], at: float) -> Created | None:
@@ -51,4 +58,4 @@ def awaiting_own_creates(last: Created | None, attempt: int, indexed: Iterable[s
     if not ours:
         return False
     seen = set(indexed)
-    return len(seen) + len(ours - seen) >= replicas
+    return len(seen) + len(ours - seen - last.seen) >= replicas

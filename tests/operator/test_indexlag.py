@@ -34,3 +34,13 @@ def test_ranks_we_did_not_create_are_asked_about_at_once():
     assert not indexlag.awaiting_own_creates(made, 2, [], 4, now=101.0)
     assert indexlag.created([], at=100.0) is None
     assert not indexlag.awaiting_own_creates(None, 2, [], 4, now=101.0)
+
+
+def test_a_created_pod_the_index_showed_and_lost_is_gone_not_awaited():
+    made = indexlag.created(manifests("j", 2, range(2)), at=100.0)
+    names = [naming.pod_name("j", 2, r) for r in range(2)]
+    assert made is not None
+    made = made.saw(names)
+    # Rank 1 deleted (its DELETED event came): the API server is asked at once.
+    assert not indexlag.awaiting_own_creates(made, 2, names[:1], 2, now=101.0)
+    assert made.saw(names[:1]) is made  # nothing new seen: the same object
