@@ -28,6 +28,7 @@ from tardigrade_operator import (
     admission,
     autoscaling,
     finalizers,
+    indexlag,
     maintenance,
     metrics,
     multislice,
@@ -286,7 +287,14 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
     mine = owned(pods, uid)
     attempt = max([status.attempt, *(p.attempt for p in mine)])
+    if state.created is not None:
+        state.created = state.created.saw(p.name for p in mine)
     if status.attempt and sum(p.attempt == attempt for p in mine) < status.replicas:
+        if indexlag.awaiting_own_creates(state.created, attempt,
+                                         [p.name for p in mine if p.attempt == attempt],
+                                         status.replicas, clock):
+            # Our own creates, not yet in the index: their events wake the job.
+            return memo.config.pacing_settings().busy_seconds
         # Fewer ranks than launched: before calling them gone, make sure it is not the index
         # lagging (just created, or rebuilt after a peering pause) by asking the API server.
         listed = await asyncio.to_thread(memo.writer.list_job_pods, namespace, name)
@@ -356,6 +364,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                                for trigger in plan.restart_in_place))
     if written is not None:
         state.written = (written, plan.status)
+    if plan.create_pods:
+        state.created = indexlag.created(plan.create_pods, clock)
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)

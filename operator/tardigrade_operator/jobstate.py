@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
+from tardigrade_operator.indexlag import Created
 from tardigrade_operator.pacing import ProgressPoll
 
 
@@ -30,6 +31,8 @@ class JobState:
     # (generation, why the API server refused a child rendered from that generation)
     rejected: tuple[int, str] | None = None
     progress: ProgressPoll = dataclasses.field(default_factory=ProgressPoll)
+    # The pods the last creating pass made: the index may not show them yet (indexlag.py).
+    created: Created | None = None
 
     def echoes_our_write(self, resource_version: str) -> bool:
         """The watch event carries the status this operator just wrote: nothing new."""

@@ -132,3 +132,65 @@ def test_root_rules_see_metadata_name():
     # A rule on the root object without fieldPath reports the nil path, as the server does.
     assert got == ['metadata.name: Invalid value: "object": name too long',
                    '<nil>: Invalid value: "object": too many']
+
+
+def test_unchanged_values_are_not_interpreted_again(monkeypatch):
+    """A status write re-checks the spec's rules on an unchanged spec: CEL is pure, so the
+    outcome is reused, and the errors stay what a fresh evaluation gives."""
+    from tardigrade_local.apiserver import crd_schema
+
+    crd_schema._evaluate.cache_clear()
+    interpreted = []
+    program = crd_schema._program
+
+    class Counting:
+        def __init__(self, rule):
+            self.rule, self.program = rule, program(rule)
+
+        def evaluate(self, activation):
+            interpreted.append(self.rule)
+            return self.program.evaluate(activation)
+
+    monkeypatch.setattr(crd_schema, "_program", Counting)
+    old = widget("w", replicas=20)
+    first = messages(widget("w", replicas=20), old=old)
+    count = len(interpreted)
+    assert count > 0
+    new = widget("w", replicas=20)
+    new["status"] = {"phase": "Running"}
+    assert messages(new, old=old) == first == [
+        'spec: Invalid value: "object": replicas must not exceed maxReplicas']
+    assert len(interpreted) == count
+    # A changed value is interpreted anew.
+    assert messages(widget("w", replicas=3), old=old) == []
+    assert len(interpreted) > count
+
+
+def test_a_root_rule_is_not_interpreted_again_when_only_what_it_does_not_read_changed(
+        monkeypatch):
+    from tardigrade_local.apiserver import crd_schema
+
+    crd_schema._evaluate.cache_clear()
+    crd = widget_crd()
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] = [
+        {"rule": "size(self.metadata.name) <= 5", "message": "name too long"},
+        {"rule": "size(self) > 0", "message": "reads the whole object"}]
+    interpreted = []
+    program = crd_schema._program
+
+    class Counting:
+        def __init__(self, rule):
+            self.rule, self.program = rule, program(rule)
+
+        def evaluate(self, activation):
+            interpreted.append(self.rule)
+            return self.program.evaluate(activation)
+
+    monkeypatch.setattr(crd_schema, "_program", Counting)
+    for phase in ("A", "B"):
+        obj = widget("toolong")
+        obj["status"] = {"phase": phase}
+        got = [str(c) for c in validate_custom_resource(crd, obj, old=widget("toolong"))]
+        assert got == ['<nil>: Invalid value: "object": name too long']
+    assert interpreted.count("size(self.metadata.name) <= 5") == 1
+    assert interpreted.count("size(self) > 0") == 2  # self as a whole: the status is read

@@ -290,6 +290,33 @@ def test_headless_service_names():
     assert network.pod_dns_names(p, [clusterip]) == []
 
 
+def test_hosts_file_reads_each_service_once_not_once_per_pod():
+    """The file is rewritten as pods start: with a headless Service per one-pod job, a scan
+    of every Service for every pod grows with the square of the jobs."""
+    reads = []
+
+    class Meta(dict):
+        def __getitem__(self, key):
+            reads.append(self.get("name"))
+            return super().__getitem__(key)
+
+    def service(name):
+        return {"metadata": Meta(name=name, namespace="ns"),
+                "spec": {"clusterIP": "None", "selector": {"job": name}}}
+
+    def pod(name, i):
+        return {"metadata": {"name": f"{name}-0", "namespace": "ns", "labels": {"job": name}},
+                "spec": {"hostname": f"{name}-0", "subdomain": name},
+                "status": {"podIP": f"127.16.1.{i}", "phase": "Running"}}
+
+    names = [f"job{i}" for i in range(40)]
+    text = network.hosts_file([pod(n, i) for i, n in enumerate(names)],
+                              [service(n) for n in names])
+    assert "127.16.1.7 job7-0.job7.ns.svc.cluster.local" in text
+    assert len(text.splitlines()) == 41
+    assert max(reads.count(n) for n in names) <= 2
+
+
 def test_pod_python_resolves_hosts_file_names_and_binds_its_own_ip(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.16.3.4 peer.svc.ns.svc.cluster.local peer.svc\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 from typing import Any
 
@@ -294,6 +295,51 @@ def _program(rule: str) -> Any:
     return _CEL_ENV.program(_CEL_ENV.compile(rule), functions=STRINGS_EXT)
 
 
+# `self` not preceded by a dot, with the field it selects if any ("self.path" -> "path").
+_SELF = re.compile(r"(?<![.\w])self\b(?:\s*\.\s*([A-Za-z_]\w*)\b(?!\s*\())?")
+
+
+@functools.lru_cache(maxsize=1024)
+def _fields_read(rule: str) -> frozenset[str] | None:
+    """The fields of `self` (and `oldSelf`) that `rule` can read, or None where it may read
+    any: `self` on its own (`size(self)`, `self['a']`) or a method or macro on it."""
+    fields = set()
+    for name in ("self", "oldSelf"):
+        pattern = _SELF if name == "self" else re.compile(_SELF.pattern.replace("self", name))
+        for match in pattern.finditer(rule):
+            if match.group(1) is None:
+                return None
+            fields.add(match.group(1))
+    return frozenset(fields)
+
+
+def _reads(rule: str, value: Any) -> Any:
+    """`value` as far as `rule` can see it: a root rule on the name reads none of the status
+    that every status write changes."""
+    fields = _fields_read(rule)
+    if fields is None or not isinstance(value, dict):
+        return value
+    return {name: value[name] for name in fields if name in value}
+
+
+@functools.lru_cache(maxsize=32768)
+def _evaluate(text: str, self_json: str, old_json: str | None) -> tuple[bool, Any]:
+    """(raised, value or exception) of `text` on these inputs. CEL is pure, so equal inputs
+    give the same outcome: a status write re-checks the spec's unchanged rules (and a list's
+    unchanged items) from here instead of converting and interpreting them again, which
+    cel-python, an interpreter in Python, makes the API server's costliest step. Raises
+    what `json_to_cel` raises for values CEL cannot hold (not cached)."""
+    activation = {"self": celpy.json_to_cel(json.loads(self_json))}
+    if old_json is not None:
+        activation["oldSelf"] = celpy.json_to_cel(json.loads(old_json))
+    try:
+        return False, _program(text).evaluate(activation)
+    except celpy.CELParseError:
+        raise  # a broken rule: no outcome to remember
+    except Exception as exc:  # celpy raises CELEvalError and friends at run time
+        return True, exc
+
+
 def _schema_type_name(schema: dict[str, Any]) -> str:
     if schema.get("x-kubernetes-int-or-string"):
         return "string"
@@ -309,28 +355,26 @@ def _cel_validate(schema: dict[str, Any], value: Any, old: Any, has_old: bool, p
         transition = "oldSelf" in text
         if transition and not has_old and not rule.get("optionalOldSelf"):
             continue
-        try:
-            activation = {"self": celpy.json_to_cel(value)}
-            if transition:
-                activation["oldSelf"] = celpy.json_to_cel(old)
-        except (ValueError, OverflowError) as exc:  # e.g. integers beyond int64
-            errors.append(cause_invalid(path or "<nil>", _schema_type_name(schema),
-                                        f"rule evaluation error: {exc}"))
-            continue
+        self_json = json.dumps(_reads(text, value))
+        old_json = json.dumps(_reads(text, old)) if transition else None
         # The root is a nil field path in the real server: it prints (and reports) "<nil>".
         field = path or "<nil>"
         if rule.get("fieldPath"):
             field = path + rule["fieldPath"] if path else rule["fieldPath"].lstrip(".")
         try:
-            result = _program(text).evaluate(activation)
+            raised, result = _evaluate(text, self_json, old_json)
+        except (ValueError, OverflowError) as exc:  # e.g. integers beyond int64
+            errors.append(cause_invalid(path or "<nil>", _schema_type_name(schema),
+                                        f"rule evaluation error: {exc}"))
+            continue
         except celpy.CELParseError as exc:
             errors.append(cause_invalid(field, _schema_type_name(schema),
                                         f"compilation failed: {exc}"))
             continue
-        except Exception as exc:  # celpy raises CELEvalError and friends at run time
+        if raised:
             errors.append(FieldCause(field, "FieldValueInvalid",
                                      f"Invalid value: {format_value(_schema_type_name(schema))}"
-                                     f": {exc}"))
+                                     f": {result}"))
             continue
         if isinstance(result, Exception):
             errors.append(FieldCause(field, "FieldValueInvalid",
@@ -342,8 +386,11 @@ def _cel_validate(schema: dict[str, Any], value: Any, old: Any, has_old: bool, p
         message = rule.get("message") or f"failed rule: {text.strip()}"
         if rule.get("messageExpression"):
             try:
-                rendered = _program(rule["messageExpression"]).evaluate(activation)
-                if isinstance(rendered, str) and rendered.strip():
+                expression = rule["messageExpression"]
+                raised, rendered = _evaluate(
+                    expression, json.dumps(_reads(expression, value)),
+                    json.dumps(_reads(expression, old)) if transition else None)
+                if not raised and isinstance(rendered, str) and rendered.strip():
                     message = str(rendered)
             except Exception:  # a broken messageExpression falls back to the message
                 pass

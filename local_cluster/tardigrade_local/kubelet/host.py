@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 SHUTDOWN_KILL_GRACE_SECONDS = 3.0
+HOSTS_REFRESH_SECONDS = 1.0  # the shortest time between two rewrites of the hosts file
 CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"  # kubecontainer.ContainerReasonStatusUnknown
 CONTAINER_LOST_MESSAGE = "The container could not be located when the pod was terminated"
 HOSTS_COALESCE_SECONDS = 0.2
@@ -490,6 +491,10 @@ class KubeletHost:
             await asyncio.sleep(HOSTS_COALESCE_SECONDS)
             self._hosts_dirty.clear()
             self._write_hosts()
+            # The file lists every pod: rewritten on each of a thousand pod starts it would
+            # cost the square of the pods. Cluster DNS lags too (CoreDNS caches answers,
+            # `cache 30` in the default Corefile); a pod's own start still writes at once.
+            await asyncio.sleep(HOSTS_REFRESH_SECONDS)
 
     def _write_hosts(self) -> None:
         path = self.settings.layout.hosts_file

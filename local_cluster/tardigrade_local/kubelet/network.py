@@ -99,7 +99,13 @@ def pod_dns_names(pod: Mapping[str, Any], services: Iterable[Mapping[str, Any]])
 
 def hosts_file(pods: Iterable[Mapping[str, Any]], services: Iterable[Mapping[str, Any]]) -> str:
     """/etc/hosts text for every running pod that has headless-service names."""
-    services = list(services)
+    # Each pod can only match the Services named like its subdomain: look those up, rather
+    # than scanning every Service for every pod (a million checks at 1,000 one-pod jobs).
+    by_name: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for svc in services:
+        svc_meta = svc["metadata"]
+        by_name.setdefault((svc_meta.get("namespace") or "default", svc_meta["name"]),
+                           []).append(svc)
     lines = ["# Written by the tardigrade local kubelet: headless-service pod names."]
     def key(pod: Mapping[str, Any]) -> tuple[str, str]:
         return pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
@@ -110,7 +116,10 @@ def hosts_file(pods: Iterable[Mapping[str, Any]], services: Iterable[Mapping[str
             continue
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        names = pod_dns_names(pod, services)
+        meta = pod["metadata"]
+        subdomain = (pod.get("spec") or {}).get("subdomain")
+        names = pod_dns_names(pod, by_name.get((meta.get("namespace") or "default",
+                                                 str(subdomain)), []))
         if names:
             lines.append(f"{ip} {' '.join(names)}")
     return "\n".join(lines) + "\n"
