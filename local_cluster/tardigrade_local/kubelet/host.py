@@ -484,16 +484,14 @@ class KubeletHost:
     async def _hosts_loop(self) -> None:
         while True:
             await self._hosts_dirty.wait()
-            # The file lists every pod: rewriting it on each pod event costs O(pods) per event.
-            # Changes coalesce for a moment instead (a process gets the file written before
-            # it starts, in `_on_pod`); cluster DNS answers are staler than that (the default
-            # Corefile's `kubernetes ... ttl 30` and `cache 30`).
+            # The file lists every pod: rewritten on each of a thousand pod events it would cost
+            # the square of the pods. A burst of changes coalesces for a moment, and rewrites
+            # come at most once a second; a process still gets the file written before it
+            # starts (`_on_pod`). Cluster DNS lags more (the default Corefile's `ttl 30` and
+            # `cache 30`).
             await asyncio.sleep(HOSTS_COALESCE_SECONDS)
             self._hosts_dirty.clear()
             self._write_hosts()
-            # The file lists every pod: rewritten on each of a thousand pod starts it would
-            # cost the square of the pods. Cluster DNS lags too (CoreDNS caches answers,
-            # `cache 30` in the default Corefile); a pod's own start still writes at once.
             await asyncio.sleep(HOSTS_REFRESH_SECONDS)
 
     def _write_hosts(self) -> None:
