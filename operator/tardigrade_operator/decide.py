@@ -746,7 +746,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         restart_in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_pod, launch)
         plan.patch_pods = [(k.name, restart_in_place.kept_patch(
             obs.job, in_place.coordinator_pod, launch, k.rank)) for k in in_place.plan.keep]
-        plan.restart_in_place = list(in_place.triggers)
+        plan.restart_in_place = restart_in_place.with_worlds(
+            in_place.triggers, in_place.plan.keep, obs.job, in_place.coordinator_pod, launch)
         message = (f"attempt {attempt}: {len(in_place.plan.keep)} of {replicas} ranks restart "
                    f"in place, {len(ranks)} new, restoring {restore} or the step they save")
     _set_phase(plan, obs, phase, LAUNCHING, message)
