@@ -139,8 +139,9 @@ class Plan:
     # Pods whose final state is in `status` now: drop our finalizer (after the status write).
     release_pods: list[str] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
-    # Restart in place: (pod name, merge patch) for kept pods, applied before any delete; then
-    # the requests that make the gang save and restart (sent after the writes).
+    # Restart in place: the requests that make the gang save and restart, each kept rank's
+    # with its world (sent after the deletes); then (pod name, merge patch) for kept pods,
+    # applied last (kube.py).
     patch_pods: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
     restart_in_place: list[restart_in_place.Trigger] = dataclasses.field(default_factory=list)
 

@@ -71,7 +71,7 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
 
     assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
     assert cluster.status.recoveries[-1].kept_pods == 2
-    # The kept pods join attempt 2 with their world, before anything is deleted.
+    # The kept pods join attempt 2 with their world (patched after the requests, kube.py).
     assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-2"]
     for name in ("tiny-a1-0", "tiny-a1-2"):
         pod = cluster.pods[name]
@@ -83,7 +83,7 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
     assert [n for n, _ in plan.delete_pods] == ["tiny-a1-1"]
     assert names(plan.create_pods) == ["tiny-a2-1"]
     assert world_of(plan.create_pods[0])["coordinatorAddress"] == "tiny-a1-0.tiny:8476"
-    # Each kept rank is asked, after the writes, to restart into attempt 2; the lost one too,
+    # Each kept rank is asked to restart into attempt 2; the lost one too,
     # so that it leaves once saved instead of waiting for a word that would never come.
     assert [(t.pod, t.url, t.key) for t in plan.restart_in_place] == [
         ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2", KEY),

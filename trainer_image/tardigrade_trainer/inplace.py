@@ -40,7 +40,7 @@ LAST_EXIT_FILE = "last-exit.json"
 # The world the operator's restart request carried (contract.WORLD_KEYS JSON).
 WORLD_FILE = "world.json"
 # How long a rank that saved on notice waits for the operator's word before it exits 77 anyway:
-# a preempted peer's notice reaches it before the operator has seen the preemption and written
+# a preempted peer's notice reaches it before the operator has seen the preemption and
 # sent the new world (in its request); exiting before that would restart it on the old world,
 # and the next restart comes only after the kubelet's 10 s back-off. Spent only by ranks whose
 # pods go away.
