@@ -30,7 +30,8 @@ cluster of the same nodes (1.36 kubelets with ContainerRestartRules, the API ser
   trainers exit 77 and are restarted by their kubelets with the new world (from the
   operator's request; their attempt label is patched after); only the lost rank gets a new
   pod. A kept rank counts as running once its container runs again after that exit, whatever
-  its label says yet. The in-place arm is printed as ratios against the recreate arm of the same size.
+  its label says yet. The in-place arm is printed as ratios against the recreate arm of the
+  same size.
 An arm whose recovery kept no pod did not exercise restart in place: it says so and its
 ratios are not printed. `--plot` draws the scaling curves of both arms (decision to every rank
 running, API requests, status writes against gang size); `--with` adds the points of another
