@@ -27,9 +27,11 @@ cluster of the same nodes (1.36 kubelets with ContainerRestartRules, the API ser
 - recreate: today's recovery (operator switch off), every pod deleted and created again: the
   baseline;
 - in-place: `TARDIGRADE_RESTART_IN_PLACE=true`: the healthy ranks' pods stay and their
-  trainers exit 77 and are restarted by their kubelets with the new world; only the lost
-  rank gets a new pod. A kept rank counts as running once its container runs again after
-  that exit. The in-place arm is printed as ratios against the recreate arm of the same size.
+  trainers exit 77 and are restarted by their kubelets with the new world (from the
+  operator's request; their attempt label is patched after); only the lost rank gets a new
+  pod. A kept rank counts as running once its container runs again after that exit, whatever
+  its label says yet. The in-place arm is printed as ratios against the recreate arm of the
+  same size.
 An arm whose recovery kept no pod did not exercise restart in place: it says so and its
 ratios are not printed. `--plot` draws the scaling curves of both arms (decision to every rank
 running, API requests, status writes against gang size); `--with` adds the points of another
@@ -150,6 +152,7 @@ class Timeline:
         self.pods: dict[str, dict[str, Any]] = {}
         self.job: dict[str, Any] = {}
         self.marks: dict[str, float] = {}
+        self.restarts_before: dict[str, int] = {}
 
     def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         with self.lock:
@@ -175,19 +178,32 @@ class Timeline:
 
     def restarted(self, attempt: int) -> int:
         """Ranks of `attempt` whose trainer runs in its world: a new pod's, or a kept pod's
-        container running again after its exit 77 (pods keep their first attempt's name)."""
+        container running again after an exit 77 since the disruption (`restarts_before`).
+        A kept pod is not judged by its attempt label: the operator patches it after its
+        request, which carries the world the trainer restarts on (a stale one would exit 77
+        again and wait out the kubelet's back-off, not run)."""
         count = 0
-        for pod in self.attempt_pods(attempt):
+        for pod in self.pods.values():
+            name = pod["metadata"]["name"]
             if pod["metadata"].get("deletionTimestamp"):
                 continue
             statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
             state, last = statuses[0].get("state") or {}, statuses[0].get("lastState") or {}
-            kept = pod["metadata"]["name"].rsplit("-", 2)[1] != f"a{attempt}"
+            new = name.rsplit("-", 2)[1] == f"a{attempt}"
             exit_code = (last.get("terminated") or {}).get("exitCode")
-            if "running" in state and (not kept
-                                       or exit_code == contract.EXIT_RESTART_IN_PLACE):
+            kept = (name in self.restarts_before and exit_code == contract.EXIT_RESTART_IN_PLACE
+                    and int(statuses[0].get("restartCount") or 0) > self.restarts_before[name])
+            if "running" in state and (new or kept):
                 count += 1
         return count
+
+    def note_restarts(self) -> None:
+        """Each pod's container restarts before the disruption (see `restarted`)."""
+        with self.lock:
+            self.restarts_before = {
+                p["metadata"]["name"]: int(((p.get("status") or {}).get("containerStatuses")
+                                            or [{}])[0].get("restartCount") or 0)
+                for p in self.pods.values()}
 
     def status(self) -> dict[str, Any]:
         return self.job.get("status") or {}
@@ -311,6 +327,7 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
             requests0 = request_counts(api)
             audited0 = len(audit_lines(cluster.layout.audit_log, user))
             op_cpu0, op_rss0 = cpu_seconds(op), op.memory_info().rss
+            timeline.note_restarts()
             t0 = time.monotonic()
             cluster.preempt_node(node)
             marks = timeline.wait_all({

@@ -139,8 +139,9 @@ class Plan:
     # Pods whose final state is in `status` now: drop our finalizer (after the status write).
     release_pods: list[str] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
-    # Restart in place: (pod name, merge patch) for kept pods, applied before any delete; then
-    # the requests that make the gang save and restart (sent after the writes).
+    # Restart in place: the requests that make the gang save and restart, each kept rank's
+    # with its world (sent after the deletes); then (pod name, merge patch) for kept pods,
+    # applied last (kube.py).
     patch_pods: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
     restart_in_place: list[restart_in_place.Trigger] = dataclasses.field(default_factory=list)
 
@@ -746,7 +747,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         restart_in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_pod, launch)
         plan.patch_pods = [(k.name, restart_in_place.kept_patch(
             obs.job, in_place.coordinator_pod, launch, k.rank)) for k in in_place.plan.keep]
-        plan.restart_in_place = list(in_place.triggers)
+        plan.restart_in_place = restart_in_place.with_worlds(
+            in_place.triggers, in_place.plan.keep, obs.job, in_place.coordinator_pod, launch)
         message = (f"attempt {attempt}: {len(in_place.plan.keep)} of {replicas} ranks restart "
                    f"in place, {len(ranks)} new, restoring {restore} or the step they save")
     _set_phase(plan, obs, phase, LAUNCHING, message)

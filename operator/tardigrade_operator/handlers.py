@@ -15,6 +15,7 @@ import os
 import random
 import secrets
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -344,7 +345,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     plan = decide(observed)
     try:
         written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan,
-                                          version)
+                                          version, _asker(memo, plan))
     except StaleStatus:
         # Decide again at once, on the job as the API server has it now.
         fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
@@ -359,9 +360,6 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         state.rejected = (generation, str(err))
         state.wake.set()
         return 0.0
-    if plan.restart_in_place:
-        await asyncio.gather(*(request_restart(memo.session, trigger)
-                               for trigger in plan.restart_in_place))
     if written is not None:
         state.written = (written, plan.status)
     if plan.create_pods:
@@ -370,6 +368,21 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)
     return _next_pass(observed, plan, state, read, fetched, clock, memo, settings)
+
+
+def _asker(memo: kopf.Memo, plan: Plan) -> Callable[[], None] | None:
+    """The plan's restart-in-place requests, all at once, for the writer to send from its
+    thread between its deletes and its pod patches (kube.py: the requests carry the worlds,
+    the patches would only delay them)."""
+    if not plan.restart_in_place:
+        return None
+    loop = asyncio.get_running_loop()
+
+    async def ask() -> None:
+        await asyncio.gather(*(request_restart(memo.session, trigger)
+                               for trigger in plan.restart_in_place))
+
+    return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()
 
 
 def _next_pass(observed: Observed, plan: Plan, state: JobState, read: bool, fetched: Progress,

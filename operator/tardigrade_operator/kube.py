@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,8 +59,10 @@ class ClusterWriter:
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
 
     def apply(self, namespace: str, name: str, old_status: TrainingJobStatus,
-              plan: Plan, resource_version: str | None = None) -> str | None:
+              plan: Plan, resource_version: str | None = None,
+              ask_ranks: Callable[[], None] | None = None) -> str | None:
         """Carry out the plan; returns the job's resourceVersion after a status write.
+        `ask_ranks` sends the plan's restart-in-place requests (handlers.py).
 
         With `resource_version` (that of the status the plan was decided on) the status write
         is conditional: a plan decided on a stale status (our previous write went through
@@ -85,14 +87,13 @@ class ClusterWriter:
             written = str(job["metadata"]["resourceVersion"])
         for pod_name in plan.release_pods:
             self.release_pod(namespace, pod_name)
-        # Kept pods get their new world before any delete: a deleted pod's SIGTERM is what
-        # makes them save and restart (restart_in_place.py). Their ranks wait for it, so the
-        # patches go out together rather than one round trip after another.
-        if plan.patch_pods:
-            with ThreadPoolExecutor(min(PATCH_CONCURRENCY, len(plan.patch_pods))) as pool:
-                list(pool.map(lambda item: self.patch_pod(namespace, *item), plan.patch_pods))
         for pod_name, grace in plan.delete_pods:
             self.delete_pod(namespace, pod_name, grace)
+        # The kept ranks learn their new world from the request itself (restart_in_place.py),
+        # and each waits for its own only seconds after the gang's save: it goes before the
+        # creations and the pod patches, which take minutes at a thousand ranks.
+        if ask_ranks is not None:
+            ask_ranks()
         if plan.create_service is not None:
             self._create(self.core.create_namespaced_service, namespace, plan.create_service)
         if plan.create_network_policy is not None:
@@ -100,6 +101,12 @@ class ClusterWriter:
                          plan.create_network_policy)
         for pod in plan.create_pods:
             self._create(self.core.create_namespaced_pod, namespace, pod)
+        # Last: the kept pods' label (the operator counts them in the new gang by it; the next
+        # pass starts after this) and world annotation (for a container their kubelet restarts
+        # later for another reason), together rather than one round trip after another.
+        if plan.patch_pods:
+            with ThreadPoolExecutor(min(PATCH_CONCURRENCY, len(plan.patch_pods))) as pool:
+                list(pool.map(lambda item: self.patch_pod(namespace, *item), plan.patch_pods))
         return written
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:

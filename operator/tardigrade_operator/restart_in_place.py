@@ -4,16 +4,22 @@ carry out what it puts in the plan.
 
 The steps, in the order the plan is applied (kube.py, handlers.py):
 1. the status write records the recovery and the new attempt (as for a recreation);
-2. each kept pod gets one merge patch: the new attempt in its label (so it belongs to the new
-   gang) and the new world in its annotation (contract.ANNOTATION_WORLD), which the kubelet
-   puts into the restarted container's environment;
-3. the pods that are not kept are deleted and the missing ranks created (with the world as
-   their annotation too: the coordinator may be a kept pod of an older name);
-4. each kept rank gets the operator's request (`Trigger`, after the writes): the first one
-   to get it sends itself SIGTERM, which reaches every rank through JAX's preemption sync
-   (as does the SIGTERM of a deleted pod or of a lost host); every rank saves the agreed step,
-   waits for its own request (its world is written) and exits 77, and the kubelet restarts
-   the kept ones in their pods.
+2. the pods that are not kept are deleted;
+3. each kept rank gets the operator's request (`Trigger`) with its new world as the body: the
+   first one to get it sends itself SIGTERM, which reaches every rank through JAX's preemption
+   sync (as does the SIGTERM of a deleted pod or of a lost host); every rank saves the agreed
+   step, keeps the world in its pod's directory, waits for its own request and exits 77, and
+   the kubelet restarts the kept ones in their pods, where they read the world from the file;
+4. the missing ranks are created (with the world as their annotation too: the coordinator may
+   be a kept pod of an older name);
+5. each kept pod gets one merge patch: the new attempt in its label (so that the operator
+   counts it in the new gang) and the new world in its annotation (contract.ANNOTATION_WORLD),
+   which the kubelet puts into the environment of a container it restarts later for another
+   reason. The patches come last: at a thousand ranks they take from seconds to minutes, and
+   a rank waits for its request only RELEASE_WAIT_SECONDS (trainer inplace.py) before it
+   restarts on whatever world it has. The next pass starts after them, so it sees the labels;
+   a kept trainer already restarted under an old label is still judged by its last
+   termination (`restarted_into`), not by the label.
 Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
 (its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
 """
@@ -54,6 +60,7 @@ class Trigger:
     pod: str
     url: str
     key: str
+    world: str | None = None  # the rank's new world (`world`); None: its pod goes away
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +139,15 @@ def release_on_recreate(gang: Sequence[PodView], attempt: int) -> list[Trigger]:
     hold its pod, and the relaunch, that long. Their pods are being deleted, so their kubelet
     does not restart them: the word only lets them exit at once."""
     return list(_triggers([p for p in gang if p.active and not p.deleting], attempt))
+
+
+def with_worlds(triggers: Iterable[Trigger], keep: Iterable[inplace.Keep], job: JobRef,
+                coordinator_pod: str, launch: GangLaunch) -> list[Trigger]:
+    """The requests, each kept rank's carrying its new world: the rank restarts into it without
+    waiting for its pod's patch (the ranks that go get none)."""
+    ranks = {k.name: k.rank for k in keep}
+    return [dataclasses.replace(t, world=world(job, coordinator_pod, launch, ranks[t.pod]))
+            if t.pod in ranks else t for t in triggers]
 
 
 def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:

@@ -1,10 +1,11 @@
 """The act step of restart in place: ask each kept rank to save and restart.
 
-Sent after the plan's writes, so the kept pods already carry their new world when the
-trainers stop: a rank waits for its request before it exits. The request carries the key the
-pod was created with (contract.ENV_RESTART_KEY): only the operator, which rendered it, and
-whoever may read the job's pods know it; a peer in another namespace cannot make a gang
-restart.
+Sent right after the status write and the deletes, before the kept pods' patches (kube.py):
+the request's body is the rank's new world, which its trainer keeps for its restarted
+container, so a rank need not wait for its pod's patch, which takes minutes at a thousand
+ranks. The request carries the key the pod was created with (contract.ENV_RESTART_KEY): only
+the operator, which rendered it, and whoever may read the job's pods know it; a peer in
+another namespace cannot make a gang restart.
 """
 
 from __future__ import annotations
@@ -29,17 +30,20 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
     restarts it; one that no request reached at all keeps training on its old world until a
     later disruption: nothing is lost, its saves go on."""
     headers = {"Authorization": f"Bearer {trigger.key}"}
+    world = trigger.world.encode() if trigger.world is not None else None
+    if world is not None:
+        headers["Content-Type"] = "application/json"
     why = ""
     for attempt in range(ATTEMPTS):
         if attempt:
             await asyncio.sleep(RETRY_SECONDS)
         try:
-            async with session.post(trigger.url, headers=headers,
+            async with session.post(trigger.url, headers=headers, data=world,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
                 if answer.status == 202:
                     return True
-                why = f"HTTP {answer.status}"
-                if answer.status in (400, 401, 404):
+                why = f"HTTP {answer.status} {(await answer.text())[:200]}".strip()
+                if answer.status in (400, 401, 404, 413):
                     break  # wrong key, or restart in place off in that pod: no retry helps
         except (TimeoutError, aiohttp.ClientError) as err:
             why = str(err) or type(err).__name__

@@ -182,3 +182,40 @@ async def test_rank_0_serves_progress_on_its_pod_ip_until_it_exits(tmp_path):
             while await report() is not None:
                 await asyncio.sleep(0.02)
     await runtime.stop()
+
+
+async def test_a_simulated_rank_restarts_into_the_world_its_request_carried(tmp_path):
+    """As the real trainer: the world comes in the operator's request, not only the pod's
+    annotation, so a container restarted before the patch arrives runs the new attempt."""
+    runtime = SimulatedRuntime()
+    ip = network.IpAllocator().allocate()
+    keep = tmp_path / "emptydir"
+    keep.mkdir()
+    env = {**rank_env(tmp_path, 0, 1, attempt=1), contract.ENV_POD_IP: ip,
+           contract.ENV_RESTART_KEY: "k" * 32, contract.ENV_RESTART_IN_PLACE_DIR: str(keep)}
+    first = runtime.container([], env, tmp_path, tmp_path / "log", None)
+    await first.start()
+    world = {"attempt": 2, "numProcesses": 1, "processId": 0,
+             "coordinatorAddress": "x:1", "restoreStep": "latest"}
+    url = (f"http://{ip}:{contract.DEFAULT_PROGRESS_PORT}{contract.RESTART_IN_PLACE_PATH}"
+           "?attempt=2")
+    async def ask(session: aiohttp.ClientSession) -> int | None:
+        try:
+            async with session.post(url, headers={"Authorization": "Bearer " + "k" * 32},
+                                    data=json.dumps(world)) as answer:
+                return answer.status
+        except aiohttp.ClientConnectionError:
+            return None  # the rank serves once its gang has started
+
+    async with aiohttp.ClientSession() as session, asyncio.timeout(10):
+        while (status := await ask(session)) is None:
+            await asyncio.sleep(0.02)
+    assert status == 202
+    async with asyncio.timeout(10):
+        assert await first.wait() == contract.EXIT_RESTART_IN_PLACE
+    # Restarted by its kubelet with the same environment (the patch has not arrived).
+    again = runtime.container([], env, tmp_path, tmp_path / "log", None)
+    await again.start()
+    assert not again.exited and again.rank is not None and again.rank.env.attempt == 2
+    again.signal_group(signal.SIGKILL)
+    await runtime.stop()

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from tardigrade_operator import inplace
 from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.kube import ClusterWriter
 from tardigrade_operator.observe import Outcome, classify, parse_pod
 from tardigrade_trainer import contract
 
@@ -70,7 +71,7 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
 
     assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
     assert cluster.status.recoveries[-1].kept_pods == 2
-    # The kept pods join attempt 2 with their world, before anything is deleted.
+    # The kept pods join attempt 2 with their world (patched after the requests, kube.py).
     assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-2"]
     for name in ("tiny-a1-0", "tiny-a1-2"):
         pod = cluster.pods[name]
@@ -82,12 +83,19 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
     assert [n for n, _ in plan.delete_pods] == ["tiny-a1-1"]
     assert names(plan.create_pods) == ["tiny-a2-1"]
     assert world_of(plan.create_pods[0])["coordinatorAddress"] == "tiny-a1-0.tiny:8476"
-    # Each kept rank is asked, after the writes, to restart into attempt 2; the lost one too,
+    # Each kept rank is asked to restart into attempt 2; the lost one too,
     # so that it leaves once saved instead of waiting for a word that would never come.
     assert [(t.pod, t.url, t.key) for t in plan.restart_in_place] == [
         ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2", KEY),
         ("tiny-a1-2", "http://127.0.1.3:8477/restart-in-place?attempt=2", KEY),
         ("tiny-a1-1", "http://127.0.1.2:8477/restart-in-place?attempt=2", KEY)]
+    # Each kept rank's request carries the world its pod's patch carries, so that the rank
+    # need not wait for the patch; the one that goes gets none.
+    worlds = {t.pod: t.world for t in plan.restart_in_place}
+    for name in ("tiny-a1-0", "tiny-a1-2"):
+        assert worlds[name] == cluster.pods[name]["metadata"]["annotations"][
+            contract.ANNOTATION_WORLD]
+    assert worlds["tiny-a1-1"] is None
 
     # The old trainers are still saving: the new gang is not running yet.
     cluster.pods["tiny-a2-1"]["spec"]["nodeName"] = "node-3"
@@ -213,3 +221,36 @@ def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back
     # Its next restart would wait 10 s of back-off; the one that ran 11 minutes has none.
     assert names(plan.patch_pods) == ["tiny-a1-0"]
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
+
+
+class _RecordingCore:
+    """The pod calls a ClusterWriter makes, in order."""
+
+    def __init__(self, calls: list[tuple[str, str]]) -> None:
+        self.calls = calls
+
+    def patch_namespaced_pod(self, name: str, namespace: str, patch: dict) -> None:
+        self.calls.append(("patch", name))
+
+    def delete_namespaced_pod(self, name: str, namespace: str, body: object) -> None:
+        self.calls.append(("delete", name))
+
+    def create_namespaced_pod(self, namespace: str, pod: dict) -> None:
+        self.calls.append(("create", pod["metadata"]["name"]))
+
+
+def test_the_writer_asks_the_ranks_before_it_patches_their_pods():
+    cluster = running_gang()
+    cluster.reconcile()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    calls: list[tuple[str, str]] = []
+    writer = ClusterWriter.__new__(ClusterWriter)
+    writer.core = _RecordingCore(calls)
+    plan.status = cluster.status
+    writer.apply("default", "tiny", cluster.status, plan,
+                 ask_ranks=lambda: calls.append(("ask", "")))
+    # The deleted pod's SIGTERM and the requests start the gang's save; the kept ranks take
+    # their world from the requests, so the patches (minutes at a thousand ranks) come last.
+    assert calls == [("delete", "tiny-a1-1"), ("ask", ""), ("create", "tiny-a2-1"),
+                     ("patch", "tiny-a1-0"), ("patch", "tiny-a1-2")]

@@ -4,6 +4,7 @@ request is taken only with the pod's key, and a rank stops with 77 when it is on
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import urllib.error
 import urllib.request
@@ -63,7 +64,7 @@ def test_a_rank_takes_the_request_only_with_its_key_then_gets_the_notice_once(mo
     monkeypatch.setattr(inplace.os, "kill", lambda pid, sig: notices.append((pid, sig)))
     env = _env(None)
     requests = inplace.RestartRequests(env.restart_key, env.attempt)
-    server = ProgressServer(Metrics(), 0, "127.0.0.1", on_restart=requests.handle).start()
+    server = ProgressServer(Metrics(), 0, "127.0.0.1", on_restart=requests.answer).start()
     try:
         assert _post(server.port, None) == 401
         assert _post(server.port, "wrong") == 401
@@ -79,7 +80,7 @@ def test_a_rank_takes_the_request_only_with_its_key_then_gets_the_notice_once(mo
         server.stop()
     # A pod without a key (restart in place off) does not know the path.
     off = ProgressServer(Metrics(), 0, "127.0.0.1",
-                         on_restart=inplace.RestartRequests(None).handle).start()
+                         on_restart=inplace.RestartRequests(None).answer).start()
     try:
         assert _post(off.port, "anything") == 404
     finally:
@@ -92,3 +93,82 @@ def test_the_termination_message_names_the_attempt_it_ran_as():
     assert contract.TerminationMessage.from_json(message.to_json()) == message
     older = dataclasses.replace(message, attempt=None)
     assert contract.TerminationMessage.from_json(older.to_json()) == older
+
+
+def _world(attempt: int = 2, **changed: object) -> dict:
+    return {"attempt": attempt, "numProcesses": 2, "processId": 1,
+            "coordinatorAddress": "j-a1-0.j:8476", "restoreStep": "latest", **changed}
+
+
+def _send(port: int, key: str, body: bytes, attempt: int = 2) -> tuple[int, str]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}",
+        data=body, method="POST", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_the_request_carries_the_rank_s_world_which_the_rank_keeps_for_its_restart(tmp_path):
+    env = _env(tmp_path)
+    notices: list[str] = []
+    requests = inplace.RestartRequests(env.restart_key, env.attempt, env.restart_in_place_dir)
+    server = ProgressServer(
+        Metrics(), 0, "127.0.0.1",
+        on_restart=lambda auth, query, body: requests.answer(
+            auth, query, body, notice=lambda: notices.append("SIGTERM"))).start()
+    kept = tmp_path / inplace.WORLD_FILE
+    try:
+        good = json.dumps(_world()).encode()
+        assert _send(server.port, "wrong", good)[0] == 401
+        # A malformed world is refused, naming the field; nothing is kept, nobody released.
+        code, why = _send(server.port, env.restart_key, json.dumps(
+            _world(processId=[1])).encode())
+        assert code == 400 and "world.processId" in why
+        code, why = _send(server.port, env.restart_key, json.dumps(
+            _world(rank=1)).encode())
+        assert code == 400 and "'rank'" in why
+        # A world for another attempt than the request's.
+        code, why = _send(server.port, env.restart_key, json.dumps(_world(attempt=3)).encode())
+        assert code == 400 and "attempt" in why
+        # A body over the bound is refused unread.
+        big = json.dumps(_world(coordinatorAddress="x" * contract.MAX_WORLD_BYTES)).encode()
+        assert _send(server.port, env.restart_key, big)[0] == 413
+        assert not kept.exists() and notices == [] and not requests.wait_released(0)
+
+        assert _send(server.port, env.restart_key, good) == (202, "")
+        assert json.loads(kept.read_text()) == _world()
+        assert notices == ["SIGTERM"] and requests.wait_released(0)
+    finally:
+        server.stop()
+
+
+def _environ(tmp_path: Path, attempt: int, world: dict | None) -> dict[str, str]:
+    environ = {contract.ENV_ATTEMPT: str(attempt), contract.ENV_NUM_PROCESSES: "3",
+               contract.ENV_PROCESS_ID: "1", contract.ENV_CHECKPOINT_PATH: "gs://b/run",
+               contract.ENV_RESTART_IN_PLACE_DIR: str(tmp_path)}
+    if world is not None:
+        environ[contract.ENV_WORLD] = json.dumps(world)
+    return environ
+
+
+def test_a_restarted_rank_takes_the_newer_of_its_env_world_and_its_request_s(tmp_path):
+    def started(environ: dict[str, str]) -> contract.TrainerEnvironment:
+        return contract.TrainerEnvironment.from_env(inplace.newest_world(environ))
+
+    # No request kept: the env's world.
+    assert started(_environ(tmp_path, 1, None)).attempt == 1
+    # The request's world is newer than the env's (the pod's patch has not reached it yet).
+    (tmp_path / inplace.WORLD_FILE).write_text(json.dumps(_world(attempt=2)))
+    env = started(_environ(tmp_path, 1, None))
+    assert (env.attempt, env.num_processes, env.process_id) == (2, 2, 1)
+    assert started(_environ(tmp_path, 1, _world(attempt=1))).attempt == 2
+    # The env's world is newer (a later attempt whose request never came): the env's.
+    env = started(_environ(tmp_path, 1, _world(attempt=3, numProcesses=4, processId=3)))
+    assert (env.attempt, env.num_processes, env.process_id) == (3, 4, 3)
+    # Neither newer than what this pod ran: still refused as stale.
+    inplace.enter_world(started(_environ(tmp_path, 1, None)))
+    with pytest.raises(inplace.StaleWorld):
+        inplace.enter_world(started(_environ(tmp_path, 1, _world(attempt=2))))

@@ -80,6 +80,9 @@ ENV_RESTART_IN_PLACE_DIR = "TARDIGRADE_RESTART_IN_PLACE_DIR"
 # restart the gang in place (POST RESTART_IN_PLACE_PATH on the progress port).
 ENV_RESTART_KEY = "TARDIGRADE_RESTART_KEY"
 RESTART_IN_PLACE_PATH = "/restart-in-place"
+# The request's body is the rank's new world (the annotation's JSON): a kept rank need not wait
+# for the kubelet to see the operator's pod patch. Worlds are ~200 bytes; more is refused.
+MAX_WORLD_BYTES = 4096
 RENDEZVOUS_AUDIENCE = "tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_DIR = "/var/run/secrets/tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
@@ -302,21 +305,27 @@ def _with_world(env: Mapping[str, str]) -> Mapping[str, str]:
     text = env.get(ENV_WORLD)
     if not text:
         return env
+    return {**env, **parse_world(text)}
+
+
+def parse_world(text: str, source: str = ENV_WORLD) -> dict[str, str]:
+    """A world (WORLD_KEYS) as the environment variables it sets; `source` names where it came
+    from (the env var, or the operator's restart request) in the ContractError."""
     try:
         world = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ContractError(f"{ENV_WORLD} is not valid JSON: {err}") from None
+        raise ContractError(f"{source} is not valid JSON: {err}") from None
     if not isinstance(world, dict):
-        raise ContractError(f"{ENV_WORLD} must be a JSON object with keys "
+        raise ContractError(f"{source} must be a JSON object with keys "
                             f"{', '.join(WORLD_KEYS)}")
     unknown = sorted(set(world) - set(WORLD_KEYS))
     if unknown:
-        raise ContractError(f"{ENV_WORLD}: unknown keys {unknown}; expected "
+        raise ContractError(f"{source}: unknown keys {unknown}; expected "
                             f"{', '.join(WORLD_KEYS)}")
-    merged = dict(env)
+    merged: dict[str, str] = {}
     for key, value in world.items():
         if not isinstance(value, (str, int)) or isinstance(value, bool):
-            raise ContractError(f"{ENV_WORLD}.{key} must be a string or an integer")
+            raise ContractError(f"{source}.{key} must be a string or an integer")
         merged[WORLD_KEYS[key]] = str(value)
     return merged
 

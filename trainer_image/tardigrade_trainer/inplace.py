@@ -11,20 +11,24 @@ by when the new world has arrived.
 
 The operator's word comes as `POST /restart-in-place?attempt=N` on each kept rank's progress
 port (every rank serves it when restart in place is on), with the pod's restart key as a bearer
-token, once the pod's new world is written. The first rank to get it sends itself SIGTERM: the
-preemption notice path (JAX's preemption sync manager, preemption.py) makes every rank agree on
-one step and save it. A rank then waits for its own request (the proof that its world is
-written; at most RELEASE_WAIT_SECONDS) and exits 77.
+token and the rank's new world (the annotation's JSON) as its body. The first rank to get it
+sends itself SIGTERM: the preemption notice path (JAX's preemption sync manager,
+preemption.py) makes every rank agree on one step and save it. The rank writes the world into
+the pod's restart-in-place directory (WORLD_FILE), waits for its own request (at most
+RELEASE_WAIT_SECONDS) and exits 77. The restarted container takes the newer of that file's
+world and the env's (`newest_world`): at a large gang the operator's pod patches take far
+longer than the restart, and the request does not wait for them.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import signal
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tardigrade_trainer import contract
@@ -33,10 +37,13 @@ LAST_ATTEMPT_FILE = "last-attempt"
 # The termination message of the last save this pod's trainer stopped after: a stale restart
 # repeats it, so that the pod's lastState still tells the operator which step was saved.
 LAST_EXIT_FILE = "last-exit.json"
+# The world the operator's restart request carried (contract.WORLD_KEYS JSON).
+WORLD_FILE = "world.json"
 # How long a rank that saved on notice waits for the operator's word before it exits 77 anyway:
-# a preempted peer's notice reaches it before the operator has seen the preemption and written
-# the new world; exiting before that would restart it on the old world, and the next restart
-# comes only after the kubelet's 10 s back-off. Spent only by ranks whose pods go away.
+# a preempted peer's notice reaches it before the operator has seen the preemption and
+# sent the new world (in its request); exiting before that would restart it on the old world,
+# and the next restart comes only after the kubelet's 10 s back-off. Spent only by ranks whose
+# pods go away.
 RELEASE_WAIT_SECONDS = 5.0
 
 
@@ -53,6 +60,28 @@ class StaleWorld(RuntimeError):
             return self.saved
         return contract.TerminationMessage(reason="StaleWorld", message=str(self),
                                            attempt=attempt)
+
+
+def newest_world(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment with the newer of its own world and the one the operator's request left
+    in the pod (WORLD_FILE), by attempt: the env's world lags until the kubelet has seen the
+    operator's pod patch; the file lags when the kubelet restarts the container for a later
+    attempt whose request never came (the patch did)."""
+    folder = environ.get(contract.ENV_RESTART_IN_PLACE_DIR)
+    if not folder:
+        return environ
+    try:
+        text = (Path(folder) / WORLD_FILE).read_text()
+        from_file = contract.parse_world(text, WORLD_FILE)
+        attempt = int(from_file[contract.ENV_ATTEMPT])
+    except (OSError, KeyError, ValueError):
+        return environ  # none written (a first start), or unreadable: the env's world
+    own = contract.parse_world(environ[contract.ENV_WORLD]) if environ.get(
+        contract.ENV_WORLD) else {}
+    current = own.get(contract.ENV_ATTEMPT, environ.get(contract.ENV_ATTEMPT) or "0")
+    if current.isdigit() and int(current) >= attempt:
+        return environ
+    return {**environ, contract.ENV_WORLD: text}
 
 
 def enter_world(env: contract.TrainerEnvironment) -> None:
@@ -100,35 +129,80 @@ class RestartRequests:
     """A rank's answer to the operator's `POST /restart-in-place?attempt=N`: 202, the notice
     (once), and the rank is released to restart into attempt N once its save is done."""
 
-    def __init__(self, key: str | None, attempt: int = 0) -> None:
+    def __init__(self, key: str | None, attempt: int = 0, folder: str | None = None) -> None:
+        """`folder`: the pod's restart-in-place directory, where a request's world is kept."""
         self._key = key
         self._attempt = attempt
+        self._folder = folder
         self._noticed = False
+        self._lock = threading.Lock()
         self.released = threading.Event()
 
     def handle(self, authorization: str | None, query: str = "",
-               notice: Callable[[], None] | None = None) -> int:
-        """`notice`: how the notice is given (a SIGTERM to this process by default)."""
+               notice: Callable[[], None] | None = None, body: bytes = b"") -> int:
+        return self.answer(authorization, query, body, notice)[0]
+
+    def answer(self, authorization: str | None, query: str = "", body: bytes = b"",
+               notice: Callable[[], None] | None = None) -> tuple[int, str]:
+        """The HTTP status and why. `body`: the rank's new world (empty: a rank whose pod goes
+        away, told only to stop waiting). `notice`: how the notice is given (a SIGTERM to this
+        process by default)."""
         if not self._key:
-            return 404  # restart in place is off for this pod
+            return 404, "restart in place is off for this pod"
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
                                                                   self._key.encode()):
-            return 401
+            return 401, "the bearer token is not this pod's restart key"
         wanted = urllib.parse.parse_qs(query).get("attempt", [""])[0]
         if not wanted.isdigit() or int(wanted) <= self._attempt:
-            return 400  # a request for this attempt or an older one: nothing to restart into
+            # A request for this attempt or an older one: nothing to restart into.
+            return 400, f"attempt={wanted!r}: must be an attempt after {self._attempt}"
+        if len(body) > contract.MAX_WORLD_BYTES:
+            return 413, f"the world is over {contract.MAX_WORLD_BYTES} bytes"
+        if body:
+            refused = self._keep_world(body, int(wanted))
+            if refused:
+                return 400, refused
         self.released.set()
-        if not self._noticed:
-            self._noticed = True
+        with self._lock:
+            first, self._noticed = not self._noticed, True
+        if first:
             if notice is None:
                 os.kill(os.getpid(), signal.SIGTERM)
             else:
                 notice()
-        return 202
+        return 202, ""
+
+    def _keep_world(self, body: bytes, attempt: int) -> str:
+        """Check the request's world and write it for the restarted container; why not, or ""."""
+        try:
+            text = body.decode()
+            world = contract.parse_world(text, "the request's world")
+        except UnicodeDecodeError:
+            return "the request's world is not UTF-8 JSON"
+        except contract.ContractError as err:
+            return str(err)
+        if world.get(contract.ENV_ATTEMPT) != str(attempt):
+            return (f"the request's world.attempt={world.get(contract.ENV_ATTEMPT)!r} is not "
+                    f"the query's attempt={attempt}")
+        if self._folder:
+            path = Path(self._folder) / WORLD_FILE
+            partial = path.with_suffix(f".{attempt}.partial")
+            with self._lock:
+                if _written_attempt(path) < attempt:  # a retry or a late older one: keep newest
+                    partial.write_text(text)
+                    os.replace(partial, path)
+        return ""
 
     def wait_released(self, seconds: float = RELEASE_WAIT_SECONDS) -> bool:
-        """After the save: True once the operator has written this pod's new world (its
-        request comes after that write); False after `seconds` (the pod is going away, or
+        """After the save: True once the operator's request came (with this rank's new world,
+        kept for the restarted container); False after `seconds` (the pod is going away, or
         the operator recreates the gang): the rank stops anyway."""
         return self.released.wait(seconds)
+
+
+def _written_attempt(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text())["attempt"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1

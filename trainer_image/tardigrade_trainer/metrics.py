@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import prometheus_client
 
-from tardigrade_trainer.contract import RESTART_IN_PLACE_PATH, ProgressReport
+from tardigrade_trainer.contract import MAX_WORLD_BYTES, RESTART_IN_PLACE_PATH, ProgressReport
 
 # The endpoint answers a poll a few times a second (operator, scraper): a handful of requests
 # at once is plenty, and each connection gets a few seconds to send its request.
@@ -85,9 +85,11 @@ class ProgressServer:
     """A tiny threaded HTTP server; one per job on rank 0."""
 
     def __init__(self, metrics: Metrics, port: int, host: str = "",
-                 on_restart: Callable[[str | None, str], int] | None = None) -> None:
-        """`on_restart(authorization header, query)`: the HTTP status for a POST to
-        RESTART_IN_PLACE_PATH (inplace.RestartRequests); without it the path is unknown."""
+                 on_restart: Callable[[str | None, str, bytes], tuple[int, str]] | None = None
+                 ) -> None:
+        """`on_restart(authorization header, query, body)`: the HTTP status and why for a POST
+        to RESTART_IN_PLACE_PATH (inplace.RestartRequests.answer); without it the path is
+        unknown."""
         metrics_ref = metrics
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -115,11 +117,21 @@ class ProgressServer:
                 if on_restart is None or self.path.split("?")[0] != RESTART_IN_PLACE_PATH:
                     self.send_error(404)
                     return
-                code = on_restart(self.headers.get("Authorization"),
-                                  self.path.partition("?")[2])
+                length = self.headers.get("Content-Length") or "0"
+                if not length.isdigit() or int(length) > MAX_WORLD_BYTES:
+                    # Refused unread: a body is a world of a few hundred bytes.
+                    self.close_connection = True
+                    code, why = 413, f"Content-Length: at most {MAX_WORLD_BYTES} bytes"
+                else:
+                    code, why = on_restart(self.headers.get("Authorization"),
+                                           self.path.partition("?")[2],
+                                           self.rfile.read(int(length)))
+                answer = why.encode()
                 self.send_response(code)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
+                self.wfile.write(answer)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # the operator polls often; access logs would drown the JSON log

@@ -158,7 +158,8 @@ class TrainingSession:
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
         try:
-            self.env = self._given_env or contract.TrainerEnvironment.from_env()
+            self.env = self._given_env or contract.TrainerEnvironment.from_env(
+                inplace.newest_world(os.environ))
         except contract.ContractError as err:
             term = os.environ.get(contract.ENV_TERMINATION_LOG) or contract.DEFAULT_TERMINATION_LOG
             _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
@@ -195,11 +196,12 @@ class TrainingSession:
         # Where this process's start-up went so far (phases.py); later phases log their own.
         self.log({"event": "startup", **phases.marks()})
         self.metrics = Metrics()
-        self._restarts = inplace.RestartRequests(env.restart_key, env.attempt)
+        self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
+                                                 env.restart_in_place_dir)
         # Rank 0 serves progress; with restart in place every rank takes the operator's word.
         if env.progress_port is not None and (jax.process_index() == 0 or env.restart_key):
             self._server = ProgressServer(self.metrics, env.progress_port,
-                                          on_restart=self._restarts.handle).start()
+                                          on_restart=self._restarts.answer).start()
 
     @property
     def checkpoints(self) -> Checkpoints:

@@ -16,8 +16,10 @@ attempt and world size. The gang keeps the promises the real trainer makes (`tra
   `PreemptedSaved` and exit 75; without saveOnPreemption the signal kills the rank (143);
 - restart in place (`inplace.py`): with TARDIGRADE_RESTART_IN_PLACE_DIR set the save ends in
   `RestartInPlace` and exit 77, each rank once the operator's keyed POST /restart-in-place
-  released it (or after `inplace.RELEASE_WAIT_SECONDS`); the first POST is a SIGTERM; a
-  container started on a world it already ran exits 77 at once (`StaleWorld`);
+  released it (or after `inplace.RELEASE_WAIT_SECONDS`); the first POST is a SIGTERM; the
+  world in the POST's body is kept in the pod's directory and a restarted container takes the
+  newer of it and its env's (`inplace.newest_world`); one started on a world it already ran
+  exits 77 at once (`StaleWorld`);
 - a rank that dies or freezes stalls its peers' collectives: the gang stops stepping, and its
   ranks no longer manage a save (they go when the kubelet's grace runs out);
 - the end: every rank writes `Succeeded` and exits 0.
@@ -63,7 +65,8 @@ class TrainerRank:
         self.frozen = False
         self.exit: Exit | None = None
         self._on_exit = on_exit
-        self.restarts = inplace.RestartRequests(env.restart_key, env.attempt)
+        self.restarts = inplace.RestartRequests(env.restart_key, env.attempt,
+                                                env.restart_in_place_dir)
         self._pending: Exit | None = None
 
     def finish_when_released(self, result: Exit) -> None:

@@ -67,7 +67,7 @@ class SimulatedContainer:
             await asyncio.sleep(self.runtime.start_seconds)
         self._started = True
         try:
-            env = simgang.trainer_environment(self.env)
+            env = simgang.trainer_environment(inplace.newest_world(self.env))
         except contract.ContractError as err:
             self._fail_config(self.env.get(contract.ENV_TERMINATION_LOG), str(err))
             return self._pid
@@ -184,16 +184,20 @@ class ProgressEndpoints:
         return web.Response(text=rank.gang.progress().to_json(), content_type="application/json")
 
     async def _restart(self, request: web.Request) -> web.StreamResponse:
-        """The trainer's inplace.RestartRequests: the key, then a SIGTERM to rank 0."""
+        """The trainer's inplace.RestartRequests: the key and the world it carries, then a
+        SIGTERM to the rank."""
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         rank = self._by_address.get((sockname[0], sockname[1])) if sockname else None
         if rank is None or rank.exit is not None:
             raise web.HTTPNotFound()
-        code = rank.restarts.handle(request.headers.get("Authorization"), request.query_string,
-                                    notice=lambda: rank.deliver(signal.SIGTERM))
+        if (request.content_length or 0) > contract.MAX_WORLD_BYTES:
+            return web.Response(status=413)
+        code, why = rank.restarts.answer(
+            request.headers.get("Authorization"), request.query_string,
+            await request.read(), notice=lambda: rank.deliver(signal.SIGTERM))
         if code == 202:
             rank.released()
-        return web.Response(status=code)
+        return web.Response(status=code, text=why)
 
     async def stop(self) -> None:
         for site in list(self._sites.values()):
