@@ -172,3 +172,17 @@ def test_a_restarted_rank_takes_the_newer_of_its_env_world_and_its_request_s(tmp
     inplace.enter_world(started(_environ(tmp_path, 1, None)))
     with pytest.raises(inplace.StaleWorld):
         inplace.enter_world(started(_environ(tmp_path, 1, _world(attempt=2))))
+
+
+def test_a_big_gang_waits_longer_for_its_word_but_not_past_the_shutdown_window() -> None:
+    small = inplace.release_wait_seconds(2, shutdown_window_seconds=15, since_notice=1)
+    big = inplace.release_wait_seconds(1024, shutdown_window_seconds=15, since_notice=1)
+    roomy = inplace.release_wait_seconds(1024, shutdown_window_seconds=120, since_notice=1)
+    assert small == pytest.approx(inplace.RELEASE_WAIT_SECONDS, abs=0.1)
+    # The operator's requests to 1,023 ranks take longer than 5 s: wait for them, but leave
+    # the pod the end of its window to exit with its termination message.
+    assert inplace.RELEASE_WAIT_SECONDS < big == pytest.approx(15 - 1 - 1)
+    assert roomy == pytest.approx(inplace.RELEASE_WAIT_SECONDS + 1024 * 0.02)
+    # A save that used most of the window still gets the wait every rank had before.
+    late = inplace.release_wait_seconds(1024, shutdown_window_seconds=15, since_notice=13)
+    assert late == inplace.RELEASE_WAIT_SECONDS

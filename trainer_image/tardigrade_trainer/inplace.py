@@ -45,6 +45,24 @@ WORLD_FILE = "world.json"
 # and the next restart comes only after the kubelet's 10 s back-off. Spent only by ranks whose
 # pods go away.
 RELEASE_WAIT_SECONDS = 5.0
+# The operator's word comes later in a bigger gang: its decision and its requests (one per
+# rank, a bounded number at a time) grow with the ranks. At 1,024 simulated ranks on one
+# loaded machine half the ranks had given up their 5 s before their request came, and each
+# then met the back-off (docs/BENCHMARKS.md, "The world in the restart request").
+RELEASE_WAIT_PER_RANK_SECONDS = 0.02
+# Left of the shutdown window after the wait: the exit and its termination message.
+EXIT_MARGIN_SECONDS = 1.0
+
+
+def release_wait_seconds(num_processes: int, shutdown_window_seconds: float,
+                         since_notice: float) -> float:
+    """How long a rank that saved waits for the operator's word: RELEASE_WAIT_SECONDS, more
+    in a big gang; the part past RELEASE_WAIT_SECONDS never runs into the shutdown window's
+    end (a pod that is going away would be killed, and its termination message, which says
+    the step it saved, lost)."""
+    wanted = RELEASE_WAIT_SECONDS + RELEASE_WAIT_PER_RANK_SECONDS * num_processes
+    left = shutdown_window_seconds - since_notice - EXIT_MARGIN_SECONDS
+    return max(0.0, min(wanted, max(RELEASE_WAIT_SECONDS, left)))
 
 
 class StaleWorld(RuntimeError):

@@ -409,7 +409,8 @@ class TrainingSession:
         message = self.termination(reason, f"saved step {step} on SIGTERM")
         if code == contract.EXIT_RESTART_IN_PLACE:
             inplace.remember_exit(self.env, message)
-            released = self._restarts.wait_released()
+            released = self._restarts.wait_released(inplace.release_wait_seconds(
+                self.env.num_processes, self.env.shutdown_window_seconds, self._since_notice()))
             self.log({"event": "restart_in_place", "step": step, "released": released})
         raise StopTraining(code, message)
 

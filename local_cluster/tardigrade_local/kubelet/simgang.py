@@ -75,7 +75,10 @@ class TrainerRank:
             self.finish(result)
             return
         self._pending = result
-        self.gang.loop.call_later(inplace.RELEASE_WAIT_SECONDS, self.finish, result)
+        # The simulated save takes no time: the wait starts at the notice.
+        wait = inplace.release_wait_seconds(self.env.num_processes,
+                                            self.env.shutdown_window_seconds, 0.0)
+        self.gang.loop.call_later(wait, self.finish, result)
 
     def released(self) -> None:
         if self._pending is not None:
