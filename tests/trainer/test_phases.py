@@ -16,7 +16,8 @@ def test_the_process_start_comes_before_its_marks_and_a_mark_keeps_its_first_tim
     first = phases.marks()["test_phase"]
     phases.mark("test_phase")
     marks = phases.marks()
-    assert marks["test_phase"] == first and before - 0.01 <= first <= time.time()
+    # Marks are logged to the millisecond: rounding may put one up to 0.5 ms after now.
+    assert marks["test_phase"] == first and before - 0.01 <= first <= time.time() + 0.001
     assert marks["process_started"] < before
 
 
