@@ -70,6 +70,19 @@ def _train_past(log: StepLog, step: int) -> None:
     wait_for(lambda: (log.collect(), log.last_step >= step)[1], 300, f"training past {step}")
 
 
+def _wait_running(cluster: Cluster, log: StepLog, name: str, field: str, value: int,
+                  what: str) -> None:
+    """Until the job is Running with status `field` at `value`."""
+
+    def running() -> dict[str, Any] | None:
+        log.collect()
+        status = cluster.status(name)
+        return status if status.get(field) == value and status.get("phase") == "Running" \
+            else None
+
+    wait_for(running, 300, what)
+
+
 def _assert_every_step_trained(log: StepLog, steps: int) -> None:
     missing = [s for s in range(1, steps + 1) if s not in log.losses]
     assert not missing, f"no loss logged for steps {missing[:10]}"
@@ -99,14 +112,7 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
     assert {p.spec.node_name for p in before.values()} == {"new-a", "new-b", OLD_NODE}
     victim = next(p for p in before.values() if p.spec.node_name == "new-a")
     cluster.local.preempt_node("new-a", grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
-
-    def back_running() -> dict[str, Any] | None:
-        log.collect()
-        status = cluster.status(name)
-        return status if status.get("attempt") == 2 and status.get("phase") == "Running" \
-            else None
-
-    wait_for(back_running, 300, "the gang running again")
+    _wait_running(cluster, log, name, "attempt", 2, "the gang running again")
     after = _pods(cluster, name)
     _assert_kept_and_recreated(before, after, {victim.metadata.name})
     status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
@@ -128,14 +134,7 @@ def test_resize_keeps_the_gang_and_adds_a_rank(cluster: Cluster, operator: Opera
     _train_past(log, 8)
     before = _pods(cluster, name)
     cluster.kubectl("scale", f"tj/{name}", "--replicas=3")
-
-    def grown() -> dict[str, Any] | None:
-        log.collect()
-        status = cluster.status(name)
-        return status if status.get("replicas") == 3 and status.get("phase") == "Running" \
-            else None
-
-    wait_for(grown, 300, "3 ranks running")
+    _wait_running(cluster, log, name, "replicas", 3, "3 ranks running")
     after = _pods(cluster, name)
     assert len(after) == 3
     _assert_kept_and_recreated(before, after, set())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from api_helpers import widget, widget_crd
 from tardigrade_local.apiserver import default_and_prune, validate_custom_resource
 
@@ -134,24 +137,31 @@ def test_root_rules_see_metadata_name():
                    '<nil>: Invalid value: "object": too many']
 
 
-def test_unchanged_values_are_not_interpreted_again(monkeypatch):
-    """A status write re-checks the spec's rules on an unchanged spec: CEL is pure, so the
-    outcome is reused, and the errors stay what a fresh evaluation gives."""
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The rules the API server interprets from now on, one entry per evaluation (its cache of
+    outcomes emptied first)."""
     from tardigrade_local.apiserver import crd_schema
 
     crd_schema._evaluate.cache_clear()
-    interpreted = []
+    rules: list[str] = []
     program = crd_schema._program
 
     class Counting:
-        def __init__(self, rule):
+        def __init__(self, rule: str) -> None:
             self.rule, self.program = rule, program(rule)
 
-        def evaluate(self, activation):
-            interpreted.append(self.rule)
+        def evaluate(self, activation: Any) -> Any:
+            rules.append(self.rule)
             return self.program.evaluate(activation)
 
     monkeypatch.setattr(crd_schema, "_program", Counting)
+    return rules
+
+
+def test_unchanged_values_are_not_interpreted_again(interpreted):
+    """A status write re-checks the spec's rules on an unchanged spec: CEL is pure, so the
+    outcome is reused, and the errors stay what a fresh evaluation gives."""
     old = widget("w", replicas=20)
     first = messages(widget("w", replicas=20), old=old)
     count = len(interpreted)
@@ -167,26 +177,11 @@ def test_unchanged_values_are_not_interpreted_again(monkeypatch):
 
 
 def test_a_root_rule_is_not_interpreted_again_when_only_what_it_does_not_read_changed(
-        monkeypatch):
-    from tardigrade_local.apiserver import crd_schema
-
-    crd_schema._evaluate.cache_clear()
+        interpreted):
     crd = widget_crd()
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] = [
         {"rule": "size(self.metadata.name) <= 5", "message": "name too long"},
         {"rule": "size(self) > 0", "message": "reads the whole object"}]
-    interpreted = []
-    program = crd_schema._program
-
-    class Counting:
-        def __init__(self, rule):
-            self.rule, self.program = rule, program(rule)
-
-        def evaluate(self, activation):
-            interpreted.append(self.rule)
-            return self.program.evaluate(activation)
-
-    monkeypatch.setattr(crd_schema, "_program", Counting)
     for phase in ("A", "B"):
         obj = widget("toolong")
         obj["status"] = {"phase": phase}

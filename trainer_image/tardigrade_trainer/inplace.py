@@ -156,10 +156,6 @@ class RestartRequests:
         self._lock = threading.Lock()
         self.released = threading.Event()
 
-    def handle(self, authorization: str | None, query: str = "",
-               notice: Callable[[], None] | None = None, body: bytes = b"") -> int:
-        return self.answer(authorization, query, body, notice)[0]
-
     def answer(self, authorization: str | None, query: str = "", body: bytes = b"",
                notice: Callable[[], None] | None = None) -> tuple[int, str]:
         """The HTTP status and why. `body`: the rank's new world (empty: a rank whose pod goes
