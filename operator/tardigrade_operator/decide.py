@@ -150,7 +150,8 @@ def decide(obs: Observed) -> Plan:
     # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
     # never adopt, stop, release or count them; the garbage collector deletes them.
     previous = [p for p in obs.pods if p.owner_uid != obs.job.uid]
-    obs = dataclasses.replace(obs, pods=owned(obs.pods, obs.job.uid))
+    obs = dataclasses.replace(obs, pods=restart_in_place.carried(owned(obs.pods, obs.job.uid),
+                                                                 obs.status))
     status = obs.status.model_copy(deep=True)
     plan = Plan(status=status)
     status.observed_generation = obs.generation
@@ -303,6 +304,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         _capacity_found(status, obs)
         _set_phase(plan, obs, "Running", "GangRunning",
                    ranks_running(status.attempt, running, status.replicas))
+        plan.patch_pods = restart_in_place.late_labels(gang, obs.job, status)
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
         message = ranks_running(status.attempt, running, status.replicas)
@@ -745,8 +747,6 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         plan.create_pods = [p for p in plan.create_pods
                             if int(p["metadata"]["labels"][naming.LABEL_RANK]) in ranks]
         restart_in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_pod, launch)
-        plan.patch_pods = [(k.name, restart_in_place.kept_patch(
-            obs.job, in_place.coordinator_pod, launch, k.rank)) for k in in_place.plan.keep]
         plan.restart_in_place = restart_in_place.with_worlds(
             in_place.triggers, in_place.plan.keep, obs.job, in_place.coordinator_pod, launch)
         message = (f"attempt {attempt}: {len(in_place.plan.keep)} of {replicas} ranks restart "

@@ -35,6 +35,7 @@ from tardigrade_operator import (
     multislice,
     naming,
     pacing,
+    restart_in_place,
     slices,
     watchdog,
 )
@@ -65,11 +66,22 @@ JOB_FINALIZER = f"{types.GROUP}/operator"
 JobKey = tuple[str, str]
 
 
+# kopf logs "Handler 'pod_changed' succeeded." at INFO for every event: thousands of lines per
+# recovery of a large gang, saying only that a job was woken. Failures are still logged.
+_ROUTINE = frozenset(f"Handler {name!r} succeeded." for name in (
+    "pod_changed", "node_changed", "job_changed"))
+
+
+def _not_routine(record: logging.LogRecord) -> bool:
+    return record.getMessage() not in _ROUTINE
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Before kopf starts its watch streams (they wait for the startup handlers).
     watchdog.allow_api_server_depth()
     watchdog.track_tasks(asyncio.get_running_loop())
+    logging.getLogger("kopf.objects").addFilter(_not_routine)
     config = OperatorConfig.from_env()
     settings.persistence.finalizer = JOB_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=types.GROUP)
@@ -112,8 +124,11 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index("pods", labels={naming.LABEL_JOB: kopf.PRESENT})
 def gang_pods(namespace: str, labels: kopf.Labels, body: kopf.Body,
-              **_: Any) -> dict[JobKey, dict[str, Any]]:
-    return {(namespace, labels[naming.LABEL_JOB]): dict(body)}
+              **_: Any) -> dict[JobKey, PodView]:
+    # Parsed once per event, not on every pass: a pass reads the whole gang, and a thousand
+    # pods parsed per pass cost the operator seconds of each recovery.
+    view = parse_pod(body)
+    return {} if view is None else {(namespace, labels[naming.LABEL_JOB]): view}
 
 
 @kopf.index("services", labels={naming.LABEL_JOB: kopf.PRESENT})
@@ -159,7 +174,7 @@ def node_changed(type: str | None, name: str, status: kopf.Status, labels: kopf.
         return
     memo.nodes_seen[name] = seen
     for key, pods in gang_pods.items():
-        if any((pod.get("spec") or {}).get("nodeName") == name for pod in pods):
+        if any(pod.node_name == name for pod in pods):
             _wake(memo, key)
 
 
@@ -183,14 +198,16 @@ def live_jobs(namespace: str, name: str, uid: str, meta: kopf.Meta,
 
 
 @kopf.on.event("pods", labels={naming.LABEL_JOB: kopf.PRESENT})
-def pod_changed(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body,
-                memo: kopf.Memo, live_jobs: kopf.Index, **_: Any) -> None:
+async def pod_changed(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body,
+                      memo: kopf.Memo, live_jobs: kopf.Index, **_: Any) -> None:
+    # Async: kopf runs a sync handler in its thread pool, a hop per pod event that a gang of
+    # a thousand pods pays a thousand times per recovery; this one only wakes a job.
     key = (namespace, labels[naming.LABEL_JOB])
     _wake(memo, key)
     # Pods left behind by a job deleted while no operator ran are found here, at the initial
     # listing; the API server has the last word before one is released.
     if type != "DELETED" and finalizers.orphaned(body, _values(live_jobs, key)):
-        memo.writer.release_orphan(namespace, body)
+        await asyncio.to_thread(memo.writer.release_orphan, namespace, body)
 
 
 @kopf.on.event(types.GROUP, types.VERSION, types.PLURAL)
@@ -285,8 +302,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     meta = body.get("metadata") or {}
     status, version = _known_status(key, meta, body.get("status") or {}, state)
     spec, spec_error = _parsed_spec(key, meta, body, memo, state)
-    pods = [view for view in (parse_pod(p) for p in _values(pods_index, key)) if view]
-    mine = owned(pods, uid)
+    pods: list[PodView] = _values(pods_index, key)
+    mine = restart_in_place.carried(owned(pods, uid), status, state.carried)
     attempt = max([status.attempt, *(p.attempt for p in mine)])
     if state.created is not None:
         state.created = state.created.saw(p.name for p in mine)
@@ -300,7 +317,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         # lagging (just created, or rebuilt after a peering pause) by asking the API server.
         listed = await asyncio.to_thread(memo.writer.list_job_pods, namespace, name)
         pods = [view for view in (parse_pod(p) for p in listed) if view]
-        mine = owned(pods, uid)
+        mine = restart_in_place.carried(owned(pods, uid), status, state.carried)
         attempt = max([status.attempt, *(p.attempt for p in mine)])
     gang: list[PodView] = [p for p in mine if p.attempt == attempt]
     settings: pacing.PacingSettings = memo.config.pacing_settings()
@@ -343,6 +360,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         restart_key=secrets.token_urlsafe(24) if decision.restart_in_place else None,
     )
     plan = decide(observed)
+    plan.patch_pods = state.unsent(plan.patch_pods, plan.status.attempt, {p.name for p in mine})
     try:
         written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan,
                                           version, _asker(memo, plan))
@@ -362,8 +380,11 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         return 0.0
     if written is not None:
         state.written = (written, plan.status)
+    state.sent(plan.patch_pods, plan.status.attempt)
     if plan.create_pods:
-        state.created = indexlag.created(plan.create_pods, clock)
+        # The grace counts from the last answer, not from the pass's start: at a thousand
+        # ranks a pass's writes alone can take longer than the grace.
+        state.created = indexlag.created(plan.create_pods, asyncio.get_running_loop().time())
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.record_transition(key, status, plan.status)
@@ -372,8 +393,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
 
 def _asker(memo: kopf.Memo, plan: Plan) -> Callable[[], None] | None:
     """The plan's restart-in-place requests, all at once, for the writer to send from its
-    thread between its deletes and its pod patches (kube.py: the requests carry the worlds,
-    the patches would only delay them)."""
+    thread between its deletes and its creates (kube.py: the requests carry the worlds)."""
     if not plan.restart_in_place:
         return None
     loop = asyncio.get_running_loop()

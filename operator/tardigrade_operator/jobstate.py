@@ -12,6 +12,7 @@ import dataclasses
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.indexlag import Created
 from tardigrade_operator.pacing import ProgressPoll
+from tardigrade_operator.restart_in_place import CarryMemo
 
 
 @dataclasses.dataclass
@@ -33,6 +34,21 @@ class JobState:
     progress: ProgressPoll = dataclasses.field(default_factory=ProgressPoll)
     # The pods the last creating pass made: the index may not show them yet (indexlag.py).
     created: Created | None = None
+    # Kept pods whose late label this operator sent (name -> attempt): the index shows the
+    # patches seconds later at a thousand ranks, and the passes meanwhile must not send them
+    # again (restart_in_place.late_labels).
+    labelled: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The views restart_in_place.carried made, reused while the pod's view is the same.
+    carried: CarryMemo = dataclasses.field(default_factory=dict)
+
+    def unsent(self, patches: list[tuple[str, dict]],
+               attempt: int, present: set[str]) -> list[tuple[str, dict]]:
+        """The patches not sent yet for this attempt; forgets pods no longer present."""
+        self.labelled = {n: a for n, a in self.labelled.items() if n in present}
+        return [(name, patch) for name, patch in patches if self.labelled.get(name) != attempt]
+
+    def sent(self, patches: list[tuple[str, dict]], attempt: int) -> None:
+        self.labelled.update((name, attempt) for name, _ in patches)
 
     def echoes_our_write(self, resource_version: str) -> bool:
         """The watch event carries the status this operator just wrote: nothing new."""

@@ -45,7 +45,7 @@ class StaleStatus(Exception):
     """The job changed after the status the plan was decided on: decide again, freshly read."""
 
 
-# Concurrent pod patches of one restart in place.
+# Concurrent pod patches (the kept pods' labels after a restart in place).
 PATCH_CONCURRENCY = 16
 
 
@@ -76,9 +76,8 @@ class ClusterWriter:
             if resource_version:
                 body["metadata"] = {"resourceVersion": resource_version}
             try:
-                job = self.custom.patch_namespaced_custom_object_status(
-                    types.GROUP, types.VERSION, namespace, types.PLURAL, name, body
-                )
+                job = _raw(self.custom.patch_namespaced_custom_object_status,
+                           types.GROUP, types.VERSION, namespace, types.PLURAL, name, body)
             except ApiException as err:
                 if err.status == 409:
                     raise StaleStatus(f"{namespace}/{name} changed since resourceVersion "
@@ -91,7 +90,7 @@ class ClusterWriter:
             self.delete_pod(namespace, pod_name, grace)
         # The kept ranks learn their new world from the request itself (restart_in_place.py),
         # and each waits for its own only seconds after the gang's save: it goes before the
-        # creations and the pod patches, which take minutes at a thousand ranks.
+        # creations.
         if ask_ranks is not None:
             ask_ranks()
         if plan.create_service is not None:
@@ -101,9 +100,9 @@ class ClusterWriter:
                          plan.create_network_policy)
         for pod in plan.create_pods:
             self._create(self.core.create_namespaced_pod, namespace, pod)
-        # Last: the kept pods' label (the operator counts them in the new gang by it; the next
-        # pass starts after this) and world annotation (for a container their kubelet restarts
-        # later for another reason), together rather than one round trip after another.
+        # Last (a plan with patches is a later pass's, once the gang runs again: the kept
+        # pods' label and world annotation, restart_in_place.late_labels), together rather
+        # than one round trip after another.
         if plan.patch_pods:
             with ThreadPoolExecutor(min(PATCH_CONCURRENCY, len(plan.patch_pods))) as pool:
                 list(pool.map(lambda item: self.patch_pod(namespace, *item), plan.patch_pods))
@@ -111,7 +110,7 @@ class ClusterWriter:
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         try:
-            self.core.patch_namespaced_pod(name, namespace, patch)
+            _raw(self.core.patch_namespaced_pod, name, namespace, patch)
         except ApiException as err:
             if err.status != 404:  # gone meanwhile: the next pass recreates its rank
                 raise
@@ -119,7 +118,7 @@ class ClusterWriter:
     def delete_pod(self, namespace: str, name: str, grace: int | None) -> None:
         body = kubernetes.client.V1DeleteOptions(grace_period_seconds=grace)
         try:
-            self.core.delete_namespaced_pod(name, namespace, body=body)
+            _raw(self.core.delete_namespaced_pod, name, namespace, body=body)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -162,8 +161,9 @@ class ClusterWriter:
 
     def list_job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The job's pods straight from the API server, as plain JSON dicts."""
-        pods = self.core.list_namespaced_pod(namespace, label_selector=naming.job_selector(job))
-        return [self.core.api_client.sanitize_for_serialization(p) for p in pods.items]
+        listed = _raw(self.core.list_namespaced_pod, namespace,
+                      label_selector=naming.job_selector(job))
+        return list(listed.get("items") or [])
 
     def list_scale_up_events(self, namespace: str) -> list[dict[str, Any]]:
         """The node autoscaler's Events on pods in the namespace (autoscaling.SCALE_UP_REASONS):
@@ -200,7 +200,7 @@ class ClusterWriter:
     @staticmethod
     def _create(create: Any, namespace: str, manifest: dict[str, Any]) -> None:
         try:
-            create(namespace, manifest)
+            _raw(create, namespace, manifest)
         except ApiException as err:
             name = manifest["metadata"]["name"]
             if err.status in _PERMANENT_CREATE_ERRORS:
@@ -208,6 +208,19 @@ class ClusterWriter:
             if err.status != 409:  # AlreadyExists: an earlier pass created it
                 raise
             log.debug("%s already exists", name)
+
+
+def _raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A client call's answer as plain JSON. The client's own models cost more CPU than the
+    request: at a thousand pods, deserializing a pod list or the answers of a gang's patches
+    takes seconds of the operator's one core, for objects it reads as dicts or not at all.
+    Errors still raise ApiException (the client checks the status first)."""
+    answer = call(*args, _preload_content=False, **kwargs)
+    try:
+        data = answer.data
+    finally:
+        answer.release_conn()
+    return json.loads(data) if data else None
 
 
 def _api_message(err: ApiException) -> str:

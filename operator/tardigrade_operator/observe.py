@@ -90,6 +90,9 @@ class PodView:
     last_exit_code: int | None = None
     last_termination: contract.TerminationMessage | None = None
     last_finished_at: datetime | None = None
+    # The attempt its label says, when it is not `attempt`: a pod kept by a restart in place
+    # counts in the new attempt before its label is patched (restart_in_place.carried).
+    label_attempt: int | None = None
 
     @property
     def deleting(self) -> bool:

@@ -20,8 +20,10 @@ answers (contract.ProgressReport). To make a quiet job cheap the read backs off:
 doubles from `progress_min_seconds` to `progress_max_seconds` while the report brings nothing
 the operator acts on (the step advancing is expected, not news), and starts over on any news
 (a new checkpoint, a report appearing, vanishing or turning malformed) or event. A busy job
-reads at every pass, so node-loss judgements (progress in the last minute) and the downtime
-of a recovery (the first step past the restore) see fresh reports.
+reads every `busy_seconds` and at an event, so node-loss judgements (progress in the last
+minute) and the downtime of a recovery (the first step past the restore) see fresh reports;
+but not twice within `READ_GAP_SECONDS`: a gang of a thousand pods restarting sends a
+thousand events in seconds, and a read per pass was a status write per pass (the step).
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class PacingSettings:
     jitter: float = 0.2
 
 
+# The least time between two reads of one job's rank 0, however many events wake it.
+READ_GAP_SECONDS = 1.0
+
+
 # What of a report the operator acts on: whether there was one, its newest checkpoint, and
 # why it was refused. The step is left out: it advances on every read of a training job.
 ReportNews = tuple[bool, int | None, str | None]
@@ -68,13 +74,16 @@ class ProgressPoll:
     due: float = 0.0
     interval: float = 0.0
     news: ReportNews | None = None
+    read_at: float = float("-inf")
 
     def is_due(self, now: float) -> bool:
         return now >= self.due
 
     def reset(self, now: float) -> ProgressPoll:
-        """Something happened to the job: read at the next pass, and back off from scratch."""
-        return dataclasses.replace(self, due=now, interval=0.0)
+        """Something happened to the job: read at the next pass (or once READ_GAP_SECONDS
+        have passed since the last read), and back off from scratch."""
+        return dataclasses.replace(self, due=max(now, self.read_at + READ_GAP_SECONDS),
+                                   interval=0.0)
 
     def after_read(self, now: float, news: ReportNews, busy: bool, settings: PacingSettings,
                    draw: float = 0.0) -> ProgressPoll:
@@ -84,7 +93,7 @@ class ProgressPoll:
         else:
             interval = min(self.interval * 2, settings.progress_max_seconds)
         due = now + interval * (1 - settings.jitter * draw)
-        return ProgressPoll(due=due, interval=interval, news=news)
+        return ProgressPoll(due=due, interval=interval, news=news, read_at=now)
 
 
 def settled(obs: Observed, plan: Plan) -> bool:
@@ -148,9 +157,9 @@ def seconds_to_next_pass(now: float, poll: ProgressPoll, busy: bool,
         return settings.busy_seconds  # the echo of its own write woke the old loop
     if again:
         return 0.0
-    if busy:
-        return settings.busy_seconds
     wait = max(0.0, poll.due - now)
+    if busy:
+        return min(settings.busy_seconds, wait)
     if deadline_in is not None:
         wait = min(wait, max(0.0, deadline_in))
     return min(wait, settings.progress_max_seconds)

@@ -12,14 +12,15 @@ The steps, in the order the plan is applied (kube.py, handlers.py):
    the kubelet restarts the kept ones in their pods, where they read the world from the file;
 4. the missing ranks are created (with the world as their annotation too: the coordinator may
    be a kept pod of an older name);
-5. each kept pod gets one merge patch: the new attempt in its label (so that the operator
-   counts it in the new gang) and the new world in its annotation (contract.ANNOTATION_WORLD),
+5. once every rank runs again, each kept pod gets one merge patch (`late_labels`): the new
+   attempt in its label and the new world in its annotation (contract.ANNOTATION_WORLD),
    which the kubelet puts into the environment of a container it restarts later for another
-   reason. The patches come last: at a thousand ranks they take from seconds to minutes, and
-   a rank waits for its request only RELEASE_WAIT_SECONDS (trainer inplace.py) before it
-   restarts on whatever world it has. The next pass starts after them, so it sees the labels;
-   a kept trainer already restarted under an old label is still judged by its last
-   termination (`restarted_into`), not by the label.
+   reason (until then the world file the request left is the newer one: trainer
+   inplace.newest_world). Until its patch the operator counts a kept pod in the new attempt by
+   the recovery's record (`carried`), not by its label. The patches wait because at a
+   thousand ranks they are a thousand writes: sent during the recovery, they competed with
+   the kubelets' status writes for the API server and delayed every rank's restart.
+   A kept trainer is judged by its last termination (`restarted_into`), not by the label.
 Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
 (its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
 """
@@ -180,6 +181,66 @@ def kept_patch(job: JobRef, coordinator_pod: str, launch: GangLaunch,
     return {"metadata": {
         "labels": {naming.LABEL_ATTEMPT: str(launch.attempt)},
         "annotations": {contract.ANNOTATION_WORLD: world(job, coordinator_pod, launch, rank)}}}
+
+
+# Pod name -> (its view, the attempt it was carried to, the carried view).
+CarryMemo = dict[str, tuple[PodView, int, PodView]]
+
+
+def carried(pods: Sequence[PodView], status: TrainingJobStatus,
+            memo: CarryMemo | None = None) -> list[PodView]:
+    """The pods with the attempt they run in: a pod kept by the restarts in place since its
+    label's attempt counts in the job's attempt before its label is patched (`late_labels`).
+
+    A pod is carried from its label's attempt L to the job's attempt A when every recovery
+    into L+1..A kept pods (`kept_pods`, written with the recovery before any of its pods was
+    touched), it is not being deleted (a recovery deletes every pod it does not keep), its
+    rank is in the new world, and no pod labelled with a newer attempt holds its rank (the
+    rank was recreated). `memo` keeps the carried views between passes (a pass reads the
+    whole gang)."""
+    kept_into = {r.attempt for r in status.recoveries if r.kept_pods}
+    oldest = status.attempt
+    while oldest in kept_into:
+        oldest -= 1
+    if oldest == status.attempt:
+        return list(pods)
+    newest_label = {}
+    for pod in pods:
+        if not pod.deleting and pod.attempt > newest_label.get(pod.rank, -1):
+            newest_label[pod.rank] = pod.attempt
+    memo = {} if memo is None else memo
+
+    def carry(pod: PodView) -> PodView:
+        known = memo.get(pod.name)
+        if known is not None and known[0] is pod and known[1] == status.attempt:
+            return known[2]
+        view = dataclasses.replace(pod, attempt=status.attempt, label_attempt=pod.attempt)
+        memo[pod.name] = (pod, status.attempt, view)
+        return view
+
+    views = [carry(pod) if oldest <= pod.attempt < status.attempt and not pod.deleting
+             and pod.rank < status.replicas and newest_label.get(pod.rank) == pod.attempt
+             else pod for pod in pods]
+    for name in memo.keys() - {pod.name for pod in pods}:
+        del memo[name]
+    return views
+
+
+def late_labels(gang: Sequence[PodView], job: JobRef,
+                status: TrainingJobStatus) -> list[tuple[str, dict[str, Any]]]:
+    """The patches of the kept pods not yet labelled with the attempt they run in; sent once
+    every rank runs again. Their world names the step the gang restored (the request's named
+    the operator's pin, the newest commit at or before it)."""
+    stale = [p for p in gang if p.label_attempt is not None]
+    if not stale:
+        return []
+    last = status.recoveries[-1] if status.recoveries else None
+    restored = last.restore_step if last is not None and last.attempt == status.attempt \
+        else None
+    launch = GangLaunch(status.attempt, status.replicas,
+                        str(restored) if restored is not None else contract.RESTORE_LATEST)
+    coordinator = coordinator_of(gang, job, status.attempt)
+    return [(p.name, kept_patch(job, coordinator, launch, p.rank)) for p in stale]
 
 
 def _name_attempt(pod: PodView) -> int | None:

@@ -1,9 +1,9 @@
 """The act step of restart in place: ask each kept rank to save and restart.
 
-Sent right after the status write and the deletes, before the kept pods' patches (kube.py):
-the request's body is the rank's new world, which its trainer keeps for its restarted
-container, so a rank need not wait for its pod's patch, which takes minutes at a thousand
-ranks. The request carries the key the pod was created with (contract.ENV_RESTART_KEY): only
+Sent right after the status write and the deletes (kube.py): the request's body is the
+rank's new world, which its trainer keeps for its restarted container; the kept pod's label
+and annotation are patched only once the gang runs again (restart_in_place.late_labels). The
+request carries the key the pod was created with (contract.ENV_RESTART_KEY): only
 the operator, which rendered it, and whoever may read the job's pods know it; a peer in
 another namespace cannot make a gang restart.
 """

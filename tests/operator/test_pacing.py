@@ -8,6 +8,7 @@ import pytest
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import decide
 from tardigrade_operator.pacing import (
+    READ_GAP_SECONDS,
     PacingSettings,
     ProgressPoll,
     decided_anew,
@@ -62,6 +63,16 @@ def test_a_busy_job_reads_at_every_pass_and_an_event_makes_the_read_due_at_once(
     woken = poll.reset(5.0)
     assert woken.is_due(5.0)
     assert woken.after_read(5.0, QUIET, False, SETTINGS).interval == 2
+
+
+def test_a_storm_of_events_reads_at_most_once_per_gap():
+    # A thousand pods restarting wake the job a thousand times in a few seconds.
+    poll = ProgressPoll().after_read(10.0, QUIET, True, SETTINGS)
+    woken = poll.reset(10.2)
+    assert not woken.is_due(10.2) and woken.due == 10.0 + READ_GAP_SECONDS
+    # The busy loop comes back for it when it falls due, not a whole busy interval later.
+    assert seconds_to_next_pass(10.2, woken, True, None, SETTINGS) == pytest.approx(0.8)
+    assert woken.reset(12.5).is_due(12.5)
 
 
 def test_jitter_takes_up_to_a_fifth_off_an_interval():

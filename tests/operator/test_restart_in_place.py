@@ -4,12 +4,14 @@ into, and the pods it recreates (restart_in_place.py)."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
-from tardigrade_operator import inplace
-from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator import inplace, restart_in_place
+from tardigrade_operator.api.types import Recovery, TrainingJobStatus
+from tardigrade_operator.decide import DecisionSettings, Plan
+from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.kube import ClusterWriter
-from tardigrade_operator.observe import Outcome, classify, parse_pod
+from tardigrade_operator.observe import Outcome, PodView, classify, parse_pod
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
@@ -18,6 +20,7 @@ KEY = "key-1"
 NEW = "v1.36.0"
 ON = DecisionSettings(restart_in_place=True)
 IN_PLACE = contract.EXIT_RESTART_IN_PLACE
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def running_gang(replicas: int = 3, versions: tuple[str, ...] = (NEW, NEW, NEW),
@@ -33,6 +36,11 @@ def running_gang(replicas: int = 3, versions: tuple[str, ...] = (NEW, NEW, NEW),
 
 def names(pods: list) -> list[str]:
     return sorted(p["metadata"]["name"] if isinstance(p, dict) else p[0] for p in pods)
+
+
+def kept(plan: Plan) -> list[str]:
+    """The pods a decision keeps: their ranks' requests carry a world."""
+    return sorted(t.pod for t in plan.restart_in_place if t.world is not None)
 
 
 def world_of(pod: dict) -> dict:
@@ -71,15 +79,10 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
 
     assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
     assert cluster.status.recoveries[-1].kept_pods == 2
-    # The kept pods join attempt 2 with their world (patched after the requests, kube.py).
-    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-2"]
-    for name in ("tiny-a1-0", "tiny-a1-2"):
-        pod = cluster.pods[name]
-        assert pod["metadata"]["labels"]["tardigrade.dev/attempt"] == "2"
-        assert world_of(pod) == {"attempt": 2, "numProcesses": 3,
-                                 "processId": int(name[-1]),
-                                 "coordinatorAddress": "tiny-a1-0.tiny:8476",
-                                 "restoreStep": "20"}
+    # The kept pods join attempt 2 by the recovery's record; their labels are patched only
+    # once the gang runs again (a thousand patches would compete with the restarts).
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-2"] and not plan.patch_pods
+    assert cluster.pods["tiny-a1-0"]["metadata"]["labels"]["tardigrade.dev/attempt"] == "1"
     assert [n for n, _ in plan.delete_pods] == ["tiny-a1-1"]
     assert names(plan.create_pods) == ["tiny-a2-1"]
     assert world_of(plan.create_pods[0])["coordinatorAddress"] == "tiny-a1-0.tiny:8476"
@@ -89,12 +92,12 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
         ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2", KEY),
         ("tiny-a1-2", "http://127.0.1.3:8477/restart-in-place?attempt=2", KEY),
         ("tiny-a1-1", "http://127.0.1.2:8477/restart-in-place?attempt=2", KEY)]
-    # Each kept rank's request carries the world its pod's patch carries, so that the rank
-    # need not wait for the patch; the one that goes gets none.
+    # Each kept rank's request carries its new world; the one that goes gets none.
     worlds = {t.pod: t.world for t in plan.restart_in_place}
     for name in ("tiny-a1-0", "tiny-a1-2"):
-        assert worlds[name] == cluster.pods[name]["metadata"]["annotations"][
-            contract.ANNOTATION_WORLD]
+        assert json.loads(worlds[name] or "") == {
+            "attempt": 2, "numProcesses": 3, "processId": int(name[-1]),
+            "coordinatorAddress": "tiny-a1-0.tiny:8476", "restoreStep": "20"}
     assert worlds["tiny-a1-1"] is None
 
     # The old trainers are still saving: the new gang is not running yet.
@@ -102,9 +105,11 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
     cluster.pods["tiny-a2-1"]["status"] = {
         "phase": "Running", "podIP": "127.0.1.4",
         "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
-    cluster.reconcile()
+    plan = cluster.reconcile()
     assert cluster.status.phase != "Running"
     assert cluster.status.recoveries[-1].restore_step is None
+    # Still counted in attempt 2 (not garbage of attempt 1), and not patched yet.
+    assert not plan.delete_pods and not plan.create_pods and not plan.patch_pods
 
     # Both saved step 31 as attempt 1 and were restarted by their kubelets.
     for name in ("tiny-a1-0", "tiny-a1-2"):
@@ -116,14 +121,24 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
     recovery = cluster.status.recoveries[-1]
     assert (recovery.restore_step, recovery.steps_lost) == (31, 0)
     assert recovery.downtime_seconds == 3
-    assert not plan.create_pods and not plan.delete_pods and not plan.patch_pods
+    assert not plan.create_pods and not plan.delete_pods
+    # Running again: now the kept pods get their label and world, with the step restored.
+    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-2"]
+    for name in ("tiny-a1-0", "tiny-a1-2"):
+        pod = cluster.pods[name]
+        assert pod["metadata"]["labels"]["tardigrade.dev/attempt"] == "2"
+        assert world_of(pod) == {"attempt": 2, "numProcesses": 3,
+                                 "processId": int(name[-1]),
+                                 "coordinatorAddress": "tiny-a1-0.tiny:8476",
+                                 "restoreStep": "31"}
+    assert not cluster.reconcile().patch_pods
 
 
 def test_a_node_with_an_old_kubelet_falls_back_to_recreation_for_its_rank():
     cluster = running_gang(versions=(NEW, NEW, "v1.33.0"))
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
-    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert kept(plan) == ["tiny-a1-0"]
     assert sorted(n for n, _ in plan.delete_pods) == ["tiny-a1-1", "tiny-a1-2"]
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
 
@@ -135,7 +150,7 @@ def test_a_pod_whose_rule_the_api_server_dropped_is_recreated():
     container.pop("restartPolicy")
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
-    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert kept(plan) == ["tiny-a1-0"]
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
 
 
@@ -143,7 +158,7 @@ def test_no_kept_pod_at_all_is_a_plain_recreation():
     cluster = running_gang(versions=("v1.33.0",) * 3)
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
-    assert not plan.patch_pods and not plan.create_pods
+    assert not kept(plan) and not plan.create_pods
     assert len(plan.delete_pods) == 3 and cluster.status.recoveries[-1].kept_pods is None
 
 
@@ -158,7 +173,7 @@ def test_a_gang_recreated_whole_tells_its_waiting_trainers_to_exit_at_once():
                                           "finishedAt": iso(cluster.now - timedelta(minutes=1))}}
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
-    assert not plan.patch_pods and sorted(n for n, _ in plan.delete_pods) == [
+    assert not kept(plan) and sorted(n for n, _ in plan.delete_pods) == [
         "tiny-a1-0", "tiny-a1-1"]
     assert [(t.pod, t.url.rpartition("?")[2], t.key) for t in plan.restart_in_place] == [
         ("tiny-a1-0", "attempt=2", KEY), ("tiny-a1-1", "attempt=2", KEY)]
@@ -170,7 +185,7 @@ def test_grow_keeps_every_pod_and_asks_rank_0_to_restart():
     cluster.generation += 1
     plan = cluster.reconcile()
     assert cluster.status.recoveries[-1].cause == "Resize"
-    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-1"]
     assert not plan.delete_pods
     assert names(plan.create_pods) == ["tiny-a2-2"]
     assert world_of(plan.create_pods[0])["numProcesses"] == 3
@@ -183,17 +198,18 @@ def test_shrink_deletes_the_surplus_ranks_only():
     cluster.spec["replicas"] = 2
     cluster.generation += 1
     plan = cluster.reconcile()
-    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-1"]
     assert [n for n, _ in plan.delete_pods] == ["tiny-a1-2"]
     assert not plan.create_pods
-    assert world_of(cluster.pods["tiny-a1-1"])["numProcesses"] == 2
+    worlds = {t.pod: json.loads(t.world or "{}") for t in plan.restart_in_place}
+    assert worlds["tiny-a1-1"]["numProcesses"] == 2 and not worlds["tiny-a1-2"]
 
 
 def test_a_crash_still_recreates_the_gang():
     cluster = running_gang()
     cluster.terminate(cluster.pods["tiny-a1-1"], 1, "boom")
     plan = cluster.reconcile()
-    assert not plan.patch_pods and cluster.status.recoveries[-1].cause == "Failure"
+    assert not kept(plan) and cluster.status.recoveries[-1].cause == "Failure"
 
 
 def test_exit_77_is_a_restart_while_the_pod_lives_and_a_save_once_it_ended():
@@ -219,8 +235,17 @@ def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
     # Its next restart would wait 10 s of back-off; the one that ran 11 minutes has none.
-    assert names(plan.patch_pods) == ["tiny-a1-0"]
+    assert kept(plan) == ["tiny-a1-0"]
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
+
+
+class _Answer:
+    """An empty raw answer, as the client gives with `_preload_content=False`."""
+
+    data = b""
+
+    def release_conn(self) -> None:
+        pass
 
 
 class _RecordingCore:
@@ -229,17 +254,22 @@ class _RecordingCore:
     def __init__(self, calls: list[tuple[str, str]]) -> None:
         self.calls = calls
 
-    def patch_namespaced_pod(self, name: str, namespace: str, patch: dict) -> None:
+    def patch_namespaced_pod(self, name: str, namespace: str, patch: dict,
+                             **_options: object) -> _Answer:
         self.calls.append(("patch", name))
+        return _Answer()
 
-    def delete_namespaced_pod(self, name: str, namespace: str, body: object) -> None:
+    def delete_namespaced_pod(self, name: str, namespace: str, body: object,
+                              **_options: object) -> _Answer:
         self.calls.append(("delete", name))
+        return _Answer()
 
-    def create_namespaced_pod(self, namespace: str, pod: dict) -> None:
+    def create_namespaced_pod(self, namespace: str, pod: dict, **_options: object) -> _Answer:
         self.calls.append(("create", pod["metadata"]["name"]))
+        return _Answer()
 
 
-def test_the_writer_asks_the_ranks_before_it_patches_their_pods():
+def test_the_writer_asks_the_ranks_after_the_deletes_and_patches_no_pod_meanwhile():
     cluster = running_gang()
     cluster.reconcile()
     cluster.disrupt(cluster.pods["tiny-a1-1"])
@@ -251,6 +281,91 @@ def test_the_writer_asks_the_ranks_before_it_patches_their_pods():
     writer.apply("default", "tiny", cluster.status, plan,
                  ask_ranks=lambda: calls.append(("ask", "")))
     # The deleted pod's SIGTERM and the requests start the gang's save; the kept ranks take
-    # their world from the requests, so the patches (minutes at a thousand ranks) come last.
-    assert calls == [("delete", "tiny-a1-1"), ("ask", ""), ("create", "tiny-a2-1"),
-                     ("patch", "tiny-a1-0"), ("patch", "tiny-a1-2")]
+    # their world from the requests. No pod patch competes with their restarts.
+    assert calls == [("delete", "tiny-a1-1"), ("ask", ""), ("create", "tiny-a2-1")]
+
+
+def test_a_second_recovery_before_the_labels_keeps_the_same_pods():
+    # Rank 1 preempted (attempt 2, ranks 0 and 2 kept), then rank 2 preempted before the
+    # gang ran again: rank 0, still labelled 1, is kept again and carried into attempt 3.
+    cluster = running_gang()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    cluster.reconcile()
+    cluster.pods["tiny-a2-1"]["spec"]["nodeName"] = "node-1"
+    cluster.pods["tiny-a2-1"]["status"] = {
+        "phase": "Running", "podIP": "127.0.1.4",
+        "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+    for name in ("tiny-a1-0", "tiny-a1-2"):
+        restart(cluster, name, attempt=1, step=31, saved=31)
+        # Long enough ago that the kubelet's back-off has expired (BACK_OFF_MEMORY).
+        cluster.pods[name]["status"]["containerStatuses"][0]["lastState"]["terminated"][
+            "finishedAt"] = iso(cluster.now - timedelta(minutes=11))
+    cluster.disrupt(cluster.pods["tiny-a1-2"])
+    plan = cluster.reconcile()
+    assert cluster.status.attempt == 3 and cluster.status.restarts.preemptions == 2
+    assert kept(plan) == ["tiny-a1-0", "tiny-a2-1"] and not plan.patch_pods
+    assert [n for n, _ in plan.delete_pods] == ["tiny-a1-2"]
+    assert names(plan.create_pods) == ["tiny-a3-2"]
+    views = [v for v in (parse_pod(p) for p in cluster.pods.values()) if v is not None]
+    gang = {p.name: p.rank for p in restart_in_place.carried(views, cluster.status)
+            if p.attempt == 3}
+    assert gang == {"tiny-a1-0": 0, "tiny-a2-1": 1, "tiny-a3-2": 2}
+
+
+def _view(name: str, attempt: int, rank: int, deleting: bool = False) -> PodView:
+    return PodView(name=name, attempt=attempt, rank=rank, phase="Running",
+                   deletion_timestamp=NOW if deleting else None)
+
+
+def _status(attempt: int, replicas: int, kept_into: tuple[int, ...]) -> TrainingJobStatus:
+    return TrainingJobStatus(attempt=attempt, replicas=replicas, recoveries=[
+        Recovery(cause="Preemption", time=NOW, attempt=a, kept_pods=1 if a in kept_into
+                 else None) for a in range(2, attempt + 1)])
+
+
+def test_carried_pods_are_the_kept_ones_only():
+    status = _status(attempt=3, replicas=3, kept_into=(2, 3))
+    pods = [_view("j-a1-0", 1, 0),  # kept twice, never relabelled
+            _view("j-a2-1", 2, 1),  # created in attempt 2, kept into 3
+            _view("j-a1-1", 1, 1, deleting=True),  # the rank 1 lost at attempt 2
+            _view("j-a1-2", 1, 2),  # recreated at attempt 3 (its delete not seen yet)
+            _view("j-a3-2", 3, 2),
+            _view("j-a1-3", 1, 3)]  # beyond the world (a shrink)
+    attempts = {p.name: (p.attempt, p.label_attempt)
+                for p in restart_in_place.carried(pods, status)}
+    assert attempts == {"j-a1-0": (3, 1), "j-a2-1": (3, 2), "j-a1-1": (1, None),
+                        "j-a1-2": (1, None), "j-a3-2": (3, None), "j-a1-3": (1, None)}
+
+
+def test_a_recreation_breaks_the_chain():
+    # Attempt 2 kept pods, attempt 3 recreated the gang: an attempt-1 pod is garbage.
+    status = _status(attempt=3, replicas=2, kept_into=(2,))
+    pods = restart_in_place.carried([_view("j-a1-0", 1, 0), _view("j-a2-1", 2, 1)], status)
+    assert [p.attempt for p in pods] == [1, 2]
+
+
+def test_late_labels_are_sent_once_while_the_index_catches_up():
+    state = JobState()
+    patches = [("j-a1-0", {}), ("j-a1-1", {})]
+    present = {"j-a1-0", "j-a1-1"}
+    assert state.unsent(patches, 2, present) == patches
+    state.sent(patches, 2)
+    # The next passes still see the old labels (the patches' events are on their way).
+    assert state.unsent(patches, 2, present) == []
+    # A later attempt's labels are new; a pod gone is forgotten.
+    assert state.unsent(patches, 3, present) == patches
+    assert state.unsent(patches[:1], 2, {"j-a1-0"}) == []
+    assert state.labelled == {"j-a1-0": 2}
+
+
+def test_carried_views_are_reused_between_passes_and_forgotten_with_their_pods():
+    status = _status(attempt=2, replicas=2, kept_into=(2,))
+    pods = [_view("j-a1-0", 1, 0), _view("j-a1-1", 1, 1)]
+    memo: restart_in_place.CarryMemo = {}
+    first = restart_in_place.carried(pods, status, memo)
+    again = restart_in_place.carried(pods, status, memo)
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    changed = [_view("j-a1-0", 1, 0, deleting=True), pods[1]]
+    assert restart_in_place.carried(changed, status, memo)[0].attempt == 1
+    restart_in_place.carried(pods[1:], status, memo)
+    assert set(memo) == {"j-a1-1"}

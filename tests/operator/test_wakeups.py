@@ -10,6 +10,7 @@ from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.maintenance import SCHEDULED_MAINTENANCE_LABEL
+from tardigrade_operator.observe import PodView
 
 A, B = ("ml", "a"), ("ml", "b")
 
@@ -20,9 +21,9 @@ def memo(config: OperatorConfig | None = None) -> SimpleNamespace:
 
 
 def pods_on(node_of: dict[tuple[str, str], str]) -> dict:
-    """The gang_pods index: job -> its pods (API JSON), each on the given node."""
-    return {key: [{"metadata": {"name": f"{key[1]}-a1-0"}, "spec": {"nodeName": node}}]
-            for key, node in node_of.items()}
+    """The gang_pods index: job -> its pods, each on the given node."""
+    return {key: [PodView(name=f"{key[1]}-a1-0", attempt=1, rank=0, phase="Running",
+                          node_name=node)] for key, node in node_of.items()}
 
 
 def node_event(state: SimpleNamespace, index: dict, ready: str, labels: dict | None = None,
@@ -83,3 +84,15 @@ def test_only_news_restarts_the_progress_back_off():
     job.news = False
     node_event(state, pods_on({A: "n1"}), "False")
     assert job.news
+
+
+def test_routine_event_handler_successes_are_not_logged_but_failures_are():
+    import logging
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+
+    assert not handlers._not_routine(record("Handler 'pod_changed' succeeded."))
+    assert handlers._not_routine(record("Handler 'pod_changed' failed with an exception and "
+                                        "will try again in 60 seconds: boom"))
+    assert handlers._not_routine(record("Daemon 'keep_gang' succeeded."))

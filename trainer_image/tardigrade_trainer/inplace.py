@@ -16,8 +16,8 @@ sends itself SIGTERM: the preemption notice path (JAX's preemption sync manager,
 preemption.py) makes every rank agree on one step and save it. The rank writes the world into
 the pod's restart-in-place directory (WORLD_FILE), waits for its own request (at most
 RELEASE_WAIT_SECONDS) and exits 77. The restarted container takes the newer of that file's
-world and the env's (`newest_world`): at a large gang the operator's pod patches take far
-longer than the restart, and the request does not wait for them.
+world and the env's (`newest_world`): the operator patches the kept pods' world annotation
+only once the whole gang runs again.
 """
 
 from __future__ import annotations
