@@ -28,8 +28,9 @@ cluster of the same nodes (1.36 kubelets with ContainerRestartRules, the API ser
   baseline;
 - in-place: `TARDIGRADE_RESTART_IN_PLACE=true`: the healthy ranks' pods stay and their
   trainers exit 77 and are restarted by their kubelets with the new world (from the
-  operator's request; their attempt label is patched after); only the lost rank gets a new
-  pod. A kept rank counts as running once its container runs again after that exit, whatever
+  operator's request; their attempt label is patched once all run again, and the bench
+  waits for those patches too, so they count in the API requests); only the lost rank gets
+  a new pod. A kept rank counts as running once its container runs again after that exit, whatever
   its label says yet. The in-place arm is printed as ratios against the recreate arm of the
   same size.
 An arm whose recovery kept no pod did not exercise restart in place: it says so and its
@@ -179,9 +180,9 @@ class Timeline:
     def restarted(self, attempt: int) -> int:
         """Ranks of `attempt` whose trainer runs in its world: a new pod's, or a kept pod's
         container running again after an exit 77 since the disruption (`restarts_before`).
-        A kept pod is not judged by its attempt label: the operator patches it after its
-        request, which carries the world the trainer restarts on (a stale one would exit 77
-        again and wait out the kubelet's back-off, not run)."""
+        A kept pod is not judged by its attempt label: the operator patches it only once the
+        whole gang runs again; the request carries the world the trainer restarts on (a
+        stale one would exit 77 again and wait out the kubelet's back-off, not run)."""
         count = 0
         for pod in self.pods.values():
             name = pod["metadata"]["name"]
