@@ -67,15 +67,15 @@ class SimulatedContainer:
             await asyncio.sleep(self.runtime.start_seconds)
         self._started = True
         try:
-            env = simgang.trainer_environment(inplace.newest_world(self.env))
+            # The trainer's own file reads and writes, off the event loop that runs every
+            # simulated host: real hosts do them in parallel, not one after another.
+            env, stale = await asyncio.to_thread(self._enter_world)
         except contract.ContractError as err:
             self._fail_config(self.env.get(contract.ENV_TERMINATION_LOG), str(err))
             return self._pid
         if env is not None:
-            try:
-                inplace.enter_world(env)
-            except inplace.StaleWorld as err:
-                simgang.write_termination(env.termination_log, err.termination(env.attempt))
+            if stale is not None:
+                simgang.write_termination(env.termination_log, stale.termination(env.attempt))
                 self._set_exit(contract.EXIT_RESTART_IN_PLACE)
                 return self._pid
             problem = simgang.checkpoint_problem(env)
@@ -85,6 +85,18 @@ class SimulatedContainer:
                 self.rank = self.runtime.join(env, self.env.get(contract.ENV_POD_IP, ""),
                                               self._exited)
         return self._pid
+
+    def _enter_world(self) -> tuple[contract.TrainerEnvironment | None,
+                                    inplace.StaleWorld | None]:
+        """The trainer's start: its world (the newer of env and file), entered."""
+        env = simgang.trainer_environment(inplace.newest_world(self.env))
+        if env is None:
+            return None, None
+        try:
+            inplace.enter_world(env)
+        except inplace.StaleWorld as err:
+            return env, err
+        return env, None
 
     def _fail_config(self, path: str | None, why: str) -> None:
         if path:
@@ -192,9 +204,13 @@ class ProgressEndpoints:
             raise web.HTTPNotFound()
         if (request.content_length or 0) > contract.MAX_WORLD_BYTES:
             return web.Response(status=413)
-        code, why = rank.restarts.answer(
-            request.headers.get("Authorization"), request.query_string,
-            await request.read(), notice=lambda: rank.deliver(signal.SIGTERM))
+        loop = asyncio.get_running_loop()
+        # Answered off the event loop (it writes the world file), as each real trainer
+        # answers on its own host; the notice, the SIGTERM, is delivered on the loop.
+        code, why = await asyncio.to_thread(
+            rank.restarts.answer, request.headers.get("Authorization"), request.query_string,
+            await request.read(),
+            lambda: loop.call_soon_threadsafe(rank.deliver, signal.SIGTERM))
         if code == 202:
             rank.released()
         return web.Response(status=code, text=why)
