@@ -495,6 +495,8 @@ class KubeletHost:
             await asyncio.sleep(HOSTS_REFRESH_SECONDS)
 
     def _write_hosts(self) -> None:
+        if all(a.config.simulated for a in self.agents.values()):
+            return  # no process on these nodes resolves a name: nobody reads the file
         path = self.settings.layout.hosts_file
         # Addresses of pods running here are known before their status says so.
         local_ips = {(k[0], k[1]): w.pod_ip for a in self.agents.values() if a.state != "gone"
