@@ -25,6 +25,12 @@ def load_client_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
+    config = kubernetes.client.Configuration.get_default_copy()
+    # The writer patches PATCH_CONCURRENCY pods at a time; urllib3's pool (5 connections per
+    # CPU by default) would drop the connections beyond it and open new TLS ones.
+    config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0,
+                                         PATCH_CONCURRENCY + 4)
+    kubernetes.client.Configuration.set_default(config)
 
 
 class ChildRejected(Exception):
