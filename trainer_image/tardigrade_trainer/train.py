@@ -99,9 +99,10 @@ class Trainer:
         XLA's CPU collectives give a peer a fixed 30 s to reach the first collective
         (GlooKeyValueStore::get, xla/backends/cpu/collectives/gloo_kv_store.cc); on a loaded
         host compiling the step can take longer than that, and the whole gang then fails. The
-        coordination service's barrier waits as long as start-up may (`init_timeout_seconds`).
-        Each rank loads the step from its own cache (step_cache.py) where it can, and the loop
-        calls that executable, so the step is not compiled again."""
+        meeting, in the coordination service's key-value store, waits as long as start-up may
+        (`init_timeout_seconds`). Each rank loads the step from its own cache (step_cache.py)
+        where it can, and the loop calls that executable: jit would compile it again on every
+        rank JAX's own cache does not serve."""
         if jax.process_count() == 1:
             return step_fn, {}
         x, y = data.sharded_batch(self.config, step, batch_sharding)
