@@ -52,6 +52,7 @@ grace period + the operator's TARDIGRADE_NODE_LOST_AFTER_SECONDS + the survivors
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import random
@@ -77,7 +78,12 @@ from tardigrade_local.disruptions import (  # noqa: E402
 from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
 from tardigrade_local.kubelet import NodeConfig  # noqa: E402
 from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS  # noqa: E402
-from tardigrade_local.recovery_phases import PHASES, median_phases, recovery_phases  # noqa: E402
+from tardigrade_local.recovery_phases import (  # noqa: E402
+    PHASES,
+    median_phases,
+    recovery_phases,
+    step_cache_results,
+)
 from tardigrade_local.steplog import StepLog  # noqa: E402
 
 NS = "default"
@@ -167,6 +173,8 @@ class ArmResult:
     notice_saves: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     # Per disruption, seconds from it to each phase of its recovery (recovery_phases.py).
     phases: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    # Per disruption, how each rank of the next gang got its compiled step (hit, miss, ...).
+    step_caches: list[list[str]] = dataclasses.field(default_factory=list)
 
     def comparable(self) -> bool:
         """Trains the same model as arm (a): its wall time and goodput have a ratio to a's."""
@@ -298,8 +306,9 @@ class Bench:
                         for r in final.records if r.get("event") == "preempted"
                         and r.get("shutdown_window_seconds")]
         phases = [recovery_phases(final.records, d) for d in disruptions]
+        step_caches = [step_cache_results(final.records, d) for d in disruptions]
         return ArmResult(arm, report, submitted, disruptions, runs,
-                         list(status.get("recoveries") or []), notice_saves, phases)
+                         list(status.get("recoveries") or []), notice_saves, phases, step_caches)
 
 
 # --- what it prints and leaves behind --------------------------------------------------------
@@ -350,9 +359,13 @@ def phase_rows(results: list[ArmResult]) -> list[dict[str, str]]:
         if not result.phases:
             continue
         medians = median_phases(result.phases)
+        # Over every rank of every recovery: how many loaded their step, compiled it, ...
+        caches = collections.Counter(r for ranks in result.step_caches for r in ranks)
         rows.append({"arm": f"({result.arm.key}) {result.arm.name}",
                      "n": str(len(result.phases)),
-                     **{name: _fmt(medians.get(name, float("nan")), ".2f") for name in PHASES}})
+                     **{name: _fmt(medians.get(name, float("nan")), ".2f") for name in PHASES},
+                     "step cache (ranks)": ", ".join(f"{k} {n}" for k, n in caches.most_common())
+                     or "-"})
     return rows
 
 
@@ -435,8 +448,9 @@ def write_outputs(results: list[ArmResult], settings: Settings, out: Path) -> No
                 "attempt": c.disruption.attempt, "recovery_seconds": c.recovery_seconds,
                 "stopped_seconds": c.stopped_seconds, "relaunch_seconds": c.relaunch_seconds,
                 "steps_lost": c.steps_lost,
-                "phases_seconds": phases,
-            } for c, phases in zip(r.report.costs, r.phases, strict=True)],
+                "phases_seconds": phases, "step_cache": caches,
+            } for c, phases, caches in zip(r.report.costs, r.phases, r.step_caches,
+                                           strict=True)],
             "operator_recoveries": r.recoveries,
             "notice_saves": [{"seconds_since_notice": used, "window_seconds": limit}
                              for used, limit in r.notice_saves],

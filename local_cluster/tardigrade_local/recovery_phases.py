@@ -54,6 +54,18 @@ def recovery_phases(records: Sequence[Mapping[str, Any]],
     return {name: round(times[name] - disruption.time, 2) for name in PHASES if name in times}
 
 
+def step_cache_results(records: Sequence[Mapping[str, Any]],
+                       disruption: Disruption) -> list[str]:
+    """How each rank of the next gang got its compiled step, in rank order: the first word of
+    each of rank 0's `compiled` line's `step_cache_ranks` (tardigrade_trainer/step_cache.py:
+    hit, miss, jax_cache, fallback, off); empty when the log does not say."""
+    later = sorted({int(r["attempt"]) for r in records if int(r["attempt"]) > disruption.attempt})
+    if not later:
+        return []
+    compiled = _first([r for r in records if int(r["attempt"]) == later[0]], "compiled") or {}
+    return [str(rank).split()[0] for rank in compiled.get("step_cache_ranks") or []]
+
+
 def median_phases(split: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per phase, the median over the recoveries that show it."""
     return {name: round(statistics.median(values), 2) for name in PHASES

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tardigrade_local.goodput import Disruption
-from tardigrade_local.recovery_phases import median_phases, recovery_phases
+from tardigrade_local.recovery_phases import median_phases, recovery_phases, step_cache_results
 
 T0 = 1_000_000.0
 
@@ -54,3 +54,15 @@ def test_median_per_phase_over_the_recoveries_that_show_it():
     split = [{"saved": 1.0, "first_step": 8.0}, {"first_step": 10.0},
              {"saved": 3.0, "first_step": 12.0}]
     assert median_phases(split) == {"saved": 2.0, "first_step": 10.0}
+
+
+def test_how_each_rank_of_the_next_gang_got_its_step():
+    records = recovery(T0)
+    compiled = next(r for r in records if r["event"] == "compiled")
+    compiled["step_cache_ranks"] = ["jax_cache 0.310", "hit 0.081"]
+    # An earlier gang's line does not count.
+    records.insert(0, {"event": "compiled", "attempt": 1, "step": 1, "time": T0 - 50,
+                       "step_cache_ranks": ["miss 3.1", "miss 3.0"]})
+    assert step_cache_results(records, Disruption("preemption", T0, 1)) == ["jax_cache", "hit"]
+    assert step_cache_results(recovery(T0), Disruption("preemption", T0, 1)) == []
+    assert step_cache_results(records, Disruption("preemption", T0 + 100, 2)) == []

@@ -12,7 +12,15 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from tardigrade_trainer import compile_stats, data, distributed, mesh, model
+from tardigrade_trainer import (
+    compile_stats,
+    compiled_step,
+    data,
+    distributed,
+    mesh,
+    model,
+    step_cache,
+)
 from tardigrade_trainer.checkpoint.manager import gathered_state_hash
 from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
@@ -59,6 +67,8 @@ def checkpoint_options(config: TrainerConfig) -> dict[str, Any]:
 class Trainer:
     """The reference loop: one user of `TrainingSession`, which owns the operator's side."""
 
+    DONATE = (True, False, False)  # the step's state, not its batch
+
     def __init__(self, session: TrainingSession, config: TrainerConfig) -> None:
         self.session = session
         self.env = session.env
@@ -80,26 +90,39 @@ class Trainer:
                                                                              eqx.is_array))
         return {"model": eqx.apply_updates(state["model"], updates), "opt": opt}, loss
 
-    def _compile_before_the_first_collective(self, step_fn: Any, state: Any, step: int,
-                                             batch_sharding: NamedSharding) -> None:
-        """Compile the step on every host, then meet, before the gang's first collective.
+    def _compile_before_the_first_collective(
+        self, step_fn: Any, state: Any, step: int, batch_sharding: NamedSharding
+    ) -> tuple[Any, dict[str, Any]]:
+        """Compile the step on every host, then meet, before the gang's first collective; the
+        step the loop is to call, and what the `compiled` log line says about getting it.
 
         XLA's CPU collectives give a peer a fixed 30 s to reach the first collective
         (GlooKeyValueStore::get, xla/backends/cpu/collectives/gloo_kv_store.cc); on a loaded
         host compiling the step can take longer than that, and the whole gang then fails. The
-        coordination service's barrier waits as long as start-up may (`init_timeout_seconds`).
-        The compiled step is cached, so the loop's first call does not compile it again."""
+        meeting, in the coordination service's key-value store, waits as long as start-up may
+        (`init_timeout_seconds`). Each rank loads the step from its own cache (step_cache.py)
+        where it can, and the loop calls that executable: jit would compile it again on every
+        rank JAX's own cache does not serve."""
         if jax.process_count() == 1:
-            return
+            return step_fn, {}
         x, y = data.sharded_batch(self.config, step, batch_sharding)
-        step_fn.lower(state, x, y).compile()
+        cache = (step_cache.StepCache(self.config.compilation_cache_dir, jax.process_index())
+                 if self.config.compilation_cache_dir else None)
+        compiled, outcome = step_cache.compile_or_load(
+            step_fn.lower(state, x, y), cache, list(self.plan.mesh.devices.flat))
         timeout = self.env.init_timeout_seconds
         try:
-            distributed.barrier(f"tardigrade-compiled-{self.env.attempt}", timeout)
+            # Every rank waits for every rank's word: the meeting, and rank 0 learns how each
+            # got its step (a relaunch whose compiled phase is long shows who compiled).
+            ranks = distributed.all_gather_strings(
+                f"tardigrade-compiled-{self.env.attempt}",
+                f"{outcome.result} {outcome.seconds:.3f}", timeout)
         except Exception as err:  # the coordination service's error for a missing peer
             raise distributed.PeerTimeoutError(
                 f"not every rank had compiled the training step within {timeout:g} s: {err}"
             ) from err
+        return (compiled_step.CompiledStep(self._train_step, compiled, self.DONATE, (state, x, y)),
+                {**outcome.fields(), "step_cache_ranks": ranks})
 
     def run(self) -> None:
         compile_stats.watch()
@@ -121,12 +144,13 @@ class Trainer:
             self.log({"event": "state_hash", "step": start - 1, "hash": gathered_state_hash(state)})
 
         step_fn = hax.named_jit(self._train_step, axis_resources=plan.axis_mapping,
-                                donate_args=(True, False, False))
+                                donate_args=self.DONATE)
         batch_sharding = NamedSharding(plan.mesh, PartitionSpec(plan.batch_axes, None))
         tokens_per_step = config.global_batch_size * config.seq_len
         if start <= config.steps:
-            self._compile_before_the_first_collective(step_fn, state, start, batch_sharding)
-            self.log({"event": "compiled", "step": start, **compile_stats.totals()})
+            step_fn, got = self._compile_before_the_first_collective(step_fn, state, start,
+                                                                     batch_sharding)
+            self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got})
         window_start, window_steps = time.perf_counter(), 0
 
         for step in session.steps(config.steps):

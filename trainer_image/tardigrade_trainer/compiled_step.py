@@ -1,0 +1,42 @@
+"""The training step compiled ahead of time, called like the `hax.named_jit` function it was
+lowered from.
+
+What `named_jit(...).lower(...).compile()` gives takes the arguments named_jit hands its inner
+`jax.jit`, not the step's own: the arrays of the function and of its arguments, split into
+donated and kept (everything else is static, part of the program), and it returns the
+outputs' arrays with a `Static` holding the rest (haliax/partitioning.py,
+`_NamedJitWrapper._call` and `_named_pjit_cache`). `CompiledStep` does that split and join, so
+that the loop runs the executable it compiled or loaded (step_cache.py) instead of asking jit
+for it, which would compile the step again wherever JAX's own cache misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+from haliax.tree_util import hashable_combine, hashable_partition
+
+
+class CompiledStep:
+    """`compiled` (lowered from `named_jit(fn, donate_args=donate_args)` with `example_args`),
+    called with the step's own positional arguments."""
+
+    def __init__(self, fn: Callable[..., Any], compiled: Any, donate_args: tuple[bool, ...],
+                 example_args: tuple[Any, ...]) -> None:
+        self._dynamic_fun = hashable_partition(fn, eqx.is_array)[0]
+        self._compiled = compiled
+        self._donate = donate_args
+        self._static = hashable_partition((example_args, {}), eqx.is_array)[1]
+
+    def __call__(self, *args: Any) -> Any:
+        dynamic, static = hashable_partition((args, {}), eqx.is_array)
+        if static != self._static:
+            # The program holds the static parts it was lowered with: these would be ignored.
+            raise ValueError("the step was compiled for arguments of another structure "
+                             "(their non-array parts differ): lower and compile it again")
+        donated, kept = eqx.partition((self._dynamic_fun, dynamic),
+                                      (False, (self._donate, {})))
+        out, out_static = self._compiled(donated, kept)
+        return hashable_combine(out, out_static.value)

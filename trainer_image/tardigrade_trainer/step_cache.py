@@ -1,0 +1,228 @@
+"""A per-rank cache of the compiled training step, beside JAX's persistent compilation cache.
+
+JAX 0.10.2 writes persistent-cache entries from process 0 only (jax/_src/compiler.py,
+`_cache_write`), and its key holds the devices' topology fingerprint (jax/_src/cache_key.py,
+`_hash_accelerator_config`), which differs between the CPU processes of one gang: so every rank
+but 0 compiled the step from scratch at every relaunch. Here each rank keeps its own compiled
+step, serialized with JAX's public `jax.experimental.serialize_executable`, in a folder of its
+own under the compilation cache's directory, keyed by everything that makes the executable
+valid for this process (`program_facts`, `entry_key`).
+
+An entry is never trusted blindly: its digest is checked before it is loaded, and an entry that
+does not load falls back to compiling, with the reason in the outcome. Only a step compiled here
+is stored: one that JAX loaded from its own cache (rank 0's, mostly) serializes without its
+CPU object code and would fail when run ("NOT_FOUND: Function ... not found"; reproduced with
+jax 0.10.2), and JAX's cache serves that rank anyway. Loading unpickles the
+entry (as `deserialize_and_load` warns), so the folder must be as trusted as JAX's own cache
+directory (the pod's volume): nothing else writes there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FOLDER = "tardigrade-step-cache"
+# Entries kept per rank: a world size or a program that changed leaves its old entry behind,
+# and a gang that grows back finds the previous one.
+DEFAULT_KEEP = 4
+_MAGIC = b"tardigrade-step-cache 2\n"
+_SUFFIX = ".step"
+# A temporary file this old belongs to a writer that died before its rename.
+_STALE_TEMP_SECONDS = 3600.0
+
+
+_jax_cache_hits = 0
+_listening = False
+_lock = threading.Lock()
+
+
+def _count_jax_cache_hits(event: str, **_: Any) -> None:
+    global _jax_cache_hits
+    if event == "/jax/compilation_cache/cache_hits":
+        with _lock:
+            _jax_cache_hits += 1
+
+
+def _jax_cache_hits_so_far() -> int:
+    """Hits in JAX's persistent cache since the first call (from JAX's monitoring events, which
+    jax/_src/compiler.py records in the compiling thread)."""
+    global _listening
+    with _lock:
+        if not _listening:
+            from jax import monitoring
+
+            monitoring.register_event_listener(_count_jax_cache_hits)
+            _listening = True
+        return _jax_cache_hits
+
+
+class CorruptEntryError(ValueError):
+    """An entry's bytes are not what its writer wrote (torn, truncated, or overwritten)."""
+
+
+def program_facts(devices: Sequence[Any]) -> dict[str, Any]:
+    """Besides the program itself, what makes a compiled step valid for this process: the JAX
+    and jaxlib versions, the backend and its version, this process's place in the gang, the
+    devices the step runs on (in the order it was compiled for) and the XLA flags."""
+    import jax
+    import jaxlib
+
+    client = devices[0].client
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": client.platform,
+        "platform_version": client.platform_version,
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "devices": [[d.id, d.process_index, d.device_kind] for d in devices],
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def entry_key(program_text: str, facts: Mapping[str, Any]) -> str:
+    """The entry's name: a digest of the lowered program's text and of `facts`."""
+    digest = hashlib.sha256()
+    digest.update(hashlib.sha256(program_text.encode()).digest())
+    digest.update(json.dumps(facts, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+class StepCache:
+    """One rank's folder of serialized steps: written atomically, at most `keep` entries."""
+
+    def __init__(self, root: str | Path, rank: int, keep: int = DEFAULT_KEEP) -> None:
+        if keep < 1:
+            raise ValueError(f"a step cache must keep at least 1 entry, got keep={keep}")
+        self.folder = Path(root) / FOLDER / f"rank-{rank}"
+        self.keep = keep
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}{_SUFFIX}"
+
+    def read(self, key: str) -> bytes | None:
+        """The entry's payload; None when there is none; CorruptEntryError when its digest does
+        not match."""
+        try:
+            data = self.path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        header = len(_MAGIC) + hashlib.sha256().digest_size
+        if len(data) < header or not data.startswith(_MAGIC):
+            raise CorruptEntryError(f"{self.path(key)}: not a step cache entry")
+        payload = data[header:]
+        if hashlib.sha256(payload).digest() != data[len(_MAGIC):header]:
+            raise CorruptEntryError(f"{self.path(key)}: digest mismatch ({len(payload)} bytes)")
+        # Used now: the bound evicts the entries used least recently.
+        with contextlib.suppress(OSError):
+            os.utime(self.path(key))
+        return payload
+
+    def write(self, key: str, payload: bytes) -> None:
+        """Store the entry whole or not at all (a reader never sees half of it), then evict the
+        entries used least recently beyond `keep`."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        temp = self.folder / f".{key}.{os.getpid()}.tmp"
+        try:
+            with open(temp, "wb") as f:
+                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, self.path(key))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+        self._evict()
+
+    def discard(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path(key).unlink()
+
+    def entries(self) -> list[Path]:
+        """The entries, most recently used first."""
+        found = []
+        for path in self.folder.glob(f"*{_SUFFIX}"):
+            with contextlib.suppress(FileNotFoundError):  # evicted by another writer meanwhile
+                found.append((path.stat().st_mtime, path))
+        return [path for _, path in sorted(found, reverse=True)]
+
+    def _evict(self) -> None:
+        for path in self.entries()[self.keep:]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        now = time.time()
+        for temp in self.folder.glob(".*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                if now - temp.stat().st_mtime > _STALE_TEMP_SECONDS:
+                    temp.unlink()
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How this rank got its step: `hit` (loaded), `miss` (compiled and stored), `fallback`
+    (an entry was there but did not load: compiled and stored), `jax_cache` (JAX's own
+    persistent cache had it: not stored), `off` (no cache: compiled)."""
+
+    result: str
+    seconds: float  # loading it, or compiling and storing it
+    detail: str | None = None  # why an entry did not load, or could not be stored
+
+    def fields(self) -> dict[str, Any]:
+        """For the trainer's `compiled` log line."""
+        found: dict[str, Any] = {"step_cache": self.result,
+                                 "step_cache_seconds": round(self.seconds, 3)}
+        if self.detail:
+            found["step_cache_detail"] = self.detail
+        return found
+
+
+def compile_or_load(lowered: Any, cache: StepCache | None,
+                    devices: Sequence[Any]) -> tuple[Any, Outcome]:
+    """The `jax.stages.Compiled` of `lowered` (compiled for `devices`, in that order), from
+    `cache` when it holds it, else compiled and stored there."""
+    started = time.perf_counter()
+    if cache is None:
+        return lowered.compile(), Outcome("off", time.perf_counter() - started)
+    import jax
+    from jax.experimental import serialize_executable
+
+    key = entry_key(lowered.as_text(), program_facts(devices))
+    why: str | None = None
+    found = False
+    try:
+        payload = cache.read(key)
+        found = payload is not None
+        if payload is not None:
+            compiled = serialize_executable.deserialize_and_load(
+                payload, jax.tree_util.tree_structure(lowered.args_info), lowered.out_tree,
+                backend=devices[0].client, execution_devices=list(devices))
+            return compiled, Outcome("hit", time.perf_counter() - started)
+    except Exception as err:  # whatever a bad entry raises, compiling is the way out
+        found = True
+        why = f"entry {key[:12]} did not load ({type(err).__name__}: {err}); compiled instead"
+        log.warning("step cache: %s", why)
+        cache.discard(key)
+    hits_before = _jax_cache_hits_so_far()
+    compiled = lowered.compile()
+    if _jax_cache_hits_so_far() > hits_before:
+        return compiled, Outcome("jax_cache", time.perf_counter() - started, why)
+    try:
+        cache.write(key, serialize_executable.serialize(compiled)[0])
+    except Exception as err:  # a full disk or an executable JAX cannot serialize
+        note = f"not stored ({type(err).__name__}: {err})"
+        log.warning("step cache: %s", note)
+        why = f"{why}; {note}" if why else note
+    return compiled, Outcome("fallback" if found else "miss",
+                             time.perf_counter() - started, why)
