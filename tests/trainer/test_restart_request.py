@@ -186,3 +186,31 @@ def test_a_big_gang_waits_longer_for_its_word_but_not_past_the_shutdown_window()
     # A save that used most of the window still gets the wait every rank had before.
     late = inplace.release_wait_seconds(1024, shutdown_window_seconds=15, since_notice=13)
     assert late == inplace.RELEASE_WAIT_SECONDS
+
+
+def test_the_trainer_s_entry_point_starts_on_the_world_its_request_left(tmp_path, monkeypatch):
+    # The kept pod's annotation (its env's world) is patched only once the gang runs again:
+    # the restarted container must start on the world file, or it exits 77 as stale.
+    from tardigrade_trainer import __main__ as entry
+    from tardigrade_trainer import session as session_module
+
+    (tmp_path / inplace.WORLD_FILE).write_text(json.dumps(_world(attempt=2)))
+    for name, value in _environ(tmp_path, 1, None).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(contract.ENV_TERMINATION_LOG, str(tmp_path / "termination-log"))
+    started: list[contract.TrainerEnvironment] = []
+
+    class Session:
+        def __init__(self, env: contract.TrainerEnvironment, **_: object) -> None:
+            started.append(env)
+
+        def __enter__(self) -> Session:
+            raise SystemExit(0)
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+    monkeypatch.setattr(session_module, "TrainingSession", Session)
+    with pytest.raises(SystemExit):
+        entry.main([])
+    assert [(e.attempt, e.num_processes, e.process_id) for e in started] == [(2, 2, 1)]

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from tardigrade_trainer import contract, phases
+from tardigrade_trainer import contract, inplace, phases
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
         return 0
     logging.basicConfig(level=os.environ.get("TARDIGRADE_LOG_LEVEL", "WARNING"))
     try:
-        env = contract.TrainerEnvironment.from_env()
+        # A container restarted in place takes the newer of its env's world and the one its
+        # operator's request left in the pod (inplace.newest_world): the pod's annotation,
+        # which the env reads, is patched only once the whole gang runs again.
+        env = contract.TrainerEnvironment.from_env(inplace.newest_world(os.environ))
     except contract.ContractError as err:
         term = os.environ.get(contract.ENV_TERMINATION_LOG) or contract.DEFAULT_TERMINATION_LOG
         return _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
