@@ -40,7 +40,6 @@ import itertools
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
 
 from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
+from tardigrade_local.ports import free_port  # noqa: E402
 
 NS = "default"
 GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
@@ -100,11 +100,6 @@ def sample(proc: psutil.Process, seconds: float) -> tuple[float, float]:
     time.sleep(seconds)
     return proc.memory_info().rss / 2**20, proc.cpu_percent(None)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 Histogram = tuple[float, float, dict[float, float]]  # count, sum, cumulative count by bound

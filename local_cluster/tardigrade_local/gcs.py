@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 import urllib.error
@@ -19,15 +18,12 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from tardigrade_local.ports import free_port
+
 READY_TIMEOUT_SECONDS = 30.0
 # An access-log line as fake-gcs-server writes it: ... \"PUT /upload/storage/v1/... HTTP/1.1\" 200
 _ACCESS_LINE = re.compile(r'\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" \d{3}')
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _binary() -> str:
@@ -67,7 +63,7 @@ class GcsEmulator:
                  log_path: Path | None = None, data_dir: Path | None = None,
                  log_requests: bool = False) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port()
         self.log_path = log_path
         self.data_dir = data_dir  # None: in memory
         # fake-gcs-server logs one access-log line per request at level info.

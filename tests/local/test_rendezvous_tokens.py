@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from api_helpers import ThreadedServer, running_server
+from tardigrade_local.ports import free_port
 from tardigrade_trainer import contract, distributed, peerauth
 from test_rbac_api import admin, call, token_for
 
@@ -24,11 +25,6 @@ from tests.rendezvous import coordinator_in_thread
 AUD = contract.RENDEZVOUS_AUDIENCE
 RBAC = "rbac.authorization.k8s.io/v1"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _pod(server: ThreadedServer, namespace: str, name: str) -> dict[str, Any]:

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 
 import aiohttp
 import kopf
 import tardigrade_operator.handlers  # noqa: F401  (registers the probe)
 from kopf._core.engines import probing  # the liveness endpoint `kopf run --liveness` serves
+from tardigrade_local.ports import free_port
 from tardigrade_operator import watchdog
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def healthz(url: str) -> tuple[int, str]:

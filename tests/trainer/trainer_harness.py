@@ -7,13 +7,13 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tardigrade_local.ports import free_port
 from tardigrade_trainer import contract
 
 from tests.polling import wait_for  # noqa: F401  (re-exported for the test modules)
@@ -36,11 +36,6 @@ TINY = {
     "learning_rate": 1e-2,
 }
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 

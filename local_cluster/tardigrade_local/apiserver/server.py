@@ -7,7 +7,6 @@ import base64
 import contextlib
 import json
 import logging
-import socket
 import ssl
 import tempfile
 from pathlib import Path
@@ -35,11 +34,6 @@ log = logging.getLogger(__name__)
 STATE_FILE = "apiserver-state.json"
 KEYS_FILE = "apiserver-keys.json"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ApiServer:
