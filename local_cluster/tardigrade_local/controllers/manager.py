@@ -1,7 +1,8 @@
 """Runs the Deployment and ReplicaSet controllers: observe, decide (pure), act.
 
-Level-triggered: every pass lists Deployments, ReplicaSets and Pods afresh from the API
-server (one server on loopback, so a list is cheap and never stale), decides with
+Level-triggered: every pass lists Deployments, ReplicaSets and (when there are any of
+those) Pods afresh from the API server (one server on loopback, so a list is cheap and never
+stale), decides with
 `decide_deployment` / `decide_replicaset`, and writes only what differs. Watches only wake the
 loop early; a timer covers what time alone changes (minReadySeconds, the progress deadline).
 Reading fresh lists replaces upstream's informer caches and "expectations": a pass never acts
@@ -109,7 +110,10 @@ class WorkloadControllers:
         now = dt.datetime.now(dt.UTC)
         deployments = await self._list("apps/v1", "deployments", "Deployment")
         replicasets = await self._list("apps/v1", "replicasets", "ReplicaSet")
-        pods = await self._list("v1", "pods", "Pod")
+        # Pods matter only to ReplicaSets (a Deployment sees its pods through them). With
+        # none, a pass skips listing every pod: at a thousand pods that list is megabytes,
+        # every resync.
+        pods = await self._list("v1", "pods", "Pod") if replicasets or deployments else []
         rechecks = [RESYNC_SECONDS]
         wrote = False
         for deploy in deployments:
