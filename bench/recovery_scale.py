@@ -18,7 +18,10 @@ SIGTERM, the ranks save one step), and the bench follows, from watches on the ad
   `/metrics`, non-resource requests left out) and the operator's (audit log), the operator's
   TrainingJob status writes, the kubelets' pod status writes;
 - the operator's RSS and CPU seconds over the recovery; the cluster process's (API server,
-  kubelets, scheduler: one process) memory and CPU per simulated pod while the gang starts.
+  kubelets, scheduler: one process) memory and CPU per simulated pod while the gang starts;
+- where the machine's cores went during the recovery: the CPU seconds of the operator, the
+  cluster process and the bench itself, the machine's busy share, and the floor they set
+  (their sum over the cores): a recovery whose floor is near its time was waiting for a core.
 
 Simulator latencies are zero (a container starts at once: `simulated_start_seconds` 0) and the
 ranks step every 50 ms, so the figures are the control plane's and the operator's own; a
@@ -268,6 +271,17 @@ def audit_lines(path: Path, user: str) -> list[dict[str, Any]]:
     return events
 
 
+CORES = psutil.cpu_count() or 1
+
+
+def busy_cpu() -> float:
+    """CPU seconds the whole machine has spent busy, all cores together (steal counts: the
+    hypervisor gave the core to someone else)."""
+    times = psutil.cpu_times()._asdict()
+    return float(sum(times.get(k, 0.0) for k in ("user", "nice", "system", "irq", "softirq",
+                                                 "steal")))
+
+
 def cpu_seconds(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return float(times.user + times.system)
@@ -328,6 +342,8 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
             requests0 = request_counts(api)
             audited0 = len(audit_lines(cluster.layout.audit_log, user))
             op_cpu0, op_rss0 = cpu_seconds(op), op.memory_info().rss
+            cluster_cpu_r0, bench_cpu0, machine0 = (cpu_seconds(cluster_proc),
+                                                    cpu_seconds(psutil.Process()), busy_cpu())
             timeline.note_restarts()
             t0 = time.monotonic()
             cluster.preempt_node(node)
@@ -349,6 +365,9 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
             }, timeout)
             recovery = (timeline.status().get("recoveries") or [{}])[-1]
             op_cpu1, op_rss1 = cpu_seconds(op), op.memory_info().rss
+            cluster_cpu_r1, bench_cpu1, machine1 = (cpu_seconds(cluster_proc),
+                                                    cpu_seconds(psutil.Process()), busy_cpu())
+            window = time.monotonic() - t0
             requests1 = request_counts(api)
             operator_events = audit_lines(cluster.layout.audit_log, user)[audited0:]
             with timeline.lock:
@@ -381,6 +400,16 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
         "kubelet pod status writes": sum(v for (verb, res, sub), v in delta.items()
                                          if res == "pods" and sub == "status"),
         "operator CPU s during recovery": op_cpu1 - op_cpu0,
+        # The simulator's own latencies are zero, but its work is not: every simulated kubelet
+        # and trainer shares this machine's cores with the operator. The busier the machine,
+        # the more of the operator's part is waiting for a core.
+        "cluster CPU s during recovery": cluster_cpu_r1 - cluster_cpu_r0,
+        "bench CPU s during recovery": bench_cpu1 - bench_cpu0,
+        "machine busy during recovery, % of all cores": 100 * (machine1 - machine0) / (
+            window * CORES),
+        "CPU floor: (operator + cluster + bench CPU) / cores s": (
+            op_cpu1 - op_cpu0 + cluster_cpu_r1 - cluster_cpu_r0 + bench_cpu1 - bench_cpu0)
+            / CORES,
         "operator RSS MiB after recovery": op_rss1 / 2**20,
         "operator RSS MiB before": op_rss0 / 2**20,
         "cluster RSS KiB per simulated pod": (cluster_rss1 - cluster_rss0) / 1024 / replicas,
