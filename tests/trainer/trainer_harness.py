@@ -37,9 +37,6 @@ TINY = {
 }
 
 
-
-
-
 def read_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

@@ -35,7 +35,6 @@ STATE_FILE = "apiserver-state.json"
 KEYS_FILE = "apiserver-keys.json"
 
 
-
 class ApiServer:
     """A local Kubernetes API server.
 

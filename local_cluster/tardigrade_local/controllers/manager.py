@@ -2,11 +2,11 @@
 
 Level-triggered: every pass lists Deployments, ReplicaSets and (when there are any of
 those) Pods afresh from the API server (one server on loopback, so a list is cheap and never
-stale), decides with
-`decide_deployment` / `decide_replicaset`, and writes only what differs. Watches only wake the
-loop early; a timer covers what time alone changes (minReadySeconds, the progress deadline).
-Reading fresh lists replaces upstream's informer caches and "expectations": a pass never acts
-on a view that misses its own previous writes, so it never creates a pod twice.
+stale), decides with `decide_deployment` / `decide_replicaset`, and writes only what
+differs. Watches only wake the loop early; a timer covers what time alone changes
+(minReadySeconds, the progress deadline). Reading fresh lists replaces upstream's informer
+caches and "expectations": a pass never acts on a view that misses its own previous writes,
+so it never creates a pod twice.
 
 Simplified against upstream kube-controller-manager (see also `deployment.py`): objects are
 only managed through controller ownerReferences (no adoption or release of orphans), no
