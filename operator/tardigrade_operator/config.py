@@ -52,6 +52,9 @@ class OperatorConfig:
     # Keep healthy pods on a preemption or resize and restart their trainers in place
     # (restart_in_place.py); off by default: every recovery recreates the gang.
     restart_in_place: bool = False
+    # With restart in place: a kept trainer restarts by replacing its process (exec) instead
+    # of exiting for its kubelet to restart the container (contract.ENV_RESTART_IN_PROCESS).
+    restart_in_process: bool = False
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -90,6 +93,7 @@ class OperatorConfig:
             admission=_admission_from_env(),
             network_peers=_network_peers_from_env(),
             restart_in_place=_flag("TARDIGRADE_RESTART_IN_PLACE"),
+            restart_in_process=_flag("TARDIGRADE_RESTART_IN_PROCESS"),
         )
 
     def pacing_settings(self) -> PacingSettings:
@@ -109,6 +113,7 @@ class OperatorConfig:
             checkpoint_path_prefix=self.checkpoint_path_prefix,
             network_peers=self.network_peers,
             restart_in_place=self.restart_in_place,
+            restart_in_process=self.restart_in_process,
         )
 
 

@@ -84,6 +84,9 @@ class DecisionSettings:
     # Keep healthy pods on a recovery and restart their trainers in place
     # (restart_in_place.py); off: every recovery recreates the whole gang.
     restart_in_place: bool = False
+    # A kept trainer restarts by replacing its own process, not through its kubelet
+    # (contract.ENV_RESTART_IN_PROCESS).
+    restart_in_process: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +189,7 @@ def decide(obs: Observed) -> Plan:
     status.attempt = current
     gang = sorted((p for p in obs.pods if p.attempt == current), key=lambda p: p.rank)
     _delete_old_attempts(plan, obs, current)
+    restart_in_place.note_gang_formed(status, obs.progress, obs.now)
     _record_progress(status, obs, gang)
     _note_malformed_progress(plan, obs)
     _release_recorded(plan, obs, current)
@@ -231,7 +235,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                         gang: list[PodView]) -> None:
     status = plan.status
     outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes) for p in gang}
-    restart_in_place.hold_unrestarted(outcomes, gang, status.attempt)
+    restart_in_place.hold_unrestarted(outcomes, gang, status)
     _judge_unready_nodes(outcomes, node_watch(obs), gang)
     if not restart_in_place.note_restore(status, gang):
         _note_recovered(status, obs)
@@ -271,7 +275,8 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # sees every rank, so an interrupted finish is finished again, not counted.
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
                             _avoid_maintenance_until(spec, _launched_by(status)),
-                            restart_key=_restart_key(obs, spec))
+                            restart_key=_restart_key(obs, spec),
+                            restart_in_process=obs.settings.restart_in_process)
         plan.create_pods = slices.to_create(
             spec, status.replicas,
             [pod for pod in build_gang(obs.job, spec, launch)
@@ -736,7 +741,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         status.step = restored
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
-                        rollback=rollback, restart_key=_restart_key(obs, spec))
+                        rollback=rollback, restart_key=_restart_key(obs, spec),
+                            restart_in_process=obs.settings.restart_in_process)
     plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
                                         obs.node_pools)
     phase = "Pending" if recovery is None else (
@@ -792,7 +798,8 @@ def _note_recovered(status: TrainingJobStatus, obs: Observed) -> None:
     if last.attempt != status.attempt or last.downtime_seconds is not None:
         return
     progress = obs.progress
-    if progress is not None and progress.step > (last.restore_step or 0):
+    if progress is not None and progress.attempt in (None, status.attempt) \
+            and progress.step > (last.restore_step or 0):
         last.downtime_seconds = round((obs.now - last.time).total_seconds(), 3)
 
 

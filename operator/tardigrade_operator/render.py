@@ -56,6 +56,8 @@ class GangLaunch:
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
     # Restart in place is on: the key rank 0 accepts restart requests with (restart_in_place.py).
     restart_key: str | None = None
+    # With a restart key: kept trainers restart by exec (contract.ENV_RESTART_IN_PROCESS).
+    restart_in_process: bool = False
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -118,6 +120,7 @@ def trainer_environment(
                                     spec.pod_template.termination_grace_period_seconds),
         restart_in_place_dir=IN_PLACE_DIR if launch.restart_key else None,
         restart_key=launch.restart_key,
+        restart_in_process=launch.restart_in_process and launch.restart_key is not None,
     )
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from tardigrade_trainer import contract
@@ -257,10 +257,32 @@ def restarted_into(pod: PodView, attempt: int) -> bool:
             and last.attempt is not None and last.attempt >= attempt - 1)
 
 
+def note_gang_formed(status: TrainingJobStatus, report: contract.ProgressReport | None,
+                     now: datetime) -> None:
+    """Record the first report of the last recovery's attempt (`gang_formed_time`): rank 0
+    serves progress only once every rank met, so it is the one sign that kept ranks which
+    restarted in process (exec, no container restart) run the new world. A recovery that kept
+    pods also learns its restore step there, and the steps lost: the newest step seen before
+    it, past the restore. Call before the report is folded into `status.step`."""
+    last = status.recoveries[-1] if status.recoveries else None
+    if last is None or last.attempt != status.attempt or last.gang_formed_time is not None \
+            or report is None or report.attempt != last.attempt:
+        return
+    last.gang_formed_time = now
+    if last.kept_pods and last.restore_step is None:
+        last.restore_step = report.restore_step or 0
+        last.steps_lost = max(0, (status.step or 0) - last.restore_step)
+
+
 def hold_unrestarted(outcomes: dict[int, RankOutcome], gang: Sequence[PodView],
-                     attempt: int) -> None:
-    """A kept pod still running its old trainer (saving, about to exit 77) is not a rank of
-    the new gang yet: it counts as starting, not running."""
+                     status: TrainingJobStatus) -> None:
+    """A kept pod still running its old trainer (saving, about to exit 77 or to restart in
+    process) is not a rank of the new gang yet: it counts as starting, not running, until its
+    container restarted or the gang was seen formed in the new attempt."""
+    attempt = status.attempt
+    last = status.recoveries[-1] if status.recoveries else None
+    if last is not None and last.attempt == attempt and last.gang_formed_time is not None:
+        return
     for pod in gang:
         kept = _name_attempt(pod) not in (None, pod.attempt)
         if kept and outcomes.get(pod.rank, RankOutcome(Outcome.PENDING, "")).outcome \

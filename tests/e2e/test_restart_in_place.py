@@ -2,7 +2,9 @@
 
 Three one-trainer nodes (1 CPU each, the trainer asks for 1): two run a 1.36 kubelet with
 ContainerRestartRules, one a 1.33 kubelet that ignores restart rules. So every gang has ranks
-that can restart in place and, when it spans three nodes, one that must be recreated."""
+that can restart in place and, when it spans three nodes, one that must be recreated. Every test
+runs twice: kept trainers restarted by their kubelet (exit 77), and restarted in process
+(exec, TARDIGRADE_RESTART_IN_PROCESS), where no kept container restarts."""
 
 from __future__ import annotations
 
@@ -43,11 +45,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(local)
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
+@pytest.fixture(scope="module", params=["by kubelet", "in process"])
+def operator(request: pytest.FixtureRequest, cluster: Cluster,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    in_process = request.param == "in process"
     with running_operator(cluster, tmp_path_factory.mktemp("operator"),
-                          env={"TARDIGRADE_RESTART_IN_PLACE": "true"}) as process:
+                          env={"TARDIGRADE_RESTART_IN_PLACE": "true",
+                               "TARDIGRADE_RESTART_IN_PROCESS": str(in_process).lower()}
+                          ) as process:
+        process.in_process = in_process  # type: ignore[attr-defined]
         yield process
 
 
@@ -60,6 +66,12 @@ def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
 def _pods(cluster: Cluster, name: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in cluster.pods(name) if p.metadata.deletion_timestamp
             is None}
+
+
+def _name(base: str, operator: OperatorProcess) -> str:
+    """One name (and checkpoint path) per way of restarting: the second run must not find
+    the first's checkpoints."""
+    return f"{base}-exec" if operator.in_process else base  # type: ignore[attr-defined]
 
 
 def _restarts(pod: Any) -> int:
@@ -89,20 +101,32 @@ def _assert_every_step_trained(log: StepLog, steps: int) -> None:
 
 
 def _assert_kept_and_recreated(before: dict[str, Any], after: dict[str, Any],
-                               lost: set[str]) -> None:
-    """Pods on 1.36 nodes that were not lost stay (same uid, restarted); the rest are new."""
+                               lost: set[str], operator: OperatorProcess,
+                               log: StepLog) -> None:
+    """Pods on 1.36 nodes that were not lost stay (same uid, their trainer restarted: by the
+    kubelet, or in process with the container untouched); the rest are new."""
     for name, pod in before.items():
         if pod.spec.node_name == OLD_NODE or name in lost:
             assert name not in after, f"{name} on {pod.spec.node_name} should be recreated"
             continue
         assert name in after, f"{name} on {pod.spec.node_name} was not kept"
         assert after[name].metadata.uid == pod.metadata.uid
-        assert _restarts(after[name]) >= 1, f"{name} was kept but never restarted"
+        if operator.in_process:  # type: ignore[attr-defined]
+            assert _restarts(after[name]) == 0, f"{name}'s container restarted"
+        else:
+            assert _restarts(after[name]) >= 1, f"{name} was kept but never restarted"
+    rank0 = next(name for name, pod in before.items()
+                 if pod.metadata.labels["tardigrade.dev/rank"] == "0")
+    if operator.in_process and rank0 in after:  # type: ignore[attr-defined]
+        # Rank 0 was kept: its trainer said it would restart in process (the step log reads
+        # rank 0's pods only).
+        said = [r for r in log.records if r.get("event") == "restart_in_place"]
+        assert said and said[-1]["in_process"] is True, said
 
 
 def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
                                                              operator: OperatorProcess):
-    name = "inplace-preempt"
+    name = _name("inplace-preempt", operator)
     job = trainingjob(name, steps=50, replicas=3)
     job["spec"]["checkpoint"]["interval"] = {"steps": 1000}  # only the coordinated save
     cluster.apply(job)
@@ -114,7 +138,7 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
     cluster.local.preempt_node("new-a", grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
     _wait_running(cluster, log, name, "attempt", 2, "the gang running again")
     after = _pods(cluster, name)
-    _assert_kept_and_recreated(before, after, {victim.metadata.name})
+    _assert_kept_and_recreated(before, after, {victim.metadata.name}, operator, log)
     status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
     operator.assert_alive()
     assert status["restarts"]["preemptions"] == 1 and status["restarts"]["failures"] == 0
@@ -126,7 +150,7 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
 
 
 def test_resize_keeps_the_gang_and_adds_a_rank(cluster: Cluster, operator: OperatorProcess):
-    name = "inplace-resize"
+    name = _name("inplace-resize", operator)
     job = trainingjob(name, steps=50, replicas=2)
     job["spec"]["checkpoint"]["interval"] = {"steps": 1000}
     cluster.apply(job)
@@ -137,7 +161,7 @@ def test_resize_keeps_the_gang_and_adds_a_rank(cluster: Cluster, operator: Opera
     _wait_running(cluster, log, name, "replicas", 3, "3 ranks running")
     after = _pods(cluster, name)
     assert len(after) == 3
-    _assert_kept_and_recreated(before, after, set())
+    _assert_kept_and_recreated(before, after, set(), operator, log)
     status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
     recovery = status["recoveries"][0]
     assert recovery["cause"] == "Resize" and recovery["toReplicas"] == 3

@@ -79,6 +79,11 @@ ENV_RESTART_IN_PLACE_DIR = "TARDIGRADE_RESTART_IN_PLACE_DIR"
 # The key the operator presents (Authorization: Bearer) when it asks rank 0 to save and
 # restart the gang in place (POST RESTART_IN_PLACE_PATH on the progress port).
 ENV_RESTART_KEY = "TARDIGRADE_RESTART_KEY"
+# Restart in process ("true", with ENV_RESTART_IN_PLACE_DIR): a kept rank that saved and got its
+# new world replaces its own process image (exec) instead of exiting 77 for its kubelet to
+# restart the container. No container restart: no kubelet status write, no crash-loop back-off,
+# no need for the kubelet's restart rules; the rule stays for a rank that exits 77 anyway.
+ENV_RESTART_IN_PROCESS = "TARDIGRADE_RESTART_IN_PROCESS"
 RESTART_IN_PLACE_PATH = "/restart-in-place"
 # The request's body is the rank's new world (the annotation's JSON): a kept rank need not wait
 # for the kubelet to see the operator's pod patch. Worlds are ~200 bytes; more is refused.
@@ -166,6 +171,7 @@ class TrainerEnvironment:
     init_from_step: int | None = None
     restart_in_place_dir: str | None = None
     restart_key: str | None = None
+    restart_in_process: bool = False
 
     @property
     def keep_last(self) -> int:
@@ -210,6 +216,8 @@ class TrainerEnvironment:
             env[ENV_RENDEZVOUS_TOKEN_FILE] = self.rendezvous_token_file
         if self.rendezvous_insecure:
             env[ENV_RENDEZVOUS_INSECURE] = "true"
+        if self.restart_in_process:
+            env[ENV_RESTART_IN_PROCESS] = "true"
         return env
 
     @classmethod
@@ -297,6 +305,7 @@ class TrainerEnvironment:
             init_from_step=optional_int(ENV_INIT_FROM_STEP),
             restart_in_place_dir=env.get(ENV_RESTART_IN_PLACE_DIR) or None,
             restart_key=env.get(ENV_RESTART_KEY) or None,
+            restart_in_process=(env.get(ENV_RESTART_IN_PROCESS) or "").lower() == "true",
         )
 
 
@@ -388,6 +397,11 @@ class ProgressReport:
     checkpoint_path: str | None = None
     checkpoint_time: str | None = None  # RFC 3339
     total_steps: int | None = None
+    # The attempt the reporting trainer runs and the step it restored (None: none): rank 0
+    # serves progress only once the gang has met, so a report of a new attempt tells the
+    # operator that every rank restarted into it, also when none restarted its container.
+    attempt: int | None = None
+    restore_step: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -417,7 +431,8 @@ class ProgressReport:
                    checkpoint_step=_count(data, "checkpoint_step"),
                    checkpoint_path=_text(data, "checkpoint_path"),
                    checkpoint_time=_timestamp(data, "checkpoint_time"),
-                   total_steps=total or None)
+                   total_steps=total or None, attempt=_count(data, "attempt"),
+                   restore_step=_count(data, "restore_step"))
 
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')

@@ -15,11 +15,20 @@ import os
 import time
 
 _marks: dict[str, float] = {}
+# Set by a trainer that restarts in process (inplace.replace_process): exec keeps the process's
+# start time in /proc, so the new image's start is passed on.
+ENV_REPLACED_AT = "TARDIGRADE_PROCESS_REPLACED_AT"
 
 
 def process_started() -> float | None:
-    """When this process was started (Linux: /proc), before the interpreter's own start-up;
-    None where that is not known."""
+    """When this process was started (Linux: /proc), before the interpreter's own start-up,
+    or when its image was last replaced; None where that is not known."""
+    replaced = os.environ.get(ENV_REPLACED_AT)
+    if replaced:
+        try:
+            return float(replaced)
+        except ValueError:
+            pass
     try:
         with open("/proc/self/stat") as f:
             # The command name (field 2) may hold spaces: count fields after its ")".

@@ -45,10 +45,13 @@ class StopTraining(BaseException):
 
     A BaseException, so that a loop's own `except Exception` does not swallow it."""
 
-    def __init__(self, code: int, message: contract.TerminationMessage) -> None:
+    def __init__(self, code: int, message: contract.TerminationMessage,
+                 replace_process: bool = False) -> None:
         super().__init__(message.message)
         self.code = code
         self.message = message
+        # Restart in process: the rank starts its new world by exec, not by exiting.
+        self.replace_process = replace_process
 
 
 def write_termination(path: str, message: contract.TerminationMessage) -> None:
@@ -222,6 +225,10 @@ class TrainingSession:
             # and every rank follows, or stops with the error class process 0 stopped with.
             self.restore_choice = self._checkpoints.choose_restore(env)
             self.restore_step = self.restore_choice.step
+            # Rank 0's report names its attempt from now on: the operator's sign that every
+            # rank restarted into it (restart_in_place.note_gang_formed).
+            self.metrics.report(attempt=env.attempt, restore_step=(
+                self.restore_step if self.restore_step >= 0 else None))
             self.interval = SaveInterval(env.checkpoint_interval_steps,
                                          env.checkpoint_interval_seconds)
             self.watcher = PreemptionWatcher() if env.save_on_preemption else None
@@ -411,7 +418,10 @@ class TrainingSession:
             inplace.remember_exit(self.env, message)
             released = self._restarts.wait_released(inplace.release_wait_seconds(
                 self.env.num_processes, self.env.shutdown_window_seconds, self._since_notice()))
-            self.log({"event": "restart_in_place", "step": step, "released": released})
+            in_process = self._restarts.restarts_in_process(self.env)
+            self.log({"event": "restart_in_place", "step": step, "released": released,
+                      "in_process": in_process})
+            raise StopTraining(code, message, replace_process=in_process)
         raise StopTraining(code, message)
 
     def _report_checkpoint(self) -> None:
@@ -445,6 +455,8 @@ class TrainingSession:
             return False
         if isinstance(exc, StopTraining):
             self._leave(exc.code, exc.message)
+            if exc.replace_process:
+                inplace.replace_process()  # returns only if exec failed
             # Stopped on notice, SIGKILL on its way: the interpreter's teardown (seconds on a
             # busy host) has nothing left to do that matters, and the exit code must arrive.
             sys.stdout.flush()

@@ -19,7 +19,9 @@ attempt and world size. The gang keeps the promises the real trainer makes (`tra
   released it (or after `inplace.RELEASE_WAIT_SECONDS`); the first POST is a SIGTERM; the
   world in the POST's body is kept in the pod's directory and a restarted container takes the
   newer of it and its env's (`inplace.newest_world`); one started on a world it already ran
-  exits 77 at once (`StaleWorld`);
+  exits 77 at once (`StaleWorld`); with TARDIGRADE_RESTART_IN_PROCESS a rank released with a
+  newer world replaces its process instead (`inplace.replace_process`): it leaves its gang
+  and joins the new attempt's in the same container, which never exits;
 - a rank that dies or freezes stalls its peers' collectives: the gang stops stepping, and its
   ranks no longer manage a save (they go when the kubelet's grace runs out);
 - the end: every rank writes `Succeeded` and exits 0.
@@ -58,13 +60,16 @@ class TrainerRank:
     """One rank: the gang calls `finish`; the container delivers signals."""
 
     def __init__(self, gang: Gang, env: contract.TrainerEnvironment,
-                 on_exit: Callable[[Exit], None]) -> None:
+                 on_exit: Callable[[Exit], None],
+                 on_replace: Callable[[], None] | None = None) -> None:
+        """`on_replace`: the rank restarts in process (exec) instead of exiting."""
         self.gang = gang
         self.env = env
         self.process_id = env.process_id
         self.frozen = False
         self.exit: Exit | None = None
         self._on_exit = on_exit
+        self._on_replace = on_replace
         self.restarts = inplace.RestartRequests(env.restart_key, env.attempt,
                                                 env.restart_in_place_dir)
         self._pending: Exit | None = None
@@ -90,7 +95,11 @@ class TrainerRank:
         self.exit = result
         if result.message is not None:
             write_termination(self.env.termination_log, result.message)
-        self._on_exit(result)
+        if result.returncode == contract.EXIT_RESTART_IN_PLACE and self._on_replace is not None \
+                and self.restarts.restarts_in_process(self.env):
+            self._on_replace()
+        else:
+            self._on_exit(result)
         self.gang.left(self)
 
     def deliver(self, sig: int) -> None:
@@ -204,7 +213,7 @@ class Gang:
         return contract.ProgressReport(
             step=step, loss=1.0 / step if step else None, checkpoint_step=saved,
             checkpoint_path=self.ckpt.path(saved) if saved is not None else None,
-            total_steps=self.steps,
+            total_steps=self.steps, attempt=self.env0.attempt, restore_step=self.restored,
         )
 
     def sigterm(self, rank: TrainerRank) -> None:

@@ -83,8 +83,31 @@ class SimulatedContainer:
                 self._fail_config(env.termination_log, problem)
             else:
                 self.rank = self.runtime.join(env, self.env.get(contract.ENV_POD_IP, ""),
-                                              self._exited)
+                                              self._exited, self._replaced)
         return self._pid
+
+    def _replaced(self) -> None:
+        """The rank restarts in process (trainer inplace.replace_process): the container goes
+        on, its new trainer enters the world the operator's request left in the pod."""
+        if self.rank is not None:
+            self.runtime.rank_exited(self.rank)
+        self.rank = None
+        self.runtime.spawn(self._restart_in_process())
+
+    async def _restart_in_process(self) -> None:
+        if self.runtime.start_seconds > 0:
+            await asyncio.sleep(self.runtime.start_seconds)
+        if self._exit.done():
+            return
+        env, stale = await asyncio.to_thread(self._enter_world)
+        if env is None or stale is not None or self._exit.done():
+            # Not a newer world after all: exit as the restarted container would.
+            if env is not None and stale is not None:
+                simgang.write_termination(env.termination_log, stale.termination(env.attempt))
+            self._set_exit(contract.EXIT_RESTART_IN_PLACE)
+            return
+        self.rank = self.runtime.join(env, self.env.get(contract.ENV_POD_IP, ""), self._exited,
+                                      self._replaced)
 
     def _enter_world(self) -> tuple[contract.TrainerEnvironment | None,
                                     inplace.StaleWorld | None]:
@@ -245,14 +268,15 @@ class SimulatedRuntime:
         return SimulatedContainer(self, env)
 
     def join(self, env: contract.TrainerEnvironment, pod_ip: str,
-             on_exit: Callable[[simgang.Exit], None]) -> simgang.TrainerRank:
+             on_exit: Callable[[simgang.Exit], None],
+             on_replace: Callable[[], None] | None = None) -> simgang.TrainerRank:
         key = simgang.gang_key(env)
         gang = self.gangs.get(key)
         if gang is None:
             gang = simgang.Gang(key, env, asyncio.get_running_loop(),
                                 on_started=self._gang_started, on_ended=self._gang_ended)
             self.gangs[key] = gang
-        rank = simgang.TrainerRank(gang, env, on_exit)
+        rank = simgang.TrainerRank(gang, env, on_exit, on_replace)
         if env.process_id == 0 or env.restart_key:
             self._ips[id(rank)] = pod_ip
         gang.join(rank)
@@ -263,17 +287,17 @@ class SimulatedRuntime:
         # restart in place every rank serves the operator's request.
         for rank in gang.ranks.values():
             if id(rank) in self._ips:
-                self._spawn(self.progress.open(rank, self._ips[id(rank)]))
+                self.spawn(self.progress.open(rank, self._ips[id(rank)]))
 
     def rank_exited(self, rank: simgang.TrainerRank) -> None:
         if self._ips.pop(id(rank), None) is not None:
-            self._spawn(self.progress.close(rank))
+            self.spawn(self.progress.close(rank))
 
     def _gang_ended(self, gang: simgang.Gang) -> None:
         if self.gangs.get(gang.key) is gang:
             del self.gangs[gang.key]
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

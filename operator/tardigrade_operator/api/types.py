@@ -825,6 +825,10 @@ class Recovery(ApiModel):
     restore_step: int | None = Field(None, ge=0, description="Checkpoint step restored.")
     kept_pods: int | None = Field(
         None, ge=0, description="Pods kept and restarted in place (the rest were recreated).")
+    gang_formed_time: Timestamp | None = Field(
+        None, description="When rank 0 first reported progress in this attempt: every rank "
+        "had met in it, including kept ranks that restarted in process (no container "
+        "restart shows that).")
     reason: str = Field("", max_length=MAX_REASON_LENGTH)
 
 
