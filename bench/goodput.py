@@ -26,10 +26,15 @@ number of steps) runs through the local cluster and the operator, one arm after 
     in place       the healthy rank's pod stays and its trainer restarts with the new world;
                    only the reclaimed rank gets a new pod;
   h resized        (d) with restart in place: a shrink keeps rank 0, a grow keeps it and adds
-    in place       a pod.
-Arms g and h run on a second local cluster whose operator has restart in place on; every
-cluster's nodes run a 1.36 kubelet with ContainerRestartRules and its API server the gate, so
-the arms differ only in the operator's switch. Their logs are collected live (a kept pod's
+    in place       a pod;
+  i preempted      (g) with restart in process (TARDIGRADE_RESTART_IN_PROCESS): the kept
+    in process     trainer replaces its own process (exec) instead of exiting for its kubelet;
+  j resized        (h) with restart in process.
+    in process
+Arms g and h run on a second local cluster whose operator has restart in place on, i and j on
+a third with restart in process too; every cluster's nodes run a 1.36 kubelet with
+ContainerRestartRules and its API server the gate, so the arms differ only in the operator's
+switches. Their logs are collected live (a kept pod's
 earlier runs are gone from the node once it restarted twice: the kubelet keeps one previous
 log), each line tagged with the attempt its trainer ran as.
 
@@ -126,6 +131,8 @@ class Arm:
     steps: int | None = None
     # Run by an operator with restart in place on.
     in_place: bool = False
+    # ... and restart in process.
+    in_process: bool = False
 
 
 ARMS = {
@@ -143,6 +150,8 @@ ARMS = {
              interval_steps=200, steps=60, at_most=2),
     "g": Arm("g", "preempted-in-place", "preemption", in_place=True),
     "h": Arm("h", "resized-in-place", "resize", in_place=True),
+    "i": Arm("i", "preempted-in-process", "preemption", in_place=True, in_process=True),
+    "j": Arm("j", "resized-in-process", "resize", in_place=True, in_process=True),
 }
 KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
 
@@ -388,7 +397,7 @@ def verdicts(results: list[ArmResult]) -> list[str]:
         else:
             ratio = by_key["b"].goodput / by_key["a"].goodput
             lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio >= 0.9 else 'MISSED'}")
-    for key in ("b", "d", "f", "g", "h"):
+    for key in ("b", "d", "f", "g", "h", "i", "j"):
         if key not in by_key:
             continue
         target = f"target zero steps lost with notice ({key})"
@@ -397,14 +406,16 @@ def verdicts(results: list[ArmResult]) -> list[str]:
             continue
         lost = sum(c.steps_lost for c in by_key[key].costs)
         lines.append(f"{target}: {lost} lost -> {'met' if lost == 0 else 'MISSED'}")
-    if "b" in by_key and "g" in by_key:
-        target = "target (g) time to recover p50 <= 0.5 x (b)"
+    for key in ("g", "i"):
+        if "b" not in by_key or key not in by_key:
+            continue
+        target = f"target ({key}) time to recover p50 <= 0.5 x (b)"
         recreate = [c.recovery_seconds for c in by_key["b"].costs
                     if c.recovery_seconds is not None]
-        in_place = [c.recovery_seconds for c in by_key["g"].costs
+        in_place = [c.recovery_seconds for c in by_key[key].costs
                     if c.recovery_seconds is not None]
         if not recreate or not in_place:
-            lines.append(f"{target}: not judged, arm (b) or (g) saw no recovered preemption")
+            lines.append(f"{target}: not judged, arm (b) or ({key}) saw no recovered preemption")
         else:
             ratio = percentile(in_place, 0.5) / percentile(recreate, 0.5)
             lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio <= 0.5 else 'MISSED'}")
@@ -474,7 +485,8 @@ def plot(results: list[ArmResult], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(9, 4.8), dpi=110)
     colors = {"a": "0.45", "b": "tab:blue", "c": "tab:red", "d": "tab:orange", "e": "tab:purple",
-              "f": "tab:green", "g": "tab:cyan", "h": "tab:brown"}
+              "f": "tab:green", "g": "tab:cyan", "h": "tab:brown", "i": "tab:olive",
+              "j": "tab:pink"}
     for result in results:
         color = colors[result.arm.key]
         runs = sorted(result.runs, key=lambda r: r["time"])
@@ -495,12 +507,14 @@ def plot(results: list[ArmResult], path: Path) -> None:
 
 
 def run_arms(arms: list[Arm], settings: Settings, args: argparse.Namespace,
-             in_place: bool) -> list[ArmResult]:
-    """The arms on one local cluster whose operator has restart in place on or off."""
+             in_place: bool, in_process: bool = False) -> list[ArmResult]:
+    """The arms on one local cluster whose operator has restart in place (and in process)
+    on or off."""
     nodes = [NodeConfig(f"local-node-{i}", **KUBELET) for i in range(1, 4)]
     operator = operator_command(namespace=NS, resync_seconds=1)
     # operator_command is `env VAR=... tardigrade ...`: the switch goes with the others.
     operator.insert(1, f"TARDIGRADE_RESTART_IN_PLACE={'true' if in_place else 'false'}")
+    operator.insert(1, f"TARDIGRADE_RESTART_IN_PROCESS={'true' if in_process else 'false'}")
     results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="tardigrade-goodput-") as state, \
             LocalCluster(Path(state) / "cluster", nodes=nodes, operator_command=operator,
@@ -528,7 +542,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short job, short intervals")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", default="a,b,c,d",
-                        help="which arms (a,b,c,d,e,f,g,h; e to h are opt-in)")
+                        help="which arms (a,b,c,d,e,f,g,h,i,j; e to j are opt-in)")
     parser.add_argument("--steps", type=int, help="override the job's step count")
     parser.add_argument("--out", type=Path, help="write goodput.json/.md/.png here")
     args = parser.parse_args()
@@ -538,10 +552,11 @@ def main() -> None:
     arms = [ARMS[key] for key in args.arms.split(",")]
     started = time.monotonic()
     results: list[ArmResult] = []
-    for in_place in (False, True):
-        group = [arm for arm in arms if arm.in_place is in_place]
+    for in_place, in_process in ((False, False), (True, False), (True, True)):
+        group = [arm for arm in arms
+                 if (arm.in_place, arm.in_process) == (in_place, in_process)]
         if group:
-            results += run_arms(group, settings, args, in_place)
+            results += run_arms(group, settings, args, in_place, in_process)
     if not results:
         raise SystemExit("no arm finished")
     results.sort(key=lambda r: r.arm.key)

@@ -369,3 +369,76 @@ def test_carried_views_are_reused_between_passes_and_forgotten_with_their_pods()
     assert restart_in_place.carried(changed, status, memo)[0].attempt == 1
     restart_in_place.carried(pods[1:], status, memo)
     assert set(memo) == {"j-a1-1"}
+
+
+def test_pods_tell_their_trainers_to_restart_in_process_only_when_switched_on():
+    def env_of(cluster: FakeCluster) -> set[str]:
+        return {e["name"] for e in cluster.pods["tiny-a1-0"]["spec"]["containers"][0]["env"]}
+
+    in_process = DecisionSettings(restart_in_place=True, restart_in_process=True)
+    assert contract.ENV_RESTART_IN_PROCESS in env_of(running_gang(settings=in_process))
+    assert contract.ENV_RESTART_IN_PROCESS not in env_of(running_gang())
+    # Without restart in place there is nothing to restart in process.
+    alone = DecisionSettings(restart_in_process=True)
+    assert contract.ENV_RESTART_IN_PROCESS not in env_of(running_gang(settings=alone))
+
+
+def test_ranks_restarted_in_process_count_once_rank_0_reports_the_new_attempt():
+    cluster = running_gang(settings=DecisionSettings(restart_in_place=True,
+                                                     restart_in_process=True))
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20, attempt=1)
+    cluster.reconcile()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    cluster.reconcile()
+    assert cluster.status.recoveries[-1].kept_pods == 2
+    cluster.pods["tiny-a2-1"]["spec"]["nodeName"] = "node-3"
+    cluster.pods["tiny-a2-1"]["status"] = {
+        "phase": "Running", "podIP": "127.0.1.4",
+        "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+    # The old rank 0 still reports, saving step 31: its attempt is the old one, so the kept
+    # pods, whose containers never restart, still count as starting.
+    cluster.progress = contract.ProgressReport(step=31, checkpoint_step=31, attempt=1)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Restarting" and not plan.patch_pods
+    recovery = cluster.status.recoveries[-1]
+    assert recovery.gang_formed_time is None and recovery.restore_step is None
+    assert recovery.downtime_seconds is None
+
+    # Every rank met in attempt 2 (rank 0 serves only then), restored from step 31.
+    cluster.advance(2)
+    cluster.progress = contract.ProgressReport(step=31, checkpoint_step=31, attempt=2,
+                                               restore_step=31)
+    plan = cluster.reconcile()
+    recovery = cluster.status.recoveries[-1]
+    assert cluster.status.phase == "Running"
+    assert recovery.gang_formed_time == cluster.now
+    assert (recovery.restore_step, recovery.steps_lost) == (31, 0)
+    assert recovery.downtime_seconds is None  # not trained past the restore yet
+    assert names(plan.patch_pods) == ["tiny-a1-0", "tiny-a1-2"]
+    # Known from then on, also in passes that read no report.
+    cluster.progress = None
+    cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    cluster.advance(1)
+    cluster.progress = contract.ProgressReport(step=33, checkpoint_step=31, attempt=2,
+                                               restore_step=31)
+    cluster.reconcile()
+    assert cluster.status.recoveries[-1].downtime_seconds == 3
+
+
+def test_steps_trained_past_the_restore_of_a_gang_met_in_process_are_lost():
+    recovery = Recovery(cause="Preemption", time=NOW, attempt=2, kept_pods=2)
+    status = TrainingJobStatus(attempt=2, step=40, recoveries=[recovery])
+    # A report of the old attempt says nothing about the new gang.
+    restart_in_place.note_gang_formed(
+        status, contract.ProgressReport(step=40, attempt=1), NOW)
+    assert recovery.gang_formed_time is None
+    restart_in_place.note_gang_formed(
+        status, contract.ProgressReport(step=30, attempt=2, restore_step=30), NOW)
+    assert (recovery.gang_formed_time, recovery.restore_step, recovery.steps_lost) == (
+        NOW, 30, 10)
+    # Recorded once: a later report changes nothing.
+    restart_in_place.note_gang_formed(
+        status, contract.ProgressReport(step=35, attempt=2, restore_step=30),
+        NOW + timedelta(seconds=5))
+    assert recovery.gang_formed_time == NOW
