@@ -742,7 +742,7 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
                         rollback=rollback, restart_key=_restart_key(obs, spec),
-                            restart_in_process=obs.settings.restart_in_process)
+                        restart_in_process=obs.settings.restart_in_process)
     plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
                                         obs.node_pools)
     phase = "Pending" if recovery is None else (

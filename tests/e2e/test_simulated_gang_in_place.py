@@ -90,18 +90,25 @@ class PodEvents:
         return list(self.seen)
 
 
-def test_a_reclaimed_host_keeps_the_other_pods_and_labels_them_once_the_gang_runs(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    cluster.apply(gang_job(tmp_path / "checkpoints"))
+def reclaim_last_rank(cluster: Cluster, checkpoints: Path) -> tuple[int, list[Any], PodEvents]:
+    """Start the gang, wait until it trains, then reclaim the node of its last rank: the
+    attempt, the pods the gang had and the pod events from just before the reclaim."""
+    cluster.apply(gang_job(checkpoints))
     wait_for(lambda: (cluster.status(NAME).get("phase") == "Running"
                       and (cluster.status(NAME).get("step") or 0) > 0), 120, "a training gang")
     attempt = int(cluster.status(NAME)["attempt"])
     first = _labelled(cluster.pods(NAME), attempt)
     assert len(first) == RANKS
     victim = next(p for p in first if p.metadata.labels["tardigrade.dev/rank"] == str(RANKS - 1))
-    kept = {p.metadata.name for p in first} - {victim.metadata.name}
     events = PodEvents(cluster)
     cluster.local.preempt_node(victim.spec.node_name)
+    return attempt, [p for p in first if p is not victim], events
+
+
+def test_a_reclaimed_host_keeps_the_other_pods_and_labels_them_once_the_gang_runs(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    attempt, kept_pods, events = reclaim_last_rank(cluster, tmp_path / "checkpoints")
+    kept = {p.metadata.name for p in kept_pods}
 
     def kept_restarted() -> list[Any] | None:
         pods = {p.metadata.name: p for p in cluster.pods(NAME)}

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.harness import Cluster, OperatorProcess, running_operator, wait_for
-from tests.e2e.test_simulated_gang import gang_job
-from tests.e2e.test_simulated_gang_in_place import NAME, RANKS, PodEvents, _labelled
+from tests.e2e.test_simulated_gang_in_place import NAME, RANKS, _labelled, reclaim_last_rank
 from tests.e2e.test_simulated_gang_in_place import cluster as cluster  # the fixture
 
 pytestmark = pytest.mark.slow
@@ -35,16 +34,8 @@ def _container(pod: Any) -> Any:
 
 def test_kept_ranks_restart_in_process_without_a_container_restart(
         cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    cluster.apply(gang_job(tmp_path / "checkpoints"))
-    wait_for(lambda: (cluster.status(NAME).get("phase") == "Running"
-                      and (cluster.status(NAME).get("step") or 0) > 0), 120, "a training gang")
-    attempt = int(cluster.status(NAME)["attempt"])
-    first = _labelled(cluster.pods(NAME), attempt)
-    assert len(first) == RANKS
-    victim = next(p for p in first if p.metadata.labels["tardigrade.dev/rank"] == str(RANKS - 1))
-    kept = {p.metadata.name: p for p in first if p.metadata.name != victim.metadata.name}
-    events = PodEvents(cluster)
-    cluster.local.preempt_node(victim.spec.node_name)
+    attempt, kept_pods, events = reclaim_last_rank(cluster, tmp_path / "checkpoints")
+    kept = {p.metadata.name: p for p in kept_pods}
 
     status = wait_for(lambda: (s := cluster.status(NAME)).get("phase") == "Running"
                       and s.get("attempt") == attempt + 1 and s, 120, "the job Running again")

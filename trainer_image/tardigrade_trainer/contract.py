@@ -81,8 +81,8 @@ ENV_RESTART_IN_PLACE_DIR = "TARDIGRADE_RESTART_IN_PLACE_DIR"
 ENV_RESTART_KEY = "TARDIGRADE_RESTART_KEY"
 # Restart in process ("true", with ENV_RESTART_IN_PLACE_DIR): a kept rank that saved and got its
 # new world replaces its own process image (exec) instead of exiting 77 for its kubelet to
-# restart the container. No container restart: no kubelet status write, no crash-loop back-off,
-# no need for the kubelet's restart rules; the rule stays for a rank that exits 77 anyway.
+# restart the container. No container restart: no kubelet status write, no crash-loop back-off;
+# the container's restart rule stays for a rank that exits 77 anyway.
 ENV_RESTART_IN_PROCESS = "TARDIGRADE_RESTART_IN_PROCESS"
 RESTART_IN_PLACE_PATH = "/restart-in-place"
 # The request's body is the rank's new world (the annotation's JSON): a kept rank need not wait
