@@ -57,7 +57,7 @@ class Member:
     name: str
     rank: int
     healthy: bool  # running, not deleting, its node not lost or shutting down
-    can_restart: bool  # rule_survived and kubelet_supports_rules
+    can_restart: bool  # rule_survived and kubelet_supports_rules, or restarts in process
 
 
 @dataclasses.dataclass(frozen=True)

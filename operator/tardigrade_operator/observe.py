@@ -86,6 +86,8 @@ class PodView:
     # termination message and exit code of its previous run in this pod.
     restart_rule: bool = False
     restart_key: str | None = None
+    # Its trainer restarts in process (contract.ENV_RESTART_IN_PROCESS): it needs no kubelet.
+    restart_in_process: bool = False
     restart_count: int = 0
     last_exit_code: int | None = None
     last_termination: contract.TerminationMessage | None = None
@@ -166,6 +168,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         owner_uid=owner_uid(pod),
         restart_rule=inplace.rule_survived(pod),
         restart_key=_trainer_env(pod, contract.ENV_RESTART_KEY),
+        restart_in_process=_trainer_env(pod, contract.ENV_RESTART_IN_PROCESS) == "true",
         restart_count=int((container or {}).get("restartCount") or 0),
         last_exit_code=last.get("exitCode"),
         last_finished_at=contract.parse_time(last.get("finishedAt")),

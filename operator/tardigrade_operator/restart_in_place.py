@@ -94,10 +94,16 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
             outcome is Outcome.PENDING and p.exit_code == contract.EXIT_RESTART_IN_PLACE)
 
     def can_restart(p: PodView) -> bool:
+        if p.restart_key is None or backed_off(p):
+            return False
+        if p.restart_in_process:
+            # Its trainer restarts itself (exec): no kubelet takes part, so any node's does. A
+            # rank that exits 77 anyway ends its pod where the rule is missing or ignored, and
+            # the next pass recreates it (observe.classify: a save, as exit 75).
+            return True
         node = {"status": {"nodeInfo": {"kubeletVersion": kubelet_versions.get(
             p.node_name or "", "")}}}
-        return p.restart_rule and p.restart_key is not None and \
-            inplace.kubelet_supports_rules(node) and not backed_off(p)
+        return p.restart_rule and inplace.kubelet_supports_rules(node)
 
     return [inplace.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
 

@@ -4,7 +4,8 @@ Three one-trainer nodes (1 CPU each, the trainer asks for 1): two run a 1.36 kub
 ContainerRestartRules, one a 1.33 kubelet that ignores restart rules. So every gang has ranks
 that can restart in place and, when it spans three nodes, one that must be recreated. Every test
 runs twice: kept trainers restarted by their kubelet (exit 77), and restarted in process
-(exec, TARDIGRADE_RESTART_IN_PROCESS), where no kept container restarts."""
+(exec, TARDIGRADE_RESTART_IN_PROCESS), where no kept container restarts and the old kubelet's
+pod is kept too."""
 
 from __future__ import annotations
 
@@ -71,7 +72,12 @@ def _pods(cluster: Cluster, name: str) -> dict[str, Any]:
 def _name(base: str, operator: OperatorProcess) -> str:
     """One name (and checkpoint path) per way of restarting: the second run must not find
     the first's checkpoints."""
-    return f"{base}-exec" if operator.in_process else base  # type: ignore[attr-defined]
+    return f"{base}-exec" if _in_process(operator) else base
+
+
+def _in_process(operator: OperatorProcess) -> bool:
+    """The operator of this run restarts kept trainers in process (the fixture's param)."""
+    return bool(getattr(operator, "in_process", False))
 
 
 def _restarts(pod: Any) -> int:
@@ -103,21 +109,23 @@ def _assert_every_step_trained(log: StepLog, steps: int) -> None:
 def _assert_kept_and_recreated(before: dict[str, Any], after: dict[str, Any],
                                lost: set[str], operator: OperatorProcess,
                                log: StepLog) -> None:
-    """Pods on 1.36 nodes that were not lost stay (same uid, their trainer restarted: by the
-    kubelet, or in process with the container untouched); the rest are new."""
+    """Pods that were not lost stay (same uid) where their trainer can restart: on 1.36 nodes
+    by the kubelet, or on any node in process with the container untouched; the rest are
+    new."""
     for name, pod in before.items():
-        if pod.spec.node_name == OLD_NODE or name in lost:
+        kubelet_only = pod.spec.node_name == OLD_NODE and not _in_process(operator)
+        if kubelet_only or name in lost:
             assert name not in after, f"{name} on {pod.spec.node_name} should be recreated"
             continue
         assert name in after, f"{name} on {pod.spec.node_name} was not kept"
         assert after[name].metadata.uid == pod.metadata.uid
-        if operator.in_process:  # type: ignore[attr-defined]
+        if _in_process(operator):
             assert _restarts(after[name]) == 0, f"{name}'s container restarted"
         else:
             assert _restarts(after[name]) >= 1, f"{name} was kept but never restarted"
     rank0 = next(name for name, pod in before.items()
                  if pod.metadata.labels["tardigrade.dev/rank"] == "0")
-    if operator.in_process and rank0 in after:  # type: ignore[attr-defined]
+    if _in_process(operator) and rank0 in after:
         # Rank 0 was kept: its trainer said it would restart in process (the step log reads
         # rank 0's pods only).
         said = [r for r in log.records if r.get("event") == "restart_in_place"]
@@ -143,7 +151,9 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
     operator.assert_alive()
     assert status["restarts"]["preemptions"] == 1 and status["restarts"]["failures"] == 0
     recovery = status["recoveries"][0]
-    assert recovery["cause"] == "Preemption" and recovery["keptPods"] == 1, recovery
+    assert recovery["cause"] == "Preemption", recovery
+    # In process the rank on the old kubelet is kept too.
+    assert recovery["keptPods"] == (2 if _in_process(operator) else 1), recovery
     assert recovery["stepsLost"] == 0, recovery
     assert recovery["restoreStep"] >= 8 and recovery["downtimeSeconds"] > 0
     _assert_every_step_trained(log, 50)
@@ -165,7 +175,8 @@ def test_resize_keeps_the_gang_and_adds_a_rank(cluster: Cluster, operator: Opera
     status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
     recovery = status["recoveries"][0]
     assert recovery["cause"] == "Resize" and recovery["toReplicas"] == 3
-    kept = sum(p.spec.node_name != OLD_NODE for p in before.values())
+    kept = sum(p.spec.node_name != OLD_NODE or _in_process(operator)
+               for p in before.values())
     assert recovery["keptPods"] == kept, recovery
     assert recovery["stepsLost"] == 0, recovery
     _assert_every_step_trained(log, 50)

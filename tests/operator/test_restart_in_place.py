@@ -154,6 +154,32 @@ def test_a_pod_whose_rule_the_api_server_dropped_is_recreated():
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
 
 
+def test_a_trainer_that_restarts_in_process_is_kept_whatever_its_node_s_kubelet():
+    in_process = DecisionSettings(restart_in_place=True, restart_in_process=True)
+    cluster = running_gang(versions=(NEW, "v1.33.0", "v1.33.0"), settings=in_process)
+    # And one whose rule the API server dropped: no kubelet restarts a trainer that execs.
+    container = cluster.pods["tiny-a1-2"]["spec"]["containers"][0]
+    container.pop("restartPolicyRules")
+    container.pop("restartPolicy")
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-2"]
+    assert names(plan.create_pods) == ["tiny-a2-1"]
+    # Should such a kept trainer exit 77 after all (no request came in time), its old
+    # kubelet ends the pod: a save, so the next pass recovers again, recreating that rank,
+    # and the budget of failures is untouched.
+    cluster.pods["tiny-a1-2"]["status"] = {
+        "phase": "Failed", "podIP": "127.0.1.3", "containerStatuses": [{
+            "name": "trainer", "state": {"terminated": {
+                "exitCode": IN_PLACE, "message": contract.TerminationMessage(
+                    reason="RestartInPlace", step=31, checkpoint_step=31,
+                    attempt=1).to_json()}}}]}
+    plan = cluster.reconcile()
+    assert cluster.status.attempt == 3 and cluster.status.recoveries[-1].cause == "Preemption"
+    assert kept(plan) == ["tiny-a1-0"] and names(plan.create_pods) == ["tiny-a3-1", "tiny-a3-2"]
+    assert cluster.status.restarts.failures == 0
+
+
 def test_no_kept_pod_at_all_is_a_plain_recreation():
     cluster = running_gang(versions=("v1.33.0",) * 3)
     cluster.disrupt(cluster.pods["tiny-a1-1"])
