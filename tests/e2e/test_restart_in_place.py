@@ -113,8 +113,8 @@ def _assert_kept_and_recreated(before: dict[str, Any], after: dict[str, Any],
     by the kubelet, or on any node in process with the container untouched; the rest are
     new."""
     for name, pod in before.items():
-        kubelet_only = pod.spec.node_name == OLD_NODE and not _in_process(operator)
-        if kubelet_only or name in lost:
+        old_kubelet = pod.spec.node_name == OLD_NODE and not _in_process(operator)
+        if old_kubelet or name in lost:
             assert name not in after, f"{name} on {pod.spec.node_name} should be recreated"
             continue
         assert name in after, f"{name} on {pod.spec.node_name} was not kept"
