@@ -53,6 +53,7 @@ from tardigrade_operator.stage import (
     LAUNCHING,
     TERMINAL_PHASES,
     Stage,
+    launched_by,
     pending_recovery,
     stage,
 )
@@ -274,7 +275,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # may be running already): finish the launch. The phase stays Launching until a pass
         # sees every rank, so an interrupted finish is finished again, not counted.
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
-                            _avoid_maintenance_until(spec, _launched_by(status)),
+                            _avoid_maintenance_until(spec, launched_by(status)),
                             restart_key=_restart_key(obs, spec),
                             restart_in_process=obs.settings.restart_in_process)
         plan.create_pods = slices.to_create(
@@ -337,12 +338,6 @@ def _migrate_before_maintenance(plan: Plan, obs: Observed, spec: TrainingJobSpec
         return False
     _begin_recovery(plan, obs, gang, "Migration", plan.status.replicas, watch.describe(due))
     return True
-
-
-def _launched_by(status: TrainingJobStatus) -> Recovery | None:
-    """The recovery that launched the current attempt, if one did."""
-    last = status.recoveries[-1] if status.recoveries else None
-    return last if last is not None and last.attempt == status.attempt else None
 
 
 def _avoid_maintenance_until(spec: TrainingJobSpec, recovery: Recovery | None) -> int | None:

@@ -36,7 +36,7 @@ from tardigrade_trainer import contract
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Observed, Plan
 from tardigrade_operator.observe import owned
-from tardigrade_operator.stage import Stage, stage
+from tardigrade_operator.stage import Stage, launched_by, stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +111,8 @@ def settled(obs: Observed, plan: Plan) -> bool:
         return not any(p.active for p in pods)
     if where is not Stage.RUNNING or status.phase != "Running":
         return False
-    last = status.recoveries[-1] if status.recoveries else None
-    if last is not None and last.attempt == status.attempt and last.downtime_seconds is None:
+    last = launched_by(status)
+    if last is not None and last.downtime_seconds is None:
         return False  # the first step past the restore closes its downtime: read often
     ready = obs.nodes_ready or {}
     for pod in pods:

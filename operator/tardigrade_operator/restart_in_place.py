@@ -40,6 +40,7 @@ from tardigrade_operator.api.types import RecoveryCause, TrainingJobSpec, Traini
 from tardigrade_operator.nodeloss import NodeWatch
 from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
 from tardigrade_operator.render import GangLaunch, JobRef
+from tardigrade_operator.stage import launched_by
 
 # Recoveries that may keep pods: the others back off first (a crash, a retry) or must leave
 # their nodes (host maintenance), so they recreate.
@@ -240,9 +241,8 @@ def late_labels(gang: Sequence[PodView], job: JobRef,
     stale = [p for p in gang if p.label_attempt is not None]
     if not stale:
         return []
-    last = status.recoveries[-1] if status.recoveries else None
-    restored = last.restore_step if last is not None and last.attempt == status.attempt \
-        else None
+    last = launched_by(status)
+    restored = last.restore_step if last is not None else None
     launch = GangLaunch(status.attempt, status.replicas,
                         str(restored) if restored is not None else contract.RESTORE_LATEST)
     coordinator = coordinator_of(gang, job, status.attempt)
@@ -270,9 +270,9 @@ def note_gang_formed(status: TrainingJobStatus, report: contract.ProgressReport 
     restarted in process (exec, no container restart) run the new world. A recovery that kept
     pods also learns its restore step there, and the steps lost: the newest step seen before
     it, past the restore. Call before the report is folded into `status.step`."""
-    last = status.recoveries[-1] if status.recoveries else None
-    if last is None or last.attempt != status.attempt or last.gang_formed_time is not None \
-            or report is None or report.attempt != last.attempt:
+    last = launched_by(status)
+    if last is None or last.gang_formed_time is not None or report is None \
+            or report.attempt != last.attempt:
         return
     last.gang_formed_time = now
     if last.kept_pods and last.restore_step is None:
@@ -286,8 +286,8 @@ def hold_unrestarted(outcomes: dict[int, RankOutcome], gang: Sequence[PodView],
     process) is not a rank of the new gang yet: it counts as starting, not running, until its
     container restarted or the gang was seen formed in the new attempt."""
     attempt = status.attempt
-    last = status.recoveries[-1] if status.recoveries else None
-    if last is not None and last.attempt == attempt and last.gang_formed_time is not None:
+    last = launched_by(status)
+    if last is not None and last.gang_formed_time is not None:
         return
     for pod in gang:
         kept = _name_attempt(pod) not in (None, pod.attempt)
@@ -300,9 +300,8 @@ def note_restore(status: TrainingJobStatus, gang: Sequence[PodView]) -> bool:
     """Fill in the step an in-place recovery restores (the one the kept trainers saved and
     report in their last termination message). True while it is not known yet: until then
     rank 0's progress may still be the old trainer's."""
-    last = status.recoveries[-1] if status.recoveries else None
-    if last is None or not last.kept_pods or last.attempt != status.attempt \
-            or last.restore_step is not None:
+    last = launched_by(status)
+    if last is None or not last.kept_pods or last.restore_step is not None:
         return False
     saved = [p.last_termination for p in gang if p.last_termination is not None
              and p.last_exit_code == contract.EXIT_RESTART_IN_PLACE

@@ -45,6 +45,12 @@ def stage(status: TrainingJobStatus) -> Stage:
     return Stage.RUNNING
 
 
+def launched_by(status: TrainingJobStatus) -> Recovery | None:
+    """The recovery that launched the current attempt, if one did."""
+    last = status.recoveries[-1] if status.recoveries else None
+    return last if last is not None and last.attempt == status.attempt else None
+
+
 def pending_recovery(status: TrainingJobStatus) -> Recovery | None:
     """The recorded relaunch not yet launched: its attempt is past the current one."""
     if status.recoveries and status.recoveries[-1].attempt > status.attempt:

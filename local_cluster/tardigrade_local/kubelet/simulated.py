@@ -66,29 +66,35 @@ class SimulatedContainer:
         if self.runtime.start_seconds > 0:
             await asyncio.sleep(self.runtime.start_seconds)
         self._started = True
+        await self._run_trainer()
+        return self._pid
+
+    async def _run_trainer(self) -> None:
+        """What the container's program does as it starts: a Tardigrade rank enters its world
+        (the newer of env and file) and joins its gang; any other program idles."""
         try:
             # The trainer's own file reads and writes, off the event loop that runs every
             # simulated host: real hosts do them in parallel, not one after another.
             env, stale = await asyncio.to_thread(self._enter_world)
         except contract.ContractError as err:
             self._fail_config(self.env.get(contract.ENV_TERMINATION_LOG), str(err))
-            return self._pid
-        if env is not None:
-            if stale is not None:
-                simgang.write_termination(env.termination_log, stale.termination(env.attempt))
-                self._set_exit(contract.EXIT_RESTART_IN_PLACE)
-                return self._pid
-            problem = simgang.checkpoint_problem(env)
-            if problem is not None:
-                self._fail_config(env.termination_log, problem)
-            else:
-                self.rank = self.runtime.join(env, self.env.get(contract.ENV_POD_IP, ""),
-                                              self._exited, self._replaced)
-        return self._pid
+            return
+        if env is None or self._exit.done():  # not a rank, or killed while it started
+            return
+        if stale is not None:
+            simgang.write_termination(env.termination_log, stale.termination(env.attempt))
+            self._set_exit(contract.EXIT_RESTART_IN_PLACE)
+            return
+        problem = simgang.checkpoint_problem(env)
+        if problem is not None:
+            self._fail_config(env.termination_log, problem)
+            return
+        self.rank = self.runtime.join(env, self.env.get(contract.ENV_POD_IP, ""),
+                                      self._exited, self._replaced)
 
     def _replaced(self) -> None:
         """The rank restarts in process (trainer inplace.replace_process): the container goes
-        on, its new trainer enters the world the operator's request left in the pod."""
+        on, and the new image starts as the container's program does."""
         if self.rank is not None:
             self.runtime.rank_exited(self.rank)
         self.rank = None
@@ -97,17 +103,8 @@ class SimulatedContainer:
     async def _restart_in_process(self) -> None:
         if self.runtime.start_seconds > 0:
             await asyncio.sleep(self.runtime.start_seconds)
-        if self._exit.done():
-            return
-        env, stale = await asyncio.to_thread(self._enter_world)
-        if env is None or stale is not None or self._exit.done():
-            # Not a newer world after all: exit as the restarted container would.
-            if env is not None and stale is not None:
-                simgang.write_termination(env.termination_log, stale.termination(env.attempt))
-            self._set_exit(contract.EXIT_RESTART_IN_PLACE)
-            return
-        self.rank = self.runtime.join(env, self.env.get(contract.ENV_POD_IP, ""), self._exited,
-                                      self._replaced)
+        if not self._exit.done():  # not killed meanwhile
+            await self._run_trainer()
 
     def _enter_world(self) -> tuple[contract.TrainerEnvironment | None,
                                     inplace.StaleWorld | None]:
