@@ -28,15 +28,16 @@ number of steps) runs through the local cluster and the operator, one arm after 
   h resized        (d) with restart in place: a shrink keeps rank 0, a grow keeps it and adds
     in place       a pod;
   i preempted      (g) with restart in process (TARDIGRADE_RESTART_IN_PROCESS): the kept
-    in process     trainer replaces its own process (exec) instead of exiting for its kubelet;
+    in process     trainer starts its new world in a new child of its container's main process;
   j resized        (h) with restart in process.
     in process
 Arms g and h run on a second local cluster whose operator has restart in place on, i and j on
 a third with restart in process too; every cluster's nodes run a 1.36 kubelet with
 ContainerRestartRules and its API server the gate, so the arms differ only in the operator's
-switches. Their logs are collected live (a kept pod's
-earlier runs are gone from the node once it restarted twice: the kubelet keeps one previous
-log), each line tagged with the attempt its trainer ran as.
+switches. Each rank has a node of its own (it asks for a whole node's CPUs), as a trainer has
+its accelerator host: so a reclaim takes one rank, never two. Their logs are collected live (a
+kept pod's earlier runs are gone from the node once it restarted twice: the kubelet keeps one
+previous log), each line tagged with the attempt its trainer ran as.
 
 Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
 wall time, its ratio to arm a, the time to recover per disruption (from the disruption to the
@@ -82,6 +83,7 @@ from tardigrade_local.disruptions import (  # noqa: E402
 )
 from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
 from tardigrade_local.kubelet import NodeConfig  # noqa: E402
+from tardigrade_local.kubelet.config import DEFAULT_NODE_CAPACITY  # noqa: E402
 from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS  # noqa: E402
 from tardigrade_local.recovery_phases import (  # noqa: E402
     PHASES,
@@ -154,6 +156,7 @@ ARMS = {
     "j": Arm("j", "resized-in-process", "resize", in_place=True, in_process=True),
 }
 KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
+NODE_CPU = DEFAULT_NODE_CAPACITY["cpu"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +228,10 @@ class Bench:
         name = f"goodput-{arm.name}"
         job["metadata"]["name"] = name
         job["spec"]["trainer"]["log_every"] = 1  # every step's time: the goodput needs them
+        # One trainer per node, as on accelerator hosts (a trainer asks for all of its host's
+        # chips): two ranks on one node would make a reclaim of "one rank" take both, and a
+        # recovery that keeps pods would then have none to keep.
+        job["spec"]["resources"]["requests"]["cpu"] = NODE_CPU
         checkpoint = job["spec"]["checkpoint"]
         checkpoint["path"] = f"gs://tardigrade/checkpoints/{name}-{self.seed}"
         checkpoint["saveOnPreemption"] = arm.save_on_preemption

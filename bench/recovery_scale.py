@@ -36,7 +36,8 @@ cluster of the same nodes (1.36 kubelets with ContainerRestartRules, the API ser
   a new pod. A kept rank counts as running once its container runs again after that exit, whatever
   its label says yet;
 - in-process: the same with `TARDIGRADE_RESTART_IN_PROCESS=true`: a kept trainer starts its
-  new world by replacing its process (exec), its container never exits, so no pod shows it.
+  new world in a new child of its container's main process, its container never exits, so no
+  pod shows it.
   Every rank counts as running in the new world once the gang's rank 0 reports the new attempt
   on its progress port (it serves progress only once every rank met), which the bench polls
   every 20 ms from the disruption on.

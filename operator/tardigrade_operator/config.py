@@ -52,8 +52,9 @@ class OperatorConfig:
     # Keep healthy pods on a preemption or resize and restart their trainers in place
     # (restart_in_place.py); off by default: every recovery recreates the gang.
     restart_in_place: bool = False
-    # With restart in place: a kept trainer restarts by replacing its process (exec) instead
-    # of exiting for its kubelet to restart the container (contract.ENV_RESTART_IN_PROCESS).
+    # With restart in place: a kept trainer restarts in a new child of its container's main
+    # process instead of exiting for its kubelet to restart the container
+    # (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
 
     @classmethod

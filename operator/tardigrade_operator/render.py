@@ -56,7 +56,7 @@ class GangLaunch:
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
     # Restart in place is on: the key rank 0 accepts restart requests with (restart_in_place.py).
     restart_key: str | None = None
-    # With a restart key: kept trainers restart by exec (contract.ENV_RESTART_IN_PROCESS).
+    # With a restart key: kept trainers restart in process (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
 
 

@@ -98,7 +98,7 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
         if p.restart_key is None or backed_off(p):
             return False
         if p.restart_in_process:
-            # Its trainer restarts itself (exec): no kubelet takes part, so any node's does. A
+            # Its trainer restarts itself in process: no kubelet takes part, so any node's does. A
             # rank that exits 77 anyway ends its pod where the rule is missing or ignored, and
             # the next pass recreates it (observe.classify: a save, as exit 75).
             return True
@@ -267,7 +267,7 @@ def note_gang_formed(status: TrainingJobStatus, report: contract.ProgressReport 
                      now: datetime) -> None:
     """Record the first report of the last recovery's attempt (`gang_formed_time`): rank 0
     serves progress only once every rank met, so it is the one sign that kept ranks which
-    restarted in process (exec, no container restart) run the new world. A recovery that kept
+    restarted in process (no container restart) run the new world. A recovery that kept
     pods also learns its restore step there, and the steps lost: the newest step seen before
     it, past the restore. Call before the report is folded into `status.step`."""
     last = launched_by(status)

@@ -130,6 +130,12 @@ def _assert_kept_and_recreated(before: dict[str, Any], after: dict[str, Any],
         # rank 0's pods only).
         said = [r for r in log.records if r.get("event") == "restart_in_place"]
         assert said and said[-1]["in_process"] is True, said
+        # Its new attempt is a new child of the same container process (attempts.py), which
+        # kept its imports: none were paid again.
+        starts = {r["attempt"]: r for r in log.records if r.get("event") == "startup"}
+        old, new = (starts[a] for a in sorted(starts)[-2:])
+        assert new["keeper_pid"] == old["keeper_pid"] and new["pid"] != old["pid"], starts
+        assert new["imports_done"] - new["process_started"] < 0.05, new
 
 
 def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,

@@ -175,3 +175,15 @@ def test_goodput_bench_judges_the_window_and_ungraceful_arms_only_when_they_were
     row = bench.summary_rows([_arm_result(bench, "a", 0.9, []), window])[1]
     assert row["goodput vs (a)"] == "-"
     assert row["save on notice / window (max)"] == "16.50 s / 15 s (1.10)"
+
+
+def test_goodput_bench_gives_each_rank_a_node_of_its_own():
+    """A reclaim of one rank's node must take that rank only: two ranks fit on no node."""
+    from kubernetes.utils import parse_quantity
+
+    module = _bench_goodput()
+    bench = object.__new__(module.Bench)  # no cluster: the job is built from settings alone
+    bench.settings, bench.seed = module.Settings.quick(), 0
+    job = bench.job(module.ARMS["i"])
+    asked = parse_quantity(job["spec"]["resources"]["requests"]["cpu"])
+    assert asked * 2 > parse_quantity(module.NodeConfig("n").capacity["cpu"])

@@ -229,34 +229,3 @@ def test_a_rank_restarts_in_process_only_when_on_and_released_with_a_newer_world
     assert requests.restarts_in_process(on)
     # Off, the same request ends in exit 77 for the kubelet.
     assert not requests.restarts_in_process(_env(tmp_path))
-
-
-REPLACED = """
-import json, os, sys, time
-from tardigrade_trainer import contract, inplace, phases
-env = contract.TrainerEnvironment.from_env(inplace.newest_world(os.environ))
-print(json.dumps({"pid": os.getpid(), "attempt": env.attempt,
-                  "started": phases.process_started(), "now": time.time()}), flush=True)
-if env.attempt == 1:  # the operator's request leaves the new world in the pod
-    with open(os.path.join(env.restart_in_place_dir, inplace.WORLD_FILE), "w") as f:
-        f.write(sys.argv[1])
-    inplace.replace_process()
-"""
-
-
-def test_a_rank_restarted_in_process_is_the_same_process_in_its_new_world(tmp_path):
-    """The exec itself: the same pid runs the same command again, on the world the request
-    left in the pod, and its phases start when it was replaced, not when the pod started."""
-    import os
-    import subprocess
-    import sys
-
-    environ = {**os.environ, **_environ(tmp_path, 1, None),
-               contract.ENV_RESTART_IN_PROCESS: "true"}
-    environ.pop("TARDIGRADE_PROCESS_REPLACED_AT", None)
-    done = subprocess.run([sys.executable, "-c", REPLACED, json.dumps(_world(attempt=2))],
-                          env=environ, capture_output=True, text=True, timeout=60, check=True)
-    first, second = (json.loads(line) for line in done.stdout.splitlines())
-    assert (first["attempt"], second["attempt"]) == (1, 2)
-    assert first["pid"] == second["pid"]
-    assert first["started"] <= first["now"] <= second["started"] <= second["now"]

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from tardigrade_trainer import contract, inplace, phases
+from tardigrade_trainer import attempts, contract, inplace, phases
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
@@ -20,6 +20,18 @@ def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
     print(f"tardigrade-trainer: {reason}: {err}", file=sys.stderr, flush=True)
     write_termination(path, contract.TerminationMessage(reason=reason, message=str(err)))
     return code
+
+
+def _environment() -> contract.TrainerEnvironment | int:
+    """The operator's contract, or the exit code of a config error."""
+    try:
+        # A container restarted in place takes the newer of its env's world and the one its
+        # operator's request left in the pod (inplace.newest_world): the pod's annotation,
+        # which the env reads, is patched only once the whole gang runs again.
+        return contract.TrainerEnvironment.from_env(inplace.newest_world(os.environ))
+    except contract.ContractError as err:
+        term = os.environ.get(contract.ENV_TERMINATION_LOG) or contract.DEFAULT_TERMINATION_LOG
+        return _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
 
 
 USAGE = f"""usage: python -m tardigrade_trainer
@@ -40,14 +52,9 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
         print(USAGE)
         return 0
     logging.basicConfig(level=os.environ.get("TARDIGRADE_LOG_LEVEL", "WARNING"))
-    try:
-        # A container restarted in place takes the newer of its env's world and the one its
-        # operator's request left in the pod (inplace.newest_world): the pod's annotation,
-        # which the env reads, is patched only once the whole gang runs again.
-        env = contract.TrainerEnvironment.from_env(inplace.newest_world(os.environ))
-    except contract.ContractError as err:
-        term = os.environ.get(contract.ENV_TERMINATION_LOG) or contract.DEFAULT_TERMINATION_LOG
-        return _fail(term, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
+    env = _environment()
+    if isinstance(env, int):
+        return env
     try:
         config = TrainerConfig.from_mapping(env.trainer_config)
     except ConfigError as err:
@@ -62,6 +69,12 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     from tardigrade_trainer.train import Trainer, checkpoint_options
 
     phases.mark("imports_done")
+    if attempts.wanted(os.environ):
+        # Every attempt runs in a child of this process, with its own world (attempts.py).
+        attempts.run_attempts()
+        env = _environment()
+        if isinstance(env, int):
+            return env
 
     # The session turns every outcome into the contract's exit code and termination message.
     with TrainingSession(env=env, checkpoint_options=checkpoint_options(config),

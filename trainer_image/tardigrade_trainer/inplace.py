@@ -26,14 +26,12 @@ import hmac
 import json
 import os
 import signal
-import sys
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tardigrade_trainer import contract, phases
+from tardigrade_trainer import contract
 
 LAST_ATTEMPT_FILE = "last-attempt"
 # The termination message of the last save this pod's trainer stopped after: a stale restart
@@ -158,7 +156,7 @@ class RestartRequests:
         self._lock = threading.Lock()
         self.released = threading.Event()
         # The attempt of the newest world a request brought (None: none came, or none with a
-        # world): what a rank restarting in process (`replace_process`) starts into.
+        # world): what a rank restarting in process (attempts.py) starts into.
         self.world_attempt: int | None = None
 
     def answer(self, authorization: str | None, query: str = "", body: bytes = b"",
@@ -215,9 +213,9 @@ class RestartRequests:
         return ""
 
     def restarts_in_process(self, env: contract.TrainerEnvironment) -> bool:
-        """Whether this rank, released, starts its new world by replacing its own process:
-        restart in process is on and a request brought a world newer than the one it ran
-        (written where the new process reads it, `newest_world`). Otherwise it exits 77."""
+        """Whether this rank, released, starts its new world in process (attempts.py): restart
+        in process is on and a request brought a world newer than the one it ran (written
+        where the next attempt reads it, `newest_world`). Otherwise it exits 77."""
         return (env.restart_in_process and env.restart_in_place_dir is not None
                 and self.released.is_set() and self.world_attempt is not None
                 and self.world_attempt > env.attempt)
@@ -227,23 +225,6 @@ class RestartRequests:
         kept for the restarted container); False after `seconds` (the pod is going away, or
         the operator recreates the gang): the rank stops anyway."""
         return self.released.wait(seconds)
-
-
-def replace_process() -> None:
-    """Start this rank again in its new world without leaving its container: replace the
-    process image with the same command (exec), as a restarted container would run it. Like an
-    exit, exec ends every thread and closes every socket (Python's are close-on-exec), so the
-    new trainer binds its ports afresh. Returns only if exec failed (the caller exits 77 then,
-    and the kubelet's restart rule takes over)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    env = {**os.environ, phases.ENV_REPLACED_AT: repr(time.time())}
-    try:
-        os.execve(sys.executable, sys.orig_argv, env)
-    except OSError as err:
-        print(f"tardigrade-trainer: cannot restart in process ({err}): exiting "
-              f"{contract.EXIT_RESTART_IN_PLACE} for the kubelet to restart the container",
-              file=sys.stderr, flush=True)
 
 
 def _written_attempt(path: Path) -> int:

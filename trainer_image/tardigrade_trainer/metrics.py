@@ -14,6 +14,8 @@ from tardigrade_trainer.contract import MAX_WORLD_BYTES, RESTART_IN_PLACE_PATH, 
 # at once is plenty, and each connection gets a few seconds to send its request.
 MAX_CONCURRENT_REQUESTS = 8
 REQUEST_TIMEOUT_SECONDS = 5.0
+# How often the server looks for a stop request while idle: the most a stop waits.
+STOP_POLL_SECONDS = 0.02
 
 
 class Metrics:
@@ -137,7 +139,10 @@ class ProgressServer:
                 pass  # the operator polls often; access logs would drown the JSON log
 
         self._server = _BoundedThreadingServer((host, port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+        # A rank that leaves stops this server on its way out (a save on notice, a restart in
+        # process): serve_forever's default poll of 0.5 s kept it waiting that long.
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        args=(STOP_POLL_SECONDS,), daemon=True,
                                         name="progress-server")
 
     @property

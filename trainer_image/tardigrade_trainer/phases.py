@@ -15,20 +15,28 @@ import os
 import time
 
 _marks: dict[str, float] = {}
-# Set by a trainer that restarts in process (inplace.replace_process): exec keeps the process's
-# start time in /proc, so the new image's start is passed on.
-ENV_REPLACED_AT = "TARDIGRADE_PROCESS_REPLACED_AT"
+# When the trainer this process runs started, where that is not this process's own start: a
+# child of a keeper (attempts.py) runs the container's first attempt from the keeper's start,
+# and every later one from its fork.
+_started_at: float | None = None
+
+
+def forked(started_at: float | None, keep_marks: bool) -> None:
+    """This process is a keeper's child whose trainer counts from `started_at`; a child that
+    runs a later attempt has its imports done at its start, and none of the earlier marks."""
+    global _started_at
+    _started_at = started_at
+    if not keep_marks:
+        _marks.clear()
+        if started_at is not None:
+            _marks["imports_done"] = started_at
 
 
 def process_started() -> float | None:
-    """When this process was started (Linux: /proc), before the interpreter's own start-up,
-    or when its image was last replaced; None where that is not known."""
-    replaced = os.environ.get(ENV_REPLACED_AT)
-    if replaced:
-        try:
-            return float(replaced)
-        except ValueError:
-            pass
+    """When this process's trainer was started (Linux: /proc), before the interpreter's own
+    start-up; None where that is not known."""
+    if _started_at is not None:
+        return _started_at
     try:
         with open("/proc/self/stat") as f:
             # The command name (field 2) may hold spaces: count fields after its ")".

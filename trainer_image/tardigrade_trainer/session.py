@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import contract, distributed, inplace, phases
+from tardigrade_trainer import attempts, contract, distributed, inplace, phases
 from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
 
@@ -46,12 +46,13 @@ class StopTraining(BaseException):
     A BaseException, so that a loop's own `except Exception` does not swallow it."""
 
     def __init__(self, code: int, message: contract.TerminationMessage,
-                 replace_process: bool = False) -> None:
+                 next_attempt_in_process: bool = False) -> None:
         super().__init__(message.message)
         self.code = code
         self.message = message
-        # Restart in process: the rank starts its new world by exec, not by exiting.
-        self.replace_process = replace_process
+        # Restart in process: the container's main process starts this rank's new world in a
+        # new child (attempts.py) instead of the container exiting.
+        self.next_attempt_in_process = next_attempt_in_process
 
 
 def write_termination(path: str, message: contract.TerminationMessage) -> None:
@@ -160,6 +161,8 @@ class TrainingSession:
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
+        if self._given_env is None and attempts.wanted(os.environ):
+            attempts.run_attempts()  # from here on, a child of the container's main process
         try:
             self.env = self._given_env or contract.TrainerEnvironment.from_env(
                 inplace.newest_world(os.environ))
@@ -197,7 +200,8 @@ class TrainingSession:
         env = self.env
         self.log = JsonLog(jax.process_index(), attempt=env.attempt)
         # Where this process's start-up went so far (phases.py); later phases log their own.
-        self.log({"event": "startup", **phases.marks()})
+        keeper = {"pid": os.getpid(), "keeper_pid": os.getppid()} if attempts.in_child() else {}
+        self.log({"event": "startup", **phases.marks(), **keeper})
         self.metrics = Metrics()
         self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
                                                  env.restart_in_place_dir)
@@ -418,10 +422,10 @@ class TrainingSession:
             inplace.remember_exit(self.env, message)
             released = self._restarts.wait_released(inplace.release_wait_seconds(
                 self.env.num_processes, self.env.shutdown_window_seconds, self._since_notice()))
-            in_process = self._restarts.restarts_in_process(self.env)
+            in_process = self._restarts.restarts_in_process(self.env) and attempts.in_child()
             self.log({"event": "restart_in_place", "step": step, "released": released,
                       "in_process": in_process})
-            raise StopTraining(code, message, replace_process=in_process)
+            raise StopTraining(code, message, next_attempt_in_process=in_process)
         raise StopTraining(code, message)
 
     def _report_checkpoint(self) -> None:
@@ -455,13 +459,11 @@ class TrainingSession:
             return False
         if isinstance(exc, StopTraining):
             self._leave(exc.code, exc.message)
-            if exc.replace_process:
-                inplace.replace_process()  # returns only if exec failed
             # Stopped on notice, SIGKILL on its way: the interpreter's teardown (seconds on a
             # busy host) has nothing left to do that matters, and the exit code must arrive.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(exc.code)
+            os._exit(attempts.EXIT_NEXT_ATTEMPT if exc.next_attempt_in_process else exc.code)
         if isinstance(exc, SystemExit | KeyboardInterrupt | GeneratorExit):
             return False
         self._leave_on_error(exc)

@@ -1,8 +1,9 @@
 """One container = one local process group.
 
-The process leads its own session, so signals reach everything it started, and when its main
-process exits the rest of the group is killed, as a container runtime does. Its stdout and
-stderr go through pipes into a CRI-format log file (`crilog.py`).
+The process leads its own session. The stop signal goes to the main process alone, as a
+runtime sends it to the container's PID 1; a kill reaches the whole group, and when the main
+process exits the rest of the group is killed, as a PID namespace ends with its PID 1. Its
+stdout and stderr go through pipes into a CRI-format log file (`crilog.py`).
 """
 
 from __future__ import annotations
@@ -113,11 +114,15 @@ class ContainerProcess:
             os.killpg(self._proc.pid, sig)
 
     async def terminate(self, grace_seconds: float) -> None:
-        """SIGTERM the group, SIGKILL it after the grace period; returns once the main
-        process is gone."""
+        """SIGTERM the main process, SIGKILL the group after the grace period; returns once
+        the main process is gone. A runtime's stop signal goes to the container's PID 1 alone
+        (Kubernetes "Pod Lifecycle": the runtime sends TERM "to the main process in each
+        container"; containerd's CRI StopContainer kills the task's init process); what that
+        process started gets it only if it passes it on."""
         if self._proc is None or self._proc.returncode is not None:
             return
-        self.signal_group(signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._proc.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(self._proc.wait()), max(grace_seconds, 0))
         except TimeoutError:

@@ -20,7 +20,7 @@ attempt and world size. The gang keeps the promises the real trainer makes (`tra
   world in the POST's body is kept in the pod's directory and a restarted container takes the
   newer of it and its env's (`inplace.newest_world`); one started on a world it already ran
   exits 77 at once (`StaleWorld`); with TARDIGRADE_RESTART_IN_PROCESS a rank released with a
-  newer world replaces its process instead (`inplace.replace_process`): it leaves its gang
+  newer world starts its next attempt in process instead (`attempts.py`): it leaves its gang
   and joins the new attempt's in the same container, which never exits;
 - a rank that dies or freezes stalls its peers' collectives: the gang stops stepping, and its
   ranks no longer manage a save (they go when the kubelet's grace runs out);

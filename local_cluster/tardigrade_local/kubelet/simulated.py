@@ -93,8 +93,8 @@ class SimulatedContainer:
                                       self._exited, self._replaced)
 
     def _replaced(self) -> None:
-        """The rank restarts in process (trainer inplace.replace_process): the container goes
-        on, and the new image starts as the container's program does."""
+        """The rank restarts in process (the trainer's attempts.py): the container goes on,
+        and the next attempt starts as the container's program does."""
         if self.rank is not None:
             self.runtime.rank_exited(self.rank)
         self.rank = None
