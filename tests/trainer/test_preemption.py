@@ -53,3 +53,36 @@ def test_storage_retries_are_cut_to_what_is_left_of_a_deadline():
     assert retries.within(13).max_retries == 4  # backoff 0.5 + 1 + 2 + 4 = 7.5 s (+8 > 13)
     assert retries.within(1).max_retries == 1
     assert retries.within(0).max_retries == 0
+
+
+def test_a_sigterm_is_announced_to_the_gang_at_once_by_a_thread_of_its_own():
+    """Not by XLA's notifier, which looks for the signal once a second: the notice key JAX's
+    sync manager listens for is written by the thread the signal woke, with the time."""
+    import datetime
+    import os
+    import signal
+    import threading
+
+    from tardigrade_trainer.preemption import NOTICE_KEY, NoticeAnnouncer
+
+    written: list[tuple[str, str, bool]] = []
+    done = threading.Event()
+
+    class Client:
+        def key_value_set(self, key: str, value: str) -> None:
+            written.append((key, value, threading.current_thread() is threading.main_thread()))
+            done.set()
+
+    before = datetime.datetime.now(datetime.UTC)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        announcer = NoticeAnnouncer(Client())
+        assert announcer.installed
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert done.wait(30), "no notice written"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(-1)
+    [(key, value, on_main_thread)] = written
+    assert key == NOTICE_KEY and not on_main_thread
+    assert before <= datetime.datetime.fromisoformat(value) <= datetime.datetime.now(datetime.UTC)

@@ -2,8 +2,10 @@
 
 Kubernetes sends SIGTERM to each pod of a preempted gang, possibly not all at once. In a
 distributed run JAX's preemption sync manager (installed by `jax.distributed.initialize`)
-catches SIGTERM on any host and makes `reached_preemption_sync_point` return True on every
-host at the same step. Without it (plain single-process use) a Python handler stands in.
+makes `reached_preemption_sync_point` return True on every host at the same step once any
+host's notice is in the coordination service; the trainer writes that notice itself the
+moment SIGTERM arrives (`NoticeAnnouncer`). Without JAX's manager (plain single-process use) a
+Python handler stands in.
 
 The save must commit inside the window a node shutdown gives (`TARDIGRADE_SHUTDOWN_WINDOW_SECONDS`:
 the kubelet's grace for regular pods, 15 s on a GKE spot reclaim). It gets a deadline: the
@@ -15,19 +17,79 @@ commit by then fails cleanly, naming the deadline, instead of being killed half 
 
 from __future__ import annotations
 
+import datetime
+import logging
+import os
 import signal
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 
 from tardigrade_trainer.checkpoint.deadline import Deadline
 
+log = logging.getLogger(__name__)
+
 # The margin: a fifth of the window, at most 2 s (15 s window: the save has 13 s).
 MARGIN_FRACTION = 0.2
 MAX_MARGIN_SECONDS = 2.0
+# What JAX's sync manager listens for in the coordination service's key-value store: the
+# preempted task's death time, RFC 3339 (xla/tsl preemption_sync_manager.cc,
+# kPreemptionNoticeKey, parsed with absl::RFC3339_full).
+NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
+
+
+class NoticeAnnouncer:
+    """Tell the gang of a SIGTERM at once. XLA's own SIGTERM notifier sets a flag that a thread
+    of its reads once a second (preemption_notifier.cc, SigtermNotifier, kListenInterval), so
+    every notice reached the other ranks 0-1 s late. Here the signal wakes a thread of ours
+    (signal.set_wakeup_fd: Python's C-level handler writes the signal's number, whichever thread
+    it lands on and whatever the main thread is doing) which writes the notice key itself, as
+    XLA's notifier would. Replacing the handler silences XLA's notifier; the first writer wins
+    and a second write of the key is refused, which is harmless."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.installed = False
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals are the main thread's to set up: the notice stays XLA's
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if previous != -1:
+            # Someone (an event loop) has the wakeup fd: leave it to them, and the notice to
+            # XLA's notifier.
+            signal.set_wakeup_fd(previous)
+            os.close(self._read)
+            os.close(write)
+            return
+        self.installed = True
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        threading.Thread(target=self._listen, daemon=True, name="preemption-notice").start()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        pass  # the work is done by the thread the wakeup fd woke
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                woke = os.read(self._read, 64)
+            except OSError:
+                return
+            if not woke:
+                return
+            if signal.SIGTERM in woke:
+                self.announce()
+
+    def announce(self) -> None:
+        death_time = datetime.datetime.now(datetime.UTC).isoformat()
+        try:
+            self._client.key_value_set(NOTICE_KEY, death_time)
+        except Exception as err:  # already announced by a peer, or the service is gone
+            log.info("preemption notice not written (%s): a peer's notice stands", err)
 
 
 class PreemptionWatcher:
@@ -41,7 +103,9 @@ class PreemptionWatcher:
             jax_distributed.global_state.client is not None
             and jax_distributed.global_state.preemption_sync_manager is not None
         )
-        if not self._uses_jax:
+        if self._uses_jax:
+            self.announcer = NoticeAnnouncer(jax_distributed.global_state.client)
+        else:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
