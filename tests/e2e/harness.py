@@ -166,6 +166,11 @@ class Cluster:
     def step_log(self, job: str) -> StepLog:
         return StepLog(self.core, NAMESPACE, job)
 
+    def complete_log(self, job: str) -> StepLog:
+        """Rank 0's log of every attempt so far, from the kubelets' files: with the last lines
+        of pods already deleted, which a `step_log` polling the API may have missed."""
+        return StepLog.from_container_logs(self.local.layout, NAMESPACE, job)
+
     def wait_phase(self, name: str, phases: set[str], timeout: float,
                    collector: StepLog | None = None) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
