@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tardigrade_trainer import attempts, contract, inplace
+from tardigrade_trainer import attempts, contract
 
 from tests.polling import wait_for
 
@@ -116,4 +116,3 @@ def test_restart_in_process_wants_its_switch_and_the_pods_directory(tmp_path):
     no_dir = {k: v for k, v in _environ(tmp_path).items()
               if k != contract.ENV_RESTART_IN_PLACE_DIR}
     assert not attempts.wanted(no_dir)
-    assert inplace.WORLD_FILE  # the file an attempt's world comes through

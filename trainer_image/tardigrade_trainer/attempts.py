@@ -48,7 +48,7 @@ _in_child = False
 def wanted(environ: Mapping[str, str]) -> bool:
     """Whether this container restarts its trainer in process (the operator's contract)."""
     return (bool(environ.get(contract.ENV_RESTART_IN_PLACE_DIR))
-            and (environ.get(contract.ENV_RESTART_IN_PROCESS) or "").lower() == "true")
+            and contract.switched_on(environ, contract.ENV_RESTART_IN_PROCESS))
 
 
 def in_child() -> bool:
@@ -81,6 +81,7 @@ def run_attempts() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         forked_at = time.time()
+        inherited = len(pending)  # the child re-raises these itself, its handlers restored
         pid = os.fork()
         if pid == 0:
             for sig, handler in previous.items():
@@ -92,7 +93,7 @@ def run_attempts() -> None:
                 os.kill(os.getpid(), sig)
             return
         child, first = pid, False
-        for sig in pending:
+        for sig in pending[inherited:]:  # came between the fork and `child` being set
             os.kill(pid, sig)
         pending.clear()
         _, status = os.waitpid(pid, 0)

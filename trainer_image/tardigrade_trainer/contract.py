@@ -297,7 +297,7 @@ class TrainerEnvironment:
                                   or DEFAULT_INIT_TIMEOUT_SECONDS),
             shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
             rendezvous_token_file=env.get(ENV_RENDEZVOUS_TOKEN_FILE) or None,
-            rendezvous_insecure=(env.get(ENV_RENDEZVOUS_INSECURE) or "").lower() == "true",
+            rendezvous_insecure=switched_on(env, ENV_RENDEZVOUS_INSECURE),
             job_uid=env.get(ENV_JOB_UID) or "",
             rollback_step=rollback_step,
             rollback_request=env.get(ENV_ROLLBACK_REQUEST) or None,
@@ -305,8 +305,13 @@ class TrainerEnvironment:
             init_from_step=optional_int(ENV_INIT_FROM_STEP),
             restart_in_place_dir=env.get(ENV_RESTART_IN_PLACE_DIR) or None,
             restart_key=env.get(ENV_RESTART_KEY) or None,
-            restart_in_process=(env.get(ENV_RESTART_IN_PROCESS) or "").lower() == "true",
+            restart_in_process=switched_on(env, ENV_RESTART_IN_PROCESS),
         )
+
+
+def switched_on(env: Mapping[str, str], name: str) -> bool:
+    """An opt-in switch of the contract: on only when set to "true"."""
+    return (env.get(name) or "").lower() == "true"
 
 
 def _with_world(env: Mapping[str, str]) -> Mapping[str, str]:
