@@ -17,7 +17,8 @@ from tardigrade_local.gcs import client_env
 from tardigrade_local.gcs_faults import FaultRule
 from tardigrade_trainer import contract
 from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
-from tardigrade_trainer.checkpoint.deadline import Deadline
+from tardigrade_trainer.checkpoint import deadline as deadlines
+from tardigrade_trainer.checkpoint.deadline import Deadline, DeadlineExceeded
 from tardigrade_trainer.checkpoint.manager import CheckpointDeadlineError
 from tardigrade_trainer.checkpoint.storage import ENV_LOW_SPEED_TIME, StorageRetries
 from trainer_harness import launch, wait_for
@@ -47,6 +48,57 @@ def _state(seed: int) -> dict[str, jax.Array]:
 def _target(state: dict[str, jax.Array]) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
             for k, v in state.items()}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _EarlyWaker:
+    """A future that never finishes, whose timed waits wake up to 10 ms early on the clock."""
+
+    def __init__(self, clock: _Clock, error: BaseException | None = None) -> None:
+        self.clock, self.error = clock, error
+        self.waits: list[float] = []
+        self.cancelled = False
+
+    def result(self, timeout: float | None = None) -> None:
+        if self.error is not None:
+            raise self.error
+        assert timeout is not None
+        self.waits.append(timeout)
+        self.clock.now += max(timeout - 0.01, min(timeout, 0.001))
+        raise TimeoutError
+
+    def done(self) -> bool:
+        return self.error is not None
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def test_a_wait_that_wakes_early_does_not_give_up_before_the_deadline():
+    clock = _Clock()
+    until = Deadline(4.0, "the test's deadline", clock=clock)
+    future = _EarlyWaker(clock)
+    with pytest.raises(DeadlineExceeded, match="writing had not finished at the test's deadline"):
+        deadlines.result(future, until, "writing")
+    assert clock.now >= 4.0 and future.cancelled
+    assert len(future.waits) > 1
+
+
+def test_a_future_that_failed_with_a_timeout_of_its_own_fails_with_it_at_once():
+    clock = _Clock()
+    own = TimeoutError("the peer's own timeout")
+    future = _EarlyWaker(clock, error=own)
+    with pytest.raises(TimeoutError) as raised:
+        deadlines.result(future, Deadline(4.0, clock=clock), "writing")
+    assert raised.value is own and clock.now == 0.0 and not future.cancelled
 
 
 def test_a_save_on_notice_against_stalled_storage_fails_inside_its_deadline(proxy):

@@ -210,7 +210,7 @@ class Committer:
         local = digest.shard_digests((lf.name, lf.shape, lf.shards) for lf in leaves)
         # Every file write ends before the save may fail (none may outlive it), except
         # at a deadline: those left running are waited for before the next save.
-        _, late = concurrent.futures.wait(files, timeout=deadlines.bounded(until, 1e9))
+        late = deadlines.unfinished(files, until)
         if late:
             self._stragglers = [f for f in late if not f.cancel()]
             raise DeadlineExceeded(f"writing this host's chunk files had not finished at "

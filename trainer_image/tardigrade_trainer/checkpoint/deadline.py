@@ -22,6 +22,8 @@ from typing import Any, Protocol
 class Cancellable(Protocol):
     def result(self, timeout: float | None = None) -> Any: ...
 
+    def done(self) -> bool: ...
+
     def cancel(self) -> bool: ...
 
 
@@ -60,11 +62,28 @@ def result(future: Cancellable, deadline: Deadline | None, doing: str) -> Any:
     """
     if deadline is None:
         return future.result()
-    try:
-        return future.result(timeout=deadline.remaining())
-    except (TimeoutError, concurrent.futures.TimeoutError):
-        future.cancel()
-        raise DeadlineExceeded(f"{doing} had not finished at {deadline.what}") from None
+    while True:
+        try:
+            return future.result(timeout=deadline.remaining())
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            # A future that failed with a TimeoutError of its own is done: that is its result.
+            # Otherwise the wait timed out, and a timed wait can wake before the deadline on
+            # this clock (TensorStore times its waits on the wall clock): wait out the rest.
+            if future.done():
+                raise
+            if deadline.passed():
+                break
+    future.cancel()
+    raise DeadlineExceeded(f"{doing} had not finished at {deadline.what}") from None
+
+
+def unfinished(futures: Sequence[concurrent.futures.Future[Any]],
+               deadline: Deadline | None) -> set[concurrent.futures.Future[Any]]:
+    """The futures still running at the deadline (none, without one: it waits for all)."""
+    while True:
+        _, late = concurrent.futures.wait(futures, timeout=bounded(deadline, 1e9))
+        if not late or deadline is None or deadline.passed():
+            return late
 
 
 def all_results(futures: Sequence[Cancellable], deadline: Deadline | None, doing: str) -> list[Any]:
