@@ -187,3 +187,20 @@ def test_goodput_bench_gives_each_rank_a_node_of_its_own():
     job = bench.job(module.ARMS["i"])
     asked = parse_quantity(job["spec"]["resources"]["requests"]["cpu"])
     assert asked * 2 > parse_quantity(module.NodeConfig("n").capacity["cpu"])
+
+
+def test_goodput_bench_judges_restart_in_process_against_recreation_and_names_the_caveat():
+    bench = _bench_goodput()
+
+    def recovering(key: str, seconds: float):
+        arm = _arm_result(bench, key, 0.9, [0])
+        costs = tuple(dataclasses.replace(c, recovery_seconds=seconds) for c in arm.report.costs)
+        return dataclasses.replace(arm, report=dataclasses.replace(arm.report, costs=costs))
+
+    lines = bench.verdicts([recovering("b", 4.0), recovering("i", 1.8)])
+    (ratio,) = [line for line in lines if line.startswith("target (i) time to recover")]
+    assert ratio.startswith("target (i) time to recover p50 <= 0.5 x (b): 0.45 x -> met")
+    assert "local_cluster/README.md" in ratio
+    (missed,) = [line for line in bench.verdicts([recovering("b", 3.2), recovering("i", 3.6)])
+                 if line.startswith("target (i)")]
+    assert ": 1.12 x -> MISSED" in missed
