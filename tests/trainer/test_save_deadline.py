@@ -182,3 +182,29 @@ def test_the_trainer_fails_a_stalled_save_on_notice_inside_the_window(proxy, tmp
     assert manager.list_steps()[0] == [4]
     assert manager.verify(4)[1] == []
     manager.close()
+
+
+class _SilentPeers:
+    """The coordination service's key-value store where no peer ever writes: a get waits
+    its whole timeout (in whole milliseconds, as the service takes it) on the clock."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def blocking_key_value_get(self, key: str, timeout_ms: int) -> str:
+        self.clock.now += timeout_ms / 1000
+        raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+
+
+def test_a_silent_peer_at_the_deadline_is_the_deadline_not_a_peer_timeout():
+    from tardigrade_trainer.checkpoint.agreement import Channel
+
+    clock = _Clock()
+    # What is left of the deadline is not a whole number of milliseconds.
+    until = Deadline(3.9996, "the test's deadline", clock=clock)
+    channel = Channel("save-7", process_id=1, process_count=2, timeout_seconds=60.0,
+                      deadline=until)
+    channel._client = _SilentPeers(clock)
+    with pytest.raises(DeadlineExceeded, match=r"process 0 .* had not reported at the test's"):
+        channel.wait_prepared()
+    assert clock.now >= until.at

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 from typing import Any
 
 from tardigrade_trainer.checkpoint.deadline import Deadline, DeadlineExceeded, bounded
@@ -109,7 +110,7 @@ class Channel:
         timeout = bounded(self.deadline, self.timeout_seconds)
         try:
             raw = self._client.blocking_key_value_get(f"{self.name}/{key}",
-                                                      max(1, int(timeout * 1000)))
+                                                      max(1, math.ceil(timeout * 1000)))
         except Exception as err:
             if self.deadline is not None and self.deadline.passed():
                 raise DeadlineExceeded(
