@@ -68,7 +68,9 @@ def result(future: Cancellable, deadline: Deadline | None, doing: str) -> Any:
         except (TimeoutError, concurrent.futures.TimeoutError):
             # A future that failed with a TimeoutError of its own is done: that is its result.
             # Otherwise the wait timed out, and a timed wait can wake before the deadline on
-            # this clock (TensorStore times its waits on the wall clock): wait out the rest.
+            # this clock: TensorStore waits until an instant of the wall clock
+            # (python/tensorstore/future.cc: `absl::Now() + timeout`, `sem_timedwait`), which
+            # a clock step moves. So wait out the rest.
             if future.done():
                 raise
             if deadline.passed():
