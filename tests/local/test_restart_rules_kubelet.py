@@ -25,6 +25,12 @@ ONCE = """
     time.sleep(120)
 """
 
+AFTER_MAIN_COUNTED = """
+    import os, time
+    while not (os.path.exists('main.runs') and open('main.runs').read()):
+        time.sleep(0.02)
+"""
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
@@ -91,7 +97,10 @@ def test_restart_all_containers_reruns_init_and_restarts_every_container(kube, c
         "command": ["python", "-c", "open('setup.runs', 'a').write('x')"]}]
     body["spec"]["containers"].append({
         "name": "watcher", "image": "local/python",
-        "command": ["python", "-c", textwrap.dedent(ONCE.format(name="watcher", code=88))],
+        # It exits only once main has counted its first run: a main killed before that would
+        # count its second run as its first.
+        "command": ["python", "-c", textwrap.dedent(AFTER_MAIN_COUNTED)
+                    + textwrap.dedent(ONCE.format(name="watcher", code=88))],
         **rule("RestartAllContainers", 88)})
     kube.create_pod(body)
     uid = kube.pod("all-new")["metadata"]["uid"]
