@@ -101,6 +101,31 @@ def test_a_future_that_failed_with_a_timeout_of_its_own_fails_with_it_at_once():
     assert raised.value is own and clock.now == 0.0 and not future.cancelled
 
 
+class _FinishesAsTheWaitEnds:
+    """A future whose timed wait times out in the instant before it finishes."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def result(self, timeout: float | None = None) -> str:
+        if timeout is not None and not self.finished:
+            self.finished = True
+            raise TimeoutError
+        return "written"
+
+    def done(self) -> bool:
+        return self.finished
+
+    def cancel(self) -> bool:
+        raise AssertionError("a finished future is not cancelled")
+
+
+def test_a_future_that_finishes_as_its_wait_times_out_gives_its_result():
+    clock = _Clock()
+    assert deadlines.result(_FinishesAsTheWaitEnds(), Deadline(4.0, clock=clock),
+                            "writing") == "written"
+
+
 def test_a_save_on_notice_against_stalled_storage_fails_inside_its_deadline(proxy):
     events: list[dict] = []
     manager = CheckpointManager(f"gs://{BUCKET}/deadline", storage=DEFAULT_RETRIES,

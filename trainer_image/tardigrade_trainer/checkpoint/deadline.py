@@ -66,13 +66,14 @@ def result(future: Cancellable, deadline: Deadline | None, doing: str) -> Any:
         try:
             return future.result(timeout=deadline.remaining())
         except (TimeoutError, concurrent.futures.TimeoutError):
-            # A future that failed with a TimeoutError of its own is done: that is its result.
+            # Done: it failed with a TimeoutError of its own, or finished just after the wait
+            # timed out; either way its own outcome is the answer.
+            if future.done():
+                return future.result()
             # Otherwise the wait timed out, and a timed wait can wake before the deadline on
             # this clock: TensorStore waits until an instant of the wall clock
             # (python/tensorstore/future.cc: `absl::Now() + timeout`, `sem_timedwait`), which
             # a clock step moves. So wait out the rest.
-            if future.done():
-                raise
             if deadline.passed():
                 break
     future.cancel()
