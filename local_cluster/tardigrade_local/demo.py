@@ -146,8 +146,10 @@ def run_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoRes
             if phases == ("Succeeded", "Succeeded"):
                 break
             time.sleep(0.5)
-        log.collect()
-        ref_log.collect()
+        # The curves from the kubelets' files: a gang's last lines before its pods were deleted
+        # (at the preemption, at the resize) can fall between two polls of the API.
+        log = StepLog.from_container_logs(cluster.layout, NAMESPACE, name)
+        ref_log = StepLog.from_container_logs(cluster.layout, NAMESPACE, ref_name)
         job_obj = custom.get_namespaced_custom_object(
             "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
         ref_obj = custom.get_namespaced_custom_object(
