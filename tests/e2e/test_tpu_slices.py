@@ -94,6 +94,6 @@ def test_losing_a_slice_shrinks_to_the_other_and_its_return_grows_back(
     assert (4, 2) in resized and (2, 4) in resized, recoveries
     # Every restore was a committed step, and the curve has every step once it resumed.
     assert set(log.restored) <= set(log.committed)
-    curve = log.curve()
+    curve = cluster.complete_log(name).curve()
     assert all(step in curve for step in range(1, log.last_step + 1))
     cluster.kubectl("delete", "trainingjob", name, "-n", "default", "--wait=false")
