@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.diagnostics import snapshot
 from tests.e2e.harness import Cluster, OperatorProcess, running_operator
 
 
@@ -15,3 +16,18 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
     with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
         yield process
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """A failed end-to-end test's report shows its cluster as it was (diagnostics.py)."""
+    report = yield
+    if report.failed and call.when == "call":
+        funcargs = getattr(item, "funcargs", {})
+        cluster = funcargs.get("cluster")
+        if isinstance(cluster, Cluster):
+            operator = funcargs.get("operator")
+            log = operator.log_path if isinstance(operator, OperatorProcess) else None
+            report.sections.append(("cluster at the failure", snapshot(cluster, log)))
+    return report
