@@ -143,7 +143,7 @@ def _triggers(pods: Iterable[PodView], attempt: int) -> tuple[Trigger, ...]:
 def release_on_recreate(gang: Sequence[PodView], attempt: int) -> list[Trigger]:
     """The operator's word for the ranks of a gang it recreates whole (a recovery that keeps
     no pod). Trainers started for restart in place wait after their save on notice for this
-    word before they exit (trainer inplace.RELEASE_WAIT_SECONDS): told nothing, each would
+    word before they exit (trainer inplace.release_deadline): told nothing, each would
     hold its pod, and the relaunch, that long. Their pods are being deleted, so their kubelet
     does not restart them: the word only lets them exit at once."""
     return list(_triggers([p for p in gang if p.active and not p.deleting], attempt))

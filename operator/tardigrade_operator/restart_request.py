@@ -26,7 +26,7 @@ REQUEST_SECONDS = 5.0
 async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
                           timeout: float = REQUEST_SECONDS) -> bool:
     """True once the rank accepted (202); a refusal or silence is logged. A rank that missed
-    it still stops after the gang's save (inplace.RELEASE_WAIT_SECONDS) and its kubelet
+    it still stops after the gang's save (inplace.release_deadline) and its kubelet
     restarts it; one that no request reached at all keeps training on its old world until a
     later disruption: nothing is lost, its saves go on."""
     headers = {"Authorization": f"Bearer {trigger.key}"}

@@ -90,11 +90,14 @@ def _train_past(log: StepLog, step: int) -> None:
 
 def _wait_running(cluster: Cluster, log: StepLog, name: str, field: str, value: int,
                   what: str) -> None:
-    """Until the job is Running with status `field` at `value`."""
+    """Until the job is Running with status `field` at `value`, after its one recovery; a job
+    that went on to another recovery, or ended, fails at once with its status."""
 
     def running() -> dict[str, Any] | None:
         log.collect()
         status = cluster.status(name)
+        if status.get("attempt", 0) > 2 or status.get("phase") in ("Succeeded", "Failed"):
+            raise AssertionError(f"waiting for {what}, {name} went on: {status}")
         return status if status.get(field) == value and status.get("phase") == "Running" \
             else None
 

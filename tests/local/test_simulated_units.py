@@ -219,3 +219,36 @@ async def test_a_simulated_rank_restarts_into_the_world_its_request_carried(tmp_
     assert not again.exited and again.rank is not None and again.rank.env.attempt == 2
     again.signal_group(signal.SIGKILL)
     await runtime.stop()
+
+
+async def test_a_simulated_rank_told_by_a_peer_outwaits_the_one_whose_pod_goes(tmp_path,
+                                                                               monkeypatch):
+    """As the real trainer (inplace.release_deadline): after the save the rank that got the
+    SIGTERM leaves when a going pod's wait ends; its peer, whose pod is not being stopped,
+    waits longer for the operator's word, until its own SIGTERM shortens the wait."""
+    from tardigrade_trainer import inplace
+
+    monkeypatch.setattr(inplace, "RELEASE_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(inplace, "RELEASE_WAIT_PER_RANK_SECONDS", 0.0)
+    monkeypatch.setattr(inplace, "PEER_NOTICE_RELEASE_WAIT_SECONDS", 30.0)
+    runtime = SimulatedRuntime()
+    allocator = network.IpAllocator()
+    ranks = []
+    for rank in range(2):
+        keep = tmp_path / f"emptydir-{rank}"
+        keep.mkdir()
+        env = {**rank_env(tmp_path, rank, 2), contract.ENV_POD_IP: allocator.allocate(),
+               contract.ENV_RESTART_IN_PLACE_DIR: str(keep)}
+        ranks.append(runtime.container([], env, tmp_path, tmp_path / "log", None))
+    for container in ranks:
+        await container.start()
+    await wait_until(lambda: ranks[0].rank.gang.step() >= 3)
+    ranks[1].signal_group(signal.SIGTERM)  # its node shuts down
+    async with asyncio.timeout(10):
+        assert await ranks[1].wait() == contract.EXIT_RESTART_IN_PLACE
+    await asyncio.sleep(0.5)  # past a going pod's wait
+    assert not ranks[0].exited
+    ranks[0].signal_group(signal.SIGTERM)  # now its own pod is stopped too
+    async with asyncio.timeout(5):
+        assert await ranks[0].wait() == contract.EXIT_RESTART_IN_PLACE
+    await runtime.stop()

@@ -27,6 +27,7 @@ def test_the_watcher_times_the_notice_from_the_sigterm():
         watcher._on_sigterm(signal.SIGTERM, None)  # a second notice does not restart the clock
         assert watcher.noticed_at == first
         assert 0 < watcher.seconds_since_notice() <= time.monotonic() - first
+        assert watcher.own_notice_at == first  # without JAX every notice is a SIGTERM of its own
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -74,15 +75,18 @@ def test_a_sigterm_is_announced_to_the_gang_at_once_by_a_thread_of_its_own():
             done.set()
 
     before = datetime.datetime.now(datetime.UTC)
+    sent_at = time.monotonic()
     previous = signal.getsignal(signal.SIGTERM)
     try:
         announcer = NoticeAnnouncer(Client())
-        assert announcer.installed
+        assert announcer.installed and announcer.received_at is None  # no SIGTERM of its own
         os.kill(os.getpid(), signal.SIGTERM)
         assert done.wait(30), "no notice written"
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.set_wakeup_fd(-1)
     [(key, value, on_main_thread)] = written
+    # The process knows the SIGTERM was its own, not a peer's (inplace.release_deadline).
+    assert announcer.received_at is not None and sent_at <= announcer.received_at
     assert key == NOTICE_KEY and not on_main_thread
     assert before <= datetime.datetime.fromisoformat(value) <= datetime.datetime.now(datetime.UTC)

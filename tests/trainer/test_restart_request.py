@@ -229,3 +229,55 @@ def test_a_rank_restarts_in_process_only_when_on_and_released_with_a_newer_world
     assert requests.restarts_in_process(on)
     # Off, the same request ends in exit 77 for the kubelet.
     assert not requests.restarts_in_process(_env(tmp_path))
+
+
+def test_a_rank_told_by_a_peer_waits_longer_for_its_word_than_one_whose_pod_goes() -> None:
+    """A kept rank's pod is not being stopped: a late operator's word still finds it. One
+    that got its own SIGTERM keeps the window's rule, from the save or from the SIGTERM."""
+    saved, notice = 100.0, 99.5
+    peer = inplace.release_deadline(saved, notice, None, 3, shutdown_window_seconds=15)
+    assert peer == saved + inplace.PEER_NOTICE_RELEASE_WAIT_SECONDS
+    own = inplace.release_deadline(saved, notice, notice, 3, shutdown_window_seconds=15)
+    assert own == pytest.approx(saved + inplace.release_wait_seconds(3, 15, 0.5))
+    assert own < peer
+    # Its own SIGTERM during the wait: the going pod's wait from then, never past the peer's.
+    later = inplace.release_deadline(saved, notice, 110.0, 3, shutdown_window_seconds=15)
+    assert later == pytest.approx(110.0 + inplace.release_wait_seconds(3, 15, 0.0))
+    assert inplace.release_deadline(saved, notice, 128.0, 3, 15) == peer
+    # A big gang in a long window waits at least what a going rank would.
+    big = inplace.release_deadline(saved, notice, None, 2048, shutdown_window_seconds=120)
+    assert big == pytest.approx(saved + inplace.release_wait_seconds(2048, 120, 0.5))
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_wait_for_the_word_follows_a_deadline_that_comes_nearer() -> None:
+    requests = inplace.RestartRequests("k", attempt=1)
+    clock = _Clock()
+    deadlines = iter([30.0, 30.0, 2.0])
+    waited: list[float] = []
+
+    def deadline() -> float:
+        return next(deadlines, 2.0)
+
+    def tick(seconds: float | None = None) -> bool:
+        waited.append(seconds or 0.0)
+        clock.now += seconds or 0.0
+        return False
+
+    requests.released.wait = tick  # type: ignore[method-assign]
+    assert requests.wait_released_until(deadline, clock=clock, poll_seconds=1.0) is False
+    assert waited == [1.0, 1.0] and clock.now == 2.0
+
+
+def test_the_wait_for_the_word_ends_when_the_request_comes() -> None:
+    requests = inplace.RestartRequests("k", attempt=1)
+    requests.released.set()
+    assert requests.wait_released_until(lambda: 1e9, poll_seconds=0.01) is True
+    assert inplace.RestartRequests("k").wait_released_until(lambda: 0.0) is False

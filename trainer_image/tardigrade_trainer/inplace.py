@@ -14,8 +14,9 @@ port (every rank serves it when restart in place is on), with the pod's restart 
 token and the rank's new world (the annotation's JSON) as its body. The first rank to get it
 sends itself SIGTERM: the preemption notice path (JAX's preemption sync manager,
 preemption.py) makes every rank agree on one step and save it. The rank writes the world into
-the pod's restart-in-place directory (WORLD_FILE), waits for its own request (at most
-RELEASE_WAIT_SECONDS) and exits 77. The restarted container takes the newer of that file's
+the pod's restart-in-place directory (WORLD_FILE), waits for its own request (until
+`release_deadline`: a few seconds where its pod is being stopped, longer where its notice came
+from a peer) and exits 77. The restarted container takes the newer of that file's
 world and the env's (`newest_world`): the operator patches the kept pods' world annotation
 only once the whole gang runs again.
 """
@@ -27,6 +28,7 @@ import json
 import os
 import signal
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -52,17 +54,37 @@ RELEASE_WAIT_SECONDS = 5.0
 RELEASE_WAIT_PER_RANK_SECONDS = 0.02
 # Left of the shutdown window after the wait: the exit and its termination message.
 EXIT_MARGIN_SECONDS = 1.0
+# How long a rank that got no SIGTERM of its own (its notice came from a peer: its pod is not
+# being stopped) waits for the operator's word. Nothing kills it meanwhile, and without the
+# word it can only restart on the world it ran: on a busy control plane the word came more
+# than 5 s after the save, the kept ranks had left, and the recovery was done a second time,
+# recreating every rank. Its own SIGTERM during the wait brings the wait down to a going pod's.
+PEER_NOTICE_RELEASE_WAIT_SECONDS = 30.0
 
 
 def release_wait_seconds(num_processes: int, shutdown_window_seconds: float,
                          since_notice: float) -> float:
-    """How long a rank that saved waits for the operator's word: RELEASE_WAIT_SECONDS, more
-    in a big gang; the part past RELEASE_WAIT_SECONDS never runs into the shutdown window's
-    end (a pod that is going away would be killed, and its termination message, which says
-    the step it saved, lost)."""
+    """How long a rank whose pod is going away waits after its save for the operator's word:
+    RELEASE_WAIT_SECONDS, more in a big gang; the part past RELEASE_WAIT_SECONDS never runs
+    into the shutdown window's end (the pod would be killed, and its termination message,
+    which says the step it saved, lost)."""
     wanted = RELEASE_WAIT_SECONDS + RELEASE_WAIT_PER_RANK_SECONDS * num_processes
     left = shutdown_window_seconds - since_notice - EXIT_MARGIN_SECONDS
     return max(0.0, min(wanted, max(RELEASE_WAIT_SECONDS, left)))
+
+
+def release_deadline(saved_at: float, notice_at: float, own_notice_at: float | None,
+                     num_processes: int, shutdown_window_seconds: float) -> float:
+    """Until when (monotonic) a rank that saved at `saved_at` waits for the operator's word.
+    `own_notice_at`: when the rank got a SIGTERM of its own (its pod is being stopped), None
+    while its notice is a peer's; it moves as the SIGTERM comes, so call it again."""
+    if own_notice_at is None:
+        return saved_at + max(PEER_NOTICE_RELEASE_WAIT_SECONDS, release_wait_seconds(
+            num_processes, shutdown_window_seconds, saved_at - notice_at))
+    going = release_wait_seconds(num_processes, shutdown_window_seconds,
+                                 max(0.0, saved_at - own_notice_at))
+    return min(max(saved_at, own_notice_at) + going,
+               saved_at + max(PEER_NOTICE_RELEASE_WAIT_SECONDS, going))
 
 
 class StaleWorld(RuntimeError):
@@ -225,6 +247,18 @@ class RestartRequests:
         kept for the restarted container); False after `seconds` (the pod is going away, or
         the operator recreates the gang): the rank stops anyway."""
         return self.released.wait(seconds)
+
+    def wait_released_until(self, deadline: Callable[[], float],
+                            clock: Callable[[], float] = time.monotonic,
+                            poll_seconds: float = 0.1) -> bool:
+        """`wait_released` until `deadline()`, read again every `poll_seconds`: a SIGTERM of
+        the rank's own during the wait brings it nearer (release_deadline)."""
+        while True:
+            left = deadline() - clock()
+            if left <= 0:
+                return self.released.is_set()
+            if self.released.wait(min(poll_seconds, left)):
+                return True
 
 
 def _written_attempt(path: Path) -> int:

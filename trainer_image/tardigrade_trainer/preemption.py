@@ -54,6 +54,9 @@ class NoticeAnnouncer:
     def __init__(self, client: Any) -> None:
         self._client = client
         self.installed = False
+        # time.monotonic() of this process's first SIGTERM (a peer's notice reaches it through
+        # the coordination service instead, and sets nothing here).
+        self.received_at: float | None = None
         if threading.current_thread() is not threading.main_thread():
             return  # signals are the main thread's to set up: the notice stays XLA's
         self._read, write = os.pipe()
@@ -82,6 +85,8 @@ class NoticeAnnouncer:
             if not woke:
                 return
             if signal.SIGTERM in woke:
+                if self.received_at is None:
+                    self.received_at = time.monotonic()
                 self.announce()
 
     def announce(self) -> None:
@@ -115,6 +120,15 @@ class PreemptionWatcher:
 
     def seconds_since_notice(self) -> float:
         return 0.0 if self.noticed_at is None else time.monotonic() - self.noticed_at
+
+    @property
+    def own_notice_at(self) -> float | None:
+        """When this process got a SIGTERM of its own (its pod is being stopped); None while
+        its notice is only a peer's. Where that cannot be told apart (XLA's own notifier), the
+        notice counts as its own: the shorter wait."""
+        if self._uses_jax and self.announcer.installed:
+            return self.announcer.received_at
+        return self.noticed_at
 
     def should_stop(self, step: int) -> bool:
         """Call at every step on every host; True at the one agreed step to save and stop."""

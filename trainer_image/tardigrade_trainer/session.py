@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -420,13 +421,24 @@ class TrainingSession:
         message = self.termination(reason, f"saved step {step} on SIGTERM")
         if code == contract.EXIT_RESTART_IN_PLACE:
             inplace.remember_exit(self.env, message)
-            released = self._restarts.wait_released(inplace.release_wait_seconds(
-                self.env.num_processes, self.env.shutdown_window_seconds, self._since_notice()))
+            released = self._wait_for_word()
             in_process = self._restarts.restarts_in_process(self.env) and attempts.in_child()
             self.log({"event": "restart_in_place", "step": step, "released": released,
                       "in_process": in_process})
             raise StopTraining(code, message, next_attempt_in_process=in_process)
         raise StopTraining(code, message)
+
+    def _wait_for_word(self) -> bool:
+        """After the save on notice, the operator's request (inplace.release_deadline)."""
+        saved_at = time.monotonic()
+        watcher = self.watcher
+        if watcher is None or watcher.noticed_at is None:
+            return self._restarts.wait_released(inplace.release_wait_seconds(
+                self.env.num_processes, self.env.shutdown_window_seconds, 0.0))
+        notice_at = watcher.noticed_at
+        return self._restarts.wait_released_until(lambda: inplace.release_deadline(
+            saved_at, notice_at, watcher.own_notice_at, self.env.num_processes,
+            self.env.shutdown_window_seconds))
 
     def _report_checkpoint(self) -> None:
         committed = self._checkpoints.committed() if self._checkpoints is not None else None

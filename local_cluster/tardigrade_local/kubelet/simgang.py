@@ -16,7 +16,7 @@ attempt and world size. The gang keeps the promises the real trainer makes (`tra
   `PreemptedSaved` and exit 75; without saveOnPreemption the signal kills the rank (143);
 - restart in place (`inplace.py`): with TARDIGRADE_RESTART_IN_PLACE_DIR set the save ends in
   `RestartInPlace` and exit 77, each rank once the operator's keyed POST /restart-in-place
-  released it (or after `inplace.RELEASE_WAIT_SECONDS`); the first POST is a SIGTERM; the
+  released it (or at `inplace.release_deadline`); the first POST is a SIGTERM; the
   world in the POST's body is kept in the pod's directory and a restarted container takes the
   newer of it and its env's (`inplace.newest_world`); one started on a world it already ran
   exits 77 at once (`StaleWorld`); with TARDIGRADE_RESTART_IN_PROCESS a rank released with a
@@ -73,17 +73,29 @@ class TrainerRank:
         self.restarts = inplace.RestartRequests(env.restart_key, env.attempt,
                                                 env.restart_in_place_dir)
         self._pending: Exit | None = None
+        # Loop time of the first SIGTERM sent to this rank itself (its pod is being stopped).
+        self.sigterm_at: float | None = None
+        self._saved_at = 0.0
 
     def finish_when_released(self, result: Exit) -> None:
-        """The trainer's wait after a save for restart in place (inplace.wait_released)."""
+        """The trainer's wait after a save for restart in place (inplace.release_deadline):
+        longer while the rank's notice is only a peer's."""
         if self.restarts.released.is_set():
             self.finish(result)
             return
         self._pending = result
-        # The simulated save takes no time: the wait starts at the notice.
-        wait = inplace.release_wait_seconds(self.env.num_processes,
-                                            self.env.shutdown_window_seconds, 0.0)
-        self.gang.loop.call_later(wait, self.finish, result)
+        self._saved_at = self.gang.loop.time()
+        self.gang.loop.call_at(self._release_deadline(), self._wait_over)
+
+    def _release_deadline(self) -> float:
+        # The simulated save takes no time: it ends at the notice.
+        return inplace.release_deadline(self._saved_at, self._saved_at, self.sigterm_at,
+                                        self.env.num_processes,
+                                        self.env.shutdown_window_seconds)
+
+    def _wait_over(self) -> None:
+        if self._pending is not None and self.gang.loop.time() >= self._release_deadline():
+            self.finish(self._pending)
 
     def released(self) -> None:
         if self._pending is not None:
@@ -116,6 +128,10 @@ class TrainerRank:
         elif self.frozen:
             return  # pending until SIGCONT, or lost with a SIGKILL
         elif sig == signal.SIGTERM:
+            if self.sigterm_at is None:
+                self.sigterm_at = self.gang.loop.time()
+                if self._pending is not None:  # its own notice shortens the wait
+                    self.gang.loop.call_at(self._release_deadline(), self._wait_over)
             self.gang.sigterm(self)
         else:
             self.finish(Exit(-sig))
