@@ -84,7 +84,8 @@ def log_tails(pods_dir: Path, names: Iterable[str], lines: int = LOG_LINES) -> s
 def _without_steps(lines: list[str]) -> list[str]:
     """The lines but a trainer's step records, of which only the last says anything here."""
     steps = [i for i, line in enumerate(lines) if STEP_RECORD in line]
-    return [line for i, line in enumerate(lines) if i not in set(steps[:-1])]
+    dropped = set(steps[:-1])
+    return [line for i, line in enumerate(lines) if i not in dropped]
 
 
 def tail(path: Path, lines: int) -> str:

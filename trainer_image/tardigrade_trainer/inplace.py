@@ -78,13 +78,13 @@ def release_deadline(saved_at: float, notice_at: float, own_notice_at: float | N
     """Until when (monotonic) a rank that saved at `saved_at` waits for the operator's word.
     `own_notice_at`: when the rank got a SIGTERM of its own (its pod is being stopped), None
     while its notice is a peer's; it moves as the SIGTERM comes, so call it again."""
+    peer = saved_at + max(PEER_NOTICE_RELEASE_WAIT_SECONDS, release_wait_seconds(
+        num_processes, shutdown_window_seconds, saved_at - notice_at))
     if own_notice_at is None:
-        return saved_at + max(PEER_NOTICE_RELEASE_WAIT_SECONDS, release_wait_seconds(
-            num_processes, shutdown_window_seconds, saved_at - notice_at))
+        return peer
     going = release_wait_seconds(num_processes, shutdown_window_seconds,
                                  max(0.0, saved_at - own_notice_at))
-    return min(max(saved_at, own_notice_at) + going,
-               saved_at + max(PEER_NOTICE_RELEASE_WAIT_SECONDS, going))
+    return min(peer, max(saved_at, own_notice_at) + going)
 
 
 class StaleWorld(RuntimeError):

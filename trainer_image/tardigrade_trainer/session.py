@@ -432,12 +432,14 @@ class TrainingSession:
         """After the save on notice, the operator's request (inplace.release_deadline)."""
         saved_at = time.monotonic()
         watcher = self.watcher
-        if watcher is None or watcher.noticed_at is None:
-            return self._restarts.wait_released(inplace.release_wait_seconds(
-                self.env.num_processes, self.env.shutdown_window_seconds, 0.0))
-        notice_at = watcher.noticed_at
+        notice_at = saved_at - self._since_notice()
+
+        def own_notice_at() -> float | None:
+            # Without a watcher's word the notice counts as the rank's own: the shorter wait.
+            return watcher.own_notice_at if watcher is not None else notice_at
+
         return self._restarts.wait_released_until(lambda: inplace.release_deadline(
-            saved_at, notice_at, watcher.own_notice_at, self.env.num_processes,
+            saved_at, notice_at, own_notice_at(), self.env.num_processes,
             self.env.shutdown_window_seconds))
 
     def _report_checkpoint(self) -> None:
