@@ -123,6 +123,9 @@ class Observed:
     kubelet_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # A fresh random key for pods launched in this pass to accept restart requests with.
     restart_key: str | None = None
+    # Kept pods of the current attempt whose trainers did not take the operator's restart
+    # request (restart_in_place.refused): their ranks are recreated.
+    refused_restarts: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +238,14 @@ def decide(obs: Observed) -> Plan:
 def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                         gang: list[PodView]) -> None:
     status = plan.status
+    recreated = restart_in_place.recreate_refused(gang, obs.refused_restarts, status)
+    if recreated:
+        gang = [p for p in gang if p not in recreated]
+        plan.delete_pods.extend((p.name, None) for p in recreated)
+        plan.events.extend(Event(
+            "Warning", "RestartInPlaceRefused",
+            f"{p.name} did not take the request to restart in place: recreating rank {p.rank}")
+            for p in recreated)
     outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes) for p in gang}
     restart_in_place.hold_unrestarted(outcomes, gang, status)
     _judge_unready_nodes(outcomes, node_watch(obs), gang)
@@ -260,6 +271,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                else slices.followers(spec, status.replicas, missing, obs.node_pools))
     if missing and stage(status) is not Stage.LAUNCHING:
         # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
+        to_come = [*to_come, *(p.rank for p in recreated)]
         for rank in (r for r in missing if r not in to_come):
             outcomes[rank] = RankOutcome(
                 Outcome.PREEMPTED, f"{naming.pod_name(obs.job.name, status.attempt, rank)}: gone"

@@ -359,12 +359,13 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         kubelet_versions={node: max(store) for node, store in (kubelet_index or {}).items()
                           if store} if decision.restart_in_place else {},
         restart_key=secrets.token_urlsafe(24) if decision.restart_in_place else None,
+        refused_restarts=state.refused_in(status.attempt),
     )
     plan = decide(observed)
     plan.patch_pods = state.unsent(plan.patch_pods, plan.status.attempt, {p.name for p in mine})
     try:
         written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan,
-                                          version, _asker(memo, plan))
+                                          version, _asker(memo, plan, state))
     except StaleStatus:
         # Decide again at once, on the job as the API server has it now.
         fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
@@ -392,16 +393,24 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     return _next_pass(observed, plan, state, read, fetched, clock, memo, settings)
 
 
-def _asker(memo: kopf.Memo, plan: Plan) -> Callable[[], None] | None:
+def _asker(memo: kopf.Memo, plan: Plan, state: JobState) -> Callable[[], None] | None:
     """The plan's restart-in-place requests, all at once, for the writer to send from its
-    thread between its deletes and its creates (kube.py: the requests carry the worlds)."""
+    thread between its deletes and its creates (kube.py: the requests carry the worlds).
+    The kept ranks that did not take theirs are remembered, and the next pass, at once,
+    recreates them (restart_in_place.recreate_refused)."""
     if not plan.restart_in_place:
         return None
     loop = asyncio.get_running_loop()
+    triggers = plan.restart_in_place
+    attempt = plan.status.attempt
 
     async def ask() -> None:
-        await asyncio.gather(*(request_restart(memo.session, trigger)
-                               for trigger in plan.restart_in_place))
+        accepted = await asyncio.gather(*(request_restart(memo.session, trigger)
+                                          for trigger in triggers))
+        refused = restart_in_place.refused(triggers, accepted)
+        if refused:
+            state.refuse(attempt, refused)
+            state.wake.set()
 
     return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()
 

@@ -40,6 +40,8 @@ class JobState:
     labelled: dict[str, int] = dataclasses.field(default_factory=dict)
     # The views restart_in_place.carried made, reused while the pod's view is the same.
     carried: CarryMemo = dataclasses.field(default_factory=dict)
+    # (attempt, kept pods whose trainers did not take their restart request in it)
+    refused: tuple[int, frozenset[str]] | None = None
 
     def unsent(self, patches: list[tuple[str, dict]],
                attempt: int, present: set[str]) -> list[tuple[str, dict]]:
@@ -49,6 +51,18 @@ class JobState:
 
     def sent(self, patches: list[tuple[str, dict]], attempt: int) -> None:
         self.labelled.update((name, attempt) for name, _ in patches)
+
+    def refuse(self, attempt: int, pods: frozenset[str]) -> None:
+        known = self.refused[1] if self.refused is not None and self.refused[0] == attempt \
+            else frozenset()
+        self.refused = (attempt, known | pods)
+
+    def refused_in(self, attempt: int) -> frozenset[str]:
+        """The refusals of this attempt; an older attempt's are forgotten."""
+        if self.refused is None or self.refused[0] != attempt:
+            self.refused = None
+            return frozenset()
+        return self.refused[1]
 
     def echoes_our_write(self, resource_version: str) -> bool:
         """The watch event carries the status this operator just wrote: nothing new."""

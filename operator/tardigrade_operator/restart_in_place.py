@@ -21,6 +21,10 @@ The steps, in the order the plan is applied (kube.py, handlers.py):
    thousand ranks they are a thousand writes: sent during the recovery, they competed with
    the kubelets' status writes for the API server and delayed every rank's restart.
    A kept trainer is judged by its last termination (`restarted_into`), not by the label.
+6. a kept rank that did not take its request (refused, or no answer after the retries) is
+   recreated at the next pass, in the same attempt (`recreate_refused`): without its world it
+   would restart into the one it already ran and be turned away as stale, and the gang could
+   not form without a second recovery. Its old pod saves with the gang before it goes.
 Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
 (its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
 """
@@ -156,6 +160,28 @@ def with_worlds(triggers: Iterable[Trigger], keep: Iterable[inplace.Keep], job: 
     ranks = {k.name: k.rank for k in keep}
     return [dataclasses.replace(t, world=world(job, coordinator_pod, launch, ranks[t.pod]))
             if t.pod in ranks else t for t in triggers]
+
+
+def refused(triggers: Sequence[Trigger], accepted: Sequence[bool]) -> frozenset[str]:
+    """The kept pods whose trainers did not take their world (the ranks that go need none)."""
+    return frozenset(t.pod for t, took in zip(triggers, accepted, strict=True)
+                     if t.world is not None and not took)
+
+
+def recreate_refused(gang: Sequence[PodView], refused_pods: frozenset[str],
+                     status: TrainingJobStatus) -> list[PodView]:
+    """The kept pods to recreate because their trainers did not take the request: still
+    carried into the attempt (not relabelled, not being deleted) and the gang not formed yet.
+    Rank 0's stays: the other ranks' worlds name its pod as their coordinator, and a new pod
+    would have another name (the recovery then goes on as before: its trainer waits for the
+    word, and a gang that cannot form is recovered again)."""
+    if not refused_pods:
+        return []
+    last = launched_by(status)
+    if last is None or not last.kept_pods or last.gang_formed_time is not None:
+        return []
+    return [p for p in gang if p.name in refused_pods and p.label_attempt is not None
+            and not p.deleting and p.rank != 0]
 
 
 def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:

@@ -25,10 +25,10 @@ REQUEST_SECONDS = 5.0
 
 async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
                           timeout: float = REQUEST_SECONDS) -> bool:
-    """True once the rank accepted (202); a refusal or silence is logged. A rank that missed
-    it still stops after the gang's save (inplace.release_deadline) and its kubelet
-    restarts it; one that no request reached at all keeps training on its old world until a
-    later disruption: nothing is lost, its saves go on."""
+    """True once the rank accepted (202), or already runs the attempt (200: a retry whose
+    first try it took); a refusal or silence is logged. A kept rank that
+    missed it is recreated by the next pass (restart_in_place.recreate_refused); its old
+    trainer still saves with the gang and leaves on its pod's SIGTERM."""
     headers = {"Authorization": f"Bearer {trigger.key}"}
     world = trigger.world.encode() if trigger.world is not None else None
     if world is not None:
@@ -40,7 +40,7 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
         try:
             async with session.post(trigger.url, headers=headers, data=world,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
-                if answer.status == 202:
+                if answer.status in (200, 202):
                     return True
                 why = f"HTTP {answer.status} {(await answer.text())[:200]}".strip()
                 if answer.status in (400, 401, 404, 413):

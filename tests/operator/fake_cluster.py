@@ -63,6 +63,8 @@ class FakeCluster:
     # Node -> status.nodeInfo.kubeletVersion; the key pods launched now get (restart in place).
     kubelet_versions: dict[str, str] = dataclasses.field(default_factory=dict)
     restart_key: str | None = None
+    # Kept pods whose trainers did not take the operator's restart request.
+    refused_restarts: frozenset[str] = frozenset()
 
     def observe(self) -> Observed:
         try:
@@ -81,6 +83,7 @@ class FakeCluster:
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
             node_pools=self.node_pools,
             kubelet_versions=self.kubelet_versions, restart_key=self.restart_key,
+            refused_restarts=self.refused_restarts,
         )
 
     def reconcile(self) -> Plan:

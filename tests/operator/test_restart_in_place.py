@@ -265,6 +265,72 @@ def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
 
 
+def test_a_kept_rank_that_did_not_take_its_request_is_recreated_in_the_same_attempt():
+    cluster = running_gang()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    plan = cluster.reconcile()
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-2"]
+    # Rank 2's trainer answered nothing (or no to) its request; the rank that goes answered
+    # nothing either, which needs no follow-up: its pod is being deleted.
+    answers = {"tiny-a1-0": True, "tiny-a1-2": False, "tiny-a1-1": False}
+    cluster.refused_restarts = restart_in_place.refused(
+        plan.restart_in_place, [answers[t.pod] for t in plan.restart_in_place])
+    assert cluster.refused_restarts == {"tiny-a1-2"}
+
+    plan = cluster.reconcile()
+    # Without its world it would restart into attempt 1 again and be turned away: its rank
+    # gets a new pod in attempt 2, rank 0's kept pod still its coordinator. One recovery.
+    assert plan.delete_pods == [("tiny-a1-2", None)]
+    assert names(plan.create_pods) == ["tiny-a2-2"]
+    assert world_of(plan.create_pods[0]) == {
+        "attempt": 2, "numProcesses": 3, "processId": 2,
+        "coordinatorAddress": "tiny-a1-0.tiny:8476", "restoreStep": "20"}
+    assert [e.reason for e in plan.events] == ["RestartInPlaceRefused"]
+    assert "tiny-a1-2" in plan.events[0].message
+    assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
+
+    # Its old pod saves with the gang while it terminates: neither gone nor recreated again.
+    plan = cluster.reconcile()
+    assert not plan.create_pods and not plan.delete_pods and not plan.events
+    assert cluster.status.attempt == 2
+
+    for name, rank in (("tiny-a2-1", 1), ("tiny-a2-2", 2)):
+        cluster.pods[name]["spec"]["nodeName"] = f"node-{rank + 2}"
+        cluster.pods[name]["status"] = {
+            "phase": "Running", "podIP": f"127.0.2.{rank}",
+            "containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}
+    cluster.terminate(cluster.pods["tiny-a1-2"], IN_PLACE, contract.TerminationMessage(
+        reason="RestartInPlace", step=31, checkpoint_step=31, attempt=1).to_json())
+    restart(cluster, "tiny-a1-0", attempt=1, step=31, saved=31)
+    cluster.progress = contract.ProgressReport(step=32, checkpoint_step=31, attempt=2)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Running" and cluster.status.attempt == 2
+    assert cluster.status.restarts.preemptions == 1 and cluster.status.restarts.failures == 0
+    assert names(plan.patch_pods) == ["tiny-a1-0"]
+
+
+def test_a_kept_rank_0_that_did_not_take_its_request_stays():
+    # The other ranks' worlds name its pod as their coordinator: a new pod would have another
+    # name. The recovery goes on as before.
+    cluster = running_gang()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    cluster.reconcile()
+    cluster.refused_restarts = frozenset({"tiny-a1-0"})
+    plan = cluster.reconcile()
+    assert not plan.delete_pods and not plan.events
+    assert cluster.status.attempt == 2
+
+
+def test_refusals_of_an_earlier_attempt_are_forgotten():
+    state = JobState()
+    state.refuse(2, frozenset({"j-a1-1"}))
+    state.refuse(2, frozenset({"j-a1-2"}))
+    assert state.refused_in(2) == {"j-a1-1", "j-a1-2"}
+    assert state.refused_in(3) == frozenset() and state.refused_in(2) == frozenset()
+
+
 class _Answer:
     """An empty raw answer, as the client gives with `_preload_content=False`."""
 

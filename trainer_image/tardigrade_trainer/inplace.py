@@ -193,6 +193,11 @@ class RestartRequests:
                                                                   self._key.encode()):
             return 401, "the bearer token is not this pod's restart key"
         wanted = urllib.parse.parse_qs(query).get("attempt", [""])[0]
+        if wanted.isdigit() and int(wanted) == self._attempt:
+            # The operator's retry of a request this rank took (its answer was lost or late)
+            # reaching the restarted trainer: done already, and not a refusal, which would
+            # make the operator recreate a rank that runs the new world.
+            return 200, f"this rank already runs attempt {self._attempt}"
         if not wanted.isdigit() or int(wanted) <= self._attempt:
             # A request for this attempt or an older one: nothing to restart into.
             return 400, f"attempt={wanted!r}: must be an attempt after {self._attempt}"

@@ -1,0 +1,67 @@
+"""The operator remembers which kept ranks did not take their restart request (handlers.py),
+for the next pass to recreate them (restart_in_place.recreate_refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+
+import aiohttp
+import kopf
+from aiohttp import web
+from tardigrade_operator import handlers
+from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.decide import Plan
+from tardigrade_operator.jobstate import JobState
+from tardigrade_operator.restart_in_place import Trigger
+from tardigrade_trainer import contract
+
+
+@contextlib.asynccontextmanager
+async def rank(status: int) -> AsyncIterator[str]:
+    """A trainer's restart endpoint on a loopback address of its own, answering `status`."""
+    async def restart(_: web.Request) -> web.Response:
+        return web.Response(status=status, text={202: "", 200: "already"}.get(status, "no"))
+
+    app = web.Application()
+    app.router.add_post(contract.RESTART_IN_PLACE_PATH, restart)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    address = f"127.{random.randint(100, 250)}.{random.randint(0, 250)}.{random.randint(2, 250)}"
+    await web.TCPSite(runner, address, contract.DEFAULT_PROGRESS_PORT).start()
+    try:
+        yield f"http://{address}:{contract.DEFAULT_PROGRESS_PORT}{contract.RESTART_IN_PLACE_PATH}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_kept_ranks_that_refuse_their_request_are_remembered_for_the_next_pass():
+    async with rank(202) as taker, rank(200) as restarted, rank(401) as refuser, \
+            rank(401) as leaver, aiohttp.ClientSession() as session:
+        plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
+            Trigger("j-a1-0", taker, "k", world='{"attempt": 2}'),
+            # Runs attempt 2 already: it took an earlier try whose answer was lost.
+            Trigger("j-a1-3", restarted, "k", world='{"attempt": 2}'),
+            Trigger("j-a1-2", refuser, "k", world='{"attempt": 2}'),
+            # A rank that goes gets no world: its refusal needs no follow-up.
+            Trigger("j-a1-1", leaver, "k")])
+        memo = kopf.Memo(session=session)
+        state = JobState()
+        ask = handlers._asker(memo, plan, state)
+        assert ask is not None
+        await asyncio.to_thread(ask)  # as the writer calls it, from its thread
+    assert state.refused_in(2) == {"j-a1-2"}
+    assert state.wake.is_set()  # the next pass comes at once
+
+
+async def test_nothing_is_remembered_when_every_kept_rank_takes_its_request():
+    async with rank(202) as taker, aiohttp.ClientSession() as session:
+        plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
+            Trigger("j-a1-0", taker, "k", world='{"attempt": 2}')])
+        state = JobState()
+        ask = handlers._asker(kopf.Memo(session=session), plan, state)
+        assert ask is not None
+        await asyncio.to_thread(ask)
+    assert state.refused_in(2) == frozenset() and not state.wake.is_set()
