@@ -246,6 +246,8 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
             "Warning", "RestartInPlaceRefused",
             f"{p.name} did not take the request to restart in place: recreating rank {p.rank}")
             for p in recreated)
+    plan.restart_in_place = restart_in_place.ask_again(
+        gang, obs.refused_restarts, status, obs.job, _restore_step(status), obs.now)
     outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes) for p in gang}
     restart_in_place.hold_unrestarted(outcomes, gang, status)
     _judge_unready_nodes(outcomes, node_watch(obs), gang)

@@ -396,8 +396,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
 def _asker(memo: kopf.Memo, plan: Plan, state: JobState) -> Callable[[], None] | None:
     """The plan's restart-in-place requests, all at once, for the writer to send from its
     thread between its deletes and its creates (kube.py: the requests carry the worlds).
-    The kept ranks that did not take theirs are remembered, and the next pass, at once,
-    recreates them (restart_in_place.recreate_refused)."""
+    The kept ranks that did not take theirs are remembered: the next pass, at once, recreates
+    them, or asks rank 0 again (restart_in_place.recreate_refused, ask_again)."""
     if not plan.restart_in_place:
         return None
     loop = asyncio.get_running_loop()
@@ -407,9 +407,8 @@ def _asker(memo: kopf.Memo, plan: Plan, state: JobState) -> Callable[[], None] |
     async def ask() -> None:
         accepted = await asyncio.gather(*(request_restart(memo.session, trigger)
                                           for trigger in triggers))
-        refused = restart_in_place.refused(triggers, accepted)
-        if refused:
-            state.refuse(attempt, refused)
+        asked = frozenset(t.pod for t in triggers if t.world is not None)
+        if state.answered(attempt, asked, restart_in_place.refused(triggers, accepted)):
             state.wake.set()
 
     return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()

@@ -52,10 +52,14 @@ class JobState:
     def sent(self, patches: list[tuple[str, dict]], attempt: int) -> None:
         self.labelled.update((name, attempt) for name, _ in patches)
 
-    def refuse(self, attempt: int, pods: frozenset[str]) -> None:
+    def answered(self, attempt: int, asked: frozenset[str], refused: frozenset[str]) -> bool:
+        """Note who of `asked` (kept pods asked to restart into `attempt`) did not take it;
+        True when one did not that had not refused before (the next pass recreates it)."""
         known = self.refused[1] if self.refused is not None and self.refused[0] == attempt \
             else frozenset()
-        self.refused = (attempt, known | pods)
+        now = (known - asked) | refused
+        self.refused = (attempt, now) if now else None
+        return bool(refused - known)
 
     def refused_in(self, attempt: int) -> frozenset[str]:
         """The refusals of this attempt; an older attempt's are forgotten."""

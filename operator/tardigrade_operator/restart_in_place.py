@@ -24,7 +24,9 @@ The steps, in the order the plan is applied (kube.py, handlers.py):
 6. a kept rank that did not take its request (refused, or no answer after the retries) is
    recreated at the next pass, in the same attempt (`recreate_refused`): without its world it
    would restart into the one it already ran and be turned away as stale, and the gang could
-   not form without a second recovery. Its old pod saves with the gang before it goes.
+   not form without a second recovery. Its old pod saves with the gang before it goes. Rank
+   0's pod cannot be replaced (the other ranks' worlds name it): it is asked again at each
+   pass while its trainer may still be waiting for its word (`ask_again`).
 Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
 (its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
 """
@@ -38,6 +40,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tardigrade_trainer import contract
+from tardigrade_trainer.inplace import PEER_NOTICE_RELEASE_WAIT_SECONDS
 
 from tardigrade_operator import inplace, naming
 from tardigrade_operator.api.types import RecoveryCause, TrainingJobSpec, TrainingJobStatus
@@ -56,6 +59,8 @@ CAUSES: tuple[RecoveryCause, ...] = ("Preemption", "Resize")
 # util/flowcontrol/backoff.go, `hasExpired`, as kuberuntime_manager.go's doBackOff uses it). A
 # pod restarted in place more recently is recreated: a new pod has no back-off.
 BACK_OFF_MEMORY = timedelta(seconds=600)
+# How long a kept rank 0 that did not take its request is asked again (`ask_again`).
+ASK_AGAIN_FOR = timedelta(seconds=PEER_NOTICE_RELEASE_WAIT_SECONDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +180,35 @@ def recreate_refused(gang: Sequence[PodView], refused_pods: frozenset[str],
     Rank 0's stays: the other ranks' worlds name its pod as their coordinator, and a new pod
     would have another name (the recovery then goes on as before: its trainer waits for the
     word, and a gang that cannot form is recovered again)."""
+    return [p for p in _refused_kept(gang, refused_pods, status) if p.rank != 0]
+
+
+def ask_again(gang: Sequence[PodView], refused_pods: frozenset[str], status: TrainingJobStatus,
+              job: JobRef, restore_step: str, now: datetime) -> list[Trigger]:
+    """Kept rank 0's request once more when it did not take it, for as long as its trainer
+    may still wait for the word after the gang's save (trainer
+    inplace.PEER_NOTICE_RELEASE_WAIT_SECONDS, counted here from the recovery's record, which
+    comes no later than the save it follows by more than the operator's reaction)."""
+    last = launched_by(status)
+    if last is None or now - last.time > ASK_AGAIN_FOR:
+        return []
+    leader = [p for p in _refused_kept(gang, refused_pods, status) if p.rank == 0]
+    launch = GangLaunch(status.attempt, status.replicas, restore_step)
+    return [dataclasses.replace(t, world=world(job, t.pod, launch, 0))
+            for t in _triggers(leader, status.attempt)]
+
+
+def _refused_kept(gang: Sequence[PodView], refused_pods: frozenset[str],
+                  status: TrainingJobStatus) -> list[PodView]:
+    """The refused kept pods still carried into the attempt (not relabelled, not being
+    deleted), while the gang has not formed."""
     if not refused_pods:
         return []
     last = launched_by(status)
     if last is None or not last.kept_pods or last.gang_formed_time is not None:
         return []
     return [p for p in gang if p.name in refused_pods and p.label_attempt is not None
-            and not p.deleting and p.rank != 0]
+            and not p.deleting]
 
 
 def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:

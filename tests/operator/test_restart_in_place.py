@@ -311,23 +311,41 @@ def test_a_kept_rank_that_did_not_take_its_request_is_recreated_in_the_same_atte
     assert names(plan.patch_pods) == ["tiny-a1-0"]
 
 
-def test_a_kept_rank_0_that_did_not_take_its_request_stays():
+def test_a_kept_rank_0_that_did_not_take_its_request_is_asked_again_while_it_may_wait():
     # The other ranks' worlds name its pod as their coordinator: a new pod would have another
-    # name. The recovery goes on as before.
+    # name. Its trainer waits 30 s after the gang's save for the word: it is asked again.
     cluster = running_gang()
-    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
     cluster.reconcile()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    first = cluster.reconcile()
     cluster.refused_restarts = frozenset({"tiny-a1-0"})
+    cluster.advance(2)
     plan = cluster.reconcile()
-    assert not plan.delete_pods and not plan.events
+    assert not plan.delete_pods and not plan.create_pods and not plan.events
     assert cluster.status.attempt == 2
+    sent = {t.pod: t for t in first.restart_in_place}["tiny-a1-0"]
+    assert plan.restart_in_place == [sent]  # the same url, key and world as the first time
+    # Past the wait its trainer has stopped waiting: no more requests.
+    cluster.advance(restart_in_place.ASK_AGAIN_FOR.total_seconds())
+    assert not cluster.reconcile().restart_in_place
+    # Once it took one, nothing is asked again.
+    cluster.now -= restart_in_place.ASK_AGAIN_FOR
+    cluster.refused_restarts = frozenset()
+    assert not cluster.reconcile().restart_in_place
 
 
-def test_refusals_of_an_earlier_attempt_are_forgotten():
+def test_the_operator_remembers_refusals_until_a_later_request_is_taken():
     state = JobState()
-    state.refuse(2, frozenset({"j-a1-1"}))
-    state.refuse(2, frozenset({"j-a1-2"}))
-    assert state.refused_in(2) == {"j-a1-1", "j-a1-2"}
+    # Ranks 0 and 2 refused: the next pass must act at once.
+    assert state.answered(2, frozenset({"j-a1-0", "j-a1-2"}), frozenset({"j-a1-0", "j-a1-2"}))
+    assert state.refused_in(2) == {"j-a1-0", "j-a1-2"}
+    # Rank 0 asked again, refused again: nothing new to act on at once.
+    assert not state.answered(2, frozenset({"j-a1-0"}), frozenset({"j-a1-0"}))
+    # Then it took it.
+    assert not state.answered(2, frozenset({"j-a1-0"}), frozenset())
+    assert state.refused_in(2) == {"j-a1-2"}
+    # A newer attempt forgets the older one's.
     assert state.refused_in(3) == frozenset() and state.refused_in(2) == frozenset()
 
 
