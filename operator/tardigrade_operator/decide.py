@@ -265,6 +265,14 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         _finish(plan, obs, "Succeeded", "Completed",
                 f"all {status.replicas} ranks finished at step {status.step}")
         return
+    done = restart_in_place.finished_before_restart(gang, outcomes, status)
+    if done is not None:
+        # The pass after the finish stops the new ranks (Stage.FINISHED).
+        step = done.termination.step if done.termination is not None else None
+        _finish(plan, obs, "Succeeded", "Completed",
+                f"rank 0 ({done.name}) finished the training at step {step or status.step} "
+                "before the ranks restarted in place")
+        return
 
     missing = [r for r in range(status.replicas) if r not in outcomes]
     # A slice's followers are created once its leader is placed (slices.to_create): until the

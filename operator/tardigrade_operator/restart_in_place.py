@@ -349,6 +349,22 @@ def hold_unrestarted(outcomes: dict[int, RankOutcome], gang: Sequence[PodView],
             outcomes[pod.rank] = RankOutcome(Outcome.PENDING, "saving, to restart in place")
 
 
+def finished_before_restart(gang: Sequence[PodView], outcomes: Mapping[int, RankOutcome],
+                            status: TrainingJobStatus) -> PodView | None:
+    """A kept rank 0 whose trainer exited 0 while the in-place recovery's gang had not been
+    seen formed: the old gang trained its last step (rank 0 commits the final save before it
+    exits), or the new one already did. Either way there is nothing left to train, and the new
+    ranks would wait for a coordinator that is gone. Only rank 0 tells: another rank may exit
+    before rank 0's commit, which a reclaim of rank 0 can still prevent."""
+    last = launched_by(status)
+    if last is None or not last.kept_pods or last.gang_formed_time is not None:
+        return None
+    leader = next((p for p in gang if p.rank == 0 and p.label_attempt is not None), None)
+    if leader is None or outcomes.get(0) is None or outcomes[0].outcome is not Outcome.SUCCEEDED:
+        return None
+    return leader
+
+
 def note_restore(status: TrainingJobStatus, gang: Sequence[PodView]) -> bool:
     """Fill in the step an in-place recovery restores (the one the kept trainers saved and
     report in their last termination message). True while it is not known yet: until then

@@ -335,6 +335,28 @@ def test_a_kept_rank_0_that_did_not_take_its_request_is_asked_again_while_it_may
     assert not cluster.reconcile().restart_in_place
 
 
+def test_a_gang_that_finished_before_its_ranks_restarted_in_place_succeeds():
+    # A grow decided while the gang trained its last steps: the kept trainers end with 0
+    # instead of 77, and the new rank 2 would wait for a coordinator that is gone.
+    cluster = running_gang(replicas=2)
+    cluster.spec["replicas"] = 3
+    cluster.generation += 1
+    cluster.reconcile()
+    done = contract.TerminationMessage(reason="Succeeded", step=50, checkpoint_step=50,
+                                       attempt=1).to_json()
+    # Rank 1 alone tells nothing: it may leave before rank 0 has committed the final save.
+    cluster.terminate(cluster.pods["tiny-a1-1"], 0, done)
+    cluster.reconcile()
+    assert cluster.status.phase == "Resizing"
+    cluster.terminate(cluster.pods["tiny-a1-0"], 0, done)
+    plan = cluster.reconcile()
+    assert cluster.status.phase == "Succeeded" and cluster.status.restarts.failures == 0
+    assert [e.reason for e in plan.events] == ["Completed"]
+    assert "step 50" in (cluster.status.message or "")
+    # Then the new rank is stopped.
+    assert cluster.reconcile().delete_pods == [("tiny-a2-2", None)]
+
+
 def test_the_operator_remembers_refusals_until_a_later_request_is_taken():
     state = JobState()
     # Ranks 0 and 2 refused: the next pass must act at once.
