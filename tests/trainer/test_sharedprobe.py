@@ -75,7 +75,8 @@ def test_a_root_private_to_each_host_is_a_config_error_that_says_the_fix(tmp_pat
         error = result["error"]
         assert error.startswith(f"spec.checkpoint.path {roots[rank]} is not shared between "
                                 "hosts"), error
-        assert "host 0 (" in error and "sees [0]" in error and "sees [1]" in error
+        assert "host 0 (" in error and "does not see host 1" in error
+        assert "host 1 (" in error and "does not see host 0" in error
         for fix in ("ReadWriteMany PersistentVolumeClaim", "gs://", "gcsfuse"):
             assert fix in error
     # Each host removed its own probe.

@@ -45,8 +45,10 @@ def test_the_key_changes_with_the_program():
 
 
 def test_the_facts_are_this_processs(monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_thunk_runtime=true")
+    # The backend first, under the suite's flags (tests/conftest.py): started under these it
+    # would give the later tests of this worker one device instead of four.
     devices = jax.devices()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_thunk_runtime=true")
     facts = step_cache.program_facts(devices)
     assert facts["process_index"] == 0 and facts["process_count"] == 1
     assert facts["jax"] == jax.__version__ and facts["platform"] == "cpu"

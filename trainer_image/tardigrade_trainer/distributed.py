@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tardigrade_trainer import peerauth, phases
+from tardigrade_trainer import coordination, peerauth, phases
 from tardigrade_trainer.contract import (
     ENV_POD_IP,
     ENV_RENDEZVOUS_INSECURE,
@@ -336,38 +336,21 @@ def barrier(name: str, timeout_seconds: float) -> None:
     Uses the coordination service's key-value barrier rather than a device collective, so it
     is safe to call from a background thread while the training loop keeps running.
     """
-    from jax._src import distributed as jax_distributed
-
-    client = jax_distributed.global_state.client
-    if client is None or jax_distributed.global_state.num_processes in (None, 1):
-        return
-    client.wait_at_barrier(name, int(timeout_seconds * 1000))
+    gang = coordination.current()
+    if gang is not None:
+        gang.barrier(name, timeout_seconds)
 
 
 def text_from_root(name: str, value: str | None, timeout_seconds: float) -> str:
     """Every process gets process 0's `value` (which only process 0 passes), through the
     coordination service's key-value store like `barrier`: safe from a background thread."""
-    from jax._src import distributed as jax_distributed
+    gang = coordination.current()
+    return value or "" if gang is None else gang.from_root(name, value, timeout_seconds)
 
-    client = jax_distributed.global_state.client
-    if client is None or jax_distributed.global_state.num_processes in (None, 1):
-        return value or ""
-    if jax_distributed.global_state.process_id == 0:
-        client.key_value_set(name, value or "")
-        return value or ""
-    return str(client.blocking_key_value_get(name, int(timeout_seconds * 1000)))
-def all_gather_strings(name: str, value: str, timeout_seconds: float) -> list[str]:
-    """Every process gets every process's `value` (in process order), through the
-    coordination service's key-value store like `text_from_root`; [value] outside a
-    distributed run. `name` must be fresh for each call: the keys are not deleted, since a
-    slow peer may still be reading them."""
-    from jax._src import distributed as jax_distributed
 
-    client = jax_distributed.global_state.client
-    count = jax_distributed.global_state.num_processes
-    if client is None or count in (None, 1):
-        return [value]
-    pid = jax_distributed.global_state.process_id
-    client.key_value_set(f"{name}/{pid}", value)
-    return [client.blocking_key_value_get(f"{name}/{p}", int(timeout_seconds * 1000))
-            for p in range(count)]
+def gather_to_root(name: str, value: str, timeout_seconds: float) -> list[str] | None:
+    """Process 0 gets every process's `value` in process order, the others None, once every
+    process has set its own (coordination.Coordination.gather_to_root); [value] outside a
+    distributed run."""
+    gang = coordination.current()
+    return [value] if gang is None else gang.gather_to_root(name, value, timeout_seconds)

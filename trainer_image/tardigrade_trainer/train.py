@@ -114,15 +114,16 @@ class Trainer:
         try:
             # Every rank waits for every rank's word: the meeting, and rank 0 learns how each
             # got its step (a relaunch whose compiled phase is long shows who compiled).
-            ranks = distributed.all_gather_strings(
+            ranks = distributed.gather_to_root(
                 f"tardigrade-compiled-{self.env.attempt}",
                 f"{outcome.result} {outcome.seconds:.3f}", timeout)
         except Exception as err:  # the coordination service's error for a missing peer
             raise distributed.PeerTimeoutError(
                 f"not every rank had compiled the training step within {timeout:g} s: {err}"
             ) from err
+        by_rank = {} if ranks is None else {"step_cache_ranks": ranks}  # rank 0's alone
         return (compiled_step.CompiledStep(self._train_step, compiled, self.DONATE, (state, x, y)),
-                {**outcome.fields(), "step_cache_ranks": ranks})
+                {**outcome.fields(), **by_rank})
 
     def run(self) -> None:
         compile_stats.watch()
