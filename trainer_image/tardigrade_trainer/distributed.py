@@ -20,11 +20,12 @@ import contextlib
 import json
 import logging
 import os
-import select
+import selectors
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, cast
 
 from tardigrade_trainer import coordination, peerauth, phases
 from tardigrade_trainer.contract import (
@@ -46,6 +47,8 @@ _LISTEN_POLL_SECONDS = 0.01
 MAX_HELLO_BYTES = 16384
 HELLO_SECONDS = 10.0
 PENDING_PER_RANK = 4
+# Hellos reviewed at once (a TokenReview each, peerauth.py).
+REVIEW_CONCURRENCY = 16
 # Every blocking send or receive on an accepted connection gives up after this.
 IO_SECONDS = 5.0
 MAX_ANSWER_BYTES = 4096
@@ -147,11 +150,28 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
     pending: dict[socket.socket, bytes] = {}
     heard_by: dict[socket.socket, float] = {}  # when a pending connection must have said hello
     max_pending = min(PENDING_PER_RANK * n, 512)
+    reviews = _Reviews(check, max_pending) if check is not None else None
+    # epoll, not select(2): select cannot watch a descriptor numbered 1024 or more, and rank 0
+    # of a thousand-host gang holds a thousand connections besides its own files ("filedescriptor
+    # out of range in select()" at 1,024 ranks, bench/rendezvous_scale.py).
+    watched = selectors.DefaultSelector()
+    watched.register(server, selectors.EVENT_READ)
+    if reviews is not None:
+        watched.register(reviews.wake, selectors.EVENT_READ)
+
+    def unwatch(sock: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            watched.unregister(sock)
 
     def drop(sock: socket.socket) -> None:
         pending.pop(sock, None)
         heard_by.pop(sock, None)
+        unwatch(sock)
         sock.close()
+
+    def admitted(sock: socket.socket) -> None:
+        if any(peer is sock for peer in peers.values()):
+            watched.register(sock, selectors.EVENT_READ)  # to see it leave before "go"
 
     try:
         while len(peers) < n - 1:
@@ -162,8 +182,8 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                     f"ranks {missing} of {n} did not reach the coordinator on port {port} "
                     f"in time (job {expect['job']!r}, attempt {expect['attempt']})"
                 )
-            readable, _, _ = select.select([server, *pending, *peers.values()], [], [],
-                                           min(remaining, 1.0))
+            readable = [cast(socket.socket, key.fileobj)
+                        for key, _ in watched.select(min(remaining, 1.0))]
             now = time.monotonic()
             for sock in [s for s, due in heard_by.items() if due < now]:
                 drop(sock)  # connected, but never said hello in time
@@ -175,7 +195,10 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                         drop(min(heard_by, key=heard_by.__getitem__))  # the oldest waiter
                     pending[conn] = b""
                     heard_by[conn] = now + HELLO_SECONDS
+                    watched.register(conn, selectors.EVENT_READ)
                     continue
+                if reviews is not None and sock is reviews.wake:
+                    continue  # the reviews that finished are taken below
                 if sock.fileno() < 0:
                     continue  # dropped earlier in this pass
                 try:
@@ -190,7 +213,9 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                     if b"\n" in pending[sock]:
                         raw = pending.pop(sock)
                         heard_by.pop(sock, None)
-                        _accept_hello(sock, raw, expect, n, peers, check)
+                        unwatch(sock)
+                        _accept_hello(sock, raw, expect, n, peers, reviews)
+                        admitted(sock)
                     elif len(pending[sock]) > MAX_HELLO_BYTES:
                         log.warning("rendezvous: dropped a connection that sent %d bytes "
                                     "without a hello", len(pending[sock]))
@@ -199,9 +224,14 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                     # A peer that said hello and then died is no longer present.
                     rank = next(r for r, s in peers.items() if s is sock)
                     log.warning("rank %d left the rendezvous before it completed", rank)
+                    unwatch(sock)
                     peers.pop(rank).close()
+            for sock, hello, rank, refused in reviews.finished() if reviews is not None else ():
+                _admit(sock, hello, rank, refused, peers)
+                admitted(sock)
         # The port is the coordination service's from now on: a peer told "go" waits until
         # something listens on it again (wait_for_listener), which must not be this socket.
+        watched.close()
         server.close()
         for sock in peers.values():
             sock.sendall(_GO)
@@ -211,14 +241,65 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
             with contextlib.suppress(OSError):
                 sock.recv(1)
     finally:
+        watched.close()
+        if reviews is not None:
+            reviews.close()
         for sock in [*peers.values(), *pending]:
             sock.close()
         server.close()
 
 
+class _Reviews:
+    """Hellos being checked (a TokenReview each) in worker threads, REVIEW_CONCURRENCY at a
+    time, while the rendezvous goes on serving; their sockets wait outside its select. One
+    after the other, a thousand ranks' reviews held rank 0 for a thousand round trips to the
+    API server at every start. Several hellos may claim one rank at once (a hostile one among
+    them): the first that passes takes it."""
+
+    def __init__(self, check: Checker, limit: int) -> None:
+        self._check = check
+        self._limit = limit
+        self._pool = ThreadPoolExecutor(REVIEW_CONCURRENCY,
+                                        thread_name_prefix="rendezvous-review")
+        # A finished review writes a byte here, which wakes the rendezvous's select.
+        self.wake, self._waker = socket.socketpair()
+        self.wake.setblocking(False)
+        self._running: dict[Future[str | None], tuple[socket.socket, dict[str, Any], int]] = {}
+
+    def submit(self, sock: socket.socket, hello: dict[str, Any], rank: int) -> bool:
+        """False when too many are under review already (the caller drops the connection,
+        and a genuine rank connects again)."""
+        if len(self._running) >= self._limit:
+            return False
+        future = self._pool.submit(self._check, hello, rank)
+        self._running[future] = (sock, hello, rank)
+        future.add_done_callback(self._wake_up)
+        return True
+
+    def _wake_up(self, _: Future[str | None]) -> None:
+        with contextlib.suppress(OSError):
+            self._waker.send(b"x")
+
+    def finished(self) -> list[tuple[socket.socket, dict[str, Any], int, str | None]]:
+        """The reviews done since the last call, with their verdicts; a checker's exception
+        (rank 0 may not review tokens at all) is raised."""
+        with contextlib.suppress(BlockingIOError):
+            while self.wake.recv(4096):
+                pass
+        done = [future for future in self._running if future.done()]
+        return [(*self._running.pop(future), future.result()) for future in done]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for sock, _, _ in self._running.values():
+            sock.close()
+        self.wake.close()
+        self._waker.close()
+
+
 def _accept_hello(
     sock: socket.socket, raw: bytes, expect: dict[str, Any], n: int,
-    peers: dict[int, socket.socket], check: Checker | None = None,
+    peers: dict[int, socket.socket], reviews: _Reviews | None = None,
 ) -> None:
     try:
         hello = json.loads(raw.split(b"\n", 1)[0][:MAX_HELLO_BYTES])
@@ -227,22 +308,32 @@ def _accept_hello(
         sock.close()
         return
     mismatch = [k for k, v in expect.items() if hello.get(k) != v]
-    refused = None
-    if not mismatch and 0 < rank < n and rank not in peers and check is not None:
-        refused = check(hello, rank)
-    if mismatch or not 0 < rank < n or rank in peers or refused:
-        reason = f"rejected: {mismatch or refused or 'duplicate or out-of-range rank'}"
-        shown = {k: v for k, v in hello.items() if k != "token"} if isinstance(hello, dict) \
-            else hello
-        log.warning("rendezvous %s from rank %s (%s)", reason, rank, shown)
-        try:
-            sock.sendall(reason.encode() + b"\n")
-        except OSError:
-            pass  # a caller that does not read its refusal
-        finally:
-            sock.close()
+    refused = str(mismatch) if mismatch else None
+    if refused is None and not 0 < rank < n:
+        refused = "duplicate or out-of-range rank"
+    if refused is not None or rank in peers or reviews is None:
+        _admit(sock, hello, rank, refused, peers)
+    elif not reviews.submit(sock, hello, rank):
+        sock.close()
+
+
+def _admit(sock: socket.socket, hello: Any, rank: int, refused: str | None,
+           peers: dict[int, socket.socket]) -> None:
+    """Give `rank` to the hello's connection, or answer why not and close it."""
+    if refused is None and rank in peers:
+        refused = "duplicate or out-of-range rank"
+    if refused is None:
+        peers[rank] = sock
         return
-    peers[rank] = sock
+    shown = {k: v for k, v in hello.items() if k != "token"} if isinstance(hello, dict) \
+        else hello
+    log.warning("rendezvous rejected: %s from rank %s (%s)", refused, rank, shown)
+    try:
+        sock.sendall(f"rejected: {refused}".encode() + b"\n")
+    except OSError:
+        pass  # a caller that does not read its refusal
+    finally:
+        sock.close()
 
 
 def _join_rendezvous(host: str, port: int, hello: dict[str, Any], deadline: float,
