@@ -34,6 +34,16 @@ def running_gang(replicas: int = 3, versions: tuple[str, ...] = (NEW, NEW, NEW),
     return cluster
 
 
+def reclaimed_rank_1() -> tuple[FakeCluster, Plan]:
+    """A running 3-rank gang that saved step 20 and trained to 30, then lost rank 1's host;
+    the plan of the pass that recovered it."""
+    cluster = running_gang()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    cluster.disrupt(cluster.pods["tiny-a1-1"])
+    return cluster, cluster.reconcile()
+
+
 def names(pods: list) -> list[str]:
     return sorted(p["metadata"]["name"] if isinstance(p, dict) else p[0] for p in pods)
 
@@ -71,11 +81,7 @@ def test_pods_carry_the_rule_world_and_key_only_when_switched_on():
 
 
 def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
-    cluster = running_gang()
-    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
-    cluster.reconcile()
-    cluster.disrupt(cluster.pods["tiny-a1-1"])
-    plan = cluster.reconcile()
+    cluster, plan = reclaimed_rank_1()
 
     assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
     assert cluster.status.recoveries[-1].kept_pods == 2
@@ -266,11 +272,7 @@ def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back
 
 
 def test_a_kept_rank_that_did_not_take_its_request_is_recreated_in_the_same_attempt():
-    cluster = running_gang()
-    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
-    cluster.reconcile()
-    cluster.disrupt(cluster.pods["tiny-a1-1"])
-    plan = cluster.reconcile()
+    cluster, plan = reclaimed_rank_1()
     assert kept(plan) == ["tiny-a1-0", "tiny-a1-2"]
     # Rank 2's trainer answered nothing (or no to) its request; the rank that goes answered
     # nothing either, which needs no follow-up: its pod is being deleted.
@@ -314,11 +316,7 @@ def test_a_kept_rank_that_did_not_take_its_request_is_recreated_in_the_same_atte
 def test_a_kept_rank_0_that_did_not_take_its_request_is_asked_again_while_it_may_wait():
     # The other ranks' worlds name its pod as their coordinator: a new pod would have another
     # name. Its trainer waits 30 s after the gang's save for the word: it is asked again.
-    cluster = running_gang()
-    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
-    cluster.reconcile()
-    cluster.disrupt(cluster.pods["tiny-a1-1"])
-    first = cluster.reconcile()
+    cluster, first = reclaimed_rank_1()
     cluster.refused_restarts = frozenset({"tiny-a1-0"})
     cluster.advance(2)
     plan = cluster.reconcile()
