@@ -202,13 +202,17 @@ def _refused_kept(gang: Sequence[PodView], refused_pods: frozenset[str],
                   status: TrainingJobStatus) -> list[PodView]:
     """The refused kept pods still carried into the attempt (not relabelled, not being
     deleted), while the gang has not formed."""
-    if not refused_pods:
-        return []
-    last = launched_by(status)
-    if last is None or not last.kept_pods or last.gang_formed_time is not None:
+    if not refused_pods or not _forming_in_place(status):
         return []
     return [p for p in gang if p.name in refused_pods and p.label_attempt is not None
             and not p.deleting]
+
+
+def _forming_in_place(status: TrainingJobStatus) -> bool:
+    """The current attempt was launched by a recovery that kept pods, and its gang has not
+    been seen formed yet."""
+    last = launched_by(status)
+    return last is not None and bool(last.kept_pods) and last.gang_formed_time is None
 
 
 def world(job: JobRef, coordinator_pod: str, launch: GangLaunch, rank: int) -> str:
@@ -356,8 +360,7 @@ def finished_before_restart(gang: Sequence[PodView], outcomes: Mapping[int, Rank
     exits), or the new one already did. Either way there is nothing left to train, and the new
     ranks would wait for a coordinator that is gone. Only rank 0 tells: another rank may exit
     before rank 0's commit, which a reclaim of rank 0 can still prevent."""
-    last = launched_by(status)
-    if last is None or not last.kept_pods or last.gang_formed_time is not None:
+    if not _forming_in_place(status):
         return None
     leader = next((p for p in gang if p.rank == 0 and p.label_attempt is not None), None)
     if leader is None or outcomes.get(0) is None or outcomes[0].outcome is not Outcome.SUCCEEDED:

@@ -169,10 +169,6 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
         unwatch(sock)
         sock.close()
 
-    def admitted(sock: socket.socket) -> None:
-        if any(peer is sock for peer in peers.values()):
-            watched.register(sock, selectors.EVENT_READ)  # to see it leave before "go"
-
     try:
         while len(peers) < n - 1:
             remaining = deadline - time.monotonic()
@@ -214,8 +210,8 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                         raw = pending.pop(sock)
                         heard_by.pop(sock, None)
                         unwatch(sock)
-                        _accept_hello(sock, raw, expect, n, peers, reviews)
-                        admitted(sock)
+                        if _accept_hello(sock, raw, expect, n, peers, reviews):
+                            watched.register(sock, selectors.EVENT_READ)  # to see it leave
                     elif len(pending[sock]) > MAX_HELLO_BYTES:
                         log.warning("rendezvous: dropped a connection that sent %d bytes "
                                     "without a hello", len(pending[sock]))
@@ -227,8 +223,8 @@ def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float
                     unwatch(sock)
                     peers.pop(rank).close()
             for sock, hello, rank, refused in reviews.finished() if reviews is not None else ():
-                _admit(sock, hello, rank, refused, peers)
-                admitted(sock)
+                if _admit(sock, hello, rank, refused, peers):
+                    watched.register(sock, selectors.EVENT_READ)
         # The port is the coordination service's from now on: a peer told "go" waits until
         # something listens on it again (wait_for_listener), which must not be this socket.
         watched.close()
@@ -300,31 +296,34 @@ class _Reviews:
 def _accept_hello(
     sock: socket.socket, raw: bytes, expect: dict[str, Any], n: int,
     peers: dict[int, socket.socket], reviews: _Reviews | None = None,
-) -> None:
+) -> bool:
+    """True when the hello took its rank now; otherwise it was refused (and closed) or is
+    under review."""
     try:
         hello = json.loads(raw.split(b"\n", 1)[0][:MAX_HELLO_BYTES])
         rank = int(hello["process_id"])
     except (ValueError, KeyError, TypeError, RecursionError):
         sock.close()
-        return
+        return False
     mismatch = [k for k, v in expect.items() if hello.get(k) != v]
     refused = str(mismatch) if mismatch else None
     if refused is None and not 0 < rank < n:
         refused = "duplicate or out-of-range rank"
     if refused is not None or rank in peers or reviews is None:
-        _admit(sock, hello, rank, refused, peers)
-    elif not reviews.submit(sock, hello, rank):
+        return _admit(sock, hello, rank, refused, peers)
+    if not reviews.submit(sock, hello, rank):
         sock.close()
+    return False
 
 
 def _admit(sock: socket.socket, hello: Any, rank: int, refused: str | None,
-           peers: dict[int, socket.socket]) -> None:
-    """Give `rank` to the hello's connection, or answer why not and close it."""
+           peers: dict[int, socket.socket]) -> bool:
+    """Give `rank` to the hello's connection (True), or answer why not and close it."""
     if refused is None and rank in peers:
         refused = "duplicate or out-of-range rank"
     if refused is None:
         peers[rank] = sock
-        return
+        return True
     shown = {k: v for k, v in hello.items() if k != "token"} if isinstance(hello, dict) \
         else hello
     log.warning("rendezvous rejected: %s from rank %s (%s)", refused, rank, shown)
@@ -334,6 +333,7 @@ def _admit(sock: socket.socket, hello: Any, rank: int, refused: str | None,
         pass  # a caller that does not read its refusal
     finally:
         sock.close()
+    return False
 
 
 def _join_rendezvous(host: str, port: int, hello: dict[str, Any], deadline: float,

@@ -247,17 +247,14 @@ class RestartRequests:
                 and self.released.is_set() and self.world_attempt is not None
                 and self.world_attempt > env.attempt)
 
-    def wait_released(self, seconds: float = RELEASE_WAIT_SECONDS) -> bool:
-        """After the save: True once the operator's request came (with this rank's new world,
-        kept for the restarted container); False after `seconds` (the pod is going away, or
-        the operator recreates the gang): the rank stops anyway."""
-        return self.released.wait(seconds)
-
     def wait_released_until(self, deadline: Callable[[], float],
                             clock: Callable[[], float] = time.monotonic,
                             poll_seconds: float = 0.1) -> bool:
-        """`wait_released` until `deadline()`, read again every `poll_seconds`: a SIGTERM of
-        the rank's own during the wait brings it nearer (release_deadline)."""
+        """After the save: True once the operator's request came (with this rank's new world,
+        kept for the restarted container); False at `deadline()` (the pod is going away, or
+        the operator recreates the gang): the rank stops anyway. The deadline is read again
+        every `poll_seconds`: a SIGTERM of the rank's own during the wait brings it nearer
+        (release_deadline)."""
         while True:
             left = deadline() - clock()
             if left <= 0:

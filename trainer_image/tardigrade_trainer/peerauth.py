@@ -23,9 +23,7 @@ import os
 import re
 import ssl
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,14 +99,14 @@ Post = Callable[[str, bytes, Mapping[str, str]], tuple[int, bytes]]
 def review(access: ApiAccess, token: str, audience: str = RENDEZVOUS_AUDIENCE,
            timeout: float = REVIEW_SECONDS, post: Post | None = None) -> dict[str, Any]:
     """The API server's verdict on `token` (a TokenReview's status). `post`: how to send it
-    (KeptConnections.post); by default one connection for this review alone."""
+    (a KeptConnections' post); by default over a connection for this review alone."""
     path = "/apis/authentication.k8s.io/v1/tokenreviews"
     body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                        "spec": {"token": token, "audiences": [audience]}}).encode()
     headers = {"Authorization": f"Bearer {access.token}", "Content-Type": "application/json",
                "Accept": "application/json"}
     try:
-        code, raw = (post or _post_once(access, timeout))(path, body, headers)
+        code, raw = (post or KeptConnections(access, timeout).post)(path, body, headers)
         if code in (401, 403):
             raise PeerAuthError(
                 f"the API server refused rank 0's TokenReview ({code}): the trainer's "
@@ -122,21 +120,6 @@ def review(access: ApiAccess, token: str, audience: str = RENDEZVOUS_AUDIENCE,
     except (OSError, http.client.HTTPException, ValueError) as err:
         return {"authenticated": False, "error": f"TokenReview failed: {err}"}
     return dict(data.get("status") or {}) if isinstance(data, dict) else {}
-
-
-def _post_once(access: ApiAccess, timeout: float) -> Post:
-    def post(path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
-        request = urllib.request.Request(f"{access.server}{path}", data=body, method="POST",
-                                         headers=dict(headers))
-        context = None
-        if access.server.startswith("https://"):
-            context = ssl.create_default_context(cadata=access.ca_pem)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
-                return answer.status, answer.read(1 << 20)
-        except urllib.error.HTTPError as err:
-            return err.code, b""
-    return post
 
 
 def rejection(status: Mapping[str, Any], namespace: str, job: str, rank: int,
