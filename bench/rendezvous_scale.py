@@ -65,6 +65,10 @@ def meet(n: int, review_seconds: float) -> float:
 
     coordinator = threading.Thread(target=serve, daemon=True)
     coordinator.start()
+    # Timed from a listening rank 0: a rank that knocks earlier is refused and tries again
+    # 0.2 s later, which would measure this bench's start, not the rendezvous.
+    if not distributed.wait_for_listener(f"127.0.0.1:{port}", time.monotonic() + 30):
+        raise SystemExit("rank 0's rendezvous did not listen within 30 s")
     failures: list[object] = []
 
     def join(rank: int) -> None:

@@ -138,14 +138,19 @@ def rendezvous(env: TrainerEnvironment, timeout: float) -> None:
 def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float,
                       check: Checker | None = None) -> None:
     pod_ip = os.environ.get(ENV_POD_IP)
+    # Every rank of a gang restarted together knocks within milliseconds: with the default
+    # backlog (128) the kernel drops the SYNs past it, and each such rank waits out TCP's
+    # 1 s retransmission before it is heard (bench/rendezvous_scale.py at 1,024 ranks).
+    backlog = max(128, n)
     if pod_ip:
         # Only our own address: pods sharing a network namespace may use the same port.
         family = socket.AF_INET6 if ":" in pod_ip else socket.AF_INET
-        server = socket.create_server((pod_ip, port), family=family)
+        server = socket.create_server((pod_ip, port), family=family, backlog=backlog)
     elif socket.has_dualstack_ipv6():
-        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
+                                      backlog=backlog)
     else:
-        server = socket.create_server(("", port))
+        server = socket.create_server(("", port), backlog=backlog)
     peers: dict[int, socket.socket] = {}
     pending: dict[socket.socket, bytes] = {}
     heard_by: dict[socket.socket, float] = {}  # when a pending connection must have said hello
