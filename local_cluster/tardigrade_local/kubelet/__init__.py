@@ -1,4 +1,4 @@
-"""A kubelet that runs pods as local processes, with a simple scheduler and pod GC."""
+"""Node agents that run pods as local processes (or simulated), against the real API."""
 
 from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
 from tardigrade_local.kubelet.host import KubeletHost

@@ -28,7 +28,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_local.kubelet import scheduler
+from tardigrade_local.kubelet import fitcheck
+from tardigrade_local.kubelet.client import Informer, core_path
 from tardigrade_local.kubelet.config import NodeConfig
 from tardigrade_local.kubelet.node import node_object
 
@@ -122,7 +123,7 @@ def plan_scale_up(pending: Iterable[Obj], pools: Iterable[NodePool], sizes: Mapp
         chosen = None
         for pool in pools:
             template = node_object(pool.node_config(f"{pool.name}-template"), "0.0.0.0", 0)
-            why = scheduler.unfit_reason(pod, template)
+            why = fitcheck.unfit_reason(pod, template)
             if why is not None:
                 reasons[why] += 1
             elif sizes.get(pool.name, 0) + coming[pool.name] + grow[pool.name] \
@@ -156,7 +157,7 @@ def _on(pod: Obj, node: Obj) -> Obj:
 
 def _place_on_simulated(pod: Obj, simulated: list[tuple[Obj, list[Obj]]]) -> bool:
     for node, placed in simulated:
-        if scheduler.unfit_reason(pod, node, placed) is None:
+        if fitcheck.unfit_reason(pod, node, placed) is None:
             placed.append(_on(pod, node))
             return True
     return False
@@ -174,6 +175,20 @@ class NodeAutoscaler:
         self._told: dict[str, str] = {}  # pod uid -> the last verdict's message
         self._names = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
+        # What the cluster autoscaler watches, with the cloud's identity.
+        self.pods = Informer(host.cloud.client, core_path("pods"), lambda kind, obj: None)
+        self.nodes = Informer(host.cloud.client, core_path("nodes"), lambda kind, obj: None)
+
+    async def start(self) -> None:
+        for informer in (self.pods, self.nodes):
+            self._spawn(informer.run())
+        await asyncio.gather(self.pods.synced.wait(), self.nodes.synced.wait())
+        self._spawn(self.run())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def run(self) -> None:
         while True:
@@ -184,13 +199,13 @@ class NodeAutoscaler:
                 log.exception("autoscaler scan failed")
 
     def scan(self) -> ScaleUpPlan:
-        pods = list(self.host.pods.cache.values())
-        nodes = list(self.host.nodes.cache.values())
+        pods = list(self.pods.cache.values())
+        nodes = list(self.nodes.cache.values())
         bound = [p for p in pods if p["spec"].get("nodeName")]
         # Pods the scheduler can place now (a node registered since it marked them) need no
         # node: the cluster autoscaler filters them out the same way (filter_out_schedulable).
         pending = sorted((p for p in pods if is_unschedulable(p)
-                          and scheduler.schedule(p, nodes, bound).node is None),
+                          and fitcheck.schedule(p, nodes, bound).node is None),
                          key=lambda p: p["metadata"].get("creationTimestamp") or "")
         sizes: Counter[str] = Counter(a.config.pool for a in self.host.agents.values()
                                       if a.state != "gone")
@@ -202,15 +217,13 @@ class NodeAutoscaler:
             # a count. One event per change says the same to a reader.
             if self._told.get(uid) != verdict.message:
                 self._told[uid] = verdict.message
-                self.host.events.pod(verdict.pod, verdict.reason, verdict.message,
-                                     component=COMPONENT)
+                self.host.cloud.events.pod(verdict.pod, verdict.reason, verdict.message,
+                                           component=COMPONENT)
         for pool in self.pools:
             for _ in range(plan.grow.get(pool.name, 0)):
                 config = pool.node_config(self._new_name(pool))
                 self.provisioning[config.name] = config
-                task = asyncio.create_task(self._provision(pool, config))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._provision(pool, config))
         return plan
 
     async def _provision(self, pool: NodePool, config: NodeConfig) -> None:

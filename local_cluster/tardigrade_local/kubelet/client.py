@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -21,6 +22,11 @@ MERGE_PATCH = "application/merge-patch+json"
 # How long a request keeps retrying while the API server is unreachable (restarting): like
 # client-go's controllers, the kubelet waits the control plane out instead of giving up.
 UNREACHABLE_RETRY_SECONDS = 60.0
+# 429 Too Many Requests (API Priority and Fairness, max-inflight): client-go waits the
+# Retry-After the server sends and tries again, up to 10 times (rest/request.go,
+# `checkWait` and `maxRetries`); so does this client.
+THROTTLE_RETRIES = 10
+THROTTLE_DEFAULT_WAIT_SECONDS = 1.0
 
 
 class ApiError(Exception):
@@ -29,6 +35,13 @@ class ApiError(Exception):
         self.body = body
         reason = body.get("message") if isinstance(body, dict) else body
         super().__init__(f"HTTP {status}: {reason}")
+
+
+class Throttled(Exception):
+    def __init__(self, body: Any, wait_seconds: float) -> None:
+        super().__init__(f"throttled; retry after {wait_seconds:g} s")
+        self.body = body
+        self.wait_seconds = wait_seconds
 
 
 class WatchExpired(Exception):
@@ -54,9 +67,23 @@ def group_path(api_version: str, plural: str, namespace: str | None = None,
     return path
 
 
+def retry_after_seconds(headers: Mapping[str, str]) -> float:
+    """The wait a 429 asks for: Retry-After in whole seconds (client-go reads it so)."""
+    try:
+        return max(0.0, float(headers.get("Retry-After", "")))
+    except ValueError:
+        return THROTTLE_DEFAULT_WAIT_SECONDS
+
+
 class ApiClient:
-    def __init__(self, base_url: str) -> None:
+    """One identity's connection to the API server: `ssl_context` carries the CA it trusts
+    and the client certificate it authenticates with."""
+
+    def __init__(self, base_url: str, ssl_context: ssl.SSLContext | None = None,
+                 user: str = "") -> None:
         self.base_url = base_url.rstrip("/")
+        self.ssl_context = ssl_context
+        self.user = user
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -64,7 +91,8 @@ class ApiClient:
         if self._session is None:
             # Watches last minutes; no total timeout, but notice a dead server.
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-            self._session = aiohttp.ClientSession(timeout=timeout)
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context or False, limit=0)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         return self._session
 
     async def close(self) -> None:
@@ -75,10 +103,15 @@ class ApiClient:
     async def request(self, method: str, path: str, body: Any = None,
                       content_type: str = "application/json",
                       params: Mapping[str, str] | None = None) -> Obj:
-        delay, waited = 0.1, 0.0
+        delay, waited, throttled = 0.1, 0.0, 0
         while True:
             try:
                 return await self._request_once(method, path, body, content_type, params)
+            except Throttled as err:
+                throttled += 1
+                if throttled > THROTTLE_RETRIES:
+                    raise ApiError(429, err.body) from None
+                await asyncio.sleep(err.wait_seconds)
             except aiohttp.ClientConnectionError as err:
                 # Refused, reset or dropped: the server is restarting. A write it applied
                 # before the connection dropped is repeated; callers accept 404/409 answers.
@@ -102,6 +135,8 @@ class ApiClient:
                 payload = json.loads(text) if text else {}
             except json.JSONDecodeError:
                 payload = text
+            if resp.status == 429:
+                raise Throttled(payload, retry_after_seconds(resp.headers))
             if resp.status >= 400:
                 raise ApiError(resp.status, payload)
             return payload if isinstance(payload, dict) else {}
@@ -131,17 +166,21 @@ class ApiClient:
                 return None
             raise
 
-    async def watch(self, path: str, resource_version: str,
-                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, Obj]]:
-        params = {
+    async def watch(self, path: str, resource_version: str, timeout_seconds: int = 300,
+                    params: Mapping[str, str] | None = None
+                    ) -> AsyncIterator[tuple[str, Obj]]:
+        query = {
+            **(params or {}),
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
-        async with self.session.get(self.base_url + path, params=params) as resp:
+        async with self.session.get(self.base_url + path, params=query) as resp:
             if resp.status == 410:
                 raise WatchExpired()
+            if resp.status == 429:
+                raise Throttled(await resp.text(), retry_after_seconds(resp.headers))
             if resp.status >= 400:
                 raise ApiError(resp.status, await resp.text())
             while True:
@@ -171,11 +210,13 @@ class Informer:
     including changes found by a relist after a broken watch.
     """
 
-    def __init__(self, client: ApiClient, path: str,
-                 on_event: Callable[[str, Obj], None]) -> None:
+    def __init__(self, client: ApiClient, path: str, on_event: Callable[[str, Obj], None],
+                 params: Mapping[str, str] | None = None) -> None:
         self.client = client
         self.path = path
         self.on_event = on_event
+        # e.g. {"fieldSelector": "spec.nodeName=NODE"}: what a kubelet may list and watch.
+        self.params = dict(params or {})
         self.cache: dict[tuple[str, str], Obj] = {}
         self.synced = asyncio.Event()
 
@@ -184,18 +225,21 @@ class Informer:
             try:
                 version = await self._relist()
                 while True:
-                    async for kind, obj in self.client.watch(self.path, version):
+                    async for kind, obj in self.client.watch(self.path, version,
+                                                             params=self.params):
                         version = obj.get("metadata", {}).get("resourceVersion") or version
                         if kind != "BOOKMARK":
                             self._apply(kind, obj)
             except WatchExpired:
                 continue
+            except Throttled as err:
+                await asyncio.sleep(err.wait_seconds)
             except (TimeoutError, aiohttp.ClientError, ApiError, ValueError) as err:
                 log.debug("watch %s broke: %s", self.path, err)
                 await asyncio.sleep(0.5)
 
     async def _relist(self) -> str:
-        listing = await self.client.request("GET", self.path)
+        listing = await self.client.request("GET", self.path, params=self.params or None)
         fresh = {object_key(o): o for o in listing.get("items") or []}
         for key in list(self.cache):
             if key not in fresh:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tardigrade_local
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet.images import ImageMap
-from tardigrade_local.kubelet.nodelifecycle import NODE_MONITOR_GRACE_SECONDS
 from tardigrade_local.paths import StateLayout
 
 PODSITE_DIR = Path(__file__).resolve().parent / "podsite"
@@ -71,14 +71,30 @@ class NodeConfig:
                 "kubeletVersion": self.kubelet_version, "featureGates": dict(self.feature_gates)}
 
 
+class ClusterAccess(Protocol):
+    """How the node agents authenticate: the control plane's CA issues each identity."""
+
+    def ssl_context(self, identity: str) -> ssl.SSLContext: ...
+
+    def node_context(self, node: str) -> ssl.SSLContext: ...
+
+    def kubelet_serving_context(self, node: str, ip: str) -> ssl.SSLContext: ...
+
+
+# A kubelet's Lease (kubelet config `nodeLeaseDurationSeconds`, 40 s), renewed every quarter
+# of it (`nodeLeaseRenewIntervalFraction`, 0.25: pkg/kubelet/kubelet.go).
+NODE_LEASE_SECONDS = 40.0
+LEASE_RENEW_FRACTION = 0.25
+
+
 @dataclasses.dataclass(frozen=True)
 class KubeletSettings:
     layout: StateLayout
+    # kube-apiserver's URL (TLS) and the CA that signed its certificate: the node agents and
+    # pods reach it there.
     api_url: str
-    # Where pods reach the API server (its TLS port) and the CA that signed its certificate;
-    # None: `api_url`, plain HTTP.
-    pod_api_url: str | None = None
-    pod_api_ca: str | None = None
+    ca_pem: str | None = None
+    access: ClusterAccess | None = None
     image_map: ImageMap = dataclasses.field(default_factory=ImageMap)
     # Environment every pod gets before its own env (e.g. the GCS emulator endpoint).
     cluster_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -92,11 +108,9 @@ class KubeletSettings:
     # name after this many seconds; None: it never comes back (`tardigrade local up
     # --no-replace`). See disruptions.DEFAULT_REPLACE_AFTER_SECONDS.
     replace_after_seconds: float | None = None
-    # Pod GC deletes pods bound to a vanished node after this quarantine (real: 40 s).
-    orphan_pod_gc_seconds: float = 40.0
-    # A kubelet silent this long gets its node marked Unknown and tainted unreachable
-    # (kube-controller-manager --node-monitor-grace-period; nodelifecycle.py).
-    node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
+    # The node Lease's duration; the kubelet renews it every quarter of it. The controller
+    # manager's --node-monitor-grace-period must exceed the renew interval.
+    node_lease_seconds: float = NODE_LEASE_SECONDS
     python_path: tuple[str, ...] = dataclasses.field(
         default_factory=lambda: tuple(project_python_path())
     )

@@ -1,8 +1,15 @@
-"""The local nodes' kubelets, the scheduler and pod GC, sharing one event loop and one watch
-per resource.
+"""The local nodes' kubelets, and the cloud they run in, sharing one event loop.
 
-Each local node has a `NodeAgent` (its kubelet): it registers the Node object and runs the
-pods bound to it. The scheduler binds pending pods; pod GC cleans up after vanished nodes.
+Each local node has a `NodeAgent`, its kubelet against the real kube-apiserver: it registers
+its Node with its own credentials (`system:node:NAME`, so the Node authorizer and
+NodeRestriction apply), renews its Lease, lists and watches only the pods bound to it, runs
+them and writes their status. Scheduling, node lifecycle (Unknown, taints, eviction), pod GC
+and the workload controllers are the real kube-scheduler and kube-controller-manager.
+Simulated nodes share one identity and one pod watch, as kwok's controller does.
+
+`KubeletHost` also plays the parts that are not a kubelet's: the VMs (spot reclaim, a halt,
+host maintenance, a lost machine) and GKE's own controllers (`cloud.py`), which act through
+the API as GKE does.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import signal
 import time
@@ -19,15 +27,15 @@ from typing import Any
 from aiohttp import web
 
 from tardigrade_local import disruptions as d
+from tardigrade_local import identities
 from tardigrade_local.kubelet import admission, network, tpuslices
-from tardigrade_local.kubelet.binder import Binder
-from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
-from tardigrade_local.kubelet.config import KubeletSettings, NodeConfig
+from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path, group_path
+from tardigrade_local.kubelet.cloud import GkeCloud
+from tardigrade_local.kubelet.config import LEASE_RENEW_FRACTION, KubeletSettings, NodeConfig
+from tardigrade_local.kubelet.dns import ClusterDns
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.logs import log_app
 from tardigrade_local.kubelet.node import node_object, node_status
-from tardigrade_local.kubelet.nodelifecycle import NodeLifecycle
-from tardigrade_local.kubelet.podgc import PodGC
 from tardigrade_local.kubelet.podstatus import ContainerRecord
 from tardigrade_local.kubelet.restartrules import KubeletGates
 from tardigrade_local.kubelet.simulated import SimulatedRuntime
@@ -37,26 +45,50 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 SHUTDOWN_KILL_GRACE_SECONDS = 3.0
-HOSTS_REFRESH_SECONDS = 1.0  # the shortest time between two rewrites of the hosts file
 CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"  # kubecontainer.ContainerReasonStatusUnknown
 CONTAINER_LOST_MESSAGE = "The container could not be located when the pod was terminated"
-HOSTS_COALESCE_SECONDS = 0.2
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+# The kubelet's status loop (`nodeStatusUpdateFrequency`, 10 s): it reads its Node and posts
+# its status when what it would say differs from what the API holds (`tryUpdateNodeStatus`),
+# which is how a node marked Unknown by the controller manager turns Ready again.
+NODE_STATUS_UPDATE_SECONDS = 10.0
 
 
-@dataclasses.dataclass
+def _micro_time() -> str:
+    """A metav1.MicroTime."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclasses.dataclass(eq=False)
 class NodeAgent:
+    """One node's kubelet."""
+
     config: NodeConfig
     ip: str
+    client: ApiClient
+    events: EventRecorder
     state: str = "ready"  # ready | shutting-down | gone
     port: int = 0  # the kubelet endpoint (logs), on the node's own IP
     site: web.TCPSite | None = None
     workers: dict[tuple[str, str, str], PodWorker] = dataclasses.field(default_factory=dict)
-    # time.monotonic() of the last heartbeat of a kubelet that stopped posting (VM halted
-    # without a shutdown); None while it posts.
+    # time.monotonic() since the kubelet stopped posting (a halted VM, a partition); None
+    # while it posts.
     silent_since: float | None = None
     # uids of pods whose containers died with a halted VM: its successor under the same
     # name reports them (`_report_lost`).
     lost_pods: set[str] = dataclasses.field(default_factory=set)
+    pods: Informer | None = None  # a process node's own pods (simulated: the host's watch)
+    tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
+    node_uid: str = ""
+    lease: Obj | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def path(self) -> str:
+        return core_path("nodes", name=self.name)
 
 
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -65,9 +97,10 @@ def _is_terminal(pod: Mapping[str, Any]) -> bool:
 
 class KubeletHost:
     def __init__(self, settings: KubeletSettings, nodes: list[NodeConfig]) -> None:
+        if settings.access is None:
+            raise ValueError("the node agents need the control plane's credentials (access)")
         self.settings = settings
-        self.client = ApiClient(settings.api_url)
-        self.events = EventRecorder(self.client)
+        self.access = settings.access
         self.initial_nodes = list(nodes)
         self.agents: dict[str, NodeAgent] = {}
         # Reclaimed VMs their pool's managed instance group is recreating, by name: an
@@ -78,39 +111,39 @@ class KubeletHost:
         # The container runtime of simulated nodes: one for all, so gangs span nodes.
         self.simulation = SimulatedRuntime(settings.simulated_start_seconds)
         self._node_index = 0
-        self.pods = Informer(self.client, core_path("pods"), self._on_pod)
-        self.nodes = Informer(self.client, core_path("nodes"), self._on_node)
-        self.services = Informer(self.client, core_path("services"), self._on_service)
-        self.binder = Binder(self.client, self.pods, self.nodes, self.events)
-        self.pod_gc = PodGC(self.client, self.pods, self.nodes, settings.orphan_pod_gc_seconds)
-        self.node_lifecycle = NodeLifecycle(self.client, self.pods, self.nodes,
-                                            self._silent_since,
-                                            settings.node_monitor_grace_seconds)
-        self._hosts_dirty = asyncio.Event()
+        self.cloud = GkeCloud(self._client(identities.CLOUD))
+        self.dns: ClusterDns | None = None
+        # Simulated nodes' shared identity and pod watch (kwok's controller watches all pods).
+        self._simulated_client: ApiClient | None = None
+        self._simulated_events: EventRecorder | None = None
+        self._simulated_pods: Informer | None = None
+        self._simulated_task: asyncio.Task[None] | None = None
         self._finalizing: set[tuple[str, str, str]] = set()
         # Pods whose worker has ended never run again here, even if a stale event says Running.
         self._finished: set[str] = set()
-        self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
+
+    def _client(self, identity: identities.Identity) -> ApiClient:
+        return ApiClient(self.settings.api_url, self.access.ssl_context(identity.name),
+                         identity.common_name)
 
     # --- start / stop --------------------------------------------------------------------
     async def start(self) -> None:
         self.settings.layout.pods_dir.mkdir(parents=True, exist_ok=True)
-        self._write_hosts()
         self._runner = web.AppRunner(log_app(self.settings.layout, self._record), access_log=None)
         await self._runner.setup()
-        self._tasks = [asyncio.create_task(i.run()) for i in (self.nodes, self.services, self.pods)]
-        await asyncio.gather(self.nodes.synced.wait(), self.services.synced.wait(),
-                             self.pods.synced.wait())
+        if any(not n.simulated for n in self.initial_nodes):
+            await self.start_dns()
         for config in self.initial_nodes:
             await self.add_node(config)
-        self._tasks += [
-            asyncio.create_task(self.binder.run()),
-            asyncio.create_task(self._hosts_loop()),
-            asyncio.create_task(self.pod_gc.run()),
-            asyncio.create_task(self.node_lifecycle.run()),
-        ]
+
+    async def start_dns(self) -> None:
+        """Cluster DNS, for pods that resolve their peers' names (process nodes)."""
+        if self.dns is None:
+            self.dns = ClusterDns(self._client(identities.CLUSTER_DNS),
+                                  self.settings.layout.hosts_file)
+            await self.dns.start()
 
     async def stop(self) -> None:
         """Cluster shutdown: pods get a short SIGTERM grace, no more API writes."""
@@ -120,15 +153,31 @@ class KubeletHost:
         if workers:
             await asyncio.wait([asyncio.create_task(w.done.wait()) for w in workers],
                                timeout=SHUTDOWN_KILL_GRACE_SECONDS + 5)
-        for task in [*self._tasks, *self._background]:
+        for agent in self.agents.values():
+            await self._retire(agent)
+        for task in list(self._background):
             task.cancel()
-        for task in [*self._tasks, *self._background]:
+        for task in list(self._background):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._simulated_task is not None:
+            await self._cancel([self._simulated_task])
+        if self.dns is not None:
+            await self.dns.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         await self.simulation.stop()
-        await self.client.close()
+        for agent in self.agents.values():
+            await agent.client.close()
+        await self.cloud.close()
+
+    @staticmethod
+    async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -138,34 +187,127 @@ class KubeletHost:
 
     # --- nodes ---------------------------------------------------------------------------
     async def add_node(self, config: NodeConfig, lost_pods: set[str] | None = None) -> None:
-        if config.name in self.agents and self.agents[config.name].state != "gone":
+        """A VM boots and its kubelet registers (a new node, or a VM recreated under its
+        name, which finds the pods bound to its predecessor)."""
+        old = self.agents.get(config.name)
+        if old is not None and old.state != "gone":
             raise ValueError(f"node {config.name} already exists")
+        if not config.simulated:
+            await self.start_dns()
         self._node_index += 1
-        agent = NodeAgent(config, network.node_ip(self._node_index),
-                          lost_pods=set(lost_pods or ()))
+        ip = network.node_ip(self._node_index)
+        if config.simulated:
+            client, events = await self._simulated_identity()
+        else:
+            client = ApiClient(self.settings.api_url, self.access.node_context(config.name),
+                               f"system:node:{config.name}")
+            events = EventRecorder(client)
+        agent = NodeAgent(config, ip, client, events, lost_pods=set(lost_pods or ()))
         assert self._runner is not None
-        agent.site = web.TCPSite(self._runner, agent.ip, 0)
+        serving = self.access.kubelet_serving_context(config.name, ip)
+        agent.site = web.TCPSite(self._runner, ip, 0, ssl_context=serving)
         await agent.site.start()
         agent.port = agent.site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if old is not None:
+            await old.client.close()
         self.agents[config.name] = agent
-        body = node_object(config, agent.ip, agent.port)
-        path = core_path("nodes", name=config.name)
+        await self._register(agent)
+        agent.tasks.append(asyncio.create_task(self._lease_loop(agent)))
+        if config.simulated:
+            # A kubelet starts by syncing the pods already bound to its node.
+            assert self._simulated_pods is not None
+            for pod in list(self._simulated_pods.cache.values()):
+                if pod["spec"].get("nodeName") == config.name:
+                    self._on_pod(agent, "MODIFIED", pod)
+        else:
+            agent.pods = Informer(client, core_path("pods"),
+                                  lambda kind, pod: self._on_pod(agent, kind, pod),
+                                  params={"fieldSelector": f"spec.nodeName={config.name}"})
+            agent.tasks.append(asyncio.create_task(agent.pods.run()))
+            agent.tasks.append(asyncio.create_task(self._status_loop(agent)))
+            await agent.pods.synced.wait()
+
+    async def _simulated_identity(self) -> tuple[ApiClient, EventRecorder]:
+        if self._simulated_client is None:
+            self._simulated_client = self._client(identities.SIMULATED_KUBELET)
+            self._simulated_events = EventRecorder(self._simulated_client)
+            self._simulated_pods = Informer(self._simulated_client, core_path("pods"),
+                                            self._on_simulated_pod)
+            self._simulated_task = asyncio.create_task(self._simulated_pods.run())
+            await self._simulated_pods.synced.wait()
+        assert self._simulated_events is not None
+        return self._simulated_client, self._simulated_events
+
+    async def _register(self, agent: NodeAgent) -> None:
+        """`registerWithAPIServer`: create the Node, or take over the one a predecessor
+        under the same name left (labels and annotations; NodeRestriction leaves a node's
+        taints to others once it exists)."""
+        body = node_object(agent.config, agent.ip, agent.port)
         try:
-            await self.client.create(core_path("nodes"), body)
+            node = await agent.client.create(core_path("nodes"), body)
         except ApiError as err:
             if err.status != 409:
                 raise
-            # A leftover from an earlier run: take it over.
-            await self.client.patch(path, {"metadata": body["metadata"], "spec": body["spec"]})
-        # Some servers drop status on create; the kubelet reports it separately anyway.
-        await self.client.patch(path + "/status", {"status": body["status"]})
-        self.binder.dirty.set()
-        self.events.node(config.name, "RegisteredNode", f"Node {config.name} event: Registered")
-        # A kubelet starts by syncing the pods already bound to its node (a VM replaced under
-        # the same name finds pods bound to its predecessor that never started there).
-        for pod in list(self.pods.cache.values()):
-            if pod["spec"].get("nodeName") == config.name:
-                self._on_pod("MODIFIED", pod)
+            node = await agent.client.patch(agent.path, {"metadata": {
+                "labels": body["metadata"]["labels"],
+                "annotations": body["metadata"]["annotations"]}})
+        agent.node_uid = node["metadata"].get("uid", "")
+        # The status of a create is dropped (nodeStrategy.PrepareForCreate); it is posted.
+        await agent.client.patch(agent.path + "/status", {"status": body["status"]})
+        agent.events.node(agent.name, "RegisteredNode", f"Node {agent.name} event: Registered")
+
+    async def _lease_loop(self, agent: NodeAgent) -> None:
+        """The node's heartbeat: its Lease in kube-node-lease, renewed every quarter of its
+        duration (pkg/kubelet/nodelease, `controller.sync`), while the kubelet posts."""
+        interval = self.settings.node_lease_seconds * LEASE_RENEW_FRACTION
+        while agent.state != "gone":
+            if agent.silent_since is None:
+                try:
+                    await self._renew_lease(agent)
+                except (ApiError, OSError) as err:
+                    log.debug("node %s: lease renewal failed: %s", agent.name, err)
+                    agent.lease = None
+            await asyncio.sleep(interval)
+
+    async def _renew_lease(self, agent: NodeAgent) -> None:
+        base = group_path("coordination.k8s.io/v1", "leases", NODE_LEASE_NAMESPACE)
+        if agent.lease is None:
+            agent.lease = await agent.client.get(f"{base}/{agent.name}")
+        if agent.lease is None:
+            agent.lease = await agent.client.create(base, {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": agent.name, "namespace": NODE_LEASE_NAMESPACE,
+                             "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+                                                  "name": agent.name, "uid": agent.node_uid}]},
+                "spec": {"holderIdentity": agent.name,
+                         "leaseDurationSeconds": int(self.settings.node_lease_seconds),
+                         "renewTime": _micro_time()}})
+            return
+        lease = {**agent.lease, "spec": {**agent.lease["spec"], "renewTime": _micro_time()}}
+        try:
+            agent.lease = await agent.client.request("PUT", f"{base}/{agent.name}", lease)
+        except ApiError as err:
+            agent.lease = None  # 409 or 404: read it again next time
+            raise err
+
+    async def _status_loop(self, agent: NodeAgent) -> None:
+        while agent.state == "ready":
+            await asyncio.sleep(NODE_STATUS_UPDATE_SECONDS)
+            if agent.silent_since is None and agent.state == "ready":
+                with contextlib.suppress(ApiError, OSError):
+                    await self._sync_node_status(agent)
+
+    async def _sync_node_status(self, agent: NodeAgent) -> None:
+        """Post Ready unless the API already says so (a node marked Unknown while its
+        kubelet was silent turns Ready again)."""
+        node = await agent.client.get(agent.path)
+        if node is None:
+            return
+        ready = [c for c in (node.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready"]
+        if not ready or ready[0].get("status") != "True":
+            await agent.client.patch(agent.path + "/status", {
+                "status": node_status(agent.config, agent.ip, agent.port)})
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
                            replace_after_seconds: float | None = None,
@@ -185,17 +327,18 @@ class KubeletHost:
         if replace_after_seconds is not None:
             # In the background: a `wait`ing caller returns once the node is gone.
             for a in agents:
-                self.recreating[a.config.name] = a.config
+                self.recreating[a.name] = a.config
             self._spawn(self._recreate(agents, replace_after_seconds))
 
     async def _shut_down(self, agent: NodeAgent, grace_seconds: float | None, why: str) -> None:
-        name = agent.config.name
+        """The kubelet's graceful node shutdown (nodeshutdown_manager_linux.go): the Node
+        turns Ready=False while every pod is stopped with its grace; then the VM is gone and
+        the cloud deletes its Node object."""
         agent.state = "shutting-down"
-        self.events.node(name, "Shutdown", why, warning=True)
+        agent.events.node(agent.name, "Shutdown", why, warning=True)
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
-        path = core_path("nodes", name=name)
         with contextlib.suppress(ApiError):
-            await self.client.patch(path + "/status", {"status": node_status(
+            await agent.client.patch(agent.path + "/status", {"status": node_status(
                 agent.config, agent.ip, agent.port, ready=False,
                 message=d.NODE_SHUTDOWN_NODE_MESSAGE)})
         workers = list(agent.workers.values())
@@ -204,9 +347,7 @@ class KubeletHost:
             worker.request_stop(Stop.NODE_SHUTDOWN, d.node_shutdown_pod_grace(pod_grace, grace))
         await asyncio.gather(*(w.done.wait() for w in workers))
         await self._retire(agent)
-        with contextlib.suppress(ApiError):
-            await self.client.delete(path)
-        self.binder.dirty.set()
+        await self.cloud.delete_node(agent.name)
 
     async def schedule_maintenance(self, name: str, in_seconds: float,
                                    back_after_seconds: float | None = None) -> float:
@@ -217,25 +358,20 @@ class KubeletHost:
         if agent.state != "ready":
             raise ValueError(f"node {name} is {agent.state}: nothing to maintain")
         start = time.time() + in_seconds
-        await self.client.patch(core_path("nodes", name=name), {"metadata": {"labels": {
-            d.SCHEDULED_MAINTENANCE_LABEL: str(int(start))}}})
+        await self.cloud.label_node(name, {d.SCHEDULED_MAINTENANCE_LABEL: str(int(start))})
         self._spawn(self._perform_maintenance(agent, start, back_after_seconds))
         return start
 
     async def _perform_maintenance(self, agent: NodeAgent, start: float,
                                    back_after_seconds: float | None) -> None:
         await asyncio.sleep(max(0.0, start - time.time()))
-        name = agent.config.name
-        if self.agents.get(name) is not agent or agent.state != "ready":
+        if self.agents.get(agent.name) is not agent or agent.state != "ready":
             return  # the VM went away meanwhile: nothing left to maintain
-        node = self.nodes.cache.get(("", name)) or {}
-        taints = [t for t in (node.get("spec") or {}).get("taints") or []
-                  if t.get("key") != d.IMPENDING_TERMINATION_TAINT]
-        taints.append({"key": d.IMPENDING_TERMINATION_TAINT, "effect": "NoSchedule"})
         with contextlib.suppress(ApiError):
-            await self.client.patch(core_path("nodes", name=name), {"spec": {"taints": taints}})
+            await self.cloud.taint_node(agent.name, {"key": d.IMPENDING_TERMINATION_TAINT,
+                                                     "effect": "NoSchedule"})
         # The VM is terminated with notice; the successor registers without the label.
-        await self.preempt_node(name, d.MAINTENANCE_POD_GRACE_SECONDS, back_after_seconds,
+        await self.preempt_node(agent.name, d.MAINTENANCE_POD_GRACE_SECONDS, back_after_seconds,
                                 why=d.MAINTENANCE_MESSAGE)
 
     async def _recreate(self, agents: list[NodeAgent], delay: float) -> None:
@@ -244,14 +380,15 @@ class KubeletHost:
         try:
             await asyncio.sleep(delay)
             # Nobody took a name meanwhile.
-            back = [a for a in agents if self.agents.get(a.config.name) is a]
+            back = [a for a in agents if self.agents.get(a.name) is a]
             await asyncio.gather(*(self.add_node(a.config) for a in back))
         finally:
             for a in agents:
-                self.recreating.pop(a.config.name, None)
+                self.recreating.pop(a.name, None)
 
-    async def lose_node(self, name: str, delete_object: bool = True) -> None:
-        """The machine vanished: processes die now, nothing more is reported."""
+    async def lose_node(self, name: str) -> None:
+        """The machine vanished: processes die now, nothing more is reported, and the cloud
+        deletes the Node object; pod GC fails and deletes its pods after its quarantine."""
         agent = self._agent(name)
         if agent.state == "gone":
             return
@@ -259,19 +396,16 @@ class KubeletHost:
         for worker in workers:
             worker.request_stop(Stop.NODE_LOST, 0)
         await self._retire(agent)
-        if delete_object:
-            with contextlib.suppress(ApiError):
-                await self.client.delete(core_path("nodes", name=name))
+        await self.cloud.delete_node(name)
         await asyncio.gather(*(w.done.wait() for w in workers))
-        self.binder.dirty.set()
 
     async def halt_node(self, name: str, back_after_seconds: float | None = None) -> None:
         """The VM stops without a shutdown (host error, a stop the kubelet never hears of):
         its processes freeze (SIGSTOP: a stopped VM closes no connection, so its peers see
-        silence, not a reset), the kubelet goes silent, the Node object stays for the node
-        lifecycle controller to mark Unknown. With `back_after_seconds` the VM boots again
-        under the same name (the frozen processes are gone: SIGKILL) and its kubelet
-        re-registers."""
+        silence, not a reset), the kubelet goes silent, the Node object stays for
+        kube-controller-manager to mark Unknown and taint. With `back_after_seconds` the VM
+        boots again under the same name (the frozen processes are gone: SIGKILL) and its
+        kubelet re-registers."""
         agent = self._agent(name)
         if agent.state == "gone":
             return
@@ -283,7 +417,6 @@ class KubeletHost:
         agent.lost_pods = {key[2] for key in agent.workers}
         agent.silent_since = time.monotonic()
         await self._retire(agent)
-        self.binder.dirty.set()
         if back_after_seconds is None:
             return
         await asyncio.sleep(back_after_seconds)
@@ -295,9 +428,9 @@ class KubeletHost:
 
     async def partition_node(self, name: str, seconds: float) -> None:
         """The kubelet cannot reach the control plane for `seconds` (a network partition, a
-        kubelet restart): it stops posting while its pods run on and reach each other. Then it
-        posts its status again, Ready (its status setters move lastTransitionTime on the
-        Unknown -> True change). Pod status writes in between are not held back."""
+        kubelet restart): it renews no Lease while its pods run on and reach each other.
+        Then it posts its status again: Ready, if the controller manager marked it Unknown
+        meanwhile. Pod status writes in between are not held back."""
         agent = self._agent(name)
         if agent.state != "ready" or agent.silent_since is not None:
             return
@@ -308,14 +441,10 @@ class KubeletHost:
             agent.silent_since = None
         if agent.state == "ready":
             with contextlib.suppress(ApiError):
-                await self.client.patch(core_path("nodes", name=name) + "/status", {
-                    "status": node_status(agent.config, agent.ip, agent.port)})
+                await self._renew_lease(agent)
+                await self._sync_node_status(agent)
 
-    def _silent_since(self, name: str) -> float | None:
-        agent = self.agents.get(name)
-        return None if agent is None else agent.silent_since
-
-    async def _report_lost(self, pod: Obj) -> None:
+    async def _report_lost(self, agent: NodeAgent, pod: Obj) -> None:
         """A rebooted kubelet's first sync of a pod whose container it cannot find: the
         container used to run and, with restartPolicy Never, will not be restarted, so it is
         reported terminated, ContainerStatusUnknown, exit code 137, and the pod Failed
@@ -328,7 +457,7 @@ class KubeletHost:
                 "terminated": {"exitCode": 137, "reason": CONTAINER_STATUS_UNKNOWN,
                                "message": CONTAINER_LOST_MESSAGE}}})
         try:
-            await self.client.patch(path + "/status", {"status": {
+            await agent.client.patch(path + "/status", {"status": {
                 "phase": "Failed", "containerStatuses": statuses}})
         except ApiError as err:
             log.warning("reporting lost pod %s failed: %s", path, err)
@@ -338,6 +467,8 @@ class KubeletHost:
         if agent.site is not None:
             await agent.site.stop()
             agent.site = None
+        tasks, agent.tasks = agent.tasks, []
+        await self._cancel([t for t in tasks if t is not asyncio.current_task()])
 
     def _record(self, namespace: str, pod: str, container: str) -> ContainerRecord | None:
         for agent in self.agents.values():
@@ -354,8 +485,8 @@ class KubeletHost:
             raise KeyError(f'node "{name}" is not a local node')
         return agent
 
-    def node_of_pod(self, namespace: str, pod: str) -> str:
-        obj = self.pods.cache.get((namespace, pod))
+    async def node_of_pod(self, namespace: str, pod: str) -> str:
+        obj = await self.cloud.client.get(core_path("pods", namespace, pod))
         node = (obj or {}).get("spec", {}).get("nodeName")
         if not node:
             raise KeyError(f'pod "{namespace}/{pod}" is not bound to a node')
@@ -378,30 +509,17 @@ class KubeletHost:
             ],
         }
 
-    # --- watch handlers ------------------------------------------------------------------
-    def _on_node(self, kind: str, node: Obj) -> None:
-        self.binder.dirty.set()
-        agent = self.agents.get(node["metadata"]["name"])
-        if kind == "DELETED" and agent is not None and agent.state == "ready":
-            # Someone deleted a live node's object (`kubectl delete node`): treat it as lost.
-            self._spawn(self.lose_node(agent.config.name, delete_object=False))
+    # --- pods ----------------------------------------------------------------------------
+    def _on_simulated_pod(self, kind: str, pod: Obj) -> None:
+        agent = self.agents.get(pod["spec"].get("nodeName") or "")
+        if agent is not None and agent.config.simulated:
+            self._on_pod(agent, kind, pod)
 
-    def _on_service(self, kind: str, svc: Obj) -> None:
-        self._hosts_dirty.set()
-
-    def _on_pod(self, kind: str, pod: Obj) -> None:
+    def _on_pod(self, agent: NodeAgent, kind: str, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
         key = (ns, name, uid)
-        self._hosts_dirty.set()
-        node_name = spec.get("nodeName")
-        if not node_name:
-            if kind != "DELETED":
-                self.binder.dirty.set()
-            return
-        self.binder.observed_binding(key)
-        agent = self.agents.get(node_name)
-        if agent is None or agent.state == "gone":
+        if agent.state == "gone" or self.agents.get(agent.name) is not agent:
             return
         worker = agent.workers.get(key)
         if kind == "DELETED":
@@ -410,7 +528,6 @@ class KubeletHost:
                 worker.request_stop(Stop.REMOVED,
                                     float(spec.get("terminationGracePeriodSeconds",
                                                    DEFAULT_GRACE_SECONDS)))
-            self.binder.dirty.set()
             return
         if worker is not None:
             worker.update(pod)
@@ -419,11 +536,11 @@ class KubeletHost:
             # Nothing runs here for it (never started, or finished): finalize at once.
             if key not in self._finalizing:
                 self._finalizing.add(key)
-                self._spawn(self._finalize(key))
+                self._spawn(self._finalize(agent, key, pod))
             return
         if uid in agent.lost_pods and agent.state == "ready" and not _is_terminal(pod):
             agent.lost_pods.discard(uid)
-            self._spawn(self._report_lost(pod))
+            self._spawn(self._report_lost(agent, pod))
             return
         if agent.state != "ready" or _is_terminal(pod) or uid in self._finished:
             return
@@ -431,42 +548,36 @@ class KubeletHost:
         rejection = admission.admit(pod, agent.config.capacity, active)
         if rejection is not None:
             self._finished.add(uid)
-            self._spawn(self._reject(pod, rejection))
+            self._spawn(self._reject(agent, pod, rejection))
             return
         simulated = agent.config.simulated
-        worker = PodWorker(self.settings, self.client, node_name, agent.ip,
-                           self.ips.allocate(), pod, self.events,
+        worker = PodWorker(self.settings, agent.client, agent.name, agent.ip,
+                           self.ips.allocate(), pod, agent.events,
                            runtime=self.simulation if simulated else None,
                            gates=KubeletGates.from_mapping(agent.config.feature_gates))
         agent.workers[key] = worker
-        if simulated:
-            # No process resolves names before it starts: the loop writes the file soon.
-            self._hosts_dirty.set()
-        else:
-            self._write_hosts()
         worker.start()
         self._spawn(self._reap(agent, key, worker))
 
-    async def _reject(self, pod: Obj, rejection: admission.Rejection) -> None:
+    async def _reject(self, agent: NodeAgent, pod: Obj, rejection: admission.Rejection) -> None:
         """Kubelet.rejectPod: a Warning event, then the pod Failed with the reason."""
         meta = pod["metadata"]
         path = core_path("pods", meta.get("namespace") or "default", meta["name"])
-        self.events.pod(pod, rejection.reason, rejection.message, warning=True,
-                        host=pod["spec"].get("nodeName"))
+        agent.events.pod(pod, rejection.reason, rejection.message, warning=True,
+                         host=agent.name)
         try:
-            await self.client.patch(path + "/status", {"status": rejection.pod_status()})
+            await agent.client.patch(path + "/status", {"status": rejection.pod_status()})
         except ApiError as err:
             log.warning("rejecting pod %s failed: %s", path, err)
 
-    async def _finalize(self, key: tuple[str, str, str]) -> None:
+    async def _finalize(self, agent: NodeAgent, key: tuple[str, str, str], pod: Obj) -> None:
         path = core_path("pods", key[0], key[1])
         try:
-            pod = self.pods.cache.get(key[:2])
-            if pod is not None and not _is_terminal(pod):
+            if not _is_terminal(pod):
                 # Like the kubelet since 1.27: a deleted pod reaches a terminal phase before it
                 # goes, so controllers with a finalizer on it see it finish.
-                await self.client.patch(path + "/status", {"status": {"phase": "Failed"}})
-            await self.client.delete(path, 0)
+                await agent.client.patch(path + "/status", {"status": {"phase": "Failed"}})
+            await agent.client.delete(path, 0)
         except ApiError as err:
             log.warning("finalizing pod %s/%s failed: %s", key[0], key[1], err)
         finally:
@@ -477,40 +588,3 @@ class KubeletHost:
         self._finished.add(key[2])
         agent.workers.pop(key, None)
         self.ips.release(worker.pod_ip)
-        self._hosts_dirty.set()
-        self.binder.dirty.set()
-
-    # --- names ---------------------------------------------------------------------------
-    async def _hosts_loop(self) -> None:
-        while True:
-            await self._hosts_dirty.wait()
-            # The file lists every pod: rewritten on each of a thousand pod events it would cost
-            # the square of the pods. A burst of changes coalesces for a moment, and rewrites
-            # come at most once a second; a process still gets the file written before it
-            # starts (`_on_pod`). Cluster DNS lags more (the default Corefile's `ttl 30` and
-            # `cache 30`).
-            await asyncio.sleep(HOSTS_COALESCE_SECONDS)
-            self._hosts_dirty.clear()
-            self._write_hosts()
-            await asyncio.sleep(HOSTS_REFRESH_SECONDS)
-
-    def _write_hosts(self) -> None:
-        if all(a.config.simulated for a in self.agents.values()):
-            return  # no process on these nodes resolves a name: nobody reads the file
-        path = self.settings.layout.hosts_file
-        # Addresses of pods running here are known before their status says so.
-        local_ips = {(k[0], k[1]): w.pod_ip for a in self.agents.values() if a.state != "gone"
-                     for k, w in a.workers.items() if not w.done.is_set()}
-        pods = []
-        for (ns, name), pod in self.pods.cache.items():
-            ip = local_ips.get((ns, name))
-            if ip is not None:
-                pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": ip}}
-            pods.append(pod)
-        text = network.hosts_file(pods, self.services.cache.values())
-        with contextlib.suppress(OSError):
-            if path.read_text() == text:
-                return
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)  # readers never see a half-written file

@@ -13,15 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from tardigrade_local.kubelet import crilog
-from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
+from tardigrade_local.kubelet.client import ApiClient, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
-from tardigrade_local.kubelet.credentials import (
-    mounts_token,
-    service_account_name,
-    token_request,
-    write_pod_credentials,
-)
-from tardigrade_local.kubelet.env import EnvError, container_env, expand, referenced_objects
+from tardigrade_local.kubelet.credentials import service_account_volume, write_pod_kubeconfig
+from tardigrade_local.kubelet.env import container_env, expand, referenced_objects
 from tardigrade_local.kubelet.volumes import container_mounts, map_path
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -35,25 +30,14 @@ INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
 Sources = dict[str, dict[str, str]]
 
 
-async def pod_credentials(client: ApiClient, settings: KubeletSettings,
-                          pod: Mapping[str, Any]) -> str | None:
-    """The pod's kubeconfig (written now), or None if it opted out of API credentials."""
-    spec = pod["spec"]
-    namespace = pod["metadata"].get("namespace") or "default"
-    account = None
-    if spec.get("automountServiceAccountToken") is None:
-        account = await client.get(core_path("serviceaccounts", namespace,
-                                             service_account_name(spec)))
-    if not mounts_token(spec, account):
+def pod_credentials(settings: KubeletSettings, pod: Mapping[str, Any],
+                    volumes: Mapping[str, Path]) -> str | None:
+    """The pod's kubeconfig (written now) from its service-account volume, or None if the
+    API server gave it none (it opted out)."""
+    name = service_account_volume(pod["spec"])
+    if name is None or name not in volumes:
         return None
-    path = core_path("serviceaccounts", namespace, service_account_name(spec), "token")
-    try:
-        answer = await client.create(path, token_request(pod))
-    except ApiError as err:
-        raise EnvError(f"failed to fetch token: {err}") from err
-    pod_dir = settings.layout.pod_dir(namespace, pod["metadata"]["name"])
-    return str(write_pod_credentials(pod_dir, settings.pod_api_url or settings.api_url, pod,
-                                     answer["status"]["token"], settings.pod_api_ca))
+    return str(write_pod_kubeconfig(volumes[name], settings.api_url, pod, settings.ca_pem))
 
 
 async def env_sources(client: ApiClient, namespace: str,

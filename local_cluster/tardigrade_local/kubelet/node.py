@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from tardigrade_local import gobuild
 from tardigrade_local.kubelet.config import (
     NODE_POOL_LABEL,
     SIMULATED_ANNOTATION,
@@ -14,7 +15,8 @@ from tardigrade_local.kubelet.config import (
 from tardigrade_local.kubelet.podstatus import now_rfc3339
 from tardigrade_local.kubelet.restartrules import KubeletGates
 
-KUBELET_VERSION = "v1.33.0-tardigrade-local"
+# What the node agents report, and whose behaviour they follow: the pinned release's kubelet.
+KUBELET_VERSION = gobuild.kubernetes_version()
 MANAGED_ANNOTATION = "local.tardigrade.dev/kubelet"
 
 

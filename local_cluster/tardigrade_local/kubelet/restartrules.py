@@ -28,13 +28,17 @@ class OnExit(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class KubeletGates:
-    container_restart_rules: bool = False
-    restart_all_containers: bool = False
+    """The gates of a 1.36 kubelet, defaults as `pkg/features/kube_features.go` of the pinned
+    release: ContainerRestartRules beta and on since 1.35, RestartAllContainersOnContainerExits
+    beta and on in 1.36."""
+
+    container_restart_rules: bool = True
+    restart_all_containers: bool = True
 
     @classmethod
     def from_mapping(cls, gates: Mapping[str, bool]) -> KubeletGates:
-        return cls(container_restart_rules=bool(gates.get(CONTAINER_RESTART_RULES, False)),
-                   restart_all_containers=bool(gates.get(RESTART_ALL_CONTAINERS, False)))
+        return cls(container_restart_rules=bool(gates.get(CONTAINER_RESTART_RULES, True)),
+                   restart_all_containers=bool(gates.get(RESTART_ALL_CONTAINERS, True)))
 
     def declared_features(self) -> list[str]:
         """Node.status.declaredFeatures (KEP-5328): the restartallcontainers feature's

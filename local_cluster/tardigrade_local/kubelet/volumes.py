@@ -46,7 +46,7 @@ EMPTY_DIR_PLUGIN = "kubernetes.io~empty-dir"
 EMPTY_DIR_MODE = 0o777
 HOST_PATH_DIR_MODE = 0o755
 HOST_PATH_FILE_MODE = 0o644
-SUPPORTED_SOURCES = ("emptyDir", "hostPath", "projected serviceAccountToken")
+SUPPORTED_SOURCES = ("emptyDir", "hostPath", "projected", "configMap", "secret", "downwardAPI")
 MOUNT_RETRY_FIRST_SECONDS = 0.5
 MOUNT_RETRY_MAX_SECONDS = 122.0
 
@@ -135,8 +135,8 @@ def set_up(pod: Mapping[str, Any], disk: NodeDisk,
            projected_dir: Callable[[str], Path] | None = None) -> dict[str, Path]:
     """Set up every volume of the pod on the node: volume name -> its directory (or file).
 
-    `projected_dir`: where the projected service-account token volumes are written
-    (projected.py writes and refreshes them); their other sources are not modelled.
+    `projected_dir`: where the API-backed volumes (projected, configMap, secret, downwardAPI)
+    are written (projected.py writes and refreshes them).
 
     Raises VolumeSetupError for the first volume that cannot be set up; calling again after
     a success is harmless (an emptyDir keeps its content, as `SetUpAt` does when it is ready).
@@ -155,7 +155,7 @@ def set_up(pod: Mapping[str, Any], disk: NodeDisk,
             paths[name] = local
         elif "hostPath" in volume:
             paths[name] = _host_path(name, volume["hostPath"] or {}, disk)
-        elif projected_dir is not None and _only_tokens(volume.get("projected")):
+        elif projected_dir is not None and any(k in volume for k in SUPPORTED_SOURCES[2:]):
             paths[name] = projected_dir(name)
         else:
             source = next((k for k in volume if k != "name"), "an unknown source")
@@ -163,11 +163,6 @@ def set_up(pod: Mapping[str, Any], disk: NodeDisk,
                 name, f"the local kubelet does not model {source} volumes (it has "
                       f"{' and '.join(SUPPORTED_SOURCES)}; see local_cluster/README.md)")
     return paths
-
-
-def _only_tokens(projected: Any) -> bool:
-    sources = (projected or {}).get("sources") or []
-    return bool(sources) and all(set(source) == {"serviceAccountToken"} for source in sources)
 
 
 def tear_down(disk: NodeDisk, uid: str) -> None:

@@ -33,7 +33,7 @@ from tardigrade_local.kubelet.launch import (
     termination_message,
 )
 from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
-from tardigrade_local.kubelet.projected import ProjectedTokens, volume_dir
+from tardigrade_local.kubelet.projected import ApiVolumes, volume_dir
 from tardigrade_local.kubelet.restartrules import ALL_CONTAINERS_RESTARTING, KubeletGates, OnExit
 from tardigrade_local.kubelet.restartrules import on_exit as restart_on_exit
 from tardigrade_local.kubelet.runtime import Container, ContainerRuntime, ProcessRuntime
@@ -90,7 +90,7 @@ class PodWorker:
         self.initialized = not self.init_specs
         self.processes: dict[str, Container] = {}
         self._kubeconfig: str | None = None  # "" once it is known the pod gets none
-        self._tokens: ProjectedTokens | None = None  # projected token volumes, once written
+        self._api_volumes: ApiVolumes | None = None  # once written
         self.disk = NodeDisk(settings.layout.node_root(node_name))
         self.volumes: dict[str, Path] = {}
         self.start_time = ps.now_rfc3339()
@@ -187,8 +187,8 @@ class PodWorker:
                 await self._stop_requested.wait()
                 await self._stop(main)
         finally:
-            if self._tokens is not None:
-                await self._tokens.stop()
+            if self._api_volumes is not None:
+                await self._api_volumes.stop()
 
     async def _mount_volumes(self) -> bool:
         """Set up the pod's volumes, retrying as the volume manager does; False if the pod
@@ -435,15 +435,14 @@ class PodWorker:
         return probes
 
     async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
-        if self._kubeconfig is None:
-            # Once per pod, like the token volume a real kubelet mounts at pod start.
-            self._kubeconfig = await pod_credentials(self.client, self.settings, self.pod) or ""
         pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
-        if self._tokens is None:
+        if self._api_volumes is None:
             # Volumes are set up once per pod, before its first container starts.
-            tokens = ProjectedTokens(self.client, self.pod, pod_dir)
-            await tokens.write_all()
-            self._tokens = tokens
+            api_volumes = ApiVolumes(self.client, self.pod, pod_dir)
+            await api_volumes.write_all()
+            self._api_volumes = api_volumes
+        if self._kubeconfig is None:
+            self._kubeconfig = pod_credentials(self.settings, self.pod, self.volumes) or ""
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
                                 configmaps, secrets, self._kubeconfig or None, self.volumes)

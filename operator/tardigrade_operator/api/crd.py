@@ -105,9 +105,44 @@ def to_structural(node: Any, defs: dict[str, Any]) -> Any:
     return dict(sorted(out.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
 
 
+def complete_defaults(node: Any) -> Any:
+    """Spell out an object's default with its properties' own defaults.
+
+    Pydantic writes `default: {}` for a nested model that has a default. kube-apiserver
+    checks every default against the schema, CEL rules included, as written: it does not
+    default the default first (apiextensions-apiserver `pkg/apiserver/schema/defaulting`
+    `validation.go`, `ValidateDefaults`), so a rule such as `self.backoffSeconds <=
+    self.maxBackoffSeconds` fails on `{}` with "no such key" and the whole CRD is refused.
+    Written out, the default is the object the server would store anyway."""
+    if isinstance(node, list):
+        return [complete_defaults(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if isinstance(node.get("properties"), dict):
+        node["properties"] = {name: complete_defaults(sub)
+                              for name, sub in node["properties"].items()}
+    for key in ("items", "anyOf", "additionalProperties"):
+        if key in node:
+            node[key] = complete_defaults(node[key])
+    if isinstance(node.get("default"), dict) and isinstance(node.get("properties"), dict):
+        node["default"] = _defaulted(node["default"], node["properties"])
+    return node
+
+
+def _defaulted(value: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    out = dict(value)
+    for name, sub in properties.items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if isinstance(out.get(name), dict) and isinstance(sub.get("properties"), dict):
+            out[name] = _defaulted(out[name], sub["properties"])
+    return out
+
+
 def model_schema(model: type[types.ApiModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return to_structural(raw, raw.get("$defs", {}))
+    return complete_defaults(to_structural(raw, raw.get("$defs", {})))
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -120,8 +155,11 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            # Declared so the root rule's fieldPath (.metadata.name) resolves on the server.
-            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
+            # Declared so the root rule's fieldPath (.metadata.name) resolves on the server;
+            # maxLength (the API server's own limit for names, 253) bounds the rule's
+            # estimated cost, without which a real server refuses the CRD.
+            "metadata": {"type": "object",
+                         "properties": {"name": {"type": "string", "maxLength": 253}}},
             "spec": model_schema(types.TrainingJobSpec),
             "status": model_schema(types.TrainingJobStatus),
         },

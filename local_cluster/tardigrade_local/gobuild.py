@@ -1,0 +1,240 @@
+"""Build the local cluster's programs from the pinned Go modules in `local_cluster/builds/`.
+
+Every program of the control plane is compiled here with `go build` from a module whose
+`go.mod` and `go.sum` are committed (never a downloaded binary). One module per group of
+programs, so that Go's minimal version selection cannot move one program's dependencies
+under another. The binaries land in a cache outside the clone, keyed by everything that
+decides their bytes (the module's go.mod and go.sum, the Go version, the build flags), so a
+second clone on the same machine builds nothing, and a changed pin builds afresh.
+
+`python -m tardigrade_local.gobuild` builds whatever is missing (what `scripts/setup` runs);
+`binary("kube-apiserver")` is where the cluster finds a program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+BUILDS_DIR = Path(__file__).resolve().parents[1] / "builds"
+# As upstream builds its release binaries (kubernetes hack/lib/golang.sh): static, no paths
+# of the build machine in the binary, and the tags of its release builds.
+BUILD_FLAGS = ("-trimpath", "-tags", "selinux,notest")
+PROGRESS_SECONDS = 15.0
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+    """A directory of `local_cluster/builds/` and the programs built from it."""
+
+    name: str
+    programs: tuple[tuple[str, str], ...]  # (binary name, Go package)
+
+    @property
+    def directory(self) -> Path:
+        return BUILDS_DIR / self.name
+
+    def requirement(self, module_path: str) -> str:
+        """The pinned version of `module_path` in this module's go.mod."""
+        text = (self.directory / "go.mod").read_text()
+        found = re.search(rf"^\s*(?:require\s+)?{re.escape(module_path)}\s+(v\S+)", text, re.M)
+        if found is None:
+            raise BuildError(f"{self.directory / 'go.mod'} does not require {module_path}")
+        return found.group(1)
+
+
+KUBERNETES = Module("kubernetes", (
+    ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+    ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+    ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+))
+ETCD = Module("etcd", (("etcd", "go.etcd.io/etcd/server/v3"),))
+FAKE_GCS = Module("fakegcs", (("fake-gcs-server", "github.com/fsouza/fake-gcs-server"),))
+MODULES = (KUBERNETES, ETCD, FAKE_GCS)
+PROGRAMS = {program: module for module in MODULES for program, _ in module.programs}
+
+
+def kubernetes_version() -> str:
+    return KUBERNETES.requirement("k8s.io/kubernetes")
+
+
+def _version_ldflags(module: Module) -> list[str]:
+    """What `kubectl version` and `/version` report: without these, a module build says
+    v0.0.0-master+$Format:%H$ (k8s.io/component-base/version/base.go)."""
+    if module is not KUBERNETES:
+        return []
+    version = kubernetes_version()
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.gitVersion={version}", f"-X {package}.gitMajor={major}",
+                  f"-X {package}.gitMinor={minor}", f"-X {package}.gitTreeState=clean"]
+    return flags
+
+
+def _ldflags(module: Module) -> str:
+    return " ".join(["-s", "-w", *_version_ldflags(module)])
+
+
+def go_env() -> dict[str, str]:
+    # GOTOOLCHAIN=local: the machine's Go builds it, never one fetched behind our back;
+    # -mod=readonly: the committed go.sum is the whole truth.
+    return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0",
+            "GOFLAGS": "-mod=readonly"}
+
+
+def _go_version() -> str:
+    try:
+        done = subprocess.run(["go", "version"], capture_output=True, text=True, check=True,
+                              env=go_env())
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise BuildError(f"Go is needed to build the local cluster's control plane: {err}"
+                         ) from err
+    return done.stdout.strip()
+
+
+def cache_root() -> Path:
+    base = os.environ.get("TARDIGRADE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tardigrade")
+    return Path(base) / "gobin"
+
+
+def build_key(module: Module, go_version: str) -> str:
+    digest = hashlib.sha256()
+    for part in ((module.directory / "go.mod").read_bytes(),
+                 (module.directory / "go.sum").read_bytes(), go_version.encode(),
+                 " ".join(BUILD_FLAGS).encode(), _ldflags(module).encode(),
+                 repr(module.programs).encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:16]
+
+
+_keys: dict[str, Path] = {}
+
+
+def module_dir(module: Module) -> Path:
+    """Where this module's binaries live once built (whether or not they are yet)."""
+    if module.name not in _keys:
+        _keys[module.name] = cache_root() / f"{module.name}-{build_key(module, _go_version())}"
+    return _keys[module.name]
+
+
+def binary(program: str) -> Path:
+    """The built program; BuildError naming the fix if it is not built yet."""
+    path = module_dir(PROGRAMS[program]) / program
+    if not path.is_file():
+        raise BuildError(f"{program} is not built for the pinned modules (looked in "
+                         f"{path.parent}): run scripts/setup, or "
+                         f"`python -m tardigrade_local.gobuild`")
+    return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure(module: Module, out: TextIO = sys.stderr) -> Path:
+    """Build `module`'s programs unless its cache entry exists; returns the directory.
+
+    Two clones setting up at once build once: the second waits on the first's lock."""
+    target = module_dir(module)
+    if all((target / name).is_file() for name, _ in module.programs):
+        return target
+    with _locked(target.with_suffix(".lock")):
+        if all((target / name).is_file() for name, _ in module.programs):
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{module.name}-", dir=target.parent))
+        try:
+            _build(module, staging, out)
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _build(module: Module, destination: Path, out: TextIO) -> None:
+    started = time.monotonic()
+    print(f"gobuild: building {module.name} ({', '.join(n for n, _ in module.programs)}) "
+          f"from {module.directory.relative_to(BUILDS_DIR.parents[1])}: a cold build takes "
+          f"minutes, progress every {PROGRESS_SECONDS:.0f} s", file=out, flush=True)
+    for name, package in module.programs:
+        command = ["go", "build", "-v", *BUILD_FLAGS, "-ldflags", _ldflags(module),
+                   "-o", str(destination / name), package]
+        _run_with_progress(command, module, name, started, out)
+    print(f"gobuild: {module.name} built in {time.monotonic() - started:.0f} s", file=out,
+          flush=True)
+
+
+def _run_with_progress(command: Sequence[str], module: Module, name: str, started: float,
+                       out: TextIO) -> None:
+    """`go build -v` names each package as it compiles it: count them, and say so now and
+    then, so a cold build is never minutes of silence."""
+    proc = subprocess.Popen(command, cwd=module.directory, env=go_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[str] = []
+    stop = threading.Event()
+
+    def report() -> None:
+        while not stop.wait(PROGRESS_SECONDS):
+            print(f"gobuild: {name}: {len(lines)} packages compiled, "
+                  f"{time.monotonic() - started:.0f} s", file=out, flush=True)
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+    code = proc.wait()
+    stop.set()
+    if code != 0:
+        tail = "\n".join(lines[-40:])
+        raise BuildError(f"go build of {name} failed (exit {code}):\n{tail}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help="modules to build (default: all)")
+    parser.add_argument("--print-dir", action="store_true",
+                        help="print each module's binary directory after building it")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MODULES if not args.modules or m.name in args.modules]
+    try:
+        for module in chosen:
+            directory = ensure(module)
+            if args.print_dir:
+                print(directory)
+    except BuildError as err:
+        print(f"gobuild: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
