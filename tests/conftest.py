@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonpatch
 import pytest
@@ -18,6 +19,9 @@ import yaml
 if "jax" not in sys.modules:
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+if TYPE_CHECKING:
+    from tests.apiserver import SharedApi
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -53,8 +57,14 @@ def expand(value: Any) -> Any:
     raise ValueError(f"unknown corpus generator {value!r}")
 
 
+# Corpus documents nest far deeper than Python's default recursion limit lets copy.deepcopy
+# and jsonpatch walk (3 frames a level); the API server stores up to 10,000 levels.
+_CORPUS_RECURSION_LIMIT = 40_000
+
+
 def corpus_cases(file_name: str) -> list[dict[str, Any]]:
     """A corpus of JSON Patches against examples/trainingjob.yaml, applied."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), _CORPUS_RECURSION_LIMIT))
     cases = load_yaml(REPO_ROOT / "tests" / "data" / file_name)
     base = load_yaml(EXAMPLES / "trainingjob.yaml")
     for case in cases:
@@ -69,6 +79,19 @@ def bad_trainingjob_cases() -> list[dict[str, Any]]:
 @pytest.fixture
 def example_job() -> dict[str, Any]:
     return load_yaml(EXAMPLES / "trainingjob.yaml")
+
+
+@pytest.fixture(scope="session")
+def shared_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedApi]:
+    """A real control plane without nodes, shared by this worker's tests that need
+    kube-apiserver's own checks but no cluster of their own (tests/apiserver.py)."""
+    from tests.apiserver import SharedApi, start_shared
+
+    cluster = start_shared(tmp_path_factory.mktemp("shared-api") / "cluster")
+    try:
+        yield SharedApi(cluster)
+    finally:
+        cluster.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

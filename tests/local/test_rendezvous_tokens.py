@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import yaml
-from api_helpers import ThreadedServer, running_server
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from tardigrade_local.ports import free_port
 from tardigrade_trainer import contract, distributed, peerauth
-from test_rbac_api import admin, call, token_for
 
+from tests.apiserver import SharedApi
 from tests.polling import wait_for
 from tests.rendezvous import coordinator_in_thread
 
@@ -26,66 +27,74 @@ AUD = contract.RENDEZVOUS_AUDIENCE
 RBAC = "rbac.authorization.k8s.io/v1"
 
 
-def _pod(server: ThreadedServer, namespace: str, name: str) -> dict[str, Any]:
-    return admin(server, "POST", f"/api/v1/namespaces/{namespace}/pods", {
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}})
-
-
-def _pod_token(server: ThreadedServer, namespace: str, pod: dict[str, Any],
-               audience: str | None = AUD) -> str:
+def _pod_token(api: SharedApi, namespace: str, pod: Any, audience: str | None = AUD) -> str:
+    """What the kubelet asks for a pod's projected token (TokenRequest bound to the pod)."""
     spec: dict[str, Any] = {"expirationSeconds": 3600, "boundObjectRef": {
-        "kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
-        "uid": pod["metadata"]["uid"]}}
+        "kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}}
     if audience:
         spec["audiences"] = [audience]
-    return token_for(server, namespace, "default", **spec)
+    answer = api.core.create_namespaced_service_account_token("default", namespace,
+                                                              {"spec": spec})
+    return str(answer.status.token)
+
+
+def _has_default_account(api: SharedApi, namespace: str) -> bool:
+    try:
+        api.core.read_namespaced_service_account("default", namespace)
+        return True
+    except ApiException:
+        return False
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("rdv")
-    with running_server(tmp, authorization_mode="RBAC", secure_port=0, pki_dir=tmp / "pki") as (
-            server, _):
-        for ns in ("team-a", "team-b"):
-            admin(server, "POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-            wait_for(lambda n=ns: call(server, "GET",
-                                       f"/api/v1/namespaces/{n}/serviceaccounts/default",
-                                       server.server.admin_token)[0] == 200, 10, "default SA")
-        pods = {f"{ns}/{name}": _pod(server, ns, name)
-                for ns, name in [("team-a", "job-a1-0"), ("team-a", "job-a1-1"),
-                                 ("team-a", "other-a1-1"), ("team-b", "job-a1-1")]}
-        # What the chart grants trainers (trainerTokenReview): team-a's ServiceAccounts only.
-        admin(server, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
-            "apiVersion": RBAC, "kind": "ClusterRole", "metadata": {"name": "tokenreview"},
-            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
-                       "verbs": ["create"]}]})
-        admin(server, "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": "tokenreview"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "tokenreview"},
-            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
-                          "name": "system:serviceaccounts:team-a"}]})
+def cluster(shared_api: SharedApi) -> Iterator[dict[str, Any]]:
+    team_a, team_b = shared_api.new_namespace("team-a"), shared_api.new_namespace("team-b")
+    for ns in (team_a, team_b):
+        wait_for(lambda n=ns: _has_default_account(shared_api, n), 30,
+                 "the controller manager to make the default ServiceAccount")
+    spec = {"containers": [{"name": "trainer", "image": "trainer:1"}]}
+    pods = {f"{team}/{name}": shared_api.core.create_namespaced_pod(
+                ns, {"metadata": {"name": name}, "spec": spec})
+            for team, ns, name in [("team-a", team_a, "job-a1-0"), ("team-a", team_a, "job-a1-1"),
+                                   ("team-a", team_a, "other-a1-1"),
+                                   ("team-b", team_b, "job-a1-1")]}
+    namespaces = {"team-a": team_a, "team-b": team_b}
+    # What the chart grants trainers (trainerTokenReview): team-a's ServiceAccounts only.
+    rbac = client.RbacAuthorizationV1Api(shared_api.api)
+    role = f"tokenreview-{team_a}"
+    rbac.create_cluster_role({
+        "apiVersion": RBAC, "kind": "ClusterRole", "metadata": {"name": role},
+        "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                   "verbs": ["create"]}]})
+    rbac.create_cluster_role_binding({
+        "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role},
+        "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                      "name": f"system:serviceaccounts:{team_a}"}]})
+    ca_pem = Path(shared_api.cluster.info["ca_file"]).read_text()
 
-        def access(ns: str, pod: str) -> peerauth.ApiAccess:
-            # Rank 0's own API credentials: its pod's token for the API server.
-            return peerauth.ApiAccess(server.server.secure_url or "",
-                                      _pod_token(server, ns, pods[f"{ns}/{pod}"], None),
-                                      server.server.ca_pem)
+    def token(team: str, pod: str, audience: str | None = AUD) -> str:
+        return _pod_token(shared_api, namespaces[team], pods[f"{team}/{pod}"], audience)
 
-        yield {"server": server, "pods": pods, "access": access}
+    def access(team: str, pod: str) -> peerauth.ApiAccess:
+        # Rank 0's own API credentials: its pod's token for the API server.
+        return peerauth.ApiAccess(shared_api.cluster.api_url, token(team, pod, None), ca_pem)
+
+    yield {"token": token, "access": access, "namespaces": namespaces}
 
 
 def test_token_review_names_the_pod_and_the_audience(cluster):
-    server, pods = cluster["server"], cluster["pods"]
+    token = cluster["token"]
     access = cluster["access"]("team-a", "job-a1-0")
-    status = peerauth.review(access, _pod_token(server, "team-a", pods["team-a/job-a1-1"]))
+    status = peerauth.review(access, token("team-a", "job-a1-1"))
     assert status["authenticated"] is True and status["audiences"] == [AUD]
-    assert status["user"]["username"] == "system:serviceaccount:team-a:default"
+    team_a = cluster["namespaces"]["team-a"]
+    assert status["user"]["username"] == f"system:serviceaccount:{team_a}:default"
     assert status["user"]["extra"][peerauth.POD_NAME_EXTRA] == ["job-a1-1"]
     # A token for the API server itself is not one for the rendezvous.
-    api_token = _pod_token(server, "team-a", pods["team-a/job-a1-1"], None)
-    assert peerauth.review(access, api_token)["authenticated"] is False
+    # (kube-apiserver leaves `authenticated` out when false: omitempty.)
+    assert "authenticated" not in peerauth.review(access, token("team-a", "job-a1-1", None))
 
 
 def test_token_review_needs_its_grant(cluster):
@@ -122,18 +131,19 @@ HELLOS = yaml.safe_load((Path(__file__).parents[1] / "data" /
 
 @pytest.mark.parametrize("case", HELLOS, ids=[c["name"] for c in HELLOS])
 def test_an_outsider_cannot_take_a_rank(cluster, case, tmp_path: Path):
-    server, pods = cluster["server"], cluster["pods"]
+    token = cluster["token"]
     tokens = {
         None: None,
         "garbage": "a.b.c",
-        "api-audience": _pod_token(server, "team-a", pods["team-a/job-a1-1"], None),
-        "other-job": _pod_token(server, "team-a", pods["team-a/other-a1-1"]),
-        "other-namespace": _pod_token(server, "team-b", pods["team-b/job-a1-1"]),
-        "rank-0": _pod_token(server, "team-a", pods["team-a/job-a1-0"]),
-        "rank-1": _pod_token(server, "team-a", pods["team-a/job-a1-1"]),
+        "api-audience": token("team-a", "job-a1-1", None),
+        "other-job": token("team-a", "other-a1-1"),
+        "other-namespace": token("team-b", "job-a1-1"),
+        "rank-0": token("team-a", "job-a1-0"),
+        "rank-1": token("team-a", "job-a1-1"),
     }
     port = free_port()
-    reviewer = peerauth.TokenReviewer("team-a", "job", cluster["access"]("team-a", "job-a1-0"))
+    reviewer = peerauth.TokenReviewer(cluster["namespaces"]["team-a"], "job",
+                                      cluster["access"]("team-a", "job-a1-0"))
     thread, result = _serve(port, reviewer)
     answer = _hello(port, tokens[case["token"]], case.get("hello") or {})
     assert answer.startswith(b"rejected: "), answer

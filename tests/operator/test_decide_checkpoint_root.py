@@ -6,13 +6,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-import yaml
 from pydantic import ValidationError
-from tardigrade_local.apiserver import validate_custom_resource
 from tardigrade_operator.api.types import TrainingJob
 from tardigrade_trainer import contract
 
-from tests.conftest import CRD_FILE
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
 
 SAVED = contract.EXIT_PREEMPTED_SAVED
@@ -76,27 +73,24 @@ def _job(path: str) -> dict:
             "spec": spec(checkpoint={"path": path})}
 
 
-def test_the_checkpoint_path_is_immutable_and_says_how_to_move():
-    crd = yaml.safe_load(CRD_FILE.read_text())
+def test_the_checkpoint_path_is_immutable_and_says_how_to_move(shared_api):
     old = _job("gs://bucket/tiny")
     moved = _job("gs://bucket/elsewhere")
-    assert validate_custom_resource(crd, moved) == []  # a create has no old object
-    causes = validate_custom_resource(crd, moved, old=old)
+    assert shared_api.validate(moved) == []  # a create has no old object
+    causes = shared_api.validate(moved, old=old)
     assert [c.field for c in causes] == ["spec.checkpoint.path"]
     assert "immutable" in causes[0].message and "initFrom" in causes[0].message
     same = copy.deepcopy(old)
     same["spec"]["checkpoint"]["restoreStep"] = 5
-    assert validate_custom_resource(crd, same, old=old) == []
+    assert shared_api.validate(same, old=old) == []
 
 
-def test_initfrom_must_name_another_root():
+def test_initfrom_must_name_another_root(shared_api):
     job = _job("gs://bucket/tiny")
     job["spec"]["checkpoint"]["initFrom"] = {"path": "gs://bucket/tiny"}
     with pytest.raises(ValidationError, match=r"initFrom\.path must differ"):
         TrainingJob.model_validate(job)
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    assert [c.field for c in validate_custom_resource(crd, job)] == [
-        "spec.checkpoint.initFrom.path"]
+    assert [c.field for c in shared_api.validate(job)] == ["spec.checkpoint.initFrom.path"]
 
 
 def test_a_missing_checkpoint_after_a_preemption_says_why_in_the_job_status():

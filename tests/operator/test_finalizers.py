@@ -9,17 +9,17 @@ from tardigrade_operator import finalizers, naming
 from tardigrade_operator.kube import ClusterWriter
 from tardigrade_operator.render import JobRef
 
-from tests.conftest import CRD_FILE, EXAMPLES
-from tests.local.api_helpers import running_server
+from tests.conftest import EXAMPLES
 
 JOB = "tiny-gpt"
 
 
-def pod(name: str, owner_uid: str | None, tracked: bool = True) -> dict:
-    meta: dict = {"name": name, "namespace": "default",
+def pod(name: str, owner_uid: str | None, tracked: bool = True,
+        namespace: str = "default") -> dict:
+    meta: dict = {"name": name, "namespace": namespace,
                   "labels": naming.pod_labels(JOB, 1, 0)}
     if owner_uid is not None:
-        meta["ownerReferences"] = [JobRef(name=JOB, namespace="default",
+        meta["ownerReferences"] = [JobRef(name=JOB, namespace=namespace,
                                           uid=owner_uid).owner_reference()]
     if tracked:
         meta["finalizers"] = [naming.POD_FINALIZER]
@@ -48,20 +48,19 @@ def test_orphaned(owner, live, tracked, expected):
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    with running_server(tmp_path, crd_paths=[CRD_FILE]) as (_, kubeconfig):
-        client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-        job = yaml.safe_load((EXAMPLES / "trainingjob.yaml").read_text())
-        created = kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
-            "tardigrade.dev", "v1alpha1", "default", "trainingjobs", job)
-        yield ClusterWriter(client), created["metadata"]["uid"]
+def cluster(shared_api):
+    namespace = shared_api.new_namespace("finalizers")
+    job = yaml.safe_load((EXAMPLES / "trainingjob.yaml").read_text())
+    created = kubernetes.client.CustomObjectsApi(shared_api.api).create_namespaced_custom_object(
+        "tardigrade.dev", "v1alpha1", namespace, "trainingjobs", job)
+    return ClusterWriter(shared_api.api), created["metadata"]["uid"], namespace
 
 
-def _finalizers(writer: ClusterWriter, name: str) -> list[str] | None:
+def _finalizers(writer: ClusterWriter, name: str, namespace: str) -> list[str] | None:
     """The pod's finalizers; None once it is gone (the garbage collector deletes a pod whose
     owner does not exist as soon as nothing holds it)."""
     try:
-        found = writer.core.read_namespaced_pod(name, "default")
+        found = writer.core.read_namespaced_pod(name, namespace)
     except kubernetes.client.exceptions.ApiException as err:
         if err.status == 404:
             return None
@@ -69,26 +68,32 @@ def _finalizers(writer: ClusterWriter, name: str) -> list[str] | None:
     return list(found.metadata.finalizers or [])
 
 
+def _gone_or_unfinalized(writer: ClusterWriter, name: str, namespace: str) -> bool:
+    """Released: the garbage collector deletes a pod whose owner does not exist once nothing
+    holds it, so the pod may already be gone."""
+    return not _finalizers(writer, name, namespace)
+
+
 def test_release_orphan_asks_the_api_server_first(cluster):
-    writer, uid = cluster
-    writer.core.create_namespaced_pod("default", pod("mine", uid))
-    writer.core.create_namespaced_pod("default", pod("stale", "uid-of-an-older-job"))
+    writer, uid, ns = cluster
+    writer.core.create_namespaced_pod(ns, pod("mine", uid, namespace=ns))
+    writer.core.create_namespaced_pod(ns, pod("stale", "uid-of-an-older-job", namespace=ns))
     for name in ("mine", "stale"):
         body = writer.core.api_client.sanitize_for_serialization(
-            writer.core.read_namespaced_pod(name, "default"))
-        writer.release_orphan("default", body)
+            writer.core.read_namespaced_pod(name, ns))
+        writer.release_orphan(ns, body)
     # The live job owns "mine": an index that lagged must not release it.
-    assert _finalizers(writer, "mine") == [naming.POD_FINALIZER]
-    assert _finalizers(writer, "stale") is None
+    assert _finalizers(writer, "mine", ns) == [naming.POD_FINALIZER]
+    assert _gone_or_unfinalized(writer, "stale", ns)
 
 
 def test_release_all_keeps_pods_of_a_new_job_of_the_same_name(cluster):
-    writer, uid = cluster
-    writer.core.create_namespaced_pod("default", pod("old", "uid-of-the-deleted-job"))
-    writer.core.create_namespaced_pod("default", pod("new", uid))
-    writer.release_all("default", JOB, "uid-of-the-deleted-job")
-    assert _finalizers(writer, "old") is None
-    assert _finalizers(writer, "new") == [naming.POD_FINALIZER]
+    writer, uid, ns = cluster
+    writer.core.create_namespaced_pod(ns, pod("old", "uid-of-the-deleted-job", namespace=ns))
+    writer.core.create_namespaced_pod(ns, pod("new", uid, namespace=ns))
+    writer.release_all(ns, JOB, "uid-of-the-deleted-job")
+    assert _gone_or_unfinalized(writer, "old", ns)
+    assert _finalizers(writer, "new", ns) == [naming.POD_FINALIZER]
 
 
 def test_no_handler_puts_a_finalizer_on_trainingjobs():

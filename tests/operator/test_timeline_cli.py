@@ -11,8 +11,7 @@ import yaml
 from tardigrade_operator.cli import app
 from typer.testing import CliRunner
 
-from tests.conftest import CRD_FILE, EXAMPLES
-from tests.local.api_helpers import running_server
+from tests.conftest import EXAMPLES
 
 GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
 RECOVERY = {"cause": "Preemption", "time": "2026-12-02T12:00:05Z", "attempt": 2,
@@ -21,31 +20,33 @@ RECOVERY = {"cause": "Preemption", "time": "2026-12-02T12:00:05Z", "attempt": 2,
 
 
 @pytest.fixture(scope="module")
-def kubeconfig(tmp_path_factory):
-    """A kubeconfig whose current context is in namespace ml; context lab is in lab."""
+def contexts(tmp_path_factory, shared_api):
+    """A kubeconfig whose current context is in namespace ML; context ctx-lab is in LAB."""
     tmp = tmp_path_factory.mktemp("timeline")
-    with running_server(tmp, crd_paths=[CRD_FILE]) as (_, admin):
-        config = yaml.safe_load(admin.read_text())
-        base = config["contexts"][0]
-        ml, lab = copy.deepcopy(base), copy.deepcopy(base)
-        ml["name"], ml["context"]["namespace"] = "ctx-ml", "ml"
-        lab["name"], lab["context"]["namespace"] = "ctx-lab", "lab"
-        config["contexts"], config["current-context"] = [ml, lab], "ctx-ml"
-        path = tmp / "two-contexts"
-        path.write_text(yaml.safe_dump(config))
+    ml_ns, lab_ns = shared_api.new_namespace("ml"), shared_api.new_namespace("lab")
+    config = yaml.safe_load(shared_api.kubeconfig.read_text())
+    base = config["contexts"][0]
+    ml, lab = copy.deepcopy(base), copy.deepcopy(base)
+    ml["name"], ml["context"]["namespace"] = "ctx-ml", ml_ns
+    lab["name"], lab["context"]["namespace"] = "ctx-lab", lab_ns
+    config["contexts"], config["current-context"] = [ml, lab], "ctx-ml"
+    path = tmp / "two-contexts"
+    path.write_text(yaml.safe_dump(config))
 
-        client = kubernetes.config.new_client_from_config(config_file=str(admin))
-        core = kubernetes.client.CoreV1Api(client)
-        custom = kubernetes.client.CustomObjectsApi(client)
-        job = yaml.safe_load((EXAMPLES / "trainingjob.yaml").read_text())
-        for namespace in ("ml", "lab"):
-            core.create_namespace({"metadata": {"name": namespace}})
-            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
-        name = job["metadata"]["name"]
-        custom.patch_namespaced_custom_object_status(GROUP, VERSION, "ml", PLURAL, name, {
-            "status": {"phase": "Restarting", "attempt": 2, "replicas": 2, "step": 40,
-                       "restarts": {"preemptions": 1, "total": 1}, "recoveries": [RECOVERY]}})
-        yield path
+    custom = kubernetes.client.CustomObjectsApi(shared_api.api)
+    job = yaml.safe_load((EXAMPLES / "trainingjob.yaml").read_text())
+    for namespace in (ml_ns, lab_ns):
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
+    name = job["metadata"]["name"]
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, ml_ns, PLURAL, name, {
+        "status": {"phase": "Restarting", "attempt": 2, "replicas": 2, "step": 40,
+                   "restarts": {"preemptions": 1, "total": 1}, "recoveries": [RECOVERY]}})
+    return path, ml_ns, lab_ns
+
+
+@pytest.fixture
+def kubeconfig(contexts):
+    return contexts[0]
 
 
 def _run(*args: str):
@@ -54,11 +55,12 @@ def _run(*args: str):
                               catch_exceptions=False)
 
 
-def test_namespace_comes_from_the_current_context(kubeconfig):
+def test_namespace_comes_from_the_current_context(contexts):
+    kubeconfig, ml, _ = contexts
     result = _run("tiny-gpt", "--kubeconfig", str(kubeconfig), "-o", "json")
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
-    assert (shown["namespace"], shown["name"], shown["phase"]) == ("ml", "tiny-gpt", "Restarting")
+    assert (shown["namespace"], shown["name"], shown["phase"]) == (ml, "tiny-gpt", "Restarting")
     assert shown["restarts"]["preemptions"] == 1
     assert (shown["stepsLost"], shown["downtimeSeconds"]) == (7, 12.5)
     assert [r["cause"] for r in shown["recoveries"]] == ["Preemption"]
@@ -73,22 +75,24 @@ def test_kubeconfig_from_the_environment_as_kubectl_reads_it(kubeconfig, monkeyp
     assert "TerminationByKubelet" in result.stdout
 
 
-def test_context_and_namespace_flags(kubeconfig):
+def test_context_and_namespace_flags(contexts):
+    kubeconfig, _, lab = contexts
     other = json.loads(_run("tiny-gpt", "--kubeconfig", str(kubeconfig), "--context", "ctx-lab",
                             "-o", "json").stdout)
-    assert (other["namespace"], other["recoveries"]) == ("lab", [])
-    flagged = json.loads(_run("tiny-gpt", "--kubeconfig", str(kubeconfig), "-n", "lab",
+    assert (other["namespace"], other["recoveries"]) == (lab, [])
+    flagged = json.loads(_run("tiny-gpt", "--kubeconfig", str(kubeconfig), "-n", lab,
                               "-o", "json").stdout)
-    assert flagged["namespace"] == "lab"
+    assert flagged["namespace"] == lab
 
 
-def test_unknown_context_and_missing_job_say_what_is_wrong(kubeconfig):
+def test_unknown_context_and_missing_job_say_what_is_wrong(contexts):
+    kubeconfig, ml, _ = contexts
     result = _run("tiny-gpt", "--kubeconfig", str(kubeconfig), "--context", "nope")
     assert result.exit_code == 1
     assert "--context nope" in result.stderr and "ctx-lab, ctx-ml" in result.stderr
     result = _run("ghost", "--kubeconfig", str(kubeconfig))
     assert result.exit_code == 1
-    assert "trainingjob ml/ghost: 404" in result.stderr
+    assert f"trainingjob {ml}/ghost: 404" in result.stderr
 
 
 def test_no_kubeconfig_outside_a_pod_names_the_flag(tmp_path, monkeypatch):

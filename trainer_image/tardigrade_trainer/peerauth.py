@@ -23,6 +23,7 @@ import os
 import re
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,6 +34,9 @@ from tardigrade_trainer.contract import RENDEZVOUS_AUDIENCE
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 REVIEW_SECONDS = 5.0
+# 429s are retried this often, each after the Retry-After it names (capped).
+THROTTLE_RETRIES = 10
+MAX_RETRY_AFTER = 10.0
 # A service-account JWT is 1-2 KB; a hello field longer than this is not one.
 MAX_TOKEN_BYTES = 8192
 
@@ -177,13 +181,25 @@ class KeptConnections:
 
     def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
         """The answer's status and body. A kept connection the server has closed meanwhile
-        is replaced once; errors of the fresh one are raised (OSError, HTTPException)."""
+        is replaced once; errors of the fresh one are raised (OSError, HTTPException). A 429
+        (API Priority and Fairness sheds load while a thousand ranks ask at once) is waited
+        out for its Retry-After and sent again, up to THROTTLE_RETRIES times, as client-go
+        does (rest/request.go, `checkWait`, `maxRetries` 10)."""
+        for _ in range(THROTTLE_RETRIES):
+            status, answer, wait = self._post_once(path, body, headers)
+            if status != 429:
+                return status, answer
+            time.sleep(wait)
+        return self._post_once(path, body, headers)[:2]
+
+    def _post_once(self, path: str, body: bytes, headers: Mapping[str, str]
+                   ) -> tuple[int, bytes, float]:
         for fresh in (False, True):
             connection = self._connection(fresh)
             try:
                 connection.request("POST", path, body=body, headers=dict(headers))
                 answer = connection.getresponse()
-                return answer.status, answer.read(1 << 20)
+                return answer.status, answer.read(1 << 20), _retry_after(answer)
             except (OSError, http.client.HTTPException):
                 connection.close()
                 self._local.connection = None
@@ -200,6 +216,14 @@ class KeptConnections:
                                                     timeout=self._timeout))
             self._local.connection = kept
         return kept
+
+
+def _retry_after(answer: http.client.HTTPResponse) -> float:
+    """Seconds a 429 asks the client to wait (Retry-After in whole seconds)."""
+    try:
+        return min(max(0.0, float(answer.getheader("Retry-After") or 1)), MAX_RETRY_AFTER)
+    except ValueError:
+        return 1.0
 
 
 def read_token(path: str) -> str:
