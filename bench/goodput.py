@@ -528,7 +528,7 @@ def run_arms(arms: list[Arm], settings: Settings, args: argparse.Namespace,
     with tempfile.TemporaryDirectory(prefix="tardigrade-goodput-") as state, \
             LocalCluster(Path(state) / "cluster", nodes=nodes, operator_command=operator,
                          shutdown_grace_seconds=settings.grace_seconds,
-                         api_feature_gates="ContainerRestartRules=true") as cluster:
+                         feature_gates="ContainerRestartRules=true") as cluster:
         bench = Bench(cluster, settings, args.seed)
         for arm in arms:
             print(f"arm ({arm.key}) {arm.name}: {bench.steps(arm)} steps", flush=True)

@@ -328,7 +328,7 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
     in_place = arm in KEEPING_ARMS
     in_process = arm == "in-process"
     with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False,
-                      api_feature_gates="ContainerRestartRules=true") as cluster:
+                      feature_gates="ContainerRestartRules=true") as cluster:
         cluster_proc = psutil.Process(int(cluster.info["pid"]))
         kubeconfig = cluster.service_account_kubeconfig(NS, OPERATOR_ACCOUNT,
                                                         state / "operator.kubeconfig")

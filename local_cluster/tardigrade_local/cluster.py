@@ -356,6 +356,7 @@ async def serve(config: ClusterConfig) -> None:
         host = KubeletHost(settings, config.nodes)
         await host.start()
         stack.push_async_callback(host.stop)
+        await host.wait_schedulable()
         if config.node_pools:
             autoscaler = NodeAutoscaler(host, config.node_pools, config.autoscaler_scan_seconds)
             await autoscaler.start()

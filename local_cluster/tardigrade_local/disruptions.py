@@ -37,6 +37,15 @@ REASON_DELETION_BY_POD_GC = "DeletionByPodGC"
 REASON_EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
 REASON_DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
 
+# What kube-controller-manager writes on a node whose Lease went unrenewed, and the taints it
+# and pod GC act on (pkg/controller/nodelifecycle/node_lifecycle_controller.go,
+# `tryUpdateNodeHealth`; k8s.io/api/core/v1 well_known_taints.go).
+TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+TAINT_OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+NODE_STATUS_UNKNOWN = "NodeStatusUnknown"
+NODE_STATUS_UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
+
 NODE_SHUTDOWN_REASON = "Terminated"
 NODE_SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 NODE_SHUTDOWN_NODE_MESSAGE = "node is shutting down"

@@ -42,7 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                         feature_gates=GATES),
              NodeConfig(OLD_NODE, capacity=ONE_TRAINER, kubelet_version="v1.33.0")]
     with LocalCluster(root / "cluster", nodes=nodes, shutdown_grace_seconds=GRACE_SECONDS,
-                      api_feature_gates="ContainerRestartRules=true") as local:
+                      feature_gates="ContainerRestartRules=true") as local:
         yield Cluster(local)
 
 

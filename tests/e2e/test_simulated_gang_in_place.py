@@ -35,7 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                                  feature_gates={"ContainerRestartRules": True})
              for n in simulated_nodes(RANKS + 1, capacity={"cpu": "1"})]
     with LocalCluster(root / "cluster", nodes=nodes, with_gcs=False,
-                      api_feature_gates="ContainerRestartRules=true") as local:
+                      feature_gates="ContainerRestartRules=true") as local:
         yield Cluster(local)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from tardigrade_local.kubelet import interpodaffinity as ipa
-from tardigrade_local.kubelet import scheduler
+from tardigrade_local.kubelet import fitcheck
 from tardigrade_local.kubelet.config import NODE_POOL_LABEL, NodeConfig
 from tardigrade_local.kubelet.node import node_object
 from tardigrade_operator.api.parse import parse_trainingjob
@@ -106,7 +106,7 @@ def test_nil_selector_matches_nothing_and_terminal_pods_do_not_count():
                        bound).values()) == {None}
     done = {**bound[0], "status": {"phase": "Succeeded"}}
     candidate = pod("p", affinity=required("podAntiAffinity", term(APP_X)))
-    assert scheduler.schedule(candidate, NODES[:1], [done]).node == "a1"
+    assert fitcheck.schedule(candidate, NODES[:1], [done]).node == "a1"
 
 
 def test_a_non_empty_namespace_selector_is_refused_not_guessed():
@@ -119,7 +119,7 @@ def test_a_non_empty_namespace_selector_is_refused_not_guessed():
 def test_scheduler_message_names_the_affinity_reason():
     bound = [pod("x", labels={"app": "x"}, on="a1")]
     candidate = pod("p", affinity=required("podAntiAffinity", term(APP_X)))
-    decision = scheduler.schedule(candidate, NODES[:2], bound)
+    decision = fitcheck.schedule(candidate, NODES[:2], bound)
     assert decision.node is None
     assert decision.message.startswith(f"0/2 nodes are available: 2 {ipa.ANTI_AFFINITY}.")
 
@@ -143,7 +143,7 @@ def _place(pods: list[dict[str, Any]], nodes: list[dict[str, Any]],
     """Bind one pod after another, as the scheduling queue does, each seeing the ones before."""
     placed: dict[str, str | None] = {}
     for candidate in pods:
-        decision = scheduler.schedule(candidate, nodes, bound)
+        decision = fitcheck.schedule(candidate, nodes, bound)
         placed[candidate["metadata"]["name"]] = decision.node
         if decision.node is not None:
             bound.append({**candidate, "spec": {**candidate["spec"], "nodeName": decision.node},
@@ -174,6 +174,6 @@ def test_a_third_gang_waits_rather_than_share_a_slice():
     for n in roomy:
         n["status"]["allocatable"].update({"google.com/tpu": "8", "cpu": "64", "memory": "256Gi"})
     third = _tpu_gang("gamma")[0]
-    decision = scheduler.schedule(third, roomy, bound)
+    decision = fitcheck.schedule(third, roomy, bound)
     assert decision.node is None
     assert f"4 {ipa.EXISTING_ANTI_AFFINITY}" in decision.message

@@ -23,6 +23,7 @@ from tardigrade_local.kubelet import NodeConfig
 
 pytestmark = pytest.mark.slow
 _names = itertools.count()
+POD_GC_SECONDS = 20 + 40 + 20
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("kubelet") / "state"
     nodes = [NodeConfig("node-a"), NodeConfig("node-b", capacity={"cpu": "2"})]
     with LocalCluster(state, nodes=nodes, with_gcs=False, shutdown_grace_seconds=30,
-                      orphan_pod_gc_seconds=1.0, backoff_base_seconds=0.2) as running:
+                      backoff_base_seconds=0.2) as running:
         yield running
 
 
@@ -190,9 +191,9 @@ def test_preempted_node_gives_disruption_target_grace_and_disappears(kube, clust
     assert target["message"] == d.NODE_SHUTDOWN_MESSAGE
     assert pod["status"]["reason"] == "Terminated"
     assert container_status(pod)["state"]["terminated"]["exitCode"] == 75
+    # The VM is gone: GKE's cloud controller deletes its Node (kube-controller-manager's pod
+    # GC then deletes the pod, after its quarantine: test_lost_node_pods_are_failed_by_pod_gc).
     wait_for(lambda: node not in kube.node_names(), what="node deleted")
-    # Pod GC removes pods of vanished nodes.
-    kube.wait_gone("spot-worker")
 
 
 def test_preemption_grace_ends_in_sigkill(kube, cluster):
@@ -228,7 +229,9 @@ def test_lost_node_pods_are_failed_by_pod_gc(kube, cluster):
         pod = kube.pod("orphan")
         return pod is None or condition(pod, d.DISRUPTION_TARGET)
 
-    seen = wait_for(gc_condition, what="pod GC")
+    # kube-controller-manager's pod GC looks every 20 s (`gcCheckPeriod`) and waits 40 s for a
+    # vanished node to come back (`quarantineTime`), constants of pkg/controller/podgc.
+    seen = wait_for(gc_condition, POD_GC_SECONDS, what="pod GC")
     if seen is not True:
         assert seen["reason"] == d.REASON_DELETION_BY_POD_GC
     kube.wait_gone("orphan")

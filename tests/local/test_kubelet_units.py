@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from tardigrade_local import disruptions as d
-from tardigrade_local.kubelet import network, scheduler
+from tardigrade_local.kubelet import fitcheck, network
 from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
-from tardigrade_local.kubelet.credentials import mounts_token, write_pod_credentials
+from tardigrade_local.kubelet.credentials import service_account_volume, write_pod_kubeconfig
 from tardigrade_local.kubelet.env import EnvError, container_env, expand
 from tardigrade_local.kubelet.images import ImageMap, ImagePullError, ImageRule, repository
 
@@ -105,32 +105,26 @@ def test_unknown_image_is_a_pull_error_and_extra_rules_win():
 
 
 # --- API credentials ------------------------------------------------------------------------
-@pytest.mark.parametrize(("pod_setting", "account_setting", "mounted"), [
-    (None, None, True), (False, None, False), (None, False, False), (True, False, True),
-    (False, True, False),
-])
-def test_token_mount_follows_pod_then_service_account(pod_setting, account_setting, mounted):
-    spec = {} if pod_setting is None else {"automountServiceAccountToken": pod_setting}
-    account = {"metadata": {"name": "sa"}}
-    if account_setting is not None:
-        account["automountServiceAccountToken"] = account_setting
-    assert mounts_token(spec, account) is mounted
-
-
 def test_pod_kubeconfig_names_the_api_server_service_account_and_namespace(tmp_path):
     from kubernetes import config
 
     pod = {"metadata": {"name": "op-1", "namespace": "tardigrade-system", "uid": "u9"},
-           "spec": {"serviceAccountName": "tardigrade"}}
-    path = write_pod_credentials(tmp_path, "http://127.0.0.1:6443", pod, "signed.jwt.token")
+           "spec": {"serviceAccountName": "tardigrade", "containers": [{
+               "name": "operator", "volumeMounts": [{
+                   "name": "kube-api-access-x1",
+                   "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}]}}
+    assert service_account_volume(pod["spec"]) == "kube-api-access-x1"
+    volume = tmp_path / "volumes" / "kube-api-access-x1"
+    volume.mkdir(parents=True)
+    (volume / "token").write_text("signed.jwt.token")
+    path = write_pod_kubeconfig(volume, "https://127.0.0.1:6443", pod, None)
     _, active = config.list_kube_config_contexts(str(path))
     assert active["context"]["namespace"] == "tardigrade-system"
     assert active["context"]["user"] == "system:serviceaccount:tardigrade-system:tardigrade"
     client = config.new_client_from_config(str(path))
-    assert client.configuration.host == "http://127.0.0.1:6443"
-    assert (tmp_path / "serviceaccount" / "namespace").read_text() == "tardigrade-system"
-    assert (tmp_path / "serviceaccount" / "token").read_text() == "signed.jwt.token"
+    assert client.configuration.host == "https://127.0.0.1:6443"
     assert list(client.configuration.api_key.values()) == ["Bearer signed.jwt.token"]
+    assert service_account_volume({"containers": [{"name": "c"}]}) is None
 
 
 # --- env ------------------------------------------------------------------------------------
@@ -178,7 +172,7 @@ def test_env_missing_configmap_is_an_error():
     assert expand("$(A)-$(B)", {"A": "1"}) == "1-$(B)"
 
 
-# --- scheduler ------------------------------------------------------------------------------
+# --- the autoscaler's fit check ----------------------------------------------------------------------------
 def node(name, labels=None, taints=None, cpu="4", ready=True, pods="110"):
     return {
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
@@ -207,9 +201,9 @@ SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "No
 
 def test_scheduler_honours_selector_taints_and_tolerations():
     nodes = [node("plain"), node("spot", SPOT, [SPOT_TAINT])]
-    assert scheduler.schedule(pod("a"), nodes, []).node == "plain"
+    assert fitcheck.schedule(pod("a"), nodes, []).node == "plain"
     spot_pod = pod("b", selector=SPOT)
-    decision = scheduler.schedule(spot_pod, nodes, [])
+    decision = fitcheck.schedule(spot_pod, nodes, [])
     assert decision.node is None
     assert decision.message.startswith(
         "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
@@ -217,21 +211,21 @@ def test_scheduler_honours_selector_taints_and_tolerations():
     tolerant = pod("c", selector=SPOT, tolerations=[{"key": "cloud.google.com/gke-spot",
                                                      "operator": "Equal", "value": "true",
                                                      "effect": "NoSchedule"}])
-    assert scheduler.schedule(tolerant, nodes, []).node == "spot"
+    assert fitcheck.schedule(tolerant, nodes, []).node == "spot"
     exists = pod("d", selector=SPOT, tolerations=[{"operator": "Exists"}])
-    assert scheduler.schedule(exists, nodes, []).node == "spot"
+    assert fitcheck.schedule(exists, nodes, []).node == "spot"
 
 
 def test_scheduler_counts_requests_and_spreads():
     nodes = [node("n1", cpu="2"), node("n2", cpu="2")]
     bound = [pod("x", cpu="1500m", node_name="n1")]
-    assert scheduler.schedule(pod("a", cpu="1"), nodes, bound).node == "n2"
+    assert fitcheck.schedule(pod("a", cpu="1"), nodes, bound).node == "n2"
     bound.append(pod("y", cpu="1500m", node_name="n2"))
-    decision = scheduler.schedule(pod("a", cpu="1"), nodes, bound)
+    decision = fitcheck.schedule(pod("a", cpu="1"), nodes, bound)
     assert decision.node is None and "2 Insufficient cpu" in decision.message
     finished = pod("z", cpu="1500m", node_name="n2")
     finished["status"]["phase"] = "Succeeded"
-    assert scheduler.schedule(pod("a", cpu="1"), nodes, [bound[0], finished]).node == "n2"
+    assert fitcheck.schedule(pod("a", cpu="1"), nodes, [bound[0], finished]).node == "n2"
 
 
 def test_scheduler_skips_not_ready_nodes_and_reads_node_affinity():
@@ -240,8 +234,8 @@ def test_scheduler_skips_not_ready_nodes_and_reads_node_affinity():
             {"key": "pool", "operator": "In", "values": ["a", "b"]}]}]}}}
     nodes = [node("n1", {"pool": "c"}), node("n2", {"pool": "b"}), node("n3", {"pool": "a"},
                                                                        ready=False)]
-    assert scheduler.schedule(pod("a", affinity=affinity), nodes, []).node == "n2"
-    assert scheduler.schedule(pod("a"), [], []).message == "no nodes available to schedule pods"
+    assert fitcheck.schedule(pod("a", affinity=affinity), nodes, []).node == "n2"
+    assert fitcheck.schedule(pod("a"), [], []).message == "no nodes available to schedule pods"
 
 
 # --- status ---------------------------------------------------------------------------------

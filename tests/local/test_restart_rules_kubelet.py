@@ -38,7 +38,7 @@ def cluster(tmp_path_factory):
     nodes = [NodeConfig("new", kubelet_version="v1.36.0", feature_gates=GATES),
              NodeConfig("old", kubelet_version="v1.33.0")]
     with LocalCluster(state, nodes=nodes, with_gcs=False, backoff_base_seconds=0.2,
-                      api_feature_gates="ContainerRestartRules=true,"
+                      feature_gates="ContainerRestartRules=true,"
                                         "RestartAllContainersOnContainerExits=true") as running:
         yield running
 

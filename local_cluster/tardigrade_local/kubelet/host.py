@@ -48,6 +48,7 @@ SHUTDOWN_KILL_GRACE_SECONDS = 3.0
 CONTAINER_STATUS_UNKNOWN = "ContainerStatusUnknown"  # kubecontainer.ContainerReasonStatusUnknown
 CONTAINER_LOST_MESSAGE = "The container could not be located when the pod was terminated"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
+
 # The kubelet's status loop (`nodeStatusUpdateFrequency`, 10 s): it reads its Node and posts
 # its status when what it would say differs from what the API holds (`tryUpdateNodeStatus`),
 # which is how a node marked Unknown by the controller manager turns Ready again.
@@ -137,6 +138,25 @@ class KubeletHost:
             await self.start_dns()
         for config in self.initial_nodes:
             await self.add_node(config)
+
+    async def wait_schedulable(self, timeout: float = 60.0) -> None:
+        """Until every node that runs is Ready and free of the taints kube-apiserver
+        (TaintNodesByCondition admission: `node.kubernetes.io/not-ready` on a new Node) and
+        the node lifecycle controller put on a node that is not (yet) Ready: the moment the
+        scheduler can place pods on all of them."""
+        names = {n for n, a in self.agents.items() if a.state == "ready"}
+        deadline = time.monotonic() + timeout
+        while names:
+            listing = await self.cloud.client.request("GET", core_path("nodes"))
+            for node in listing.get("items") or []:
+                taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+                if not taints & {d.TAINT_NOT_READY, d.TAINT_UNREACHABLE}:
+                    names.discard(node["metadata"]["name"])
+            if names and time.monotonic() > deadline:
+                raise TimeoutError(f"nodes not schedulable after {timeout:g} s: "
+                                   f"{', '.join(sorted(names))}")
+            if names:
+                await asyncio.sleep(0.1)
 
     async def start_dns(self) -> None:
         """Cluster DNS, for pods that resolve their peers' names (process nodes)."""
