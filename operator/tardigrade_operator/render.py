@@ -51,8 +51,10 @@ class GangLaunch:
     attempt: int
     replicas: int
     restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number (the pin)
-    # A gang moved off host maintenance keeps off nodes with maintenance before this epoch.
+    # With a maintenance lead time, the gang keeps off nodes with host maintenance scheduled
+    # before this epoch, and off these node pools (TPU slices: a pool goes whole).
     avoid_maintenance_until: int | None = None
+    avoid_pools: tuple[str, ...] = ()
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
     # Restart in place is on: the key rank 0 accepts restart requests with (restart_in_place.py).
     restart_key: str | None = None
@@ -203,7 +205,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                 "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
                 "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
         }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_key else [])],
-        "affinity": (avoid_affinity(launch.avoid_maintenance_until)
+        "affinity": (avoid_affinity(launch.avoid_maintenance_until, launch.avoid_pools)
                      if launch.avoid_maintenance_until is not None else None),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
