@@ -123,6 +123,9 @@ def trainer_environment(
         restart_in_place_dir=IN_PLACE_DIR if launch.restart_key else None,
         restart_key=launch.restart_key,
         restart_in_process=launch.restart_in_process and launch.restart_key is not None,
+        # The trainer refuses to run on another backend than the one asked for (a GPU or TPU
+        # job never trains on the CPU).
+        accelerator=spec.accelerator.kind,
     )
 
 

@@ -52,6 +52,16 @@ def test_pod_security_context():
     assert container["capabilities"] == {"drop": ["ALL"]}
 
 
+@pytest.mark.parametrize(("example", "kind"), [
+    ("trainingjob.yaml", "cpu"), ("gke-gpu-spot.yaml", "nvidia-gpu"), ("gke-tpu-v5e.yaml", "tpu")])
+def test_every_rank_is_told_the_accelerator_it_must_run_on(example, kind):
+    # The trainer refuses any other JAX backend (accelerator.py): a GPU job never trains on the
+    # CPU its driver-less container would fall back to.
+    spec = _job(example)
+    for pod in build_gang(JOB, spec, GangLaunch(1, spec.replicas, "latest")):
+        assert pod_env(pod)[contract.ENV_ACCELERATOR] == kind
+
+
 def test_environment_contract_round_trips_from_the_pod():
     spec = _job("trainingjob.yaml")
     pod = build_pod(JOB, spec, GangLaunch(2, 2, "40"), rank=1)
