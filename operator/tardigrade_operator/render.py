@@ -129,6 +129,28 @@ def trainer_environment(
     )
 
 
+def runs_as_root(spec: TrainingJobSpec) -> bool:
+    """TPU pods run as root with the runtime's default capabilities, as GKE's TPU samples do:
+    no GKE document or public sample shows libtpu opening the chips (/dev/vfio/*, /dev/accel*)
+    as another user or with every capability dropped (docs/gke.md, "Pod Security"). That meets
+    Pod Security baseline, not restricted. CPU and GPU pods meet restricted."""
+    return spec.accelerator.kind == "tpu"
+
+
+def pod_security(spec: TrainingJobSpec) -> dict[str, Any]:
+    if runs_as_root(spec):
+        return {"runAsUser": 0, "runAsGroup": 0, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
+            "fsGroup": TRAINER_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security(spec: TrainingJobSpec) -> dict[str, Any]:
+    if runs_as_root(spec):
+        return {"allowPrivilegeEscalation": False}
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True}
+
+
 def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int) -> dict[str, Any]:
     """The pod of one rank of one attempt."""
     name = naming.pod_name(job.name, launch.attempt, rank)
@@ -161,11 +183,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         # Without a message from the trainer (e.g. a segfault) the last log lines explain it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-        },
+        "securityContext": container_security(spec),
     }
     if launch.restart_key:
         container.update(inplace.restart_rule())
@@ -187,13 +205,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "hostname": name,
         "subdomain": naming.service_name(job.name),
         "terminationGracePeriodSeconds": template.termination_grace_period_seconds,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "fsGroup": TRAINER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(spec),
         "containers": [container],
     }
     optional = {
