@@ -13,8 +13,9 @@ share a VM, or a gang counts more hosts than its slice has and never forms. Sour
 - Cloud TPU "TPU v5e" and "TPU v6e" pages: single-host v5e/v6e VMs hold 1, 4 or 8 chips
   (ct5lp-hightpu-1t/4t/8t, ct6e-standard-1t/4t/8t), so 1x1, 2x2 and 2x4 run on one host, and
   2x4 also runs on two 4-chip hosts; "Deploy TPU Multislices in GKE" names ct5lp-hightpu-4t 2x2
-  and ct4p-hightpu-4t 2x2x1 as single-host. tpu-v5-lite-device is v5e for serving
-  (ct5l-hightpu-1t/4t/8t), single-host only (GKE "Plan TPUs in GKE").
+  and ct4p-hightpu-4t 2x2x1 as single-host. tpu-v5-lite-device is the label of single-host v5e
+  node pools only, 1x1, 2x2 and 2x4 (GKE "Plan TPUs in GKE", as SkyPilot's GKE TPU support
+  quotes it: "Only Single-host v5e TPU configurations are allowed").
 
 `AcceleratorSpec` turns this table into CEL (the API server and the models run the same rules),
 so it is the only place a shape is written down.
@@ -94,9 +95,9 @@ TPU_TYPES_TABLE: tuple[TpuType, ...] = (
         TpuVm("ct5lp-hightpu-8t", 8, ("2x4",)),
     )),
     TpuType("tpu-v5-lite-device", 2, (
-        TpuVm("ct5l-hightpu-1t", 1, ("1x1",)),
-        TpuVm("ct5l-hightpu-4t", 4, ("2x2",)),
-        TpuVm("ct5l-hightpu-8t", 8, ("2x4",)),
+        TpuVm("ct5lp-hightpu-1t", 1, ("1x1",)),
+        TpuVm("ct5lp-hightpu-4t", 4, ("2x2",)),
+        TpuVm("ct5lp-hightpu-8t", 8, ("2x4",)),
     )),
     TpuType("tpu-v6e-slice", 2, (
         TpuVm("ct6e-standard-1t", 1, ("1x1",)),
