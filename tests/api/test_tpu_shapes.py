@@ -102,11 +102,12 @@ def test_the_cel_rules_accept_exactly_the_table():
 
 @pytest.mark.parametrize(("kind", "topology", "count", "field", "says"), [
     ("tpu-v5-lite-podslice", "3x3", 4, "topology", "use 1x1, 2x2, 2x4, 4x4"),
-    ("tpu-v5-lite-podslice", "2x4", 2, "count", "set it to 4 (ct5lp-hightpu-4t, hosts a "
-     "slice: 2) or 8 (ct5lp-hightpu-8t, hosts a slice: 1)"),
+    ("tpu-v5-lite-podslice", "2x4", 2, "count", "set it to 4 (ct5lp-hightpu-4t, 2 hosts a "
+     "slice) or 8 (ct5lp-hightpu-8t, 1 host a slice)"),
     ("tpu-v5-lite-podslice", "2x4", None, "count", "count is required"),
-    ("tpu7x", "4x4x4", 1, "count", "set it to 4 (tpu7x-standard-4t, hosts a slice: 16)"),
-    ("tpu7x", "1x1x1", 4, "count", "set it to 1 (tpu7x-standard-1t, hosts a slice: 1)"),
+    ("tpu7x", "4x4x4", 1, "count", "set it to 4 (tpu7x-standard-4t, a host per 4 chips)"),
+    ("tpu7x", "2x2x4", 1, "count", "set it to 4 (tpu7x-standard-4t, 4 hosts a slice)"),
+    ("tpu7x", "1x1x1", 4, "count", "set it to 1 (tpu7x-standard-1t, 1 host a slice)"),
     ("tpu-v5p-slice", "8x8x4", 4, "topology", "A <= B <= C"),
 ])
 def test_a_refusal_names_the_field_and_the_fix(kind, topology, count, field, says):

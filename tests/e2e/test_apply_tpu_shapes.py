@@ -61,7 +61,7 @@ V5E = {"kind": "tpu", "type": "tpu-v5-lite-podslice"}
 @pytest.mark.parametrize(("document", "field", "fix"), [
     # count below the VM's chips: two ranks would share a VM, the hostnames list 4 hosts
     (_tpu_job({**V5E, "topology": "2x4", "count": 2}, replicas=4), "spec.accelerator.count",
-     "set it to 4 (ct5lp-hightpu-4t, hosts a slice: 2) or 8 (ct5lp-hightpu-8t, hosts a slice: 1)"),
+     "set it to 4 (ct5lp-hightpu-4t, 2 hosts a slice) or 8 (ct5lp-hightpu-8t, 1 host a slice)"),
     (_tpu_job({**V5E, "topology": "2x4"}), "spec.accelerator.count",
      "accelerator.count is required"),
     (_tpu_job({**V5E, "topology": "3x3", "count": 1}, replicas=1), "spec.accelerator.topology",

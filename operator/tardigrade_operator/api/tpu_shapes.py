@@ -192,6 +192,19 @@ def cel_topology_rule(a: str) -> str:
             + " && ".join(per_type))
 
 
+def _offer_groups(kind: TpuType) -> list[tuple[str, list[TpuVm]]]:
+    """(CEL condition on the topology, the VMs offering it): the listed topologies grouped by
+    the VMs that offer them, the group of a VM that also builds slices of cubes last."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for topology in dict.fromkeys(t for vm in kind.vms for t in vm.topologies):
+        offering = tuple(vm.machine_type for vm in kind.vms_for(topology))
+        groups.setdefault(offering, []).append(topology)
+    by_machine = {vm.machine_type: vm for vm in kind.vms}
+    out = [("{a}.topology in " + _quote(topologies), [by_machine[m] for m in offering])
+           for offering, topologies in groups.items()]
+    return sorted(out, key=lambda group: any(vm.cubes is not None for vm in group[1]))
+
+
 def cel_count_rule(a: str) -> str:
     """accelerator.count is the chips of a VM the slice runs on (set, for TPUs). Shapes GKE
     does not offer pass here: the topology rule reports them."""
@@ -210,40 +223,36 @@ def cel_count_rule(a: str) -> str:
             + " && ".join(per_type))
 
 
-def _cel_chips(a: str, dims: int) -> str:
-    return " * ".join(_side(a, i) for i in range(dims))
+def _choice(vm: TpuVm, topology: str | None) -> str:
+    """One count, in words: "4 (ct5lp-hightpu-4t, 2 hosts a slice)"; `topology` None: a slice
+    built of cubes, whose hosts are its chips / 4."""
+    if topology is None:
+        return f"{vm.chips} ({vm.machine_type}, a host per {vm.chips} chips)"
+    hosts = chips(topology) // vm.chips
+    return f"{vm.chips} ({vm.machine_type}, {hosts} host{'s' if hosts > 1 else ''} a slice)"
 
 
-def _cel_choice(a: str, kind: TpuType, vm: TpuVm) -> str:
-    """CEL text naming one count: "4 (ct5lp-hightpu-4t, hosts a slice: 2)"."""
-    return (f"'{vm.chips} ({vm.machine_type}, hosts a slice: ' + "
-            f"string({_cel_chips(a, kind.dims)} / {vm.chips}) + ')'")
-
-
-def _offer_groups(kind: TpuType) -> list[tuple[str, list[TpuVm]]]:
-    """(CEL condition on the topology, the VMs offering it): the listed topologies grouped by
-    the VMs that offer them, the group of a VM that also builds slices of cubes last."""
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for topology in dict.fromkeys(t for vm in kind.vms for t in vm.topologies):
-        offering = tuple(vm.machine_type for vm in kind.vms_for(topology))
-        groups.setdefault(offering, []).append(topology)
-    by_machine = {vm.machine_type: vm for vm in kind.vms}
-    out = [("{a}.topology in " + _quote(topologies), [by_machine[m] for m in offering])
-           for offering, topologies in groups.items()]
-    return sorted(out, key=lambda group: any(vm.cubes is not None for vm in group[1]))
+def count_choices(kind: TpuType, topology: str) -> str:
+    """The counts a `kind` slice of `topology` allows, in words (empty: none)."""
+    return " or ".join(_choice(vm, topology if vm.offers(topology) and
+                               topology in vm.topologies else None)
+                       for vm in kind.vms_for(topology))
 
 
 def cel_count_choices(a: str) -> str:
-    """CEL that renders the counts the spec's shape allows, e.g. "4 (ct5lp-hightpu-4t, hosts a
-    slice: 2) or 8 (ct5lp-hightpu-8t, hosts a slice: 1)". Only for message expressions of rules
-    that fail for shapes GKE offers: the last group of a type is its fallback, untested."""
+    """CEL that renders the counts the spec's shape allows, e.g. "4 (ct5lp-hightpu-4t, 2
+    hosts a slice) or 8 (ct5lp-hightpu-8t, 1 host a slice)": one static text per listed
+    topology, and the cube-built VM's for the rest. Only for message expressions of rules that
+    fail for shapes GKE offers. No string(int): kube-apiserver's cost estimator cannot bound
+    it, and refuses a CRD whose message expression uses it."""
     expr = "''"
     for k in reversed(TPU_TYPES_TABLE):
-        groups = _offer_groups(k)
-        inner = " + ' or ' + ".join(_cel_choice(a, k, vm) for vm in groups[-1][1])
-        for condition, vms in reversed(groups[:-1]):
-            text = " + ' or ' + ".join(_cel_choice(a, k, vm) for vm in vms)
-            inner = f"({condition.format(a=a)} ? {text} : {inner})"
+        cubes = [vm for vm in k.vms if vm.cubes is not None]
+        inner = f"'{_choice(cubes[0], None)}'" if cubes else "''"
+        for topology in reversed(list(dict.fromkeys(t for vm in k.vms
+                                                    for t in vm.topologies))):
+            inner = (f"({a}.topology == '{topology}' ? '{count_choices(k, topology)}' : "
+                     f"{inner})")
         expr = f"({a}.type == '{k.name}' ? {inner} : {expr})"
     return expr
 

@@ -331,10 +331,10 @@ def _single_host_rule(field: str) -> CelRule:
         f"topology): GKE runs Multislice only on multi-host slices (\"Deploy TPU Multislices in "
         f"GKE\"); {fix}",
         f".{field}",
+        # Strings only: kube-apiserver cannot bound the cost of string(int).
         message_expression=(
-            f"'spec.{field} (' + string(self.{field}) + ') asks for several ' + {accel}.type + "
-            f"' ' + {accel}.topology + ' slices of one host each (count ' + "
-            f"string({accel}.count) + '), and GKE runs Multislice only on multi-host slices "
+            f"'spec.{field} asks for several ' + {accel}.type + ' ' + {accel}.topology + "
+            f"' slices of one host each, and GKE runs Multislice only on multi-host slices "
             f"(Deploy TPU Multislices in GKE); {fix}'"),
     )
 
@@ -402,10 +402,11 @@ class AcceleratorSpec(ApiModel):
             "accelerator: kind tpu needs count, the TPU chips of one host, which the machine "
             "type fixes: 4 for every multi-host slice, 1, 4 or 8 for one-host v5e/v6e slices",
             ".count",
+            # Strings only: kube-apiserver cannot bound the cost of string(int) (the count).
             message_expression=(
-                "'accelerator.count ' + (has(self.count) ? string(self.count) + ' does not fit' "
-                ": 'is required for') + ' a ' + self.type + ' ' + self.topology + ' slice: it is "
-                "the TPU chips of one host, fixed by the machine type; set it to ' + "
+                "'accelerator.count ' + (has(self.count) ? 'does not fit' : 'is required for') "
+                "+ ' a ' + self.type + ' ' + self.topology + ' slice: it is the TPU chips of one "
+                "host, fixed by the machine type; set it to ' + "
                 + tpu_shapes.cel_count_choices("self")),
         ),
     )
