@@ -72,7 +72,7 @@ V5E = {"kind": "tpu", "type": "tpu-v5-lite-podslice"}
     (_tpu_job({**V5E, "topology": "2x4", "count": 8}), "spec.replicas",
      "set spec.replicas to 1, or ask for a multi-host slice"),
     (_tpu_job({**V5E, "topology": "2x4", "count": 4}, replicas=3), "spec.replicas",
-     "set spec.replicas to a multiple of 2"),
+     "whole number of TPU slices"),
 ], ids=["count-below-the-vm", "count-missing", "topology-not-offered", "v5p-sides-unordered",
         "multislice-of-single-hosts", "half-a-slice"])
 def test_kubectl_apply_refuses_a_tpu_shape_gke_cannot_run(kubeconfig, document, field, fix):
