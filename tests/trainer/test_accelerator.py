@@ -35,7 +35,7 @@ def test_the_reason_names_jax_s_own_error_and_the_fix():
                            "open shared object file")
 
     with pytest.raises(AcceleratorUnavailable) as err:
-        verify("nvidia-gpu", backend=lambda: "cpu", devices=no_gpu)
+        verify("nvidia-gpu", backend=lambda: "cpu", devices=no_gpu, environ={})
     text = str(err.value)
     assert "JAX runs on cpu" in text and "libcuda.so.1: cannot open" in text
     assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in text
@@ -46,16 +46,38 @@ def test_the_reason_names_jax_s_own_error_and_the_fix():
                            "denied")
 
     with pytest.raises(AcceleratorUnavailable) as err:
-        verify("tpu", backend=unstartable)
+        verify("tpu", backend=unstartable, environ={})
     assert "no JAX backend came up" in str(err.value)
     assert "/dev/vfio/0): Permission denied" in str(err.value)
     assert "google.com/tpu" in str(err.value)
 
 
+@pytest.mark.parametrize(("kind", "platforms", "checked"), [
+    ("nvidia-gpu", "", True),  # JAX picks: a CPU fallback is refused
+    ("nvidia-gpu", "cuda", True),
+    ("nvidia-gpu", "cuda,cpu", True),  # a fallback it allows is still refused
+    ("nvidia-gpu", "cpu", False),  # told to run on the CPU: the user's explicit choice
+    ("tpu", "tpu", True),
+    ("tpu", "cpu", False),
+    ("tpu", "CUDA", False),
+])
+def test_only_an_explicit_jax_platforms_elsewhere_overrides_the_check(kind, platforms, checked):
+    def cpu_only(platform: str) -> object:
+        raise RuntimeError(f"Unknown backend: '{platform}' requested")
+
+    run = lambda: verify(kind, backend=lambda: "cpu", devices=cpu_only,  # noqa: E731
+                         environ={"JAX_PLATFORMS": platforms})
+    if checked:
+        with pytest.raises(AcceleratorUnavailable):
+            run()
+    else:
+        run()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("platforms", ["cpu", "cuda"])
+@pytest.mark.parametrize("platforms", ["", "cuda"])
 def test_a_gpu_job_on_a_machine_without_one_exits_with_the_reason(tmp_path, platforms):
-    # cpu: JAX came up on the CPU only, as a CUDA jaxlib without its driver does;
+    # "": JAX picks and comes up on the CPU only, as a CUDA jaxlib without its driver does;
     # cuda: the platform pinned to the GPU, which cannot start here.
     gang = launch(tmp_path / "run", processes=1, checkpoint_path=str(tmp_path / "ckpt"),
                   config={"steps": 5},

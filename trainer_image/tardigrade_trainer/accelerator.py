@@ -9,14 +9,25 @@ without the `nvidia.com/gpu` or `google.com/tpu` request, TPU devices the contai
 Such a job would train on the host's CPUs at accelerator prices. So each rank compares JAX's
 backend with `spec.accelerator.kind` (TARDIGRADE_ACCELERATOR) once `jax.distributed` is up, and
 stops with the config-error exit code and a termination message that says what is missing.
+
+Only an explicit choice overrides it: JAX_PLATFORMS set (spec.env) to platforms that leave the
+job's accelerator out, e.g. `cpu` to try a GPU job's code on CPU nodes that pose as GPU ones.
+The rank then runs where it was told to, with a warning. JAX_PLATFORMS that names the
+accelerator (`cuda`, `cuda,cpu`, `tpu`) keeps the check: a fallback it allows is still refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger(__name__)
 
 # spec.accelerator.kind -> the platform JAX must run on (jax.default_backend()).
 PLATFORM_OF_KIND = {"nvidia-gpu": "gpu", "tpu": "tpu"}
+# The JAX_PLATFORMS names of those platforms.
+PLATFORM_NAMES = {"gpu": frozenset({"gpu", "cuda"}), "tpu": frozenset({"tpu"})}
 
 _HINTS = {
     "nvidia-gpu": (
@@ -48,11 +59,28 @@ def check(kind: str | None, platform: str | None, why: str | None = None) -> Non
         f"available{detail}. Refusing to train on the CPU instead; {_HINTS[kind or '']}")
 
 
+def chosen_elsewhere(kind: str | None, environ: Mapping[str, str]) -> str | None:
+    """The JAX_PLATFORMS value when it explicitly leaves out `kind`'s platform, else None."""
+    wanted = PLATFORM_OF_KIND.get(kind or "")
+    value = environ.get("JAX_PLATFORMS", "")
+    named = {p.strip().lower() for p in value.split(",") if p.strip()}
+    if wanted is None or not named or named & PLATFORM_NAMES[wanted]:
+        return None
+    return value
+
+
 def verify(kind: str | None, backend: Callable[[], str] | None = None,
-           devices: Callable[[str], object] | None = None) -> None:
+           devices: Callable[[str], object] | None = None,
+           environ: Mapping[str, str] | None = None) -> None:
     """Check JAX's backend in this process against `kind`; after jax.distributed.initialize
-    (the first backend call initializes them). `backend` and `devices` default to JAX's own."""
+    (the first backend call initializes them). `backend` and `devices` default to JAX's own,
+    `environ` to the process's."""
     if PLATFORM_OF_KIND.get(kind or "") is None:
+        return
+    chosen = chosen_elsewhere(kind, os.environ if environ is None else environ)
+    if chosen is not None:
+        log.warning("spec.accelerator.kind is %s, but JAX_PLATFORMS=%s: running on what "
+                    "JAX_PLATFORMS names, as set", kind, chosen)
         return
     import jax
 
