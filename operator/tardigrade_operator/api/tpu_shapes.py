@@ -142,8 +142,8 @@ def counts_for(type_name: str, topology: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ CEL ---
-# The same table as CEL over an AcceleratorSpec (`a`: "self" on the AcceleratorSpec, or
-# "self.accelerator" on the spec). Topologies reach these rules only through the schema's
+# The same table as CEL over an AcceleratorSpec (`a`: the expression of the spec, "self" in
+# its own rules). Topologies reach these rules only through the schema's
 # pattern (digits and x), so int() of a side cannot fail; split is the API server's
 # extended strings library (see api/cel.py).
 
@@ -234,8 +234,7 @@ def _choice(vm: TpuVm, topology: str | None) -> str:
 
 def count_choices(kind: TpuType, topology: str) -> str:
     """The counts a `kind` slice of `topology` allows, in words (empty: none)."""
-    return " or ".join(_choice(vm, topology if vm.offers(topology) and
-                               topology in vm.topologies else None)
+    return " or ".join(_choice(vm, topology if topology in vm.topologies else None)
                        for vm in kind.vms_for(topology))
 
 

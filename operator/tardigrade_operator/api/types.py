@@ -414,11 +414,6 @@ class AcceleratorSpec(ApiModel):
     def topology_chips(self) -> int | None:
         return None if self.topology is None else tpu_shapes.chips(self.topology)
 
-    def single_host_slice(self) -> bool:
-        """A TPU slice that is one VM (its chips are all the topology's)."""
-        return self.kind == "tpu" and self.count is not None \
-            and self.topology_chips() == self.count
-
 
 class Toleration(ApiModel):
     """A core/v1 Toleration."""
