@@ -16,6 +16,7 @@ def _environment(**overrides):
         checkpoint_interval_steps=25, checkpoint_interval_seconds=60.5,
         checkpoint_keep_last=3, checkpoint_keep_every=None, save_on_preemption=False,
         progress_port=8477, trainer_config={"steps": 200, "seed": 1},
+        accelerator="nvidia-gpu",
     )
     values.update(overrides)
     return contract.TrainerEnvironment(**values)
@@ -39,6 +40,7 @@ def test_environment_round_trips():
         ({contract.ENV_TRAINER_CONFIG: "[1]"}, "JSON object"),
         ({contract.ENV_TRAINER_CONFIG: "{"}, "not valid JSON"),
         ({contract.ENV_CHECKPOINT_PATH: ""}, "TARDIGRADE_CHECKPOINT_PATH is not set"),
+        ({contract.ENV_ACCELERATOR: "gpu"}, "expected one of cpu, nvidia-gpu, tpu"),
     ],
 )
 def test_malformed_environment_is_named(change, error):

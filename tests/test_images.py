@@ -65,6 +65,17 @@ def test_accelerator_trainer_images_install_what_the_cpu_image_does(accelerator)
     assert pin is not None and pin.group(1) == {"gpu": "cuda12", "tpu": "tpu"}[accelerator]
 
 
+def test_the_gpu_image_loads_the_driver_gke_mounts():
+    # GKE's device plugin mounts the node's driver at /usr/local/nvidia and sets no environment
+    # (container-engine-accelerators cmd/nvidia_gpu/nvidia_gpu.go): the image must put its
+    # libraries on the loader path, or JAX finds no libcuda.so.1 and falls back to the CPU.
+    env = dict(_recipe(REPO_ROOT / "trainer_image" / "Dockerfile.gpu").env)
+    assert "/usr/local/nvidia/lib64" in env["LD_LIBRARY_PATH"].split(":")
+    for other in ("cpu", "tpu"):
+        assert "LD_LIBRARY_PATH" not in dict(
+            _recipe(REPO_ROOT / "trainer_image" / f"Dockerfile.{other}").env)
+
+
 def test_each_image_states_modules_that_exist_in_its_sources():
     for recipe in SHIPPED:
         copied = {src.rstrip("/") for sources, _ in recipe.sources for src in sources}

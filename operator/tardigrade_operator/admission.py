@@ -23,7 +23,7 @@ from typing import Any
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.podsecurity import LEVELS, Level, check_pod
-from tardigrade_operator.render import GangLaunch, JobRef, build_pod
+from tardigrade_operator.render import GangLaunch, JobRef, build_pod, runs_as_root
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 SYSTEM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
@@ -34,7 +34,9 @@ _POD_VOLUME = re.compile(r"^spec\.volumes\[(\d+)\](.*)$")
 class AdmissionPolicy:
     """The admin's rules (operator settings; chart values admission.*)."""
 
-    pod_security: Level = "restricted"
+    # baseline, not restricted: TPU pods run as root (render.runs_as_root), as GKE's own TPU
+    # samples do; CPU and GPU pods meet restricted, which an admin without TPU jobs can choose.
+    pod_security: Level = "baseline"
     allow_system_scheduling: bool = False
 
     @classmethod
@@ -50,12 +52,26 @@ class AdmissionPolicy:
         return cls(pod_security, flag == "true")  # type: ignore[arg-type]
 
 
+# What the operator itself sets for TPU pods (render.runs_as_root) and restricted forbids.
+ROOT_CHECKS = frozenset({"runAsNonRoot", "runAsUser", "capabilities"})
+
+
 def review(job: JobRef, spec: TrainingJobSpec, policy: AdmissionPolicy) -> list[FieldError]:
     """Everything in `spec` that `policy` forbids, one error per offending field."""
     errors = _scheduling_errors(spec) if not policy.allow_system_scheduling else []
     pod = build_pod(job, spec, GangLaunch(attempt=0, replicas=spec.replicas,
                                           restore_step="latest"), rank=0)
-    for violation in check_pod(pod, policy.pod_security):
+    violations = check_pod(pod, policy.pod_security)
+    if runs_as_root(spec) and any(v.check in ROOT_CHECKS for v in violations):
+        violations = [v for v in violations if v.check not in ROOT_CHECKS]
+        errors.append(FieldError(
+            "spec.accelerator.kind",
+            f"TPU pods run as root with the runtime's default capabilities, as GKE's TPU "
+            f"samples do (no non-root TPU setup is documented), which Pod Security restricted "
+            f"forbids and this operator enforces (podSecurity={policy.pod_security}): ask the "
+            "cluster admin for baseline (chart value admission.podSecurity, and the namespace's "
+            "pod-security.kubernetes.io/enforce label)"))
+    for violation in violations:
         errors.append(FieldError(
             _spec_field(violation.field, spec),
             f"{violation.detail}: forbidden by Pod Security {violation.level!r} (check "

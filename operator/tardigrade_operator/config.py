@@ -151,7 +151,7 @@ def _prefix_template(value: str) -> str | None:
 def _admission_from_env() -> AdmissionPolicy:
     try:
         return AdmissionPolicy.parse(
-            os.environ.get("TARDIGRADE_POD_SECURITY") or "restricted",
+            os.environ.get("TARDIGRADE_POD_SECURITY") or "baseline",
             os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false")
     except ValueError as err:
         raise SystemExit(str(err)) from None

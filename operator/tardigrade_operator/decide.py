@@ -37,7 +37,7 @@ from tardigrade_operator.api.types import (
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
 from tardigrade_operator.gangprogress import quarter, ranks_running
-from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until
+from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until, pools_due
 from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
 from tardigrade_operator.observe import (
@@ -296,9 +296,9 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # The operator stopped part-way through creating this gang (the ranks it did create
         # may be running already): finish the launch. The phase stays Launching until a pass
         # sees every rank, so an interrupted finish is finished again, not counted.
+        until, pools = _maintenance_avoidance(obs, spec, launched_by(status))
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
-                            _avoid_maintenance_until(spec, launched_by(status)),
-                            restart_key=_restart_key(obs, spec),
+                            until, pools, restart_key=_restart_key(obs, spec),
                             restart_in_process=obs.settings.restart_in_process)
         plan.create_pods = slices.to_create(
             spec, status.replicas,
@@ -351,10 +351,12 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
 
 def _migrate_before_maintenance(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                                 gang: list[PodView]) -> bool:
-    """A rank's node has host maintenance scheduled within the lead time: save and relaunch
-    elsewhere now, on the gang's terms, rather than lose the node under it."""
+    """A rank's node (for a TPU slice: any node of its pool) has host maintenance scheduled
+    within the lead time: save and relaunch elsewhere now, on the gang's terms, rather than lose
+    the node under it."""
     watch = MaintenanceWatch(obs.nodes_maintenance, obs.now,
-                             timedelta(seconds=spec.preemption.maintenance_lead_seconds))
+                             timedelta(seconds=spec.preemption.maintenance_lead_seconds),
+                             obs.node_pools if slices.is_exclusive(spec) else None)
     due = [p for p in gang if watch.due(p) is not None]
     if not due:
         return False
@@ -362,11 +364,19 @@ def _migrate_before_maintenance(plan: Plan, obs: Observed, spec: TrainingJobSpec
     return True
 
 
-def _avoid_maintenance_until(spec: TrainingJobSpec, recovery: Recovery | None) -> int | None:
-    """For a gang moved off host maintenance: the epoch before which its nodes must have none."""
-    if recovery is None or recovery.cause != "Migration":
-        return None
-    return avoid_until(recovery.time, timedelta(seconds=spec.preemption.maintenance_lead_seconds))
+def _maintenance_avoidance(obs: Observed, spec: TrainingJobSpec, recovery: Recovery | None
+                           ) -> tuple[int | None, tuple[str, ...]]:
+    """For every launch while a lead time is set: the epoch before which its nodes must have no
+    maintenance (the launch's recorded time + the lead: the relaunch's recovery, or the job's
+    start for its first gang), and, for TPU slices, the node pools with a node due before then."""
+    lead = timedelta(seconds=spec.preemption.maintenance_lead_seconds)
+    if lead <= timedelta(0):
+        return None, ()
+    recorded = recovery.time if recovery is not None else (obs.status.start_time or obs.now)
+    until = avoid_until(recorded, lead)
+    if not slices.is_exclusive(spec) or obs.node_pools is None:
+        return until, ()
+    return until, tuple(pools_due(obs.nodes_maintenance, obs.node_pools, until))
 
 
 def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
@@ -756,9 +766,10 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     if restored is not None:
         # Training resumes from the checkpoint: steps past it will be trained again.
         status.step = restored
+    until, pools = _maintenance_avoidance(obs, spec, recovery)
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
-                        avoid_maintenance_until=_avoid_maintenance_until(spec, recovery),
-                        rollback=rollback, restart_key=_restart_key(obs, spec),
+                        avoid_maintenance_until=until, avoid_pools=pools, rollback=rollback,
+                        restart_key=_restart_key(obs, spec),
                         restart_in_process=obs.settings.restart_in_process)
     plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
                                         obs.node_pools)

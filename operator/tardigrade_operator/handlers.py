@@ -163,18 +163,25 @@ def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
 
 
 def node_changed(type: str | None, name: str, status: kopf.Status, labels: kopf.Labels,
-                 memo: kopf.Memo, gang_pods: kopf.Index, **_: Any) -> None:
+                 memo: kopf.Memo, gang_pods: kopf.Index, node_pool: kopf.Index | None = None,
+                 **_: Any) -> None:
     """Wakes the jobs with a pod on the node when its readiness or scheduled maintenance
-    changed: a settled job does not pass on a timer, and both feed its decisions."""
+    changed: a settled job does not pass on a timer, and both feed its decisions. Maintenance
+    on a node also wakes the jobs with a pod in its node pool: a TPU slice goes whole."""
     conditions = status.get("conditions") or []
     ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
-    seen = None if type == "DELETED" else (
-        ready, labels.get(maintenance.SCHEDULED_MAINTENANCE_LABEL))
-    if memo.nodes_seen.get(name) == seen:
+    scheduled = labels.get(maintenance.SCHEDULED_MAINTENANCE_LABEL)
+    seen = None if type == "DELETED" else (ready, scheduled)
+    before = memo.nodes_seen.get(name)
+    if before == seen:
         return
     memo.nodes_seen[name] = seen
+    nodes = {name}
+    pool = labels.get(slices.NODE_POOL_LABEL)
+    if pool and node_pool is not None and (before or (None, None))[1] != scheduled:
+        nodes |= {node for node, store in node_pool.items() if pool in store}
     for key, pods in gang_pods.items():
-        if any(pod.node_name == name for pod in pods):
+        if any(pod.node_name in nodes for pod in pods):
             _wake(memo, key)
 
 

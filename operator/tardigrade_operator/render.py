@@ -51,8 +51,10 @@ class GangLaunch:
     attempt: int
     replicas: int
     restore_step: str  # contract.RESTORE_LATEST, RESTORE_NONE or a step number (the pin)
-    # A gang moved off host maintenance keeps off nodes with maintenance before this epoch.
+    # With a maintenance lead time, the gang keeps off nodes with host maintenance scheduled
+    # before this epoch, and off these node pools (TPU slices: a pool goes whole).
     avoid_maintenance_until: int | None = None
+    avoid_pools: tuple[str, ...] = ()
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
     # Restart in place is on: the key rank 0 accepts restart requests with (restart_in_place.py).
     restart_key: str | None = None
@@ -121,7 +123,32 @@ def trainer_environment(
         restart_in_place_dir=IN_PLACE_DIR if launch.restart_key else None,
         restart_key=launch.restart_key,
         restart_in_process=launch.restart_in_process and launch.restart_key is not None,
+        # The trainer refuses to run on another backend than the one asked for (a GPU or TPU
+        # job never trains on the CPU).
+        accelerator=spec.accelerator.kind,
     )
+
+
+def runs_as_root(spec: TrainingJobSpec) -> bool:
+    """TPU pods run as root with the runtime's default capabilities, as GKE's TPU samples do:
+    no GKE document or public sample shows libtpu opening the chips (/dev/vfio/*, /dev/accel*)
+    as another user or with every capability dropped (docs/gke.md, "Pod Security"). That meets
+    Pod Security baseline, not restricted. CPU and GPU pods meet restricted."""
+    return spec.accelerator.kind == "tpu"
+
+
+def pod_security(spec: TrainingJobSpec) -> dict[str, Any]:
+    if runs_as_root(spec):
+        return {"runAsUser": 0, "runAsGroup": 0, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
+            "fsGroup": TRAINER_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security(spec: TrainingJobSpec) -> dict[str, Any]:
+    if runs_as_root(spec):
+        return {"allowPrivilegeEscalation": False}
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True}
 
 
 def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int) -> dict[str, Any]:
@@ -156,11 +183,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         # Without a message from the trainer (e.g. a segfault) the last log lines explain it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-        },
+        "securityContext": container_security(spec),
     }
     if launch.restart_key:
         container.update(inplace.restart_rule())
@@ -182,13 +205,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "hostname": name,
         "subdomain": naming.service_name(job.name),
         "terminationGracePeriodSeconds": template.termination_grace_period_seconds,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "fsGroup": TRAINER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(spec),
         "containers": [container],
     }
     optional = {
@@ -203,7 +220,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                 "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
                 "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
         }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_key else [])],
-        "affinity": (avoid_affinity(launch.avoid_maintenance_until)
+        "affinity": (avoid_affinity(launch.avoid_maintenance_until, launch.avoid_pools)
                      if launch.avoid_maintenance_until is not None else None),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})

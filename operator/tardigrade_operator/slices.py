@@ -5,15 +5,16 @@ On GKE a multi-host TPU slice is one node pool: its hosts are created, linked by
 reclaimed together, and every node carries the pool's name in `cloud.google.com/gke-nodepool`.
 Selecting accelerator type and topology alone lets the scheduler split a gang across two
 matching pools, where it never forms. JobSet's exclusive placement
-(`alpha.jobset.sigs.k8s.io/exclusive-topology`, pkg/webhooks/pod_mutating_webhook.go,
-setExclusiveAffinities) solves this with two required terms on the node-pool key:
+(`alpha.jobset.sigs.k8s.io/exclusive-topology`; pkg/webhooks/pod_webhook.go,
+setExclusiveAffinities, formerly pod_mutating_webhook.go) solves this with two required terms
+on the node-pool key:
 - pod affinity to the pods of the same slice: the first host picks a pool, the rest follow;
 - pod anti-affinity to pods of any other exclusive slice (label present, other value), in all
   namespaces: a pool already holding another gang is skipped, and (the kube-scheduler checks
   existing pods' anti-affinity too) no other gang lands on ours.
 
 JobSet puts the terms on the leader only (worker 0 of the slice) and gives followers a node
-selector for the leader's pool once the leader is bound (pod_admission_webhook.go refuses
+selector for the leader's pool once the leader is bound (pod_webhook.go, ValidateCreate, refuses
 followers before that), and so does the operator (`to_create`): it creates a slice's leader
 first and its followers once the leader has a node. The kube-scheduler's InterPodAffinity
 PreFilter (pkg/scheduler/framework/plugins/interpodaffinity/filtering.go) walks every pod in the
@@ -21,7 +22,10 @@ cluster for an incoming pod with required terms (getIncomingAffinityAntiAffinity
 every pod carrying required anti-affinity for any incoming pod (getExistingAntiAffinityCounts):
 with terms on leaders only, a gang of N hosts in S slices costs S such walks instead of N, and
 adds S, not N, anti-affinity pods to every other pod's scheduling. Without the nodes' pool labels
-(the operator does not watch nodes) or for single-host slices, every host carries the terms.
+(the operator does not watch nodes), every host carries the terms. Single-host slices carry none
+(`is_exclusive`): a slice of one VM has no hosts to keep together, its chip request fills the
+VM, and GKE does not join single-host slices into a multislice ("Deploy TPU Multislices in GKE";
+the API refuses more than one replica of them).
 
 The label value names job, attempt and slice: a new attempt's slice waits for the old attempt's
 pods to leave a pool (as their TPU chips must be released anyway) instead of joining them.
@@ -42,8 +46,11 @@ SLICE_LABEL = f"{types.GROUP}/slice"
 
 
 def is_exclusive(spec: TrainingJobSpec) -> bool:
-    """TPU gangs get a slice (node pool) of their own; GPU and CPU hosts are interchangeable."""
-    return spec.accelerator.kind == "tpu"
+    """Multi-host TPU slices get a node pool of their own. A single-host slice is one VM, which
+    its pod's google.com/tpu request fills: nothing to keep together, and nothing to keep out
+    that the chip request does not already. GPU and CPU hosts are interchangeable."""
+    per_slice = multislice.hosts_per_slice(spec.accelerator)
+    return per_slice is not None and per_slice > 1
 
 
 def slice_id(job: str, attempt: int, slice_index: int) -> str:
@@ -103,8 +110,7 @@ def _leaders_first(spec: TrainingJobSpec, replicas: int,
                    node_pools: Mapping[str, str] | None) -> multislice.SliceLayout | None:
     """The gang's slice layout when its followers wait for their leaders, else None."""
     layout = multislice.layout_for(spec.accelerator, replicas)
-    if not is_exclusive(spec) or layout is None or layout.hosts_per_slice == 1 \
-            or node_pools is None:
+    if not is_exclusive(spec) or layout is None or node_pools is None:
         return None
     return layout
 

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 SHAPE = SliceShape("tpu-v5-lite-podslice", "2x4", 4)  # 2 hosts of 4 chips a slice
 TPU = {"kind": "tpu", "type": SHAPE.accelerator, "topology": SHAPE.topology,
        "count": SHAPE.chips_per_host}
+# The local slice pools' hosts are CPUs: the job says so, or its trainers would stop at once
+# (AcceleratorUnavailable) rather than train on the CPU of a job that asked for TPUs.
+ON_CPU = [{"name": "JAX_PLATFORMS", "value": "cpu"}]
 UNSCHEDULABLE_TIMEOUT_SECONDS = 15
 GROW_BACK_AFTER_SECONDS = 30
 SLICE_BACK_AFTER_SECONDS = 40.0
@@ -58,7 +61,7 @@ def test_losing_a_slice_shrinks_to_the_other_and_its_return_grows_back(
         cluster: Cluster, operator: OperatorProcess):
     name = "multi"
     cluster.apply(trainingjob(name, steps=100000, replicas=4, minReplicas=2, maxReplicas=4,
-                              accelerator=TPU, spot={"enabled": True}))
+                              accelerator=TPU, spot={"enabled": True}, env=ON_CPU))
     log = cluster.step_log(name)
     wait_for(lambda: (log.collect(), log.last_step >= 5)[1], 300, "training to pass step 5")
     first = _pools(cluster, name, 1)

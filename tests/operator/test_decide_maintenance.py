@@ -11,6 +11,7 @@ from tardigrade_operator.maintenance import (
     SCHEDULED_MAINTENANCE_LABEL,
     MaintenanceWatch,
     avoid_affinity,
+    pools_due,
     scheduled_nodes,
     scheduled_start,
 )
@@ -123,14 +124,105 @@ def test_finishing_an_interrupted_migration_launch_renders_the_same_pods():
     assert plan.create_pods[0]["spec"]["affinity"] == first["tiny-a2-1"]["spec"]["affinity"]
 
 
-def test_a_preemption_relaunch_is_not_confined():
+def test_a_preemption_relaunch_keeps_off_maintenance_too():
     cluster = training()
     cluster.disrupt(cluster.attempt_pods()[1])
     cluster.terminate_all(contract.EXIT_PREEMPTED_SAVED, step=101, checkpoint=101)
     cluster.reconcile()
     plan = cluster.reconcile()
-    assert plan.create_pods and all("affinity" not in p["spec"] for p in plan.create_pods)
+    assert plan.create_pods
+    recorded = cluster.status.recoveries[-1].time
+    horizon = str(int((recorded + timedelta(seconds=LEAD)).timestamp()))
+    for pod in plan.create_pods:
+        assert affinity_terms(pod)[1] == [
+            {"key": SCHEDULED_MAINTENANCE_LABEL, "operator": "Gt", "values": [horizon]}]
     assert cluster.status.restarts.preemptions == 1
+
+
+@pytest.mark.parametrize(("lead", "confined"), [(LEAD, True), (0, False)])
+def test_the_first_gang_keeps_off_maintenance_while_a_lead_time_is_set(lead, confined):
+    cluster = FakeCluster(spec(preemption={"maintenanceLeadSeconds": lead}))
+    cluster.nodes_maintenance = {"node-1": cluster.now + timedelta(seconds=60)}
+    plan = cluster.reconcile()
+    assert len(plan.create_pods) == 2
+    for pod in plan.create_pods:
+        if not confined:
+            assert "affinity" not in pod["spec"]
+            continue
+        horizon = str(int((T0 + timedelta(seconds=lead)).timestamp()))
+        assert affinity_terms(pod) == [
+            [{"key": SCHEDULED_MAINTENANCE_LABEL, "operator": "DoesNotExist"}],
+            [{"key": SCHEDULED_MAINTENANCE_LABEL, "operator": "Gt", "values": [horizon]}],
+        ]
+
+
+# ------------------------------------------------------------------ TPU slices: by pool ---
+
+TPU = {"kind": "tpu", "type": "tpu-v5-lite-podslice", "topology": "2x4", "count": 4}
+# Slice pools of 2 hosts; pool-a also has a host without a rank on it (being repaired, or a
+# sub-block pool larger than the slice): the slice goes with it all the same.
+POOLS = {"node-0": "pool-a", "node-1": "pool-a", "node-9": "pool-a",
+         "node-2": "pool-b", "node-3": "pool-b", "node-4": "pool-c", "node-5": "pool-c"}
+
+
+def tpu_training() -> FakeCluster:
+    """One v5e 2x4 slice (2 hosts) training on node-0 and node-1 of pool-a."""
+    cluster = FakeCluster(spec(replicas=2, accelerator=TPU,
+                               preemption={"maintenanceLeadSeconds": LEAD}), node_pools=POOLS)
+    cluster.reconcile()  # the slice's leader
+    cluster.run_all()
+    cluster.reconcile()  # its follower, pinned to the leader's pool
+    cluster.run_all()
+    cluster.progress = contract.ProgressReport(step=100, checkpoint_step=80,
+                                               checkpoint_path="gs://bucket/tiny/80")
+    cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    return cluster
+
+
+def test_a_tpu_slice_moves_when_any_node_of_its_pool_is_due():
+    cluster = tpu_training()
+    cluster.nodes_maintenance = {"node-9": cluster.now + timedelta(seconds=600)}
+    cluster.reconcile()
+    assert cluster.status.restarts.migrations == 1
+    running = next(c for c in cluster.status.conditions if c.type == "Running")
+    assert "node pool pool-a) goes with node node-9" in running.message
+
+
+def test_a_gpu_gang_does_not_move_for_another_node_of_its_pool():
+    cluster = training()
+    cluster.node_pools = {"node-0": "gpu-pool", "node-1": "gpu-pool", "node-9": "gpu-pool"}
+    cluster.nodes_maintenance = {"node-9": cluster.now + timedelta(seconds=600)}
+    cluster.reconcile()
+    assert cluster.status.restarts.total == 0
+
+
+def test_every_tpu_launch_keeps_off_whole_pools_due_before_its_horizon():
+    cluster = FakeCluster(spec(replicas=2, accelerator=TPU,
+                               preemption={"maintenanceLeadSeconds": LEAD}), node_pools=POOLS)
+    cluster.nodes_maintenance = {
+        "node-9": cluster.now + timedelta(seconds=600),  # pool-a: due within the lead
+        "node-4": cluster.now + timedelta(seconds=LEAD + 600),  # pool-c: after the horizon
+    }
+    (leader,) = cluster.reconcile().create_pods
+    outside = {"key": "cloud.google.com/gke-nodepool", "operator": "NotIn", "values": ["pool-a"]}
+    assert all(outside in term for term in affinity_terms(leader))
+    # The follower, pinned to whichever pool the leader got, keeps the same rule.
+    cluster.run_all()
+    leader_pod = cluster.attempt_pods()[0]
+    leader_pod["spec"]["nodeName"] = "node-2"
+    (follower,) = cluster.reconcile().create_pods
+    assert follower["spec"]["nodeSelector"]["cloud.google.com/gke-nodepool"] == "pool-b"
+    assert affinity_terms(follower) == affinity_terms(leader)
+
+
+def test_without_node_pools_a_tpu_launch_avoids_nodes_only():
+    cluster = FakeCluster(spec(replicas=2, accelerator=TPU,
+                               preemption={"maintenanceLeadSeconds": LEAD}))
+    cluster.nodes_maintenance = {"node-9": cluster.now + timedelta(seconds=600)}
+    for pod in cluster.reconcile().create_pods:
+        assert all(e["key"] == SCHEDULED_MAINTENANCE_LABEL
+                   for term in affinity_terms(pod) for e in term)
 
 
 def test_default_lead_time_is_half_an_hour():
@@ -178,3 +270,12 @@ def test_affinity_admits_nodes_without_maintenance_or_with_it_later():
     terms = avoid_affinity(1733296000)["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert len(terms) == 2  # ORed: either term admits a node
+
+
+@pytest.mark.parametrize(("starts_in", "avoided"), [
+    (-60, ["pool-a"]), (0, ["pool-a"]), (LEAD, ["pool-a"]), (LEAD + 1, [])])
+def test_a_pool_is_avoided_when_a_node_of_it_is_due_before_the_horizon(starts_in, avoided):
+    horizon = int((T0 + timedelta(seconds=LEAD)).timestamp())
+    scheduled = {"node-9": T0 + timedelta(seconds=starts_in)}
+    assert pools_due(scheduled, POOLS, horizon) == avoided
+    assert pools_due(scheduled, {}, horizon) == []  # a node of no known pool

@@ -52,6 +52,28 @@ def test_pod_security_context():
     assert container["capabilities"] == {"drop": ["ALL"]}
 
 
+@pytest.mark.parametrize(("example", "kind"), [
+    ("trainingjob.yaml", "cpu"), ("gke-gpu-spot.yaml", "nvidia-gpu"), ("gke-tpu-v5e.yaml", "tpu")])
+def test_every_rank_is_told_the_accelerator_it_must_run_on(example, kind):
+    # The trainer refuses any other JAX backend (accelerator.py): a GPU job never trains on the
+    # CPU its driver-less container would fall back to.
+    spec = _job(example)
+    for pod in build_gang(JOB, spec, GangLaunch(1, spec.replicas, "latest")):
+        assert pod_env(pod)[contract.ENV_ACCELERATOR] == kind
+
+
+def test_tpu_pods_run_as_gke_s_tpu_samples_do():
+    # No GKE document or public sample runs libtpu as another user or with every capability
+    # dropped; GKE's samples run as root with the runtime's defaults (render.runs_as_root).
+    pod = build_pod(JOB, _job("gke-tpu-v5e.yaml"), GangLaunch(1, 2, "latest"), rank=0)
+    assert pod["spec"]["securityContext"] == {
+        "runAsUser": 0, "runAsGroup": 0, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["spec"]["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
+    gpu = build_pod(JOB, _job("gke-gpu-spot.yaml"), GangLaunch(1, 4, "latest"), rank=0)
+    assert gpu["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert gpu["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def test_environment_contract_round_trips_from_the_pod():
     spec = _job("trainingjob.yaml")
     pod = build_pod(JOB, spec, GangLaunch(2, 2, "40"), rank=1)

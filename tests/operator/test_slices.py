@@ -36,6 +36,34 @@ def test_every_host_of_a_tpu_slice_carries_its_slice_label_and_the_exclusive_ter
             "topologyKey": "cloud.google.com/gke-nodepool", "namespaceSelector": {}}
 
 
+# One-host slices of every kind GKE offers (tpu_shapes.py): a VM each.
+SINGLE_HOST = [("tpu-v5-lite-podslice", "1x1", 1), ("tpu-v5-lite-podslice", "2x2", 4),
+               ("tpu-v5-lite-podslice", "2x4", 8), ("tpu-v5-lite-device", "2x4", 8),
+               ("tpu-v6e-slice", "2x4", 8), ("tpu-v4-podslice", "2x2x1", 4),
+               ("tpu-v5p-slice", "2x2x1", 4), ("tpu7x", "1x1x1", 1)]
+
+
+@pytest.mark.parametrize(("kind", "topology", "count"), SINGLE_HOST)
+def test_a_single_host_slice_gets_no_exclusive_pool_terms(kind, topology, count):
+    doc = load_yaml(EXAMPLES / "gke-tpu-v5e.yaml")
+    doc["spec"]["replicas"] = 1
+    doc["spec"]["accelerator"] = {"kind": "tpu", "type": kind, "topology": topology,
+                                  "count": count}
+    spec = parse_trainingjob(doc).spec
+    (pod,) = build_gang(JOB, spec, GangLaunch(3, 1, "latest"))
+    assert slices.SLICE_LABEL not in pod["metadata"]["labels"]
+    affinity = pod["spec"].get("affinity", {})
+    assert "podAffinity" not in affinity and "podAntiAffinity" not in affinity
+    assert pod["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == topology
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["google.com/tpu"] == str(count)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TPU_WORKER_ID"] == "0"
+    assert env["TPU_WORKER_HOSTNAMES"] == "gpt-a3-0.gpt"
+    assert not any(name.startswith("MEGASCALE_") for name in env)
+    # Every host is a leader: nothing waits for a leader to be placed.
+    assert slices.followers(spec, 1, [0], {}) == []
+
+
 def test_a_new_attempt_is_a_new_slice_identity():
     assert {p["metadata"]["labels"][slices.SLICE_LABEL]
             for p in _gang("gke-tpu-v5e.yaml", attempt=4)} == {"gpt-a4-s0"}

@@ -27,12 +27,12 @@ def pods_on(node_of: dict[tuple[str, str], str]) -> dict:
 
 
 def node_event(state: SimpleNamespace, index: dict, ready: str, labels: dict | None = None,
-               kind: str = "MODIFIED") -> set[tuple[str, str]]:
+               kind: str = "MODIFIED", pools: dict | None = None) -> set[tuple[str, str]]:
     for job in state.jobs.values():
         job.wake.clear()
     status = {"conditions": [{"type": "Ready", "status": ready}]}
     handlers.node_changed(type=kind, name="n1", status=status, labels=labels or {},
-                          memo=state, gang_pods=index)
+                          memo=state, gang_pods=index, node_pool=pools)
     return {key for key, job in state.jobs.items() if job.wake.is_set()}
 
 
@@ -45,6 +45,19 @@ def test_a_node_wakes_the_jobs_on_it_only_when_its_readiness_or_maintenance_chan
     assert node_event(state, index, "Unknown",
                       {SCHEDULED_MAINTENANCE_LABEL: "1767225600"}) == {A}
     assert node_event(state, index, "Unknown", kind="DELETED") == {A}
+
+
+def test_maintenance_on_a_node_wakes_the_jobs_in_its_node_pool():
+    # Job A's TPU slice runs on n2 and n3 of pool-a; n1 (no rank on it) is in pool-a too.
+    state, index = memo(), pods_on({A: "n2", B: "n7"})
+    pools = {"n1": ["pool-a"], "n2": ["pool-a"], "n3": ["pool-a"], "n7": ["pool-b"]}
+    pool_a = {"cloud.google.com/gke-nodepool": "pool-a"}
+    assert node_event(state, index, "True", pool_a, pools=pools) == set()
+    assert node_event(state, index, "True", {**pool_a, SCHEDULED_MAINTENANCE_LABEL: "1767225600"},
+                      pools=pools) == {A}
+    # Readiness of a node is its own business: the pool's other jobs are not woken.
+    assert node_event(state, index, "False", {**pool_a, SCHEDULED_MAINTENANCE_LABEL: "1767225600"},
+                      pools=pools) == set()
 
 
 def job_event(state: SimpleNamespace, version: str) -> bool:

@@ -48,6 +48,11 @@ ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
 ENV_INIT_TIMEOUT_SECONDS = "TARDIGRADE_INIT_TIMEOUT_SECONDS"
 # Seconds between SIGTERM and SIGKILL on a node shutdown: the save-on-notice deadline.
 ENV_SHUTDOWN_WINDOW_SECONDS = "TARDIGRADE_SHUTDOWN_WINDOW_SECONDS"
+# spec.accelerator.kind: what the job asked to train on. A rank whose JAX backend is not that
+# accelerator stops at start-up (exit 2, reason AcceleratorUnavailable) instead of training on
+# the CPU. Unset: no check (a trainer run outside the operator).
+ENV_ACCELERATOR = "TARDIGRADE_ACCELERATOR"
+ACCELERATOR_KINDS = ("cpu", "nvidia-gpu", "tpu")
 # The pod's own IP (downward API). Servers bind to it rather than 0.0.0.0, so that pods that
 # share one network namespace (the local cluster) do not collide on the same ports.
 ENV_POD_IP = "TARDIGRADE_POD_IP"
@@ -172,6 +177,7 @@ class TrainerEnvironment:
     restart_in_place_dir: str | None = None
     restart_key: str | None = None
     restart_in_process: bool = False
+    accelerator: str | None = None  # one of ACCELERATOR_KINDS
 
     @property
     def keep_last(self) -> int:
@@ -209,6 +215,7 @@ class TrainerEnvironment:
             ENV_INIT_FROM_STEP: self.init_from_step,
             ENV_RESTART_IN_PLACE_DIR: self.restart_in_place_dir,
             ENV_RESTART_KEY: self.restart_key,
+            ENV_ACCELERATOR: self.accelerator,
         }
         env.update({k: v if isinstance(v, str) else _format_number(v)
                     for k, v in optional.items() if v is not None})
@@ -272,6 +279,10 @@ class TrainerEnvironment:
         if rollback_step is not None and not env.get(ENV_ROLLBACK_REQUEST):
             raise ContractError(f"{ENV_ROLLBACK_STEP} needs {ENV_ROLLBACK_REQUEST} (any id that "
                                 "changes with each new rollback request)")
+        accelerator = env.get(ENV_ACCELERATOR) or None
+        if accelerator is not None and accelerator not in ACCELERATOR_KINDS:
+            raise ContractError(f"{ENV_ACCELERATOR}={accelerator!r}: expected one of "
+                                f"{', '.join(ACCELERATOR_KINDS)} (spec.accelerator.kind)")
         window = optional_float(ENV_SHUTDOWN_WINDOW_SECONDS)
         if window is not None and window <= 0:
             raise ContractError(f"{ENV_SHUTDOWN_WINDOW_SECONDS}={window:g} must be > 0 seconds")
@@ -306,6 +317,7 @@ class TrainerEnvironment:
             restart_in_place_dir=env.get(ENV_RESTART_IN_PLACE_DIR) or None,
             restart_key=env.get(ENV_RESTART_KEY) or None,
             restart_in_process=switched_on(env, ENV_RESTART_IN_PROCESS),
+            accelerator=accelerator,
         )
 
 

@@ -422,8 +422,10 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
         coordinator_bind_address=bind,
     )
     phases.mark("distributed_initialized")
-    log.info("jax.distributed initialized: process %d of %d, %d global devices",
-             env.process_id, env.num_processes, jax.device_count())
+    # No device count here: the first backend call belongs to the accelerator check
+    # (accelerator.verify), which turns a backend that cannot start into a clear reason.
+    log.info("jax.distributed initialized: process %d of %d", env.process_id,
+             env.num_processes)
 
 
 def barrier(name: str, timeout_seconds: float) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import attempts, contract, distributed, inplace, phases
+from tardigrade_trainer import accelerator, attempts, contract, distributed, inplace, phases
 from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
 
@@ -75,6 +75,8 @@ def exit_code_for(err: BaseException) -> tuple[int, str]:
         ForeignRootError,
     )
 
+    if isinstance(err, accelerator.AcceleratorUnavailable):
+        return contract.EXIT_CONFIG_ERROR, "AcceleratorUnavailable"
     if isinstance(err, ConfigError | contract.ContractError | CheckpointUsageError):
         return contract.EXIT_CONFIG_ERROR, "ConfigError"
     if isinstance(err, ForeignRootError):
@@ -194,6 +196,13 @@ class TrainingSession:
                 code, reason = exit_code_for(err)
                 _fail(self.env.termination_log, code, reason, err)
                 raise SystemExit(code) from None
+        try:
+            # The first backend call: after jax.distributed, before anything runs on a device.
+            accelerator.verify(self.env.accelerator)
+        except accelerator.AcceleratorUnavailable as err:
+            code, reason = exit_code_for(err)
+            _fail(self.env.termination_log, code, reason, err)
+            raise SystemExit(code) from None
         import jax
 
         from tardigrade_trainer.metrics import Metrics, ProgressServer

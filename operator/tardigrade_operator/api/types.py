@@ -25,7 +25,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 from tardigrade_trainer import contract
 
-from tardigrade_operator.api import corev1
+from tardigrade_operator.api import corev1, tpu_shapes
 from tardigrade_operator.api.cel import CelRule, CelValidated
 
 GROUP = "tardigrade.dev"
@@ -41,7 +41,11 @@ SHORT_NAMES = ("tj",)
 MAX_JOB_NAME_LENGTH = 45
 JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-GPU_TYPES = (
+# Values GKE's node label cloud.google.com/gke-accelerator is known to take (GKE's GPU types,
+# with xpk's src/xpk/core/system_characteristics.py for the newest: nvidia-b200, nvidia-gb200).
+# Any `nvidia-` name is accepted, so a GPU newer than this list needs no new release; the list
+# is for errors and the docs.
+KNOWN_GPU_TYPES = (
     "nvidia-tesla-t4",
     "nvidia-tesla-v100",
     "nvidia-tesla-p100",
@@ -53,12 +57,12 @@ GPU_TYPES = (
     "nvidia-h100-mega-80gb",
     "nvidia-h200-141gb",
     "nvidia-b200",
+    "nvidia-gb200",
 )
-# TPU types with 2D slice topologies ("2x4") and with 3D ones ("2x2x4"), as GKE names them.
-TPU_TYPES_2D = ("tpu-v5-lite-podslice", "tpu-v5-lite-device", "tpu-v6e-slice")
-TPU_TYPES_3D = ("tpu-v4-podslice", "tpu-v5p-slice", "tpu7x")
-TPU_TYPES = TPU_TYPES_2D + TPU_TYPES_3D
-ACCELERATOR_TYPES = GPU_TYPES + TPU_TYPES
+# TPU types with 2D slice topologies ("2x4") and with 3D ones ("2x2x4"): tpu_shapes.py.
+TPU_TYPES = tpu_shapes.TPU_TYPES
+TPU_TYPES_2D = tuple(t.name for t in tpu_shapes.TPU_TYPES_TABLE if t.dims == 2)
+TPU_TYPES_3D = tuple(t.name for t in tpu_shapes.TPU_TYPES_TABLE if t.dims == 3)
 
 # The Kubernetes resource.Quantity schema, as the API server publishes it for core types.
 QUANTITY_PATTERN = (
@@ -308,26 +312,53 @@ def _whole_slices_rule(field: str, why: str) -> CelRule:
     )
 
 
+_GPU_EXAMPLES = ", ".join(KNOWN_GPU_TYPES[-5:])
+
+
+def _single_host_rule(field: str) -> CelRule:
+    """A one-host TPU slice runs alone: GKE's Multislice joins multi-host slices only."""
+    accel = "self.accelerator"
+    chips = _slice_chips(f"{accel}.topology")
+    unset = "" if field == "replicas" else f"!has(self.{field}) || "
+    fix = (f"set spec.{field} to 1, or ask for a multi-host slice (count 4 with a topology of "
+           "more than 4 chips, e.g. 2x4 as 2 hosts of 4 on v5e/v6e)")
+    return CelRule(
+        f"{unset}!({_sliced_tpu(accel)} && ({chips}) == {accel}.count) || self.{field} == 1",
+        f"spec.{field} must be 1 for a single-host TPU slice (count equal to the chips of the "
+        f"topology): GKE runs Multislice only on multi-host slices (\"Deploy TPU Multislices in "
+        f"GKE\"); {fix}",
+        f".{field}",
+        # Strings only: kube-apiserver cannot bound the cost of string(int).
+        message_expression=(
+            f"'spec.{field} asks for several ' + {accel}.type + ' ' + {accel}.topology + "
+            f"' slices of one host each, and GKE runs Multislice only on multi-host slices "
+            f"(Deploy TPU Multislices in GKE); {fix}'"),
+    )
+
+
 class AcceleratorSpec(ApiModel):
     """What each replica (host) runs on. Mapped to GKE node selectors and resource limits."""
 
     kind: Literal["cpu", "nvidia-gpu", "tpu"] = Field(
         "cpu", description="cpu, nvidia-gpu (GKE GPU node pool) or tpu (GKE TPU slice)."
     )
-    type: Literal[ACCELERATOR_TYPES] | None = Field(  # type: ignore[valid-type]
-        None,
+    type: str | None = Field(
+        None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="GKE accelerator name: for nvidia-gpu the cloud.google.com/gke-accelerator "
-        "value (e.g. nvidia-h100-80gb); for tpu the cloud.google.com/gke-tpu-accelerator value "
-        "(e.g. tpu-v5-lite-podslice).",
+        f"value, any nvidia- name (known: {', '.join(KNOWN_GPU_TYPES)}); for tpu the "
+        f"cloud.google.com/gke-tpu-accelerator value ({', '.join(TPU_TYPES)}).",
     )
     count: int | None = Field(
         None, ge=1, le=16,
-        description="Accelerator chips per replica (GPUs per pod, or TPU chips per host).",
+        description="Accelerator chips per replica: GPUs per pod, or, for tpu (required), the "
+        "TPU chips of one host, fixed by its machine type (4 on every multi-host slice; 1, 4 or "
+        "8 on one-host v5e/v6e slices: a 2x4 slice is 2 hosts of 4 or one host of 8).",
     )
     # maxLength bounds the rules' estimated cost on a real server (split is priced by length).
     topology: str | None = Field(
         None, max_length=11, pattern=r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}(x[1-9][0-9]{0,2})?$",
-        description='TPU slice topology, "AxB" (v5e, v6e) or "AxBxC" (v4, v5p, tpu7x).',
+        description='TPU slice topology, "AxB" (v5e, v6e) or "AxBxC" (v4, v5p, tpu7x), one GKE '
+        "offers for the type (docs/gke.md, TPU slices).",
     )
 
     cel_rules = (
@@ -335,13 +366,15 @@ class AcceleratorSpec(ApiModel):
                 "(!has(self.type) && !has(self.count) && !has(self.topology))",
                 "accelerator: kind cpu takes no type, count or topology", ".kind"),
         CelRule("self.kind != 'nvidia-gpu' || (has(self.type) && self.type.startsWith('nvidia-'))",
-                "accelerator: kind nvidia-gpu needs type set to a GKE GPU name such as "
-                "nvidia-h100-80gb or nvidia-l4", ".type"),
+                "accelerator: kind nvidia-gpu needs type set to the GKE GPU name, the node label "
+                f"cloud.google.com/gke-accelerator, which starts with nvidia- ({_GPU_EXAMPLES}, "
+                "...)", ".type"),
         CelRule("self.kind != 'nvidia-gpu' || !has(self.topology)",
                 "accelerator: topology applies to TPUs only", ".topology"),
-        CelRule("self.kind != 'tpu' || (has(self.type) && self.type.startsWith('tpu'))",
-                "accelerator: kind tpu needs type set to a GKE TPU name such as "
-                "tpu-v5-lite-podslice or tpu-v5p-slice", ".type"),
+        CelRule("self.kind != 'tpu' || (has(self.type) && self.type in "
+                + repr(list(TPU_TYPES)).replace('"', "'") + ")",
+                "accelerator: kind tpu needs type set to a GKE TPU type, the node label "
+                f"cloud.google.com/gke-tpu-accelerator: one of {', '.join(TPU_TYPES)}", ".type"),
         CelRule("self.kind != 'tpu' || has(self.topology)",
                 'accelerator: kind tpu needs topology, e.g. "2x4" or "2x2x4"', ".topology"),
         CelRule(
@@ -353,20 +386,30 @@ class AcceleratorSpec(ApiModel):
             ".topology",
         ),
         CelRule(
-            f"!({_sliced_tpu('self')}) || ({_slice_chips('self.topology')}) % self.count == 0",
-            "accelerator: count (chips per host) must divide the chips of topology, so that a "
-            "slice is a whole number of hosts: topology 2x4 (8 chips) takes count 1, 2, 4 or 8",
+            tpu_shapes.cel_topology_rule("self"),
+            "accelerator: topology is not a slice GKE offers for this TPU type (docs/gke.md, "
+            "TPU slices, lists them)",
+            ".topology",
+            message_expression=(
+                "'accelerator.topology ' + self.topology + ' is not a ' + self.type + ' slice "
+                "GKE offers: use ' + " + tpu_shapes.cel_topology_choices("self")),
+        ),
+        CelRule(
+            tpu_shapes.cel_count_rule("self"),
+            "accelerator: kind tpu needs count, the TPU chips of one host, which the machine "
+            "type fixes: 4 for every multi-host slice, 1, 4 or 8 for one-host v5e/v6e slices",
             ".count",
+            # Strings only: kube-apiserver cannot bound the cost of string(int) (the count).
+            message_expression=(
+                "'accelerator.count ' + (has(self.count) ? 'does not fit' : 'is required for') "
+                "+ ' a ' + self.type + ' ' + self.topology + ' slice: it is the TPU chips of one "
+                "host, fixed by the machine type; set it to ' + "
+                + tpu_shapes.cel_count_choices("self")),
         ),
     )
 
     def topology_chips(self) -> int | None:
-        if self.topology is None:
-            return None
-        chips = 1
-        for dim in self.topology.split("x"):
-            chips *= int(dim)
-        return chips
+        return None if self.topology is None else tpu_shapes.chips(self.topology)
 
 
 class Toleration(ApiModel):
@@ -697,6 +740,9 @@ class TrainingJobSpec(ApiModel):
         # A TPU job shrinks and grows by whole slices, so its bounds are whole slices too.
         _whole_slices_rule("minReplicas", "the job shrinks by whole slices"),
         _whole_slices_rule("maxReplicas", "the job grows by whole slices"),
+        # One-host slices (v5e/v6e 1x1, 2x2, one-host 2x4; v4/v5p 2x2x1) cannot be joined.
+        _single_host_rule("replicas"),
+        _single_host_rule("maxReplicas"),
     )
 
     @field_validator("trainer")
