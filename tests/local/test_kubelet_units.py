@@ -172,7 +172,7 @@ def test_env_missing_configmap_is_an_error():
     assert expand("$(A)-$(B)", {"A": "1"}) == "1-$(B)"
 
 
-# --- the autoscaler's fit check ----------------------------------------------------------------------------
+# --- the autoscaler's fit check ----------------------------------------------------------
 def node(name, labels=None, taints=None, cpu="4", ready=True, pods="110"):
     return {
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},

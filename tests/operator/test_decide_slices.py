@@ -50,7 +50,7 @@ def test_bounds_of_a_tpu_job_are_whole_slices(field, value):
     with pytest.raises(InvalidTrainingJob) as err:
         parse_spec(body)
     assert f"spec.{field}" in str(err.value)
-    assert f"set spec.{field} to a multiple of 2" in str(err.value)
+    assert f"set spec.{field} to a multiple of that" in str(err.value)
 
 
 # ------------------------------------------------------------- leaders first, then followers ---

@@ -77,7 +77,7 @@ def test_hosts_that_are_not_whole_slices_are_refused_naming_the_field_and_the_fi
     with pytest.raises(InvalidTrainingJob) as err:
         parse_trainingjob(_multislice_job(3))
     assert "spec.replicas" in str(err.value)
-    assert "set spec.replicas to a multiple of 2" in str(err.value)
+    assert "set spec.replicas to a multiple of that" in str(err.value)
 
 
 def test_worker_hostnames_of_the_largest_slices_fit_one_environment_string():
