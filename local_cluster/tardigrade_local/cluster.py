@@ -35,7 +35,12 @@ from aiohttp import web
 import tardigrade_local
 from tardigrade_local import gcs, imagevenv, podnet
 from tardigrade_local.apiproxy import ApiProxy
-from tardigrade_local.controlplane import ControlPlane, ControlPlaneSettings
+from tardigrade_local.controlplane import (
+    NODE_MONITOR_GRACE_SECONDS,
+    NODE_MONITOR_PERIOD_SECONDS,
+    ControlPlane,
+    ControlPlaneSettings,
+)
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
 from tardigrade_local.dockerfile import DockerfileError
 from tardigrade_local.kubeconfig import write_kubeconfig
@@ -140,8 +145,8 @@ class ClusterConfig:
     # --node-monitor-period (5 s): a node whose Lease went unrenewed that long turns Unknown
     # and is tainted unreachable. The kubelets' Lease lasts `node_lease_seconds` (40 s) and
     # is renewed every quarter of it; the grace must exceed the renew interval.
-    node_monitor_grace_seconds: float = 50.0
-    node_monitor_period_seconds: float = 5.0
+    node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
+    node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS
     node_lease_seconds: float = NODE_LEASE_SECONDS
     # kube-apiserver --default-not-ready-toleration-seconds and
     # --default-unreachable-toleration-seconds: how long pods stay on an Unknown node.
@@ -163,7 +168,7 @@ class ClusterConfig:
     feature_gates: str = ""
     # Put users' kubeconfig through a TCP proxy whose connections a test can cut
     # (`apiproxy.py`, `LocalCluster.cut_watches`).
-    api_proxy: bool = False
+    api_proxy: bool = True
     # The controller manager's and scheduler's client QPS and burst (benches at scale).
     component_qps: float | None = None
     component_burst: int | None = None

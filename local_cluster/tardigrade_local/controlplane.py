@@ -61,6 +61,10 @@ EXTRA_ADMISSION_PLUGINS = ("NodeRestriction", "OwnerReferencesPermissionEnforcem
 # cluster's administrator; everything else (operators, pods' service accounts, helm run as
 # a service account, our `cloud` identity) is logged at Metadata level.
 _PR_SET_PDEATHSIG = 1
+# kube-controller-manager's defaults: --node-monitor-grace-period (50 s since 1.32,
+# kubernetes/kubernetes#126287) and --node-monitor-period (5 s).
+NODE_MONITOR_GRACE_SECONDS = 50.0
+NODE_MONITOR_PERIOD_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +73,8 @@ class ControlPlaneSettings:
     feature_gates: str = ""
     # kube-controller-manager --node-monitor-period / --node-monitor-grace-period /
     # --node-startup-grace-period (upstream defaults 5 s, 50 s, 60 s).
-    node_monitor_period_seconds: float = 5.0
-    node_monitor_grace_seconds: float = 50.0
+    node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS
+    node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS
     node_startup_grace_seconds: float = 60.0
     # kube-apiserver --default-not-ready-toleration-seconds and
     # --default-unreachable-toleration-seconds (DefaultTolerationSeconds admission; 300).

@@ -35,9 +35,8 @@ from tardigrade_local.kubelet.config import LEASE_RENEW_FRACTION, KubeletSetting
 from tardigrade_local.kubelet.dns import ClusterDns
 from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.logs import log_app
-from tardigrade_local.kubelet.node import node_object, node_status
+from tardigrade_local.kubelet.node import kubelet_gates, node_object, node_status
 from tardigrade_local.kubelet.podstatus import ContainerRecord
-from tardigrade_local.kubelet.restartrules import KubeletGates
 from tardigrade_local.kubelet.simulated import SimulatedRuntime
 from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
@@ -574,7 +573,7 @@ class KubeletHost:
         worker = PodWorker(self.settings, agent.client, agent.name, agent.ip,
                            self.ips.allocate(), pod, agent.events,
                            runtime=self.simulation if simulated else None,
-                           gates=KubeletGates.from_mapping(agent.config.feature_gates))
+                           gates=kubelet_gates(agent.config))
         agent.workers[key] = worker
         worker.start()
         self._spawn(self._reap(agent, key, worker))

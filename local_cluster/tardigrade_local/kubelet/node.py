@@ -20,6 +20,11 @@ KUBELET_VERSION = gobuild.kubernetes_version()
 MANAGED_ANNOTATION = "local.tardigrade.dev/kubelet"
 
 
+def kubelet_gates(config: NodeConfig) -> KubeletGates:
+    """The node's kubelet's gates: its release's defaults, then its own --feature-gates."""
+    return KubeletGates.of(config.kubelet_version or KUBELET_VERSION, config.feature_gates)
+
+
 def _arch() -> str:
     machine = platform.machine().lower()
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
@@ -83,7 +88,7 @@ def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
             "architecture": _arch(),
         },
     }
-    declared = KubeletGates.from_mapping(config.feature_gates).declared_features()
+    declared = kubelet_gates(config).declared_features()
     if declared:
         status["declaredFeatures"] = declared
     return status

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,19 +27,51 @@ class OnExit(enum.Enum):
     RESTART_ALL = "restart-all"
 
 
+# The gates' history in kubernetes `pkg/features/kube_features.go` (the pinned 1.36 release):
+# gate -> [(first minor release with this stage, on by default)]. A kubelet older than the
+# first entry does not know the feature at all.
+GATE_HISTORY: dict[str, list[tuple[int, bool]]] = {
+    CONTAINER_RESTART_RULES: [(34, False), (35, True)],  # alpha 1.34, beta 1.35
+    RESTART_ALL_CONTAINERS: [(35, False), (36, True)],  # alpha 1.35, beta 1.36
+}
+
+
+def _minor(version: str) -> int:
+    match = re.match(r"v?1\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"kubelet version {version!r} is not v1.MINOR[.PATCH]")
+    return int(match.group(1))
+
+
+def gate_default(gate: str, version: str) -> bool:
+    """Whether a kubelet of `version` has `gate` on unless told otherwise."""
+    on = False
+    for since, default in GATE_HISTORY[gate]:
+        if _minor(version) >= since:
+            on = default
+    return on
+
+
+def gate_known(gate: str, version: str) -> bool:
+    return _minor(version) >= GATE_HISTORY[gate][0][0]
+
+
 @dataclasses.dataclass(frozen=True)
 class KubeletGates:
-    """The gates of a 1.36 kubelet, defaults as `pkg/features/kube_features.go` of the pinned
-    release: ContainerRestartRules beta and on since 1.35, RestartAllContainersOnContainerExits
-    beta and on in 1.36."""
-
-    container_restart_rules: bool = True
-    restart_all_containers: bool = True
+    container_restart_rules: bool = False
+    restart_all_containers: bool = False
 
     @classmethod
-    def from_mapping(cls, gates: Mapping[str, bool]) -> KubeletGates:
-        return cls(container_restart_rules=bool(gates.get(CONTAINER_RESTART_RULES, True)),
-                   restart_all_containers=bool(gates.get(RESTART_ALL_CONTAINERS, True)))
+    def of(cls, version: str, overrides: Mapping[str, bool]) -> KubeletGates:
+        """A kubelet of `version` with `--feature-gates` `overrides`: a gate its release does
+        not know stays off whatever it is told (the kubelet would refuse to start)."""
+        def gate(name: str) -> bool:
+            if not gate_known(name, version):
+                return False
+            return bool(overrides.get(name, gate_default(name, version)))
+
+        return cls(container_restart_rules=gate(CONTAINER_RESTART_RULES),
+                   restart_all_containers=gate(RESTART_ALL_CONTAINERS))
 
     def declared_features(self) -> list[str]:
         """Node.status.declaredFeatures (KEP-5328): the restartallcontainers feature's

@@ -436,13 +436,16 @@ class PodWorker:
 
     async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
         pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
-        if self._api_volumes is None:
+        # Simulated containers read no file: their kubelet, like kwok's, fills no volume
+        # (and its shared identity is granted no tokens, ConfigMaps or Secrets).
+        if self._api_volumes is None and self.runtime.host_processes:
             # Volumes are set up once per pod, before its first container starts.
             api_volumes = ApiVolumes(self.client, self.pod, pod_dir)
             await api_volumes.write_all()
             self._api_volumes = api_volumes
         if self._kubeconfig is None:
-            self._kubeconfig = pod_credentials(self.settings, self.pod, self.volumes) or ""
+            self._kubeconfig = (pod_credentials(self.settings, self.pod, self.volumes)
+                                if self.runtime.host_processes else None) or ""
         configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
         return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
                                 configmaps, secrets, self._kubeconfig or None, self.volumes)
