@@ -110,7 +110,8 @@ def up(
         pools.append(NodePool(SPOT_POOL, autoscale_max,
                               NodeConfig("template", labels=spot_labels), provision_seconds))
     cluster = LocalCluster(_layout(state_dir).root, nodes=configs, with_gcs=gcs,
-                           remove_on_exit=True, shutdown_grace_seconds=shutdown_grace,
+                           remove_on_exit=True, detach=not foreground,
+                           shutdown_grace_seconds=shutdown_grace,
                            operator_command=_operator_command(operator, operator_command),
                            image_rules=rules,
                            replace_after_seconds=replace_after if replace else None,

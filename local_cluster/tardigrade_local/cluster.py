@@ -52,6 +52,7 @@ from tardigrade_local.kubelet.config import (
     PODSITE_DIR,
     project_python_path,
 )
+from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.paths import StateLayout
 
 log = logging.getLogger(__name__)
@@ -445,7 +446,9 @@ class LocalCluster:
 
     def __init__(self, state_dir: Path | str | None = None,
                  nodes: int | Sequence[NodeConfig] = 1, with_gcs: bool = True,
-                 remove_on_exit: bool = True, **options: Any) -> None:
+                 remove_on_exit: bool = True, detach: bool = False, **options: Any) -> None:
+        """`detach`: the cluster outlives this process (`tardigrade local up`); otherwise it
+        dies with it, however it dies, so a killed test run leaves no cluster behind."""
         layout = (StateLayout.default() if state_dir is None
                   else StateLayout(Path(state_dir).absolute()))
         self.layout = layout
@@ -453,6 +456,7 @@ class LocalCluster:
         self.config = ClusterConfig(state_dir=layout.root, nodes=node_configs,
                                     with_gcs=with_gcs, **options)
         self.remove_on_exit = remove_on_exit
+        self.detach = detach
         self._proc: subprocess.Popen[bytes] | None = None
         self._info: dict[str, Any] | None = None
 
@@ -496,7 +500,7 @@ class LocalCluster:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tardigrade_local.cluster", str(self.layout.root)],
                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=None if self.detach else die_with_parent)
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while (info := self.read_info()) is None:
             if self._proc.poll() is not None or time.monotonic() > deadline:

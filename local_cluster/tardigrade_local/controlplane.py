@@ -18,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
 import os
-import signal
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +33,7 @@ import yaml
 
 from tardigrade_local import gobuild, identities, pki
 from tardigrade_local.kubeconfig import write_kubeconfig
+from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,6 @@ EXTRA_ADMISSION_PLUGINS = ("NodeRestriction", "OwnerReferencesPermissionEnforcem
 # Users whose requests the audit log leaves out: the control plane's own components and the
 # cluster's administrator; everything else (operators, pods' service accounts, helm run as
 # a service account, our `cloud` identity) is logged at Metadata level.
-_PR_SET_PDEATHSIG = 1
 # kube-controller-manager's defaults: --node-monitor-grace-period (50 s since 1.32,
 # kubernetes/kubernetes#126287) and --node-monitor-period (5 s).
 NODE_MONITOR_GRACE_SECONDS = 50.0
@@ -96,12 +94,6 @@ class ControlPlaneSettings:
         return cls(**data)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the supervisor dies, however it dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _seconds(value: float) -> str:
     """A Go duration flag value."""
     return f"{int(value * 1000)}ms"
@@ -125,7 +117,7 @@ class Component:
         with open(self.log_path, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     @property
     def pid(self) -> int | None:

@@ -17,6 +17,7 @@ from tardigrade_local.kubelet.client import ApiClient, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
 from tardigrade_local.kubelet.credentials import service_account_volume, write_pod_kubeconfig
 from tardigrade_local.kubelet.env import container_env, expand, referenced_objects
+from tardigrade_local.kubelet.network import CLUSTER_DOMAIN
 from tardigrade_local.kubelet.volumes import container_mounts, map_path
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -73,8 +74,23 @@ def pod_base_env(settings: KubeletSettings, pod: Mapping[str, Any], pod_ip: str,
         "PYTHONPATH": os.pathsep.join(python_path),
         "TARDIGRADE_HOSTS_FILE": str(layout.hosts_file),
         "TARDIGRADE_POD_IP": pod_ip,
+        # The pod's own names, as the kubelet-managed /etc/hosts lists them
+        # (`managedHostsFileContent`, pkg/kubelet/kubelet_pods.go): its FQDN when it has a
+        # subdomain, resolvable before cluster DNS has caught up with the pod.
+        "TARDIGRADE_POD_NAMES": ",".join(own_names(pod)),
         **settings.cluster_env,
     }
+
+
+def own_names(pod: Mapping[str, Any]) -> list[str]:
+    meta, spec = pod["metadata"], pod["spec"]
+    hostname, subdomain = spec.get("hostname") or meta["name"], spec.get("subdomain")
+    if not subdomain:
+        return [hostname]
+    namespace = meta.get("namespace") or "default"
+    base = f"{hostname}.{subdomain}"
+    return [f"{base}.{namespace}.svc.{CLUSTER_DOMAIN}", f"{base}.{namespace}.svc",
+            f"{base}.{namespace}", base, hostname]
 
 
 def container_launch(settings: KubeletSettings, pod: Mapping[str, Any],

@@ -19,6 +19,7 @@ from typing import BinaryIO
 import psutil
 
 from tardigrade_local.kubelet.crilog import CriLogWriter
+from tardigrade_local.lifetime import die_with_parent
 
 MEMORY_POLL_SECONDS = 0.5
 PIPE_DRAIN_SECONDS = 2.0
@@ -58,6 +59,8 @@ class ContainerProcess:
                 cwd=self.cwd,
                 env=self.env,
                 start_new_session=True,
+                # The node is this process: its containers die with it, however it dies.
+                preexec_fn=die_with_parent,
             )
         except OSError:
             os.close(out_r)

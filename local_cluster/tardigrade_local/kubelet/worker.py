@@ -49,6 +49,12 @@ from tardigrade_local.kubelet.volumes import (
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_SECONDS = 30
+# Status writes that fail are tried again, 0.05 s later and doubling up to 10 s (the status
+# manager's sync period), for at most a minute.
+STATUS_RETRY_FIRST_SECONDS = 0.05
+STATUS_RETRY_MAX_SECONDS = 10.0
+STATUS_RETRY_SECONDS = 60.0
+SYNC_ERROR_BACK_OFF_SECONDS = 10.0
 
 
 class Stop(enum.Enum):
@@ -191,16 +197,25 @@ class PodWorker:
                 await self._api_volumes.stop()
 
     async def _mount_volumes(self) -> bool:
-        """Set up the pod's volumes, retrying as the volume manager does; False if the pod
-        was stopped first."""
+        """Set up the pod's volumes, the API-backed ones included, retrying as the volume
+        manager does (a token, ConfigMap or Secret the API refuses for now is a FailedMount
+        retried, not a dead pod); False if the pod was stopped first."""
         delay = MOUNT_RETRY_FIRST_SECONDS
+        pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
         while self.stopping is None:
             try:
-                pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
                 self.volumes = set_up(self.pod, self.disk, functools.partial(volume_dir, pod_dir))
+                # Simulated containers read no file: their kubelet, like kwok's, fills no
+                # volume (and its shared identity is granted no tokens, ConfigMaps or Secrets).
+                if self._api_volumes is None and self.runtime.host_processes:
+                    api_volumes = ApiVolumes(self.client, self.pod, pod_dir)
+                    await api_volumes.write_all()
+                    self._api_volumes = api_volumes
                 return True
             except VolumeSetupError as err:
                 self._event("FailedMount", str(err), warning=True)
+            except EnvError as err:
+                self._event("FailedMount", f"MountVolume.SetUp failed: {err}", warning=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), delay)
             delay = min(delay * 2, MOUNT_RETRY_MAX_SECONDS)
@@ -237,8 +252,9 @@ class PodWorker:
         attempt = 0
         while True:
             code = await self._run_once(record, spec)
-            if code is None:
-                await self._stop_requested.wait()
+            if code is None and self.stopping is None:
+                await self._sync_back_off()
+                continue
             if code is None or self.stopping is not None:
                 return False
             if code == 0:
@@ -258,9 +274,10 @@ class PodWorker:
             started = time.monotonic()
             code = await self._run_once(record, spec)
             if code is None:
-                # Cannot start (image, config): stays waiting until the pod goes away.
-                await self._first_of(self._stop_requested, self._restart_all_requested)
-            if code is None or self.stopping is not None or self._restart_all is not None:
+                # Cannot start (image, config): the pod worker tries again later.
+                await self._sync_back_off()
+                continue
+            if self.stopping is not None or self._restart_all is not None:
                 return
             action = restart_on_exit(spec, self.restart_policy, code, self.gates)
             if action is OnExit.RESTART_ALL:
@@ -296,6 +313,15 @@ class PodWorker:
                 self._first_of(self._stop_requested, self._restart_all_requested), delay)
         if self.stopping is None and self._restart_all is None:
             record.restart_count += 1
+
+    async def _sync_back_off(self) -> None:
+        """A sync that could not start a container is retried after the pod worker's
+        back-off (`backOffPeriod`, 10 s: pkg/kubelet/kubelet.go; `completeWork` in
+        pod_workers.go), unless the pod is stopped meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self._first_of(self._stop_requested, self._restart_all_requested),
+                SYNC_ERROR_BACK_OFF_SECONDS)
 
     @staticmethod
     async def _first_of(*events: asyncio.Event) -> None:
@@ -435,14 +461,6 @@ class PodWorker:
         return probes
 
     async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
-        pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
-        # Simulated containers read no file: their kubelet, like kwok's, fills no volume
-        # (and its shared identity is granted no tokens, ConfigMaps or Secrets).
-        if self._api_volumes is None and self.runtime.host_processes:
-            # Volumes are set up once per pod, before its first container starts.
-            api_volumes = ApiVolumes(self.client, self.pod, pod_dir)
-            await api_volumes.write_all()
-            self._api_volumes = api_volumes
         if self._kubeconfig is None:
             self._kubeconfig = (pod_credentials(self.settings, self.pod, self.volumes)
                                 if self.runtime.host_processes else None) or ""
@@ -455,10 +473,12 @@ class PodWorker:
         if kind is Stop.NODE_SHUTDOWN and self.terminal_phase is not None:
             return  # the shutdown manager leaves finished pods alone
         if kind is Stop.NODE_SHUTDOWN:
+            # Sent with the terminal phase, once no container runs: the status manager holds
+            # DisruptionTarget back until then (`mergePodStatus`, pkg/kubelet/status/
+            # status_manager.go). The early sign of a shutdown is the Node's Ready=False.
             self.own_conditions = [ps.condition(d.DISRUPTION_TARGET, True,
                                                 d.REASON_TERMINATION_BY_KUBELET,
                                                 d.NODE_SHUTDOWN_MESSAGE)]
-            await self.push()
         grace = 0.0 if kind is Stop.NODE_LOST else self._grace
         if not self.silent:
             for cname in self.processes:
@@ -500,8 +520,10 @@ class PodWorker:
             phase = "Pending" if not self.initialized else (
                 ps.running_phase(self.records, self.restart_policy) or ps.final_phase(self.records)
             )
-        desired = [*ps.readiness_conditions(self.records, phase, self.initialized),
-                   *self.own_conditions]
+        # DisruptionTarget only with a terminal phase (`mergePodStatus`, see `_stop`).
+        own = [c for c in self.own_conditions
+               if c["type"] != d.DISRUPTION_TARGET or self.terminal_phase is not None]
+        desired = [*ps.readiness_conditions(self.records, phase, self.initialized), *own]
         existing = (current.get("status") or {}).get("conditions") or []
         status: dict[str, Any] = {
             "phase": phase,
@@ -522,25 +544,33 @@ class PodWorker:
         return status
 
     async def push(self) -> None:
+        """Write the pod's status (a conditional patch on the version read). Conflicts are
+        read again; errors are retried with a growing pause, as the kubelet's status manager
+        retries its writes: a 403 among them is the Node authorizer's graph not knowing yet
+        that the pod is bound here (it follows the pod watch a moment behind), after which
+        the same write is allowed."""
         async with self._push_lock:
             path = core_path("pods", self.namespace, self.name)
-            for _ in range(5):
-                if self.silent:
-                    return
-                current = await self.client.get(path)
-                if current is None or current["metadata"].get("uid", self.uid) != self.uid:
-                    return
-                body = {
-                    "metadata": {"resourceVersion": current["metadata"].get("resourceVersion")},
-                    "status": self.render(current),
-                }
+            delay, waited = STATUS_RETRY_FIRST_SECONDS, 0.0
+            while not self.silent:
                 try:
+                    current = await self.client.get(path)
+                    if current is None or current["metadata"].get("uid", self.uid) != self.uid:
+                        return
+                    body = {"metadata": {"resourceVersion":
+                                         current["metadata"].get("resourceVersion")},
+                            "status": self.render(current)}
                     await self.client.patch(path + "/status", body)
                     return
                 except ApiError as err:
                     if err.status == 404:
                         return
-                    if err.status != 409:
+                    if err.status == 409:
+                        continue
+                    if waited >= STATUS_RETRY_SECONDS:
                         log.warning("pod %s/%s: status write failed: %s", self.namespace,
                                     self.name, err)
                         return
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, STATUS_RETRY_MAX_SECONDS)

@@ -21,10 +21,11 @@ from typing import Any
 
 ENV_HOSTS_FILE = "TARDIGRADE_HOSTS_FILE"
 ENV_POD_IP = "TARDIGRADE_POD_IP"
+ENV_POD_NAMES = "TARDIGRADE_POD_NAMES"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"installed": False, "file": None, "mtime": None, "table": {},
-                          "pod_ip": None, "hostname": None}
+                          "pod_ip": None, "hostname": None, "own_names": frozenset()}
 
 
 def _table() -> dict[str, str]:
@@ -54,16 +55,19 @@ def lookup(host: Any) -> Any:
         found = lookup(host.decode("idna", "replace"))
         return found.encode() if isinstance(found, str) else host
     if isinstance(host, str) and host:
-        if _state["hostname"] and host == _state["hostname"] and _state["pod_ip"]:
+        if _state["pod_ip"] and (host == _state["hostname"]
+                                 or host.rstrip(".").lower() in _state["own_names"]):
             return _state["pod_ip"]
         return _table().get(host.rstrip(".").lower(), host)
     return host
 
 
 def install(hosts_file: str | os.PathLike[str], pod_ip: str | None = None,
-            hostname: str | None = None) -> None:
-    """Resolve cluster names in this process; with `pod_ip`, behave as that pod."""
-    _state.update(file=os.fspath(hosts_file), mtime=None, pod_ip=pod_ip, hostname=hostname)
+            hostname: str | None = None, own_names: tuple[str, ...] = ()) -> None:
+    """Resolve cluster names in this process; with `pod_ip`, behave as that pod, whose own
+    names (`own_names`, as its /etc/hosts lists them) resolve to it from the start."""
+    _state.update(file=os.fspath(hosts_file), mtime=None, pod_ip=pod_ip, hostname=hostname,
+                  own_names=frozenset(n.lower() for n in own_names))
     if _state["installed"]:
         return
     _state["installed"] = True
@@ -103,5 +107,6 @@ def install_from_env() -> bool:
     hosts_file = os.environ.get(ENV_HOSTS_FILE)
     if not hosts_file:
         return False
-    install(hosts_file, os.environ.get(ENV_POD_IP), os.environ.get("HOSTNAME"))
+    names = tuple(n for n in os.environ.get(ENV_POD_NAMES, "").split(",") if n)
+    install(hosts_file, os.environ.get(ENV_POD_IP), os.environ.get("HOSTNAME"), names)
     return True
