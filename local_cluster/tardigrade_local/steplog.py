@@ -76,7 +76,9 @@ class StepLog:
         if self.core is None:
             return
         try:
-            text = self.core.read_namespaced_pod_log(name, self.namespace, previous=previous)
+            # An empty log comes back as None from the client.
+            text = self.core.read_namespaced_pod_log(name, self.namespace,
+                                                     previous=previous) or ""
         except ApiException:
             return
         lines = text.splitlines()

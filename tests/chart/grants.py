@@ -149,7 +149,8 @@ def rendered_grants(docs: list[dict[str, Any]], account: str, account_namespace:
 
 
 def audited_calls(audit_log: Path, user: str) -> list[dict[str, Any]]:
-    """The API server's authorization decisions for `user` (see apiserver/access.py)."""
+    """kube-apiserver's audit events for `user` (Metadata level: the request, the
+    authorization decision and the response code; local_cluster/README.md, "Audit log")."""
     events = [json.loads(line) for line in audit_log.read_text().splitlines() if line]
     return [e for e in events if e["user"]["username"] == user]
 
@@ -165,14 +166,18 @@ def call_key(event: dict[str, Any]) -> tuple[str, str, str]:
 def denials(events: list[dict[str, Any]]) -> list[str]:
     out = []
     for e in events:
-        notes = e["annotations"]
-        if notes["authorization.k8s.io/decision"] == "allow":
+        notes = e.get("annotations") or {}
+        code = (e.get("responseStatus") or {}).get("code")
+        # Refused by RBAC (decision "forbid"), or allowed by RBAC and then refused by an
+        # admission plugin that authorizes on its own (OwnerReferencesPermissionEnforcement:
+        # a 403 whose message says why).
+        if notes.get("authorization.k8s.io/decision") == "allow" and code != 403:
             continue
         group, resource, verb = call_key(e)
         where = (e.get("objectRef") or {}).get("namespace", "")
-        by = notes.get("tardigrade.dev/checked-by")
+        why = (e.get("responseStatus") or {}).get("message", "")
         out.append(f"{verb} {resource} in API group {group!r}"
-                   + (f" in {where}" if where else "") + (f" (checked by {by})" if by else ""))
+                   + (f" in {where}" if where else "") + (f": {why}" if why else ""))
     return sorted(set(out))
 
 

@@ -22,6 +22,7 @@ from tests.e2e.harness import (
     NAMESPACE,
     Cluster,
     OperatorProcess,
+    running_operator,
     trainingjob,
     wait_for,
 )
@@ -38,6 +39,16 @@ FORBIDDEN_CASES = corpus_cases("forbidden_trainingjobs.yaml")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with LocalCluster(tmp_path_factory.mktemp("badinput") / "cluster", nodes=2) as local:
         yield Cluster(local)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    # The forbidden corpus is judged under the strictest admission policy (its header); the
+    # operator's default is baseline (docs/gke.md, "Pod Security").
+    with running_operator(cluster, tmp_path_factory.mktemp("operator"),
+                          env={"TARDIGRADE_POD_SECURITY": "restricted"}) as process:
+        yield process
 
 
 def _named(document: dict[str, Any], name: str, renamed: bool = True) -> dict[str, Any]:
