@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tardigrade_trainer import boundedjson
 from tardigrade_trainer.contract import RENDEZVOUS_AUDIENCE
 
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -116,7 +117,7 @@ def review(access: ApiAccess, token: str, audience: str = RENDEZVOUS_AUDIENCE,
             # A passing outage: this hello is refused, the rank gives up with a retryable
             # peer timeout, and the next attempt tries again.
             return {"authenticated": False, "error": f"TokenReview failed: HTTP {code}"}
-        data = json.loads(raw)
+        data = boundedjson.loads(raw)
     except (OSError, http.client.HTTPException, ValueError) as err:
         return {"authenticated": False, "error": f"TokenReview failed: {err}"}
     return dict(data.get("status") or {}) if isinstance(data, dict) else {}
