@@ -128,13 +128,19 @@ def rejection(status: Mapping[str, Any], namespace: str, job: str, rank: int,
     """Why a reviewed token may not hold `rank` of `job` (None: it may)."""
     if status.get("authenticated") is not True:
         return f"token not valid ({status.get('error') or 'not authenticated'})"
-    if audience not in (status.get("audiences") or []):
+    # Each field's type is checked: an answer of another shape refuses the hello, it does not
+    # raise in the review thread (which would end the rendezvous).
+    audiences = status.get("audiences")
+    if not isinstance(audiences, list) or audience not in audiences:
         return f"token not issued for audience {audience}"
-    user = status.get("user") or {}
+    user = status.get("user")
+    user = user if isinstance(user, dict) else {}
     username = str(user.get("username") or "")
     if not username.startswith(f"system:serviceaccount:{namespace}:"):
         return f"token of {username!r}, not of a ServiceAccount of namespace {namespace}"
-    pods = (user.get("extra") or {}).get(POD_NAME_EXTRA) or []
+    extra = user.get("extra")
+    pods = extra.get(POD_NAME_EXTRA) if isinstance(extra, dict) else None
+    pods = pods if isinstance(pods, list) else []
     expected = re.compile(rf"^{re.escape(job)}-a[0-9]+-{rank}$")
     if len(pods) != 1 or not expected.match(str(pods[0])):
         return (f"token bound to pod {pods[0] if pods else None!r}, not to the pod of rank "
