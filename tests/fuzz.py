@@ -4,7 +4,7 @@ CI runs the `ci` profile: a fixed number of examples per property, drawn from a 
 (`derandomize`), so a run's time is bounded and a red run is reproducible. The longer run
 draws fresh inputs each time, many more of them:
 
-    TARDIGRADE_FUZZ=long .venv/bin/python -m pytest -m fuzz -p no:cacheprovider
+    TARDIGRADE_FUZZ=long scripts/test -m fuzz
 
 (`TARDIGRADE_FUZZ_EXAMPLES=N` scales both profiles' example counts to N for the cheap
 properties; the end-to-end ones take a tenth of it.) Every input a run finds failing is
@@ -18,7 +18,7 @@ import os
 import string
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from tardigrade_trainer.boundedjson import MARKER, nesting_depth
 
@@ -37,9 +37,11 @@ _SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large,
 # In-process properties: cheap, many examples.
 CHEAP = settings(max_examples=_EXAMPLES, deadline=None, derandomize=not _LONG,
                  database=None, suppress_health_check=_SUPPRESSED, print_blob=True)
-# Through a running API server and operator: each example is a few requests.
+# Through a running API server and operator: each example is a few requests, so a failure
+# is reported as drawn, not shrunk (shrinking would replay hundreds of them).
 THROUGH_THE_API = settings(max_examples=max(8, _EXAMPLES // 10), deadline=None,
                            derandomize=not _LONG, database=None,
+                           phases=[Phase.explicit, Phase.reuse, Phase.generate],
                            suppress_health_check=_SUPPRESSED, print_blob=True)
 
 # Keys a user may write; the marker's key is ours (a forged marker only makes its own
