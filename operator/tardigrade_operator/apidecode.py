@@ -14,10 +14,11 @@ is no fix). Three clients read API objects here, and each decodes through `bound
 
 And one decode hides inside kopf's event processing: on every event of every object it
 watches, kopf reads its diff base from an annotation (`tardigrade.dev/last-handled-
-configuration`) with `json.loads`, and an exception there ends the operator ("Event
-processing has failed with an unrecoverable error"). Anyone who may annotate a TrainingJob, or
-a pod with the job label, can write any string there: `TolerantDiffBaseStorage` reads it
-bounded and takes anything but a JSON object as no diff base.
+configuration`) with `json.loads`. Anyone who may annotate a TrainingJob, or a pod with the
+job label, can write any string there; kopf's error throttler then fails every event of that
+object, once a second with a traceback, so the job is never reconciled nor told why (and the
+pod never indexed). `TolerantDiffBaseStorage` reads it bounded and takes anything but a JSON
+object as no diff base.
 
 A value cut out is left as a marker, so a TrainingJob nested too deep still reaches its
 reconcile pass, which fails that one job naming the field (api/types.py).
