@@ -202,6 +202,7 @@ def timeline(
     import json
 
     import kubernetes
+    from pydantic import ValidationError
     from rich.console import Console
 
     from tardigrade_operator.api import types
@@ -221,10 +222,19 @@ def timeline(
         typer.echo(f"error: cannot read trainingjob {namespace}/{name}: {err.status} "
                    f"{err.reason}", err=True)
         raise typer.Exit(1) from None
-    if output is TimelineOutput.JSON:
-        typer.echo(json.dumps(as_json(job), indent=2))
-    else:
-        Console().print(render(job))
+    try:
+        if output is TimelineOutput.JSON:
+            typer.echo(json.dumps(as_json(job), indent=2))
+        else:
+            Console().print(render(job))
+    except ValidationError as err:
+        # A status written by something other than this operator version (or nested beyond
+        # what is read: apidecode.py): say so, not a traceback.
+        fields = "; ".join(f"status.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                           for e in err.errors()[:5])
+        typer.echo(f"error: trainingjob {namespace}/{name} has a status this tardigrade cannot "
+                   f"read ({fields})", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

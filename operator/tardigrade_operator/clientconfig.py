@@ -15,6 +15,8 @@ from pathlib import Path
 
 import kubernetes
 
+from tardigrade_operator.apidecode import BoundedApiClient
+
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -59,7 +61,7 @@ def resolve(kubeconfig: str | None = None, context: str | None = None) -> Target
     kubernetes.config.load_kube_config(config_file=path, context=chosen["name"],
                                        client_configuration=configuration)
     namespace = (chosen.get("context") or {}).get("namespace") or "default"
-    return Target(kubernetes.client.ApiClient(configuration), namespace)
+    return Target(BoundedApiClient(configuration), namespace)
 
 
 def _in_cluster() -> Target:
@@ -72,4 +74,4 @@ def _in_cluster() -> Target:
     namespace = os.environ.get("POD_NAMESPACE") or (
         SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
         if SERVICE_ACCOUNT_NAMESPACE.exists() else "default")
-    return Target(kubernetes.client.ApiClient(configuration), namespace)
+    return Target(BoundedApiClient(configuration), namespace)

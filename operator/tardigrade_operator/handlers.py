@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from tardigrade_operator import (
     admission,
+    apidecode,
     autoscaling,
     finalizers,
     indexlag,
@@ -79,13 +80,12 @@ def _not_routine(record: logging.LogRecord) -> bool:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Before kopf starts its watch streams (they wait for the startup handlers).
-    watchdog.allow_api_server_depth()
     watchdog.track_tasks(asyncio.get_running_loop())
     logging.getLogger("kopf.objects").addFilter(_not_routine)
     config = OperatorConfig.from_env()
     settings.persistence.finalizer = JOB_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=types.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = apidecode.TolerantDiffBaseStorage(
         prefix=types.GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
@@ -295,6 +295,8 @@ def _needs_no_finalizer(daemon: Any) -> None:
 
 
 _needs_no_finalizer(keep_gang)
+# Before kopf's first request (its API discovery precedes the startup handlers).
+apidecode.install_in_kopf()
 
 
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,

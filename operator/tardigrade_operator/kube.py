@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import autoscaling, finalizers, naming
+from tardigrade_operator import apidecode, autoscaling, finalizers, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Plan
@@ -31,6 +30,7 @@ def load_client_config() -> None:
     config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0,
                                          PATCH_CONCURRENCY + 4)
     kubernetes.client.Configuration.set_default(config)
+    apidecode.use_bounded_client()
 
 
 class ChildRejected(Exception):
@@ -226,13 +226,13 @@ def _raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         data = answer.data
     finally:
         answer.release_conn()
-    return json.loads(data) if data else None
+    return apidecode.loads(data) if data else None
 
 
 def _api_message(err: ApiException) -> str:
     """The Status message the API server sent, else the HTTP reason."""
     try:
-        return str(json.loads(err.body or "{}").get("message") or err.reason)
+        return str(apidecode.loads(err.body or "{}").get("message") or err.reason)
     except (ValueError, AttributeError):
         return str(err.reason)
 

@@ -1,40 +1,24 @@
-"""Keep the operator's watch streams readable and their deaths visible.
+"""Make the death of a watch stream visible.
 
-Two ways one object used to stop every job in the cluster:
-
-- Depth. The API server stores JSON nested up to 10,000 levels (its decoder is a fork of Go's
-  encoding/json: `maxNestingDepth` in the scanner), but Python's `json`, which kopf parses
-  each watch event with, raises RecursionError near 1,000. `allow_api_server_depth` raises the
-  interpreter's limit so that anything the API server can store is readable here; whether a
-  job's spec is acceptable is then decided per job (api/types.py bounds `spec.trainer`).
-- Silence. kopf runs one task per watched resource ("watcher for ..."). kopf 1.45.2's
-  orchestrator re-raises a watcher's failure and the operator exits, but kopf never restarts
-  a watcher, and its liveness endpoint knows nothing of them: should one end while the
-  process lives on, no job of that kind would be reconciled again behind a green /healthz.
-  The probe in handlers.py asks `dead_watchers` and fails /healthz, so the kubelet restarts
-  the operator. kopf keeps no public handle on its tasks, so a task factory remembers them
-  (weakly).
+kopf runs one task per watched resource ("watcher for ..."). What those decode is bounded
+(apidecode.py), so no object the API server can store ends one; should one end anyway, kopf
+1.45.2's orchestrator re-raises its failure and the operator exits, but kopf never restarts a
+watcher and its liveness endpoint knows nothing of them: were one to end while the process
+lives on, no job of that kind would be reconciled again behind a green /healthz. The probe in
+handlers.py asks `dead_watchers` and fails /healthz, so the kubelet restarts the operator.
+kopf keeps no public handle on its tasks, so a task factory remembers them (weakly).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import weakref
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-API_SERVER_MAX_NESTING_DEPTH = 10_000
-# Frames one nesting level can cost while an object is decoded, copied, diffed and encoded.
-_RECURSION_LIMIT = 6 * API_SERVER_MAX_NESTING_DEPTH + 5_000
 WATCHER_PREFIX = "watcher for "
 
 _tasks: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
-
-
-def allow_api_server_depth() -> None:
-    if sys.getrecursionlimit() < _RECURSION_LIMIT:
-        sys.setrecursionlimit(_RECURSION_LIMIT)
 
 
 def track_tasks(loop: asyncio.AbstractEventLoop) -> None:

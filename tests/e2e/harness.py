@@ -17,6 +17,7 @@ from tardigrade_local import imagevenv
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet.config import PODSITE_DIR
 from tardigrade_local.steplog import StepLog
+from tardigrade_operator.apidecode import BoundedApiClient
 
 from tests.conftest import EXAMPLES, REPO_ROOT
 from tests.polling import wait_for
@@ -37,8 +38,10 @@ class OperatorProcess:
     def __init__(self, cluster: LocalCluster, log_path: Path,
                  peering: tuple[str, int] | None = None,
                  env: dict[str, str] | None = None,
-                 namespaces: tuple[str, ...] = (NAMESPACE,)) -> None:
+                 namespaces: tuple[str, ...] = (NAMESPACE,), health_port: int = 0) -> None:
+        """`health_port`: where /healthz is served (0: not at all)."""
         self.cluster = cluster
+        self.health_port = health_port
         self.namespaces = namespaces
         self.log_path = log_path
         # (peering object, priority) to run as one of several replicas; None: standalone.
@@ -63,7 +66,8 @@ class OperatorProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
         self.proc = subprocess.Popen(
             [str(operator_venv().bin_dir / "tardigrade"), "operator", "run",
-             *(f"--namespace={ns}" for ns in self.namespaces), *mode, "--health-port", "0"],
+             *(f"--namespace={ns}" for ns in self.namespaces), *mode,
+             "--health-port", str(self.health_port)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
         )
         log.close()
@@ -123,7 +127,11 @@ class Cluster:
         object of that name it did not create)."""
         self.local = local
         self.env = {**os.environ, **local.client_env()}
-        client = kubernetes.config.new_client_from_config(config_file=str(local.kubeconfig))
+        # Bounded like the operator's: the tests read back objects nested 10,000 levels.
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=str(local.kubeconfig),
+                                           client_configuration=configuration)
+        client = BoundedApiClient(configuration)
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
         if trainer_token_review:
@@ -197,10 +205,11 @@ def trainingjob(name: str, steps: int, replicas: int = 2, **spec: Any) -> dict[s
 
 @contextlib.contextmanager
 def running_operator(cluster: Cluster, log_dir: Path, env: dict[str, str] | None = None,
-                     namespaces: tuple[str, ...] = (NAMESPACE,)) -> Iterator[OperatorProcess]:
+                     namespaces: tuple[str, ...] = (NAMESPACE,), health_port: int = 0
+                     ) -> Iterator[OperatorProcess]:
     """A standalone operator for a test module, logging into `log_dir`; stopped afterwards."""
     process = OperatorProcess(cluster.local, log_dir / "operator.log", env=env,
-                              namespaces=namespaces)
+                              namespaces=namespaces, health_port=health_port)
     process.start()
     try:
         yield process

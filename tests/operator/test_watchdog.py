@@ -57,10 +57,3 @@ async def test_a_watcher_that_died_fails_healthz_and_a_cancelled_one_does_not():
     finally:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)
-
-
-def test_the_operator_reads_anything_as_deep_as_an_api_server_stores():
-    watchdog.allow_api_server_depth()
-    depth = watchdog.API_SERVER_MAX_NESTING_DEPTH
-    deepest = "[" * depth + "]" * depth
-    assert json.loads(deepest)

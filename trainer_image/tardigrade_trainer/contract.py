@@ -17,7 +17,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from tardigrade_trainer import boundedjson
+
 # --- environment variables set by the operator on every rank ---------------------------------
+# Records of one level (worlds, termination messages): anything nested below is cut out
+# while decoding (boundedjson), and is then a wrong type for its key.
+FLAT_RECORD_LIMIT = 2
 ENV_JOB_NAME = "TARDIGRADE_JOB_NAME"
 ENV_NAMESPACE = "TARDIGRADE_NAMESPACE"
 ENV_ATTEMPT = "TARDIGRADE_ATTEMPT"
@@ -338,7 +343,7 @@ def parse_world(text: str, source: str = ENV_WORLD) -> dict[str, str]:
     """A world (WORLD_KEYS) as the environment variables it sets; `source` names where it came
     from (the env var, or the operator's restart request) in the ContractError."""
     try:
-        world = json.loads(text)
+        world = boundedjson.loads(text, FLAT_RECORD_LIMIT)
     except json.JSONDecodeError as err:
         raise ContractError(f"{source} is not valid JSON: {err}") from None
     if not isinstance(world, dict):
@@ -387,8 +392,8 @@ class TerminationMessage:
         """Parse a termination message; anything that is not ours, or breaks the contract
         (a step as a string, a negative step), gives None: the exit code alone then counts."""
         try:
-            data = json.loads(text)
-        except (TypeError, ValueError, RecursionError):
+            data = boundedjson.loads(text, FLAT_RECORD_LIMIT)
+        except (TypeError, ValueError):
             return None
         if not isinstance(data, dict) or "reason" not in data:
             return None

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
-from tardigrade_trainer import coordination, peerauth, phases
+from tardigrade_trainer import boundedjson, contract, coordination, peerauth, phases
 from tardigrade_trainer.contract import (
     ENV_POD_IP,
     ENV_RENDEZVOUS_INSECURE,
@@ -305,9 +305,10 @@ def _accept_hello(
     """True when the hello took its rank now; otherwise it was refused (and closed) or is
     under review."""
     try:
-        hello = json.loads(raw.split(b"\n", 1)[0][:MAX_HELLO_BYTES])
+        hello = boundedjson.loads(raw.split(b"\n", 1)[0][:MAX_HELLO_BYTES],
+                                  contract.FLAT_RECORD_LIMIT)
         rank = int(hello["process_id"])
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError):
         sock.close()
         return False
     mismatch = [k for k, v in expect.items() if hello.get(k) != v]

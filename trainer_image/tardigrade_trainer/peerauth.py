@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tardigrade_trainer import boundedjson
 from tardigrade_trainer.contract import RENDEZVOUS_AUDIENCE
 
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -120,7 +121,7 @@ def review(access: ApiAccess, token: str, audience: str = RENDEZVOUS_AUDIENCE,
             # A passing outage: this hello is refused, the rank gives up with a retryable
             # peer timeout, and the next attempt tries again.
             return {"authenticated": False, "error": f"TokenReview failed: HTTP {code}"}
-        data = json.loads(raw)
+        data = boundedjson.loads(raw)
     except (OSError, http.client.HTTPException, ValueError) as err:
         return {"authenticated": False, "error": f"TokenReview failed: {err}"}
     return dict(data.get("status") or {}) if isinstance(data, dict) else {}
@@ -131,13 +132,19 @@ def rejection(status: Mapping[str, Any], namespace: str, job: str, rank: int,
     """Why a reviewed token may not hold `rank` of `job` (None: it may)."""
     if status.get("authenticated") is not True:
         return f"token not valid ({status.get('error') or 'not authenticated'})"
-    if audience not in (status.get("audiences") or []):
+    # Each field's type is checked: an answer of another shape refuses the hello, it does not
+    # raise in the review thread (which would end the rendezvous).
+    audiences = status.get("audiences")
+    if not isinstance(audiences, list) or audience not in audiences:
         return f"token not issued for audience {audience}"
-    user = status.get("user") or {}
+    user = status.get("user")
+    user = user if isinstance(user, dict) else {}
     username = str(user.get("username") or "")
     if not username.startswith(f"system:serviceaccount:{namespace}:"):
         return f"token of {username!r}, not of a ServiceAccount of namespace {namespace}"
-    pods = (user.get("extra") or {}).get(POD_NAME_EXTRA) or []
+    extra = user.get("extra")
+    pods = extra.get(POD_NAME_EXTRA) if isinstance(extra, dict) else None
+    pods = pods if isinstance(pods, list) else []
     expected = re.compile(rf"^{re.escape(job)}-a[0-9]+-{rank}$")
     if len(pods) != 1 or not expected.match(str(pods[0])):
         return (f"token bound to pod {pods[0] if pods else None!r}, not to the pod of rank "

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 from tardigrade_trainer import contract
+from tardigrade_trainer.boundedjson import nesting_depth
 
 from tardigrade_operator.api import corev1, tpu_shapes
 from tardigrade_operator.api.cel import CelRule, CelValidated
@@ -147,22 +148,6 @@ PATTERN_HINTS = {
     IMAGE_PATTERN: "must be a container image reference such as ghcr.io/org/trainer:v1 or "
     "registry:5000/trainer@sha256:<digest> (lower-case path, no spaces or shell characters)",
 }
-
-
-def nesting_depth(value: Any) -> int:
-    """Levels of objects and arrays in JSON-like data, counted without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth + 1)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def _publish_cel_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -748,8 +733,8 @@ class TrainingJobSpec(ApiModel):
     @field_validator("trainer")
     @classmethod
     def _trainer_fits_the_environment(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Measured first, without recursion: the API server stores 10,000 levels, and the
-        # size check below would recurse through all of them.
+        # Measured first, without recursion (a value cut out while decoding counts as the
+        # levels it had: tardigrade_trainer.boundedjson), before the size check recurses.
         depth = nesting_depth(value)
         if depth > MAX_TRAINER_CONFIG_DEPTH:
             raise PydanticCustomError(
