@@ -758,6 +758,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
         # are read from their exits (restart_in_place.note_restore).
         recovery.to_replicas = replicas
         recovery.kept_pods = len(in_place.plan.keep)
+        recovery.recreated_ranks = restart_in_place.rank_ranges(
+            in_place.plan.create_ranks) or None
     elif recovery is not None:
         recovery.restore_step = restored
         if status.step is not None and restored is not None:

@@ -572,3 +572,37 @@ def test_steps_trained_past_the_restore_of_a_gang_met_in_process_are_lost():
         status, contract.ProgressReport(step=35, attempt=2, restore_step=30),
         NOW + timedelta(seconds=5))
     assert recovery.gang_formed_time == NOW
+
+
+def test_the_pod_that_set_a_recovery_off_never_counts_in_it_however_late_its_deletion_shows():
+    """On a real cluster the kubelet reports a reclaimed pod Failed, with DisruptionTarget,
+    only once its container is gone (`mergePodStatus`), and the operator's next pass can
+    read its own recovery before it reads the deletion of that pod or the pod created for
+    its rank. The old pod must not be carried into the new attempt as a kept one, where its
+    failure would set off a second recovery."""
+    cluster = running_gang()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    reclaimed = cluster.pods["tiny-a1-1"]
+    cluster.disrupt(reclaimed)
+    reclaimed["status"]["phase"] = "Failed"
+    reclaimed["status"]["containerStatuses"] = [{
+        "name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]
+    seen_before = json.loads(json.dumps(reclaimed))
+    cluster.reconcile()
+    assert cluster.status.attempt == 2 and cluster.status.recoveries[-1].kept_pods == 2
+    assert cluster.status.recoveries[-1].recreated_ranks == "1"
+    # The index lags: the reclaimed pod as it was, not yet deleting; its successor unseen.
+    cluster.pods["tiny-a1-1"] = seen_before
+    cluster.pods.pop("tiny-a2-1")
+    plan = cluster.reconcile()
+    assert cluster.status.attempt == 2 and cluster.status.restarts.preemptions == 1
+    assert len(cluster.status.recoveries) == 1
+    assert not plan.restart_in_place
+
+
+def test_rank_ranges_round_trip():
+    for ranks in ([], [3], [3, 5, 6, 7], [0, 1, 2, 4, 9, 10], list(range(1024))):
+        text = restart_in_place.rank_ranges(ranks)
+        assert restart_in_place.parse_rank_ranges(text) == set(ranks)
+    assert restart_in_place.rank_ranges([7, 5, 6, 3]) == "3,5-7"

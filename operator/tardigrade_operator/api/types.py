@@ -853,6 +853,11 @@ class Recovery(ApiModel):
     restore_step: int | None = Field(None, ge=0, description="Checkpoint step restored.")
     kept_pods: int | None = Field(
         None, ge=0, description="Pods kept and restarted in place (the rest were recreated).")
+    recreated_ranks: str | None = Field(
+        None, max_length=16384, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$",
+        description="With keptPods: the ranks that got a new pod, as ranges (\"3,5-7\"); "
+        "their old pods never count in the new attempt, however late the operator sees "
+        "them deleted.")
     gang_formed_time: Timestamp | None = Field(
         None, description="When rank 0 first reported progress in this attempt: every rank "
         "had met in it, including kept ranks that restarted in process (no container "
