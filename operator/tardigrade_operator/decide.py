@@ -47,6 +47,7 @@ from tardigrade_operator.observe import (
     ServiceView,
     classify,
     owned,
+    with_shutdown_notice,
 )
 from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
 from tardigrade_operator.stage import (
@@ -109,6 +110,8 @@ class Observed:
     nodes_ready: Mapping[str, bool] | None = None
     # Node name -> when its Ready condition left True (lastTransitionTime), for nodes not Ready.
     nodes_not_ready_since: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    # Nodes whose kubelet is shutting them down (observe.nodes_shutting_down).
+    nodes_shutting_down: frozenset[str] = frozenset()
     settings: DecisionSettings = DecisionSettings()
     # Why the API server refused a pod or service rendered from this generation of the spec.
     rejected: str | None = None
@@ -157,8 +160,8 @@ def decide(obs: Observed) -> Plan:
     # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
     # never adopt, stop, release or count them; the garbage collector deletes them.
     previous = [p for p in obs.pods if p.owner_uid != obs.job.uid]
-    obs = dataclasses.replace(obs, pods=restart_in_place.carried(owned(obs.pods, obs.job.uid),
-                                                                 obs.status))
+    mine = restart_in_place.carried(owned(obs.pods, obs.job.uid), obs.status)
+    obs = dataclasses.replace(obs, pods=with_shutdown_notice(mine, obs.nodes_shutting_down))
     status = obs.status.model_copy(deep=True)
     plan = Plan(status=status)
     status.observed_generation = obs.generation
@@ -398,8 +401,10 @@ def node_watch(obs: Observed) -> NodeWatch:
 
 def _judge_unready_nodes(outcomes: dict[int, RankOutcome], nodes: NodeWatch,
                          gang: list[PodView]) -> None:
-    """Ranks on nodes that are not Ready: lost (a preemption), or ridden out."""
-    suspects = [p for p in gang if nodes.suspect(p)]
+    """Ranks on nodes that are not Ready: lost (a preemption), or ridden out. A rank whose
+    disruption is known (its pod's DisruptionTarget, its node shutting down) keeps that
+    reason."""
+    suspects = [p for p in gang if nodes.suspect(p) and not p.disruption]
     lost = [p for p in suspects if nodes.lost(p)]
     for pod in lost:
         outcomes[pod.rank] = RankOutcome(Outcome.PREEMPTED, nodes.describe(pod))

@@ -48,10 +48,12 @@ from tardigrade_operator.decide import Observed, Plan, decide
 from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.kube import ChildRejected, ClusterWriter, StaleStatus, load_client_config
 from tardigrade_operator.observe import (
+    NODE_SHUTTING_DOWN_MESSAGE,
     NodeReadiness,
     PodView,
     ServiceView,
     newest_readiness,
+    nodes_shutting_down,
     not_ready_since,
     owned,
     parse_pod,
@@ -144,7 +146,8 @@ def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
     ready = condition.get("status") == "True"
     version = str(meta.get("resourceVersion") or "")
     since = str(condition.get("lastTransitionTime") or "")
-    return {name: (int(version) if version.isdigit() else 0, ready, since)}
+    shutting_down = not ready and condition.get("message") == NODE_SHUTTING_DOWN_MESSAGE
+    return {name: (int(version) if version.isdigit() else 0, ready, since, shutting_down)}
 
 
 def node_maintenance(name: str, labels: kopf.Labels, meta: kopf.Meta,
@@ -335,9 +338,12 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                if read else Progress())
     nodes_ready = None
     nodes_down: dict[str, datetime] = {}
+    shutting_down: frozenset[str] = frozenset()
     if nodes_index is not None and len(nodes_index) > 0:
         nodes_ready = newest_readiness((node, list(store)) for node, store in nodes_index.items())
         nodes_down = not_ready_since((node, list(store)) for node, store in nodes_index.items())
+        shutting_down = nodes_shutting_down(
+            (node, list(store)) for node, store in nodes_index.items())
     scheduled = maintenance.scheduled_nodes(
         (node, list(store)) for node, store in (maintenance_index or {}).items())
     generation = int(meta.get("generation") or 0)
@@ -358,6 +364,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         progress_error=fetched.malformed,
         nodes_ready=nodes_ready,
         nodes_not_ready_since=nodes_down,
+        nodes_shutting_down=shutting_down,
         settings=decision,
         rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
         scale_up=scale_up,

@@ -263,8 +263,17 @@ def is_admission_rejection(reason: str | None) -> bool:
 
 
 # A node object's readiness as last seen: (resourceVersion, to tell objects of one name
-# apart; Ready; the Ready condition's lastTransitionTime, RFC 3339, "" when absent).
-NodeReadiness = tuple[int, bool, str]
+# apart; Ready; the Ready condition's lastTransitionTime, RFC 3339, "" when absent; whether
+# its kubelet says the node is shutting down).
+NodeReadiness = tuple[int, bool, str, bool]
+# The Ready condition's message while the kubelet runs its graceful node shutdown (a spot
+# reclaim, host maintenance): pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go
+# (`ShutdownStatus`), through the node status setter `ReadyCondition` (reason
+# KubeletNotReady). It is the first sign of a reclaim a controller can see: the kubelet
+# sends the pods' DisruptionTarget only with their terminal phase (`mergePodStatus`).
+NODE_SHUTTING_DOWN_MESSAGE = "node is shutting down"
+# What the operator calls a rank on such a node, as the kubelet calls pods it refuses there.
+NODE_SHUTDOWN_REASON = "NodeShutdown"
 
 
 def newest_readiness(index: Iterable[tuple[str, Iterable[NodeReadiness]]]) -> dict[str, bool]:
@@ -290,6 +299,26 @@ def not_ready_since(
         if when is not None:
             found[name] = when
     return found
+
+
+def nodes_shutting_down(index: Iterable[tuple[str, Iterable[NodeReadiness]]]
+                        ) -> frozenset[str]:
+    """Names of nodes whose newest object says their kubelet is shutting them down."""
+    found = set()
+    for name, entries in index:
+        newest = max(entries, default=None)
+        if newest is not None and len(newest) > 3 and not newest[1] and newest[3]:
+            found.add(name)
+    return frozenset(found)
+
+
+def with_shutdown_notice(pods: Iterable[PodView], shutting_down: frozenset[str]
+                         ) -> list[PodView]:
+    """Ranks still running on a node that is shutting down, seen as preempted now: the gang
+    saves while the reclaimed ranks can still take part."""
+    return [dataclasses.replace(p, disruption=NODE_SHUTDOWN_REASON)
+            if p.active and not p.disruption and p.node_name in shutting_down else p
+            for p in pods]
 
 
 def describe_failure(pod: PodView) -> str:

@@ -50,6 +50,7 @@ class FakeCluster:
     progress_error: str | None = None  # rank 0 answered with a malformed report
     nodes_ready: dict[str, bool] | None = None
     nodes_not_ready_since: dict[str, datetime] = dataclasses.field(default_factory=dict)
+    nodes_shutting_down: frozenset[str] = frozenset()
     settings: DecisionSettings = dataclasses.field(default_factory=DecisionSettings)
     plans: list[Plan] = dataclasses.field(default_factory=list)
     rejected: str | None = None  # the API server refused a child of this spec
@@ -79,6 +80,7 @@ class FakeCluster:
             now=self.now, progress=self.progress, progress_error=self.progress_error,
             nodes_ready=self.nodes_ready,
             nodes_not_ready_since=self.nodes_not_ready_since,
+            nodes_shutting_down=self.nodes_shutting_down,
             settings=self.settings, rejected=self.rejected,
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
             node_pools=self.node_pools,

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from tardigrade_operator.decide import DecisionSettings, decide
+from tardigrade_operator.observe import nodes_shutting_down
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
@@ -110,6 +111,29 @@ def test_other_disruptions_count_as_preemptions(pod_status, description):
     cluster.reconcile()
     assert cluster.status.restarts.preemptions == 1, description
     assert cluster.status.restarts.failures == 0
+
+
+def test_a_node_shutting_down_stops_the_gang_at_once_before_any_pod_says_so():
+    """A spot reclaim as kube-apiserver shows it: the kubelet marks its Node Ready=False,
+    "node is shutting down", and SIGTERMs its pods; their DisruptionTarget comes only with
+    their terminal phase. The other ranks must get their SIGTERM now, while the reclaimed
+    ranks can still save with them."""
+    cluster = launched(FakeCluster(spec()))
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.nodes_ready = {"node-0": True, "node-1": False}
+    cluster.nodes_shutting_down = frozenset({"node-1"})
+    plan = cluster.reconcile()
+    assert sorted(name for name, _ in plan.delete_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert cluster.status.restarts.preemptions == 1 and cluster.status.restarts.failures == 0
+    assert cluster.status.recoveries[-1].reason == "tiny-a1-1: NodeShutdown"
+
+
+def test_the_shutdown_notice_comes_from_the_ready_condition_of_the_newest_node_object():
+    since = "2026-01-01T00:00:00Z"
+    index = [("node-a", [(10, True, "", False), (20, False, since, True)]),
+             ("node-b", [(30, False, since, True), (40, True, "", False)]),
+             ("node-c", [(50, False, since, False)])]  # not Ready for another reason
+    assert nodes_shutting_down(index) == {"node-a"}
 
 
 def test_node_not_ready_counts_as_preemption():
