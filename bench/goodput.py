@@ -527,7 +527,7 @@ def run_arms(arms: list[Arm], settings: Settings, args: argparse.Namespace,
     results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="tardigrade-goodput-") as state, \
             LocalCluster(Path(state) / "cluster", nodes=nodes, operator_command=operator,
-                         shutdown_grace_seconds=settings.grace_seconds,
+                         shutdown_grace_seconds=settings.grace_seconds, api_proxy=False,
                          feature_gates="ContainerRestartRules=true") as cluster:
         bench = Bench(cluster, settings, args.seed)
         for arm in arms:

@@ -469,7 +469,9 @@ def main() -> None:
                             capacity={"cpu": "64", "memory": "256Gi",
                                       "pods": str(PODS_PER_NODE)})
     rows: list[dict[str, Any]] = []
-    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False) as cluster:
+    # No API proxy: the operator talks to kube-apiserver directly, as in a cluster.
+    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False, api_proxy=False
+                      ) as cluster:
         client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
         core = kubernetes.client.CoreV1Api(client)
         custom = kubernetes.client.CustomObjectsApi(client)

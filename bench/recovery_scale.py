@@ -17,10 +17,11 @@ SIGTERM, the ranks save one step), and the bench follows, from watches on the ad
 - API requests during the recovery: everyone's (`apiserver_request_total` on the API server's
   `/metrics`, non-resource requests left out) and the operator's (audit log), the operator's
   TrainingJob status writes, the kubelets' pod status writes;
-- the operator's RSS and CPU seconds over the recovery; the cluster process's (API server,
-  kubelets, scheduler: one process) memory and CPU per simulated pod while the gang starts;
+- the operator's RSS and CPU seconds over the recovery; the cluster's (its processes summed:
+  etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the supervisor running
+  the node agents) memory and CPU per simulated pod while the gang starts;
 - where the machine's cores went during the recovery: the CPU seconds of the operator, the
-  cluster process and the bench itself, the machine's busy share, and the floor they set
+  cluster's processes and the bench itself, the machine's busy share, and the floor they set
   (their sum over the cores): a recovery whose floor is near its time was waiting for a core.
 
 Simulator latencies are zero (a container starts at once: `simulated_start_seconds` 0) and the
@@ -64,6 +65,7 @@ import argparse
 import dataclasses
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -135,16 +137,19 @@ class Watcher:
     """One raw watch (admin port: neither audited nor counted as the operator's); calls
     `on_event(type, object)` for each event, from a thread."""
 
-    def __init__(self, url: str, on_event: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(self, url: str, on_event: Callable[[str, dict[str, Any]], None],
+                 context: ssl.SSLContext | None = None) -> None:
         self.url = url
         self.on_event = on_event
+        self.context = context
         self.stopped = False
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         while not self.stopped:
             try:
-                with urllib.request.urlopen(self.url, timeout=3600) as stream:
+                with urllib.request.urlopen(self.url, timeout=3600,
+                                            context=self.context) as stream:
                     for line in stream:
                         event = json.loads(line)
                         self.on_event(event["type"], event["object"])
@@ -274,10 +279,10 @@ class ProgressPoller:
             time.sleep(0.02)
 
 
-def request_counts(api_url: str) -> Counter[tuple[str, str, str]]:
-    """(verb, resource, subresource) -> requests so far, resource requests only."""
-    with urllib.request.urlopen(f"{api_url}/metrics", timeout=30) as response:
-        text = response.read().decode()
+def request_counts(cluster: LocalCluster) -> Counter[tuple[str, str, str]]:
+    """(verb, resource, subresource) -> requests so far, resource requests only
+    (kube-apiserver's `apiserver_request_total`)."""
+    text = cluster.api_metrics()
     counts: Counter[tuple[str, str, str]] = Counter()
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
@@ -291,13 +296,13 @@ def request_counts(api_url: str) -> Counter[tuple[str, str, str]]:
 
 
 def audit_lines(path: Path, user: str) -> list[dict[str, Any]]:
-    """The user's requests (an admission plugin's own checks on them left out)."""
+    """The user's requests, one audit event each (the one at ResponseComplete: a watch also
+    logs its ResponseStarted)."""
     events = []
     with open(path) as f:
         for line in f:
             event = json.loads(line)
-            if (event["user"]["username"] == user
-                    and "tardigrade.dev/checked-by" not in event["annotations"]):
+            if event["user"]["username"] == user and event.get("stage") == "ResponseComplete":
                 events.append(event)
     return events
 
@@ -318,6 +323,20 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
+class ClusterProcesses:
+    """The local cluster's processes together (the supervisor with its node agents, etcd,
+    kube-apiserver, kube-controller-manager, kube-scheduler): CPU seconds and RSS, summed."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.procs = [psutil.Process(pid) for pid in cluster.processes().values()]
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(p) for p in self.procs)
+
+    def rss(self) -> int:
+        return sum(p.memory_info().rss for p in self.procs)
+
+
 def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate",
              tpu: bool = False, watch_nodes: bool = True) -> dict[str, float | str]:
     state = workdir / f"gang-{replicas}-{arm}{'-tpu' if tpu else ''}{'' if watch_nodes else '-nw'}"
@@ -327,9 +346,10 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
     user = f"system:serviceaccount:{NS}:{OPERATOR_ACCOUNT}"
     in_place = arm in KEEPING_ARMS
     in_process = arm == "in-process"
-    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False,
+    with LocalCluster(state / "cluster", nodes=nodes, with_gcs=False, api_proxy=False,
                       feature_gates="ContainerRestartRules=true") as cluster:
-        cluster_proc = psutil.Process(int(cluster.info["pid"]))
+        cluster_proc = ClusterProcesses(cluster)
+        tls = cluster.admin_ssl_context()
         kubeconfig = cluster.service_account_kubeconfig(NS, OPERATOR_ACCOUNT,
                                                         state / "operator.kubeconfig")
         env = {**cluster.client_env(), "KUBECONFIG": str(kubeconfig),
@@ -343,26 +363,26 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
              "--standalone", "--health-port", "0"], env=env, stdout=log,
             stderr=subprocess.STDOUT)
         timeline = Timeline(replicas)
-        api = cluster.api_url
+        api = cluster.info["direct_api_url"]
         watchers: list[Watcher | ProgressPoller] = [
             Watcher(f"{api}/api/v1/namespaces/{NS}/pods?watch=true&timeoutSeconds=3600"
-                    f"&labelSelector=tardigrade.dev/job%3D{JOB}", timeline.on_pod),
+                    f"&labelSelector=tardigrade.dev/job%3D{JOB}", timeline.on_pod, tls),
             Watcher(f"{api}/apis/tardigrade.dev/v1alpha1/namespaces/{NS}/trainingjobs"
-                    f"?watch=true&timeoutSeconds=3600", timeline.on_job),
+                    f"?watch=true&timeoutSeconds=3600", timeline.on_job, tls),
         ]
         try:
             op = psutil.Process(operator.pid)
-            cluster_rss0, cluster_cpu0 = cluster_proc.memory_info().rss, cpu_seconds(cluster_proc)
+            cluster_rss0, cluster_cpu0 = cluster_proc.rss(), cluster_proc.cpu()
             body = json.dumps(job(replicas, state / "checkpoints", tpu)).encode()
             request = urllib.request.Request(
                 f"{api}/apis/tardigrade.dev/v1alpha1/namespaces/{NS}/trainingjobs", data=body,
                 headers={"Content-Type": "application/json"}, method="POST")
-            urllib.request.urlopen(request, timeout=60).read()
+            urllib.request.urlopen(request, timeout=60, context=tls).read()
             launched = time.monotonic()
             timeline.wait("gang running", lambda: timeline.running(
                 int(timeline.status().get("attempt", 1))) == replicas, timeout)
             started_in = time.monotonic() - launched
-            cluster_rss1, cluster_cpu1 = cluster_proc.memory_info().rss, cpu_seconds(cluster_proc)
+            cluster_rss1, cluster_cpu1 = cluster_proc.rss(), cluster_proc.cpu()
             # Trained and reported: the operator has read rank 0's progress.
             timeline.wait("progress", lambda: (timeline.status().get("step") or 0) > 0
                           and timeline.status().get("phase") == "Running", timeout)
@@ -372,10 +392,10 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
                               if p["metadata"]["labels"]["tardigrade.dev/rank"]
                               == str(replicas - 1))
             node = victim["spec"]["nodeName"]
-            requests0 = request_counts(api)
+            requests0 = request_counts(cluster)
             audited0 = len(audit_lines(cluster.layout.audit_log, user))
             op_cpu0, op_rss0 = cpu_seconds(op), op.memory_info().rss
-            cluster_cpu_r0, bench_cpu0, machine0 = (cpu_seconds(cluster_proc),
+            cluster_cpu_r0, bench_cpu0, machine0 = (cluster_proc.cpu(),
                                                     cpu_seconds(psutil.Process()), busy_cpu())
             timeline.note_restarts()
             with timeline.lock:
@@ -408,10 +428,10 @@ def run_size(replicas: int, workdir: Path, timeout: float, arm: str = "recreate"
             }, timeout)
             recovery = (timeline.status().get("recoveries") or [{}])[-1]
             op_cpu1, op_rss1 = cpu_seconds(op), op.memory_info().rss
-            cluster_cpu_r1, bench_cpu1, machine1 = (cpu_seconds(cluster_proc),
+            cluster_cpu_r1, bench_cpu1, machine1 = (cluster_proc.cpu(),
                                                     cpu_seconds(psutil.Process()), busy_cpu())
             window = time.monotonic() - t0
-            requests1 = request_counts(api)
+            requests1 = request_counts(cluster)
             operator_events = audit_lines(cluster.layout.audit_log, user)[audited0:]
             with timeline.lock:
                 relaunched = [p["spec"] for p in timeline.attempt_pods(attempt + 1)]

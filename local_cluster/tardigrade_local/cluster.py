@@ -21,9 +21,11 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -576,6 +578,26 @@ class LocalCluster:
         return write_kubeconfig(path, self.api_url, namespace=namespace,
                                 user=f"system:serviceaccount:{namespace}:{name}", token=token,
                                 ca_pem=ca)
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS for a raw client of kube-apiserver: the cluster's CA, the administrator's
+        certificate (what the admin kubeconfig holds)."""
+        pki = Path(self.info["ca_file"]).parent
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return context
+
+    def api_metrics(self) -> str:
+        """kube-apiserver's /metrics, read with the administrator's certificate (the
+        endpoint needs `get` on the non-resource URL /metrics)."""
+        with urllib.request.urlopen(f"{self.info['direct_api_url']}/metrics", timeout=30,
+                                    context=self.admin_ssl_context()) as response:
+            return str(response.read().decode())
+
+    def processes(self) -> dict[str, int]:
+        """The cluster's own processes by name (the supervisor and each component), for CPU
+        and memory accounting."""
+        return {"supervisor": int(self.info["pid"]), **self.info.get("processes", {})}
 
     def client_env(self) -> dict[str, str]:
         """os.environ plus KUBECONFIG, the GCS emulator variables and pod-name resolution for

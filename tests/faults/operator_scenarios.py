@@ -251,8 +251,7 @@ class FaultBed:
         self.rng = random.Random(seed)
         self.nodes = nodes
         self.local = LocalCluster(root / "cluster", nodes=nodes, with_gcs=False,
-                                  shutdown_grace_seconds=GRACE_SECONDS,
-                                  orphan_pod_gc_seconds=3)
+                                  shutdown_grace_seconds=GRACE_SECONDS)
         self.cluster: Cluster
         self.operator: OperatorProcess
         self.monitor: PodMonitor

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import tardigrade_local
 from kube_helpers import Kube, container_status, kubectl, python_pod, wait_for
+from tardigrade_local import gobuild
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +36,24 @@ def test_up_preempt_status_down(tmp_path):
     assert up.returncode == 0, up.stderr
     state = tmp_path / ".tardigrade" / "local"
     assert up.stdout.strip() == f"export KUBECONFIG={state / 'kubeconfig'}"
+    info = json.loads((state / "cluster.json").read_text())
+    ours = [int(info["pid"]), *info["processes"].values()]
     try:
         env = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
         nodes = kubectl("get", "nodes", "-o", "name", env=env).split()
         assert sorted(nodes) == ["node/local-node-1", "node/local-spot-1"]
+        # The real control plane, at the pinned version, with a heartbeat per node.
+        version = json.loads(kubectl("version", "-o", "json", env=env))
+        assert version["serverVersion"]["gitVersion"] == gobuild.kubernetes_version()
+        leases = kubectl("get", "leases", "-n", "kube-node-lease", "-o", "name", env=env).split()
+        assert sorted(leases) == ["lease.coordination.k8s.io/local-node-1",
+                                  "lease.coordination.k8s.io/local-spot-1"]
+        # kube-apiserver's own built-in resources, plus our CRDs and kopf's.
+        resources = set(kubectl("api-resources", "-o", "name", env=env).split())
+        assert {"pods", "leases.coordination.k8s.io", "endpointslices.discovery.k8s.io",
+                "tokenreviews.authentication.k8s.io", "validatingadmissionpolicies."
+                "admissionregistration.k8s.io", "trainingjobs.tardigrade.dev",
+                "kopfpeerings.kopf.dev"} <= resources
         spot = kubectl("get", "nodes", "-l", "cloud.google.com/gke-spot=true", "-o", "name",
                        env=env)
         assert spot.strip() == "node/local-spot-1"
@@ -90,6 +107,12 @@ def test_up_preempt_status_down(tmp_path):
         down = tardigrade("down", cwd=tmp_path)
     assert down.returncode == 0, down.stderr
     assert not state.exists()
+    # No process left behind, and the API server's port is closed.
+    assert [p for p in ours if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    port = int(info["direct_api_url"].rsplit(":", 1)[1])
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
     again = tardigrade("status", cwd=tmp_path)
     assert again.returncode == 1 and "no local cluster" in again.stderr
 
