@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tardigrade_local.disruptions import TAINT_NOT_READY, TAINT_UNREACHABLE
 from tardigrade_local.kubelet import fitcheck
 from tardigrade_local.kubelet.client import Informer, core_path
 from tardigrade_local.kubelet.config import NodeConfig
@@ -227,12 +228,25 @@ class NodeAutoscaler:
         return plan
 
     async def _provision(self, pool: NodePool, config: NodeConfig) -> None:
+        """The cloud creates the VM; its kubelet registers. The node stays upcoming until it
+        is Ready and untainted, as the cluster autoscaler counts a registered node that is
+        not ready yet among the upcoming ones (clusterstate `GetUpcomingNodes`): meanwhile
+        the scheduler cannot place a pod there either."""
         try:
             await asyncio.sleep(pool.provision_seconds)
             await self.host.add_node(config)
             log.info("autoscaler: node %s added to pool %s", config.name, pool.name)
+            while not self._schedulable(config.name):
+                await asyncio.sleep(0.2)
         finally:
             self.provisioning.pop(config.name, None)
+
+    def _schedulable(self, name: str) -> bool:
+        node = self.nodes.cache.get(("", name))
+        if node is None:
+            return False
+        taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+        return not taints & {TAINT_NOT_READY, TAINT_UNREACHABLE}
 
     def _new_name(self, pool: NodePool) -> str:
         while True:

@@ -138,12 +138,15 @@ class KubeletHost:
         for config in self.initial_nodes:
             await self.add_node(config)
 
-    async def wait_schedulable(self, timeout: float = 60.0) -> None:
-        """Until every node that runs is Ready and free of the taints kube-apiserver
-        (TaintNodesByCondition admission: `node.kubernetes.io/not-ready` on a new Node) and
-        the node lifecycle controller put on a node that is not (yet) Ready: the moment the
-        scheduler can place pods on all of them."""
-        names = {n for n, a in self.agents.items() if a.state == "ready"}
+    async def wait_schedulable(self, timeout: float = 60.0,
+                               names: set[str] | None = None) -> None:
+        """Until every node that runs (or those `names`) is Ready and free of the taints
+        kube-apiserver (TaintNodesByCondition admission: `node.kubernetes.io/not-ready` on a
+        new Node) and the node lifecycle controller put on a node that is not (yet) Ready:
+        the moment the scheduler can place pods on all of them."""
+        if names is None:
+            names = {n for n, a in self.agents.items() if a.state == "ready"}
+        names = set(names)
         deadline = time.monotonic() + timeout
         while names:
             listing = await self.cloud.client.request("GET", core_path("nodes"))
@@ -401,6 +404,8 @@ class KubeletHost:
             # Nobody took a name meanwhile.
             back = [a for a in agents if self.agents.get(a.name) is a]
             await asyncio.gather(*(self.add_node(a.config) for a in back))
+            # Upcoming for the cluster autoscaler until schedulable (autoscaler._provision).
+            await self.wait_schedulable(names={a.name for a in back})
         finally:
             for a in agents:
                 self.recreating.pop(a.name, None)
