@@ -65,6 +65,8 @@ class RootLines:
     def _swap_record(self, change: Callable[[rootrecord.RootRecord | None],
                                             rootrecord.RootRecord]) -> rootrecord.RootRecord:
         kv, root = self.store.kv, self.store.root
+        # `store` tells this gang's own write (landed, its answer lost, refused on retry) from
+        # a rival's: only a rival's sends `change` round again, so a fork adds one branch.
         for _ in range(8):
             record, generation = rootrecord.load(kv, root)
             new = change(record)
