@@ -13,6 +13,7 @@ forwarded, lost answers included.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import http.client
 import http.server
 import json
@@ -53,6 +54,9 @@ class FaultRule:
     fraction: float | None = None
     stall_seconds: float | None = None
     path_contains: str = ""  # only requests whose decoded path+query contains this
+    # Hit each distinct request (method, target, body) once: a client's retry of it, which
+    # repeats all three, goes through, so every write of a key meets the fault once.
+    once_per_request: bool = False
 
     def matches(self, method: str, target: str) -> bool:
         phase = "write" if method in _WRITE_METHODS else "read"
@@ -71,6 +75,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = []
         self._used: Counter[int] = Counter()  # rule index -> victims so far
+        self._hit: set[tuple[int, str, str, str]] = set()  # (rule index, request) hit so far
         self._heal = threading.Event()  # set: stalled requests go on
         self.requests: Counter[str] = Counter()  # "read"/"write" -> requests seen
         self.injected: Counter[str] = Counter()  # "error 503"/"stall" -> faults injected
@@ -92,11 +97,14 @@ class FaultProxy:
             self._heal = threading.Event()
             self._rules = list(rules)
             self._used = Counter()
+            self._hit = set()
 
     def clear(self) -> None:
         self.set_rules([])
 
-    def _decide(self, method: str, target: str) -> tuple[FaultRule | None, threading.Event]:
+    def _decide(self, method: str, target: str, body: bytes
+                ) -> tuple[FaultRule | None, threading.Event]:
+        request = (method, target, hashlib.sha256(body).hexdigest())
         with self._lock:
             self.requests["write" if method in _WRITE_METHODS else "read"] += 1
             for index, rule in enumerate(self._rules):
@@ -104,9 +112,13 @@ class FaultProxy:
                     continue
                 if rule.count is not None and self._used[index] >= rule.count:
                     continue
+                if rule.once_per_request and (index, *request) in self._hit:
+                    continue
                 if rule.fraction is not None and self._random.random() >= rule.fraction:
                     continue
                 self._used[index] += 1
+                if rule.once_per_request:
+                    self._hit.add((index, *request))
                 self.injected[_label(rule)] += 1
                 return rule, self._heal
             return None, self._heal
@@ -156,7 +168,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 body = self._body()
                 target = urllib.parse.unquote(self.path)
-                rule, heal = proxy._decide(self.command, target)
+                rule, heal = proxy._decide(self.command, target, body)
                 if rule is not None and rule.action == "stall":
                     heal.wait(rule.stall_seconds)
                     if rule.stall_seconds is None:
