@@ -60,6 +60,9 @@ class RootLines:
         return self.line_of(self.root_record(), self.store.list_steps()[0])
 
     def on_current_line(self, info: CheckpointInfo) -> bool:
+        # Judged on `info` as read: reading the marker again could miss it, while process 0
+        # deletes a step of an abandoned line that another host is looking at.
+        self._lines[info.step] = info.line()
         return info.step in self.line_of(self.root_record(), [info.step])
 
     def _swap_record(self, change: Callable[[rootrecord.RootRecord | None],
