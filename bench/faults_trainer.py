@@ -9,8 +9,9 @@ A. Kill trials (tests/faults/kill_trials.py): gangs of 1 and 2 trainer processes
    ends with a SIGTERM stop that must save and leave no partial checkpoint.
 B. GCS scenarios (tests/faults/gcs_scenarios.py): a fault proxy in front of the emulator
    returns 5xx/429 or stalls reads or writes during saves and restores, then a real trainer
-   rides out an outage and a failed preemption save, and a gang of 2 hears within seconds
-   that storage refused process 0's commit.
+   rides out an outage and a failed preemption save, a gang of 2 hears within seconds
+   that storage refused process 0's commit, and root record writes that land but lose their
+   answers (retries refused 412, as by GCS) still make one claim and one branch.
 C. Checkpoint root trials (tests/faults/root_trials.py): seeded ordinary-use stories for the
    operator's pin, rollback, re-created and foreign jobs, initFrom and stale attempts, run on
    the real checkpoint manager and restore decision: 0 stranded jobs, 0 wrong-weights restores.
@@ -40,6 +41,7 @@ from tests.faults.gcs_scenarios import (  # noqa: E402
     Scenarios,
     faulty_gcs,
     gang_hears_of_a_refused_commit,
+    gang_rolls_back_through_lost_answers,
     trainer_rides_out_an_outage,
 )
 from tests.faults.kill_trials import Campaign, TrialResult  # noqa: E402
@@ -118,6 +120,11 @@ def run_gcs(workdir: Path, seed: int) -> list[Outcome | str]:
             outcomes.append(gang_hears_of_a_refused_commit(proxy, workdir / "gcs"))
         except AssertionError as err:
             outcomes.append(f"FAIL refused commit: {str(err)[:2000]}")
+        print(f"  {outcomes[-1]}", flush=True)
+        try:
+            outcomes.append(gang_rolls_back_through_lost_answers(proxy, workdir / "gcs"))
+        except AssertionError as err:
+            outcomes.append(f"FAIL lost root record answers: {str(err)[:2000]}")
         print(f"  {outcomes[-1]}", flush=True)
     return outcomes
 

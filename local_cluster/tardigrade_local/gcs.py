@@ -3,7 +3,8 @@
 Built rather than taken from the PyPI wrapper, whose bundled binary ignores
 `ifGenerationMatch` (a create-only upload succeeded twice there): this one answers 412 to a
 failed precondition on media, multipart and resumable uploads, as GCS does, which the
-checkpoint root record's compare-and-swap relies on.
+checkpoint root record's compare-and-swap relies on (tests/local/test_gcs_emulator.py; what
+it does not check is in local_cluster/README.md, "The GCS emulator").
 
 Pods and tests reach it through `client_env()`, which also points every Google auth library
 away from the cloud metadata server so that no client leaves loopback.
@@ -28,7 +29,7 @@ from tardigrade_local.ports import free_port
 
 READY_TIMEOUT_SECONDS = 30.0
 # An access-log line as fake-gcs-server writes it: ... \"PUT /upload/storage/v1/... HTTP/1.1\" 200
-_ACCESS_LINE = re.compile(r'\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" \d{3}')
+_ACCESS_LINE = re.compile(r'\\"([A-Z]+) (\S+) HTTP/[0-9.]+\\" (\d{3})')
 
 
 def _binary() -> str:
@@ -146,13 +147,17 @@ class GcsEmulator:
 
     def requests(self) -> list[tuple[str, str]]:
         """(method, path) of every request served so far (needs `log_requests`)."""
+        return [(method, path) for method, path, _ in self.answers()]
+
+    def answers(self) -> list[tuple[str, str, int]]:
+        """(method, path, status) of every request served so far (needs `log_requests`)."""
         if not self.log_requests or self.log_path is None:
             raise RuntimeError("start the emulator with log_requests=True and a log_path")
         served = []
         for line in self.log_path.read_text(errors="replace").splitlines():
             match = _ACCESS_LINE.search(line)
             if match:
-                served.append((match.group(1), match.group(2)))
+                served.append((match.group(1), match.group(2), int(match.group(3))))
         return served
 
     def stop(self) -> None:

@@ -1,16 +1,19 @@
 """A fault-injecting HTTP proxy on loopback, in front of the GCS emulator.
 
 Clients point at `proxy.url` (e.g. `client_env(proxy.url)`) instead of the emulator; every
-request is forwarded unless a rule matches it. A rule answers an error status (503, 429, ...)
-or stalls the request, for the first `count` matching requests or for a `fraction` of them
-(drawn from a seeded generator, so a run is reproducible), and only in one phase: reads
-(GET, HEAD) or writes (POST, PUT, PATCH, DELETE). Rules change while clients run:
-`proxy.set_rules(...)` between the phases of a test, `proxy.clear()` to heal.
+request is forwarded unless a rule matches it. A rule answers an error status (503, 429, ...),
+stalls the request, or loses the answer of a request the emulator applied, for the first
+`count` matching requests or for a `fraction` of them (drawn from a seeded generator, so a run
+is reproducible), and only in one phase: reads (GET, HEAD) or writes (POST, PUT, PATCH,
+DELETE). Rules change while clients run: `proxy.set_rules(...)` between the phases of a test,
+`proxy.clear()` to heal. `proxy.statuses` counts what the emulator answered to the requests
+forwarded, lost answers included.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import http.client
 import http.server
 import json
@@ -37,15 +40,23 @@ class FaultRule:
     server: the request is held that long, then forwarded. Without, it is a black hole: held
     until the rules change or the proxy stops, then dropped unanswered and never forwarded
     (a write the client gave up on must not land later).
+
+    A "lose" is an answer lost on its way back (a reset connection, a load balancer's 5xx
+    after the backend committed): the request is forwarded and applied, then the client gets
+    `status` instead of the emulator's answer, or with `status=0` a connection closed without
+    any answer. Clients retry both, so a conditional write comes back to a changed object.
     """
 
     phase: Phase
-    action: Literal["error", "stall"] = "error"
+    action: Literal["error", "stall", "lose"] = "error"
     status: int = 503
     count: int | None = None
     fraction: float | None = None
     stall_seconds: float | None = None
     path_contains: str = ""  # only requests whose decoded path+query contains this
+    # Hit each distinct request (method, target, body) once: a client's retry of it, which
+    # repeats all three, goes through, so every write of a key meets the fault once.
+    once_per_request: bool = False
 
     def matches(self, method: str, target: str) -> bool:
         phase = "write" if method in _WRITE_METHODS else "read"
@@ -64,9 +75,11 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = []
         self._used: Counter[int] = Counter()  # rule index -> victims so far
+        self._hit: set[tuple[int, str, str, str]] = set()  # (rule index, request) hit so far
         self._heal = threading.Event()  # set: stalled requests go on
         self.requests: Counter[str] = Counter()  # "read"/"write" -> requests seen
         self.injected: Counter[str] = Counter()  # "error 503"/"stall" -> faults injected
+        self.statuses: Counter[int] = Counter()  # the emulator's answers to forwarded requests
         self._server = http.server.ThreadingHTTPServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
@@ -84,11 +97,14 @@ class FaultProxy:
             self._heal = threading.Event()
             self._rules = list(rules)
             self._used = Counter()
+            self._hit = set()
 
     def clear(self) -> None:
         self.set_rules([])
 
-    def _decide(self, method: str, target: str) -> tuple[FaultRule | None, threading.Event]:
+    def _decide(self, method: str, target: str, body: bytes
+                ) -> tuple[FaultRule | None, threading.Event]:
+        request = (method, target, hashlib.sha256(body).hexdigest())
         with self._lock:
             self.requests["write" if method in _WRITE_METHODS else "read"] += 1
             for index, rule in enumerate(self._rules):
@@ -96,11 +112,14 @@ class FaultProxy:
                     continue
                 if rule.count is not None and self._used[index] >= rule.count:
                     continue
+                if rule.once_per_request and (index, *request) in self._hit:
+                    continue
                 if rule.fraction is not None and self._random.random() >= rule.fraction:
                     continue
                 self._used[index] += 1
-                label = "stall" if rule.action == "stall" else f"error {rule.status}"
-                self.injected[label] += 1
+                if rule.once_per_request:
+                    self._hit.add((index, *request))
+                self.injected[_label(rule)] += 1
                 return rule, self._heal
             return None, self._heal
 
@@ -112,6 +131,8 @@ class FaultProxy:
             response = conn.getresponse()
             payload = response.read()
             kept = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+            with self._lock:
+                self.statuses[response.status] += 1
             return response.status, kept, payload
         finally:
             conn.close()
@@ -147,16 +168,14 @@ class FaultProxy:
             def _handle(self) -> None:
                 body = self._body()
                 target = urllib.parse.unquote(self.path)
-                rule, heal = proxy._decide(self.command, target)
+                rule, heal = proxy._decide(self.command, target, body)
                 if rule is not None and rule.action == "stall":
                     heal.wait(rule.stall_seconds)
                     if rule.stall_seconds is None:
                         self.close_connection = True
                         return
-                elif rule is not None:
-                    error = {"error": {"code": rule.status, "message": "injected fault"}}
-                    self._reply(rule.status, [("Content-Type", "application/json")],
-                                json.dumps(error).encode())
+                elif rule is not None and rule.action == "error":
+                    self._error(rule.status)
                     return
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in _HOP_BY_HOP and k.lower() != "host"}
@@ -165,7 +184,18 @@ class FaultProxy:
                 except OSError as err:
                     self._reply(502, [("Content-Type", "text/plain")], str(err).encode())
                     return
+                if rule is not None and rule.action == "lose":
+                    if rule.status:
+                        self._error(rule.status)
+                    else:
+                        self.close_connection = True  # closed without a status line
+                    return
                 self._reply(status, kept, payload)
+
+            def _error(self, status: int) -> None:
+                error = {"error": {"code": status, "message": "injected fault"}}
+                self._reply(status, [("Content-Type", "application/json")],
+                            json.dumps(error).encode())
 
             def handle_one_request(self) -> None:
                 try:
@@ -195,3 +225,11 @@ class FaultProxy:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _label(rule: FaultRule) -> str:
+    if rule.action == "stall":
+        return "stall"
+    if rule.action == "lose":
+        return f"lost answer ({rule.status or 'connection closed'})"
+    return f"error {rule.status}"

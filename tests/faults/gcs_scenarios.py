@@ -23,7 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tardigrade_local.gcs import GcsEmulator, client_env
 from tardigrade_local.gcs_faults import FaultProxy, FaultRule
 from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointIOError, CheckpointManager
+from tardigrade_trainer.checkpoint import CheckpointIOError, CheckpointManager, JobIdentity
+from tardigrade_trainer.checkpoint.rootrecord import ROOT_FILE
 from tardigrade_trainer.checkpoint.storage import (
     ENV_LOW_SPEED_LIMIT,
     ENV_LOW_SPEED_TIME,
@@ -111,6 +112,7 @@ class Scenarios:
     def _run(self, name: str, body: Callable[[], str]) -> Outcome:
         self.proxy.clear()
         self.proxy.injected.clear()
+        self.proxy.statuses.clear()
         started = time.monotonic()
         try:
             result = body()
@@ -249,10 +251,54 @@ class Scenarios:
                                               FaultRule("read", action="stall",
                                                         path_contains="/c/"))
 
+    # --- the root record ----------------------------------------------------------------------
+    def root_record_answers_lost(self) -> Outcome:
+        """The root record's writes land but their answers are lost; TensorStore retries and
+        the emulator answers 412, as GCS does. Each write must count once: one claim, one new
+        branch for one rollback, nothing committed lost."""
+        def body() -> str:
+            manager = self._manager("lost-answers")
+            me = JobIdentity("ml", "faults", "uid-1")
+            # Claiming the empty root (create-only): the connection closes once it landed.
+            self.proxy.set_rules([FaultRule("write", action="lose", status=0, count=1,
+                                            path_contains=ROOT_FILE)])
+            claimed = manager.open_root(me, 1)
+            ten = self._committed_then(manager, 10)
+            self._committed_then(manager, 20)
+            # A rollback to 10 (a new line): a 503 comes back after the record was written.
+            self.proxy.set_rules([FaultRule("write", action="lose", status=503, count=1,
+                                            path_contains=ROOT_FILE)])
+            forked = manager.fork_root(10, "uid-1/a1")
+            self.proxy.clear()
+            _check(sum(self.proxy.injected.values()) == 2, f"injected {self.proxy.injected}")
+            _check(self.proxy.statuses[412] == 2,
+                   f"the retried writes were not refused: {self.proxy.statuses}")
+            _check(set(claimed.branches) == {""}, f"claimed {claimed}")
+            _check(set(forked.branches) == {"", forked.lineage},
+                   f"the rollback made {len(forked.branches) - 1} branches: {forked.branches}")
+            lines = [e["lineage"] for e in self.events if e["event"] == "checkpoint_line_started"]
+            _check(lines == [forked.lineage], f"line events {lines} for {forked.lineage}")
+            fresh = CheckpointManager(manager.root, storage=RETRIES)
+            try:
+                _check(fresh.root_record() == forked, f"stored {fresh.root_record()}")
+            finally:
+                fresh.close()
+            _check(manager.latest_committed() == 10, f"latest {manager.latest_committed()}")
+            thirty = self._committed_then(manager, 30)
+            _check(manager.line_steps() == [10, 30], f"line {manager.line_steps()}")
+            self._intact(manager, 30, thirty, failed=-1)
+            restored, _ = manager.restore(10, _target(ten))
+            _check(_same(restored, ten), "step 10 restored different values")
+            manager.close()
+            return ("each lost answer's retry refused 412 and recognised as the gang's own "
+                    "write: one claim, one branch; line [10, 30] committed and verified")
+        return self._run("root record writes land, answers lost", body)
+
     def all(self) -> list[Callable[[], Outcome]]:
         return [self.transient_write_errors, self.random_write_errors,
                 self.persistent_write_errors, self.stalled_writes, self.commit_marker_refused,
-                self.transient_read_errors, self.persistent_read_errors, self.stalled_reads]
+                self.transient_read_errors, self.persistent_read_errors, self.stalled_reads,
+                self.root_record_answers_lost]
 
 
 def trainer_rides_out_an_outage(proxy: FaultProxy, workdir: Path, resume: bool) -> Outcome:
@@ -380,6 +426,67 @@ def gang_hears_of_a_refused_commit(proxy: FaultProxy, workdir: Path) -> Outcome:
     return Outcome("2 ranks: commit marker of the last step refused", _faults(proxy),
                    f"both ranks exit {want} (retryable), rank 1 {lag:.1f}s after rank 0, "
                    "naming process 0's error; step 6 intact", round(time.monotonic() - started, 1))
+
+
+def gang_rolls_back_through_lost_answers(proxy: FaultProxy, workdir: Path) -> Outcome:
+    """2 ranks on gs://: a relaunch with a rollback, every root record write of which lands
+    but loses its answer (the connection closes). TensorStore retries each, the emulator
+    answers 412; the gang must take each for its own write: one new branch, the rollback step
+    restored, the new line committed, nothing lost."""
+    from tests.trainer.trainer_harness import launch
+
+    started = time.monotonic()
+    proxy.clear()
+    proxy.injected.clear()
+    proxy.statuses.clear()
+    url = f"gs://{BUCKET}/rollback-lost"
+    config = {"steps": 9, "devices_per_process": 1}
+    env = {**client_env(proxy.url), ENV_LOW_SPEED_TIME: "2"}
+    first = launch(workdir / "rollback-first", processes=2, checkpoint_path=url, config=config,
+                   interval_steps=3, extra_env=env)
+    try:
+        codes = first.wait(300)
+    finally:
+        first.kill()
+    _check(codes == [0, 0], f"first gang exit {codes}:\n{first.describe()}")
+    proxy.set_rules([FaultRule("write", action="lose", status=0, once_per_request=True,
+                               path_contains=f"rollback-lost/{ROOT_FILE}")])
+    again = launch(workdir / "rollback-again", processes=2, checkpoint_path=url,
+                   config={**config, "steps": 12}, interval_steps=3,
+                   extra_env={**env, contract.ENV_ATTEMPT: "1", contract.ENV_ROLLBACK_STEP: "3",
+                              contract.ENV_ROLLBACK_REQUEST: "rollback-1"})
+    try:
+        codes = again.wait(300)
+    finally:
+        again.kill()
+        proxy.clear()
+    _check(codes == [0, 0], f"rollback gang exit {codes}:\n{again.describe()}")
+    lost = sum(proxy.injected.values())
+    _check(lost == 2, f"{proxy.injected}: want the claim's and the fork's answers lost")
+    _check(proxy.statuses[412] == lost, f"retries not refused: {proxy.statuses}")
+    restored = again.events("checkpoint_restored")
+    _check([e["step"] for e in restored] == [3], f"restored {restored}")
+    started_lines = [e["lineage"] for e in again.events("checkpoint_line_started")]
+    manager = CheckpointManager(url, storage=RETRIES)
+    try:
+        record = manager.root_record()
+        _check(record is not None and set(record.branches) == {"", record.lineage}
+               and record.branches[record.lineage].request == "rollback-1",
+               f"root record after the rollback: {record}")
+        assert record is not None
+        _check(started_lines == [record.lineage], f"line events {started_lines}")
+        line = manager.line_steps()
+        _check(line and line[-1] == 12 and all(
+            manager.read_info(s).lineage == record.lineage for s in line if s > 3),
+            f"current line {line}")
+        checked, mismatches = manager.verify(12)
+        _check(checked > 0 and not mismatches, f"{mismatches}")
+    finally:
+        manager.close()
+    return Outcome("2 ranks: rollback, root record answers lost", _faults(proxy),
+                   f"retries refused 412 ({lost}) and taken as own writes: one new branch, "
+                   f"restored 3, line {line} committed and verified",
+                   round(time.monotonic() - started, 1))
 
 
 def _faults(proxy: FaultProxy) -> str:

@@ -19,6 +19,7 @@ from tests.faults.gcs_scenarios import (
     Scenarios,
     faulty_gcs,
     gang_hears_of_a_refused_commit,
+    gang_rolls_back_through_lost_answers,
     trainer_rides_out_an_outage,
 )
 from tests.faults.kill_trials import Campaign, Kill
@@ -104,6 +105,7 @@ def scenarios():
 @pytest.mark.parametrize("name", [
     "transient_write_errors", "persistent_write_errors", "commit_marker_refused",
     "transient_read_errors", "persistent_read_errors", "stalled_reads",
+    "root_record_answers_lost",
 ])
 def test_checkpoint_under_storage_faults(scenarios, name):
     outcome = getattr(scenarios, name)()
@@ -120,3 +122,9 @@ def test_trainer_reports_failed_saves_and_fails_preemption_save_clearly(scenario
 def test_a_gang_hears_at_once_that_storage_refused_the_commit(scenarios, tmp_path):
     outcome = gang_hears_of_a_refused_commit(scenarios.proxy, tmp_path)
     assert "error 500" in outcome.faults, outcome
+
+
+@pytest.mark.slow
+def test_a_rollback_whose_root_record_answers_are_lost_makes_one_branch(scenarios, tmp_path):
+    outcome = gang_rolls_back_through_lost_answers(scenarios.proxy, tmp_path)
+    assert "lost answer" in outcome.faults, outcome

@@ -153,6 +153,26 @@ def test_a_rollback_starts_a_line_that_supersedes_the_abandoned_one(tmp_path):
     manager.close()
 
 
+def test_another_host_judges_an_abandoned_step_on_the_marker_it_read(tmp_path):
+    """In a gang, process 0 deletes an abandoned line's step (marker first) while the other
+    hosts look at the same step: a host that read the marker must decide on that read, not
+    read it again and find it gone (which failed the save as "not committed")."""
+    manager, _ = _start(tmp_path)
+    for step in (10, 20):
+        _commit(manager, step)
+    manager.close()
+    manager, _ = _start(tmp_path, attempt=2, rollback_step=10, rollback_request="a2")
+    host = CheckpointManager(str(tmp_path))  # another host of the gang, its own caches
+    host.reload_root()
+    seen = host.store.marker_if_any(host.store.handles, 20, None)
+    assert seen is not None
+    manager.store.delete_dir(step_dir(20))  # process 0 supersedes step 20
+    assert host.store.marker_if_any(host.store.handles, 20, None) is None
+    assert not host.on_current_line(seen)
+    host.close()
+    manager.close()
+
+
 def test_restore_none_starts_a_line_from_nothing(tmp_path):
     manager, _ = _start(tmp_path)
     _commit(manager, 10)

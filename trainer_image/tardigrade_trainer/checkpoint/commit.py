@@ -99,8 +99,8 @@ class Committer:
                 deadlines.all_results(self._stragglers, until, "an earlier save's writes")
                 self._stragglers = []
                 handles = store.bounded(until)
-            if store.has_marker(handles, step, until):
-                existing = store.read_info(step)
+            existing = store.marker_if_any(handles, step, until)
+            if existing is not None:
                 if self.lines.on_current_line(existing):
                     # Never rewrite a committed checkpoint of the line being trained.
                     self.on_event({"event": "checkpoint_skipped", "step": step,

@@ -60,11 +60,16 @@ class RootLines:
         return self.line_of(self.root_record(), self.store.list_steps()[0])
 
     def on_current_line(self, info: CheckpointInfo) -> bool:
+        # Judged on `info` as read: reading the marker again could miss it, while process 0
+        # deletes a step of an abandoned line that another host is looking at.
+        self._lines[info.step] = info.line()
         return info.step in self.line_of(self.root_record(), [info.step])
 
     def _swap_record(self, change: Callable[[rootrecord.RootRecord | None],
                                             rootrecord.RootRecord]) -> rootrecord.RootRecord:
         kv, root = self.store.kv, self.store.root
+        # `store` tells this gang's own write (landed, its answer lost, refused on retry) from
+        # a rival's: only a rival's sends `change` round again, so a fork adds one branch.
         for _ in range(8):
             record, generation = rootrecord.load(kv, root)
             new = change(record)

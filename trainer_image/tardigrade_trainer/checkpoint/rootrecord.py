@@ -147,9 +147,22 @@ def load(kv: ts.KvStore, root: str) -> tuple[RootRecord | None, Any]:
 
 
 def store(kv: ts.KvStore, record: RootRecord, generation: Any, root: str) -> bool:
-    """Replace the record if nobody wrote it since `generation` was read; False if they did."""
+    """Replace the record if nobody wrote it since `generation` was read; False if they did.
+
+    A refusal can be this very write: TensorStore's GCS driver retries a write whose answer
+    was lost (a 5xx, a connection closed before the answer) with the same
+    `ifGenerationMatch`, and when the first try had landed, GCS answers the retry 412, which
+    TensorStore reports as a failed condition. So a refused write reads the record back: if
+    the stored bytes are the ones written here, the write took effect and it was this one
+    (a rival writes another attempt, another branch id), so it counts as done; anything else
+    is a rival's write, and the caller starts again from a fresh read.
+    """
+    data = record.to_json().encode()
     try:
-        written = kv.write(ROOT_FILE, record.to_json().encode(), if_equal=generation).result()
+        written = kv.write(ROOT_FILE, data, if_equal=generation).result()
+        if written.generation:
+            return True
+        stored = kv.read(ROOT_FILE).result()  # an empty generation: the condition failed
     except Exception as err:
         raise CheckpointIOError(f"cannot write {root}/{ROOT_FILE}: {err}") from err
-    return bool(written.generation)  # an empty generation: the condition failed
+    return stored.state == "value" and bytes(stored.value) == data

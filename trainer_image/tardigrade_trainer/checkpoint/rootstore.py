@@ -156,10 +156,16 @@ class RootStore:
             raise CheckpointCorruptError(f"checkpoint {self.path_of(step)} is not committed")
         return marker.parse(bytes(result.value), step, self.path_of(step), where)
 
-    def has_marker(self, handles: Handles, step: int, until: Deadline | None) -> bool:
-        found = deadlines.result(handles.kv.read(f"{layout.step_dir(step)}/{COMMIT_FILE}"),
-                                 until, "reading the commit marker")
-        return bool(found.state == "value")
+    def marker_if_any(self, handles: Handles, step: int, until: Deadline | None
+                      ) -> marker.CheckpointInfo | None:
+        """The step's marker, or None: one read, since process 0 may be deleting it (a step
+        of an abandoned line) while another host looks."""
+        key = f"{layout.step_dir(step)}/{COMMIT_FILE}"
+        found = deadlines.result(handles.kv.read(key), until, "reading the commit marker")
+        if found.state != "value":
+            return None
+        return marker.parse(bytes(found.value), step, self.path_of(step),
+                            f"{self.path_of(step)}/{COMMIT_FILE}")
 
     def write_marker(self, handles: Handles, info: marker.CheckpointInfo,
                      until: Deadline | None) -> None:
