@@ -423,8 +423,19 @@ def _client_env(layout: StateLayout, pod_env: Mapping[str, str]) -> dict[str, st
             podnet.ENV_HOSTS_FILE: str(layout.hosts_file)}
 
 
+# Set by a LocalCluster that is not detached: the pid of the process the cluster dies with.
+ENV_DIE_WITH = "TARDIGRADE_LOCAL_DIE_WITH"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    owner = os.environ.pop(ENV_DIE_WITH, None)
+    if owner is not None:
+        # Here rather than in a preexec_fn of the owner: a fork in a multi-threaded owner (a
+        # test process with JAX loaded) must run nothing between fork and exec.
+        die_with_parent()
+        if os.getppid() != int(owner):
+            sys.exit("the process that started the local cluster is gone")
     layout = StateLayout(Path(args[0]).absolute())
     config = ClusterConfig.from_json(json.loads((layout.root / CONFIG_FILE).read_text()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -498,11 +509,13 @@ class LocalCluster:
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([*project_python_path(),
                                               os.environ.get("PYTHONPATH", "")])}
+        if not self.detach:
+            env[ENV_DIE_WITH] = str(os.getpid())
         with open(self.layout.cluster_log, "ab") as log_file:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tardigrade_local.cluster", str(self.layout.root)],
                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=None if self.detach else die_with_parent)
+                start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while (info := self.read_info()) is None:
             if self._proc.poll() is not None or time.monotonic() > deadline:
