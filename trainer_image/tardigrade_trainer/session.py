@@ -190,7 +190,8 @@ class TrainingSession:
         if jax_distributed.global_state.client is None:
             try:
                 distributed.initialize(self.env)
-            except (distributed.PeerTimeoutError, distributed.peerauth.PeerAuthError) as err:
+            except (distributed.PeerTimeoutError, distributed.peerauth.PeerAuthError,
+                    distributed.CoordinatorBindError) as err:
                 code, reason = exit_code_for(err)
                 _fail(self.env.termination_log, code, reason, err)
                 raise SystemExit(code) from None
@@ -202,7 +203,8 @@ class TrainingSession:
         self.log = JsonLog(jax.process_index(), attempt=env.attempt)
         # Where this process's start-up went so far (phases.py); later phases log their own.
         keeper = {"pid": os.getpid(), "keeper_pid": os.getppid()} if attempts.in_child() else {}
-        self.log({"event": "startup", **phases.marks(), **keeper})
+        self.log({"event": "startup", **phases.marks(), **keeper,
+                  "coordination_service": jax_distributed.global_state.client is not None})
         self.metrics = Metrics()
         self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
                                                  env.restart_in_place_dir)
