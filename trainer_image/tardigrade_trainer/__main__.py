@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
 
     distributed.configure_host_devices(config.devices_per_process)
     distributed.configure_compilation_cache(config.compilation_cache_dir)
+    if env.num_processes == 1 and not attempts.wanted(os.environ):
+        # A restart in process forks before any device is open: not there.
+        distributed.open_devices_early()
 
     from tardigrade_trainer.session import TrainingSession
     from tardigrade_trainer.train import Trainer, checkpoint_options
