@@ -19,8 +19,9 @@ runs where no socket can be opened) as the operator would, and reads its JSON lo
      the save's own duration;
   2. relaunches: the same job started again (it restores the save on notice), killed once
      its first step is logged: without JAX's persistent compilation cache (`cold`), with an
-     empty cache (`cache, first`: it fills it) and with the cache that run filled (`warm`: a
-     relaunched gang on GKE, whose cache lives with its checkpoints). For each, the time from
+     empty cache (`cache-first`: it fills it) and with the cache that run filled (`warm`: a
+     relaunched gang on GKE). Both cached runs keep the cache where the trainer does by
+     default, beside the checkpoints (compile_cache.py). For each, the time from
      the process's start to its phases and to its first step (from the trainer's `startup`,
      `restore_done`, `compiled` and `step` events; time 0 is the process's start as the
      kernel records it).
@@ -73,6 +74,9 @@ def parse_args() -> argparse.Namespace:
                         help="state size of the checkpoint bench")
     parser.add_argument("--checkpoint-repeats", type=int, default=2)
     parser.add_argument("--skip-checkpoint-bench", action="store_true")
+    parser.add_argument("--headroom-batch", type=int, default=0,
+                        help="also a seed run with this global batch (less activation memory: "
+                             "device memory to stage saves in)")
     return parser.parse_args()
 
 
@@ -151,21 +155,22 @@ class Run:
 
 
 def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
-             config: dict[str, Any]) -> dict[str, Any]:
-    run = Run(workdir, "seed", checkpoint, config, args.interval, args.log_compiles)
+             config: dict[str, Any], name: str = "seed") -> dict[str, Any]:
+    run = Run(workdir, name, checkpoint, config, args.interval, args.log_compiles)
     last_interval = (args.steps - 1) // args.interval * args.interval
     run.read_until(lambda e: e.get("event") == "step" and e["step"] > last_interval)
     code = run.finish(signal.SIGTERM)
     steps = run.of("step")
     if not steps:
-        print(f"seed run: no step logged (exit {code}): nothing judged\n{run.tail()}")
+        print(f"{name} run: no step logged (exit {code}): nothing judged\n{run.tail()}")
         raise SystemExit(1)
     rates = [e["tokens_per_second"] for e in steps[3:] if e.get("tokens_per_second")]
     tokens = statistics.median(rates) if rates else float("nan")
     flops = model_flops_per_token(config) * tokens
     mfu = flops / (args.peak_tflops * 1e12)
     start = run.of("start")[0] if run.of("start") else {}
-    print(f"seed run (fresh start, no cache) on {start.get('platform', '?')} "
+    print(f"{name} run (fresh start, no cache, batch {config['global_batch_size']}) on "
+          f"{start.get('platform', '?')} "
           f"({start.get('devices', '?')} devices): exit {code}; {len(steps)} steps; "
           f"{tokens:,.0f} tokens/s (median of {len(rates)} steps after the first 3); "
           f"{flops / 1e12:.1f} TFLOP/s model FLOPs = {mfu * 100:.1f}% MFU of "
@@ -227,21 +232,26 @@ def main() -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     checkpoint = workdir / "checkpoints"
-    cache = workdir / "compilation-cache"
+    cache = checkpoint / "compilation-cache"  # the trainer's default place
     base = {**MODELS[args.model], "steps": 100000, "log_every": 1}
     if not args.skip_checkpoint_bench:
         checkpoint_bench(args, workdir)
     print(f"model {args.model}: {json.dumps(MODELS[args.model])}; "
           f"{model_flops_per_token(base) / 1e9:.2f} GFLOP per token")
-    seed_run(args, workdir, checkpoint, {**base})
+    seed_run(args, workdir, checkpoint, {**base, "compilation_cache_in_root": False})
     results = {}
     for name in [n for n in args.relaunches.split(",") if n]:
+        # The trainer's default: the cache beside the checkpoints, as on GKE.
         config = dict(base)
-        if name != "cold":
-            config["compilation_cache_dir"] = str(cache)
+        if name == "cold":
+            config["compilation_cache_in_root"] = False
         if name == "cache-first":
             shutil.rmtree(cache, ignore_errors=True)
         results[name] = relaunch(args, workdir, checkpoint, config, name)
+    if args.headroom_batch:
+        seed_run(args, workdir, workdir / "checkpoints-headroom",
+                 {**base, "global_batch_size": args.headroom_batch,
+                  "compilation_cache_in_root": False}, name="headroom")
     warm = results.get("warm")
     if warm is not None:
         verdict = "met" if warm["first step"] < 10 else "MISSED"

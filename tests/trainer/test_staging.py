@@ -89,6 +89,14 @@ def test_the_automatic_budget_is_the_memory_the_training_never_used_at_the_first
     # ...but what is in use now (more state, say) does.
     device.stats.update(bytes_in_use=10 * gib)
     assert budget.for_device(device) == 16 * gib - 10 * gib - margin
+    # The programs' reserved working memory is the training's too (the step's load fails
+    # when a staged copy took it).
+    programs = FakeDevice(bytes_limit=16 * gib, bytes_in_use=3 * gib, peak_bytes_in_use=3 * gib,
+                          bytes_reserved=13 * gib, peak_bytes_reserved=13 * gib)
+    assert DeviceBudget().for_device(programs) == 0
+    some = FakeDevice(bytes_limit=16 * gib, bytes_in_use=3 * gib, peak_bytes_in_use=4 * gib,
+                      bytes_reserved=2 * gib, peak_bytes_reserved=2 * gib)
+    assert DeviceBudget().for_device(some) == 16 * gib - 4 * gib - 2 * gib - margin
     # A user's cap, and 0: never.
     assert DeviceBudget(256 * MIB).for_device(device) == 256 * MIB
     assert DeviceBudget(0).for_device(device) == 0

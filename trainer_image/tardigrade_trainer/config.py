@@ -57,9 +57,11 @@ class TrainerConfig:
     # memory the training has not used; 0 never stages (checkpoint/staging.py).
     checkpoint_snapshot_device_mib: int | None = None
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
-    # here starts training seconds sooner. Must be shared by the hosts that relaunch (a volume,
-    # or the machine itself on the local cluster). Unset: JAX's own default (no cache).
+    # here starts training seconds sooner. A path (a volume the relaunched pods share) or a
+    # gs:// URL. Unset: `<checkpoint root>/compilation-cache` (compile_cache.py), unless
+    # compilation_cache_in_root is false (no cache).
     compilation_cache_dir: str | None = None
+    compilation_cache_in_root: bool = True
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> TrainerConfig:

@@ -15,6 +15,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tardigrade_trainer import (
+    compile_cache,
     compile_stats,
     compiled_step,
     data,
@@ -102,7 +103,15 @@ class Trainer:
 
     DONATE = (True, False, False)  # the step's state, not its batch
 
-    def __init__(self, session: TrainingSession, config: TrainerConfig) -> None:
+    def __init__(self, session: TrainingSession, config: TrainerConfig, *,
+                 compilation_cache: compile_cache.Location | None = None,
+                 mirror: compile_cache.BucketMirror | None = None,
+                 cache_pulled: dict[str, Any] | None = None) -> None:
+        """`compilation_cache`: where JAX's cache is (configured before JAX compiled
+        anything); `mirror`: the bucket it mirrors, pushed to once the step is compiled."""
+        self.cache = compilation_cache
+        self.mirror = mirror
+        self.cache_pulled = cache_pulled or {}
         self.session = session
         self.env = session.env
         self.config = config
@@ -129,8 +138,8 @@ class Trainer:
         initialised), not after. A relaunch's restore and its step's compile or load are the
         two long phases of its start (seconds each on an accelerator)."""
         x, y = data.sharded_batch(self.config, 1, batch_sharding)
-        cache = (step_cache.StepCache(self.config.compilation_cache_dir, jax.process_index())
-                 if self.config.compilation_cache_dir else None)
+        cache = (step_cache.StepCache(self.cache.local, jax.process_index())
+                 if self.cache is not None else None)
 
         def compile_step() -> tuple[Any, step_cache.Outcome]:
             # The mesh and the axis mapping are the thread's own: enter the loop's.
@@ -199,7 +208,11 @@ class Trainer:
         step_fn: Any = None
         if start <= config.steps:
             step_fn, got = self._meet_compiled(compiling)
-            self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got})
+            self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got,
+                      **self.cache_pulled})
+            if self.mirror is not None:
+                compile_cache.push_in_background(self.mirror, lambda fields: self.log(
+                    {"event": "compilation_cache_pushed", **fields}))
         window_start, window_steps = time.perf_counter(), 0
 
         for step in session.steps(config.steps):

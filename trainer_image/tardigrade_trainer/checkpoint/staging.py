@@ -55,10 +55,14 @@ class DeviceBudget:
     """Bytes of device memory a snapshot may stage, per device.
 
     `limit_bytes`: None (automatic): the device memory the training has never used, measured
-    at the first save: bytes_limit - peak_bytes_in_use - margin (a tenth of the device, at
-    least 512 MiB). The first save's headroom holds for later ones (their own staging raises
-    the device's peak, which must not shrink the budget save after save); each save also
-    stays within what is free at that moment. 0: never stage (the loop waits for every
+    at the first save: bytes_limit - peak_bytes_in_use - peak_bytes_reserved - margin (a
+    tenth of the device, at least 512 MiB). The reserved bytes are the compiled programs'
+    working memory, which the runtime reserves at load and does not count as in use: the
+    reference model's step reserves 13.3 of a v5e's 15.7 GiB, and a staged copy that took
+    part of it failed the next step's load ("RuntimeProgramAllocationFailure"). The first
+    save's headroom holds for later ones (their own staging raises the device's peak, which
+    must not shrink the budget save after save); each save also stays within what is free
+    at that moment. 0: never stage (the loop waits for every
     byte). A number: at most that many bytes, within what is free."""
 
     def __init__(self, limit_bytes: int | None = None) -> None:
@@ -76,10 +80,12 @@ class DeviceBudget:
         limit = int(stats["bytes_limit"])
         margin = max(MIN_MARGIN_BYTES, int(limit * MARGIN_FRACTION))
         in_use = int(stats["bytes_in_use"])
+        reserved = int(stats.get("bytes_reserved", 0))
         if device not in self._headroom:
             peak = max(in_use, int(stats.get("peak_bytes_in_use", in_use)))
-            self._headroom[device] = max(0, limit - peak - margin)
-        free_now = max(0, limit - in_use - margin)
+            peak_reserved = max(reserved, int(stats.get("peak_bytes_reserved", reserved)))
+            self._headroom[device] = max(0, limit - peak - peak_reserved - margin)
+        free_now = max(0, limit - in_use - reserved - margin)
         budget = min(self._headroom[device], free_now)
         return budget if self.limit_bytes is None else min(budget, self.limit_bytes)
 
