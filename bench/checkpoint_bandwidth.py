@@ -4,7 +4,7 @@
     python bench/checkpoint_bandwidth.py --gib 0.5 --repeats 3 --skip-crc --skip-orbax  # quick
     python bench/checkpoint_bandwidth.py --gcs --gib 0.25 [--repeats 3]
     JAX_PLATFORMS=tpu python bench/checkpoint_bandwidth.py --gib 2 --devices 1 --repeats 3 \
-        --skip-crc --skip-tensorstore-only --staging 0,0.25,0.5   # on one accelerator chip
+        --skip-crc --skip-tensorstore-only --staging 0.25,0.5,1   # on one accelerator chip
 
 With --gcs every contender saves to and restores from gs:// on the local GCS emulator
 (fake-gcs-server, in memory), and the baseline is the emulator's raw bandwidth measured in the

@@ -84,7 +84,7 @@ def checkpoint_bench(args: argparse.Namespace, workdir: Path) -> None:
     command = [sys.executable, str(REPO / "bench" / "checkpoint_bandwidth.py"),
                "--gib", str(args.checkpoint_gib), "--devices", "1",
                "--repeats", str(args.checkpoint_repeats), "--skip-crc",
-               "--skip-tensorstore-only", "--staging", "0,0.25,0.5",
+               "--skip-tensorstore-only", "--staging", "0.25,0.5,1",
                "--dir", str(workdir / "checkpoint-bench")]
     print("$ " + " ".join(["python", *command[1:]]), flush=True)
     # The chip: whatever JAX finds (the checkpoint bench defaults to the CPU otherwise).

@@ -52,10 +52,11 @@ class TrainerConfig:
     checkpoint_verify_restore: bool = True
     # Host memory a restore may fill with reads not yet checked and put on their devices.
     checkpoint_restore_inflight_mib: int = contract.DEFAULT_RESTORE_INFLIGHT_MIB
-    # On an accelerator, device memory (MiB per device) a save may fill with a copy of the
-    # state, so that the loop need not wait for the device->host copy: unset takes the device
-    # memory the training has not used; 0 never stages (checkpoint/staging.py).
-    checkpoint_snapshot_device_mib: int | None = None
+    # On an accelerator, device memory (MiB per device, taken only from what the training has
+    # not used) a save may fill with a copy of the state, so that `save` returns before the
+    # device->host copy. 0: never (on a TPU v5e the copy stalled the steps it overlapped as
+    # much as a copy waited for: checkpoint/staging.py).
+    checkpoint_snapshot_device_mib: int = 0
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
     # here starts training seconds sooner. A path (a volume the relaunched pods share) or a
     # gs:// URL. Unset: `<checkpoint root>/compilation-cache` (compile_cache.py), unless
@@ -110,8 +111,7 @@ class TrainerConfig:
             raise ConfigError("trainer config 'checkpoint_restore_inflight_mib' must be >= 1 "
                               f"(MiB of reads a restore may have in flight), got "
                               f"{self.checkpoint_restore_inflight_mib}")
-        if (self.checkpoint_snapshot_device_mib is not None
-                and self.checkpoint_snapshot_device_mib < 0):
+        if self.checkpoint_snapshot_device_mib < 0:
             raise ConfigError("trainer config 'checkpoint_snapshot_device_mib' must be >= 0 "
                               "(MiB of device memory a save may stage; 0: never), got "
                               f"{self.checkpoint_snapshot_device_mib}")

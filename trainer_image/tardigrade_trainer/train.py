@@ -64,8 +64,7 @@ def checkpoint_options(config: TrainerConfig) -> dict[str, Any]:
                                   stall_seconds=config.checkpoint_storage_stall_seconds),
         "verify_restore": config.checkpoint_verify_restore,
         "restore_inflight_bytes": config.checkpoint_restore_inflight_mib << 20,
-        "snapshot_device_bytes": (None if config.checkpoint_snapshot_device_mib is None
-                                  else config.checkpoint_snapshot_device_mib << 20),
+        "snapshot_device_bytes": config.checkpoint_snapshot_device_mib << 20,
     }
 
 

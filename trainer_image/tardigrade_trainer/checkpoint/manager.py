@@ -79,9 +79,9 @@ class CheckpointManager:
     `chunk_files`: on a local disk, read and write whole unencoded chunks with O_DIRECT
     (chunkfiles.py) instead of through TensorStore. `snapshot_device_bytes`: on an
     accelerator, the device memory per device a snapshot may stage so that `save` need not
-    wait for the device->host copy (staging.py): None takes what the training has not used,
-    0 never stages. `faults`: test-only fault injection at the save's stages (faults.py); the
-    default does nothing.
+    wait for the device->host copy (staging.py): 0 (the default) never stages, N stages at
+    most N bytes of the memory the training has not used, None all of it. `faults`:
+    test-only fault injection at the save's stages (faults.py); the default does nothing.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class CheckpointManager:
         verify_restore: bool = True,
         restore_inflight_bytes: int = restoreplan.DEFAULT_INFLIGHT_BYTES,
         chunk_files: bool = True,
-        snapshot_device_bytes: int | None = None,
+        snapshot_device_bytes: int | None = 0,
         snapshot_piece_bytes: int = staging.DEFAULT_PIECE_BYTES,
         faults: SaveFaults = NO_FAULTS,
     ) -> None:

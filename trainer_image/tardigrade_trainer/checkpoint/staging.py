@@ -1,21 +1,29 @@
-"""Accelerator snapshots that do not stall training: a copy in device memory the training
-never uses, read to host memory piece by piece after `save` returns.
+"""Accelerator snapshots: the state's copy off the devices before the next step reuses them,
+to host memory now, or (opt-in) to spare device memory first, read to the host afterwards.
 
 A training step donates its state: the next step reuses the state's device buffers, so
 every byte of the saved step must be off them before that step starts. Off the CPU that
 leaves two places for it:
 
-* host memory: the device->host copy runs at the link's speed (about 3.2 GB/s on a TPU v5e
-  host; 2 GiB in 0.67 s) and the next step waits for it;
+* host memory: the device->host copy runs at the link's speed (about 3.2 GB/s on the TPU
+  v5e host we measured; 2 GiB in 0.67 s) and the next step waits for it;
 * device memory: a copy on the device runs at memory speed (2 GiB in 8 ms on a v5e), and is
   read to host memory from the save thread while the loop trains on.
 
 Device memory is the scarce resource: a second copy of the whole state halves the model a
-user can train. So the copy takes only device memory the training has not used: the
-device's limit less the peak it has seen in use before the first save, less a margin
-(`DeviceBudget`), or a budget the user sets. The shards that fit are staged on the device,
-the rest are copied to host memory before `save` returns (the loop waits for those alone).
-The trade-off is linear: the loop waits (state - staged bytes) / link speed.
+user can train. So a staged copy takes only device memory the training has not used (the
+device's limit less the peak in use and the programs' reserved memory seen at the first
+save, less a margin: `DeviceBudget`), and at most what the user allows. The shards that fit
+are staged on the device, the rest are copied to host memory before `save` returns.
+
+Staging is off by default (budget 0), on what the chip showed: on the TPU v5e we measured,
+a device->host copy stalls the steps it overlaps as long as it runs, wherever it is issued
+from (the main thread of a loop running beside such a copy kept its full speed: the copy
+holds no GIL; the device did not overlap it with the steps). A loop that saved 2 GiB lost
+0.68 s with nothing staged and 0.67 s with all of it staged (and 2 GiB more device memory
+in use); the reference trainer with room to stage lost more per save staged than copied at
+once (docs/BENCHMARKS.md, "On a TPU chip"). Where the platform overlaps copies with
+compute, a budget turns the wait into background work.
 
 A staged shard is cut into pieces of at most `piece_bytes` on the device, and the save
 thread reads them one at a time, freeing each piece's device memory as soon as it is on the
