@@ -94,3 +94,18 @@ def test_the_loop_runs_the_step_it_compiled_and_a_relaunch_compiles_none(tmp_pat
     assert min(relaunch.losses()) == saved + 1
     assert _train_step_compiles(relaunch) == 0, relaunch.describe()
     assert relaunch.events("compiled")[0]["step_cache"] == "hit"
+
+
+@pytest.mark.slow
+def test_a_relaunch_with_nothing_left_to_train_exits_cleanly(tmp_path):
+    # The step compiles in a thread while the state is restored: a process that exited while
+    # XLA compiled there would abort (SIGABRT) instead of saying Succeeded.
+    ckpt = tmp_path / "ckpt"
+    done = launch(tmp_path / "first", processes=1, checkpoint_path=str(ckpt),
+                  config={"steps": 3})
+    assert done.wait() == [0], done.describe()
+    again = launch(tmp_path / "again", processes=1, checkpoint_path=str(ckpt),
+                   config={"steps": 3})
+    assert again.wait() == [0], again.describe()
+    assert again.events("restore_done")[0]["step"] == 3
+    assert again.events("step") == [] and again.termination(0).reason == "Succeeded"

@@ -89,6 +89,9 @@ class StepCompile:
 
         threading.Thread(target=run, name="compile-step", daemon=True).start()
 
+    def wait(self) -> None:
+        self._done.wait()
+
     def result(self) -> tuple[Any, step_cache.Outcome]:
         self._done.wait()
         if self._error is not None:
@@ -110,6 +113,7 @@ class Trainer:
         anything); `mirror`: the bucket it mirrors, pushed to once the step is compiled."""
         self.cache = compilation_cache
         self.mirror = mirror
+        self._compiling: StepCompile | None = None
         self.cache_pulled = cache_pulled or {}
         self.session = session
         self.env = session.env
@@ -182,8 +186,14 @@ class Trainer:
 
     def run(self) -> None:
         compile_stats.watch()
-        with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
-            self._run()
+        try:
+            with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
+                self._run()
+        finally:
+            # An interpreter that exits while XLA compiles in another thread aborts (SIGABRT,
+            # "exception not rethrown"): a loop that returns early waits for its compile.
+            if self._compiling is not None:
+                self._compiling.wait()
 
     def _run(self) -> None:
         env, config, plan, session = self.env, self.config, self.plan, self.session
@@ -195,7 +205,9 @@ class Trainer:
         key = jax.random.PRNGKey(config.seed)
         target = abstract_target(eqx.filter_eval_shape(self._init_state, key), plan)
         batch_sharding = NamedSharding(plan.mesh, PartitionSpec(plan.batch_axes, None))
-        compiling = self._start_compiling(target, batch_sharding)
+        session.checkpoints  # noqa: B018  (the gang's restore decision, before the restore)
+        if session.restore_step < config.steps:
+            self._compiling = self._start_compiling(target, batch_sharding)
         state = session.restore_or(
             lambda: hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key),
             target=target)
@@ -206,7 +218,9 @@ class Trainer:
         tokens_per_step = config.global_batch_size * config.seq_len
         step_fn: Any = None
         if start <= config.steps:
-            step_fn, got = self._meet_compiled(compiling)
+            if self._compiling is None:  # restored further back than the decision said
+                self._compiling = self._start_compiling(target, batch_sharding)
+            step_fn, got = self._meet_compiled(self._compiling)
             self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got,
                       **self.cache_pulled})
             if self.mirror is not None:
