@@ -240,9 +240,16 @@ def main() -> int:
           f"{model_flops_per_token(base) / 1e9:.2f} GFLOP per token")
     seed_run(args, workdir, checkpoint, {**base, "compilation_cache_in_root": False})
     results = {}
+    sys.path.insert(0, str(REPO / "trainer_image"))
+    from tardigrade_trainer import compile_cache
+
+    where = compile_cache.location(None, str(checkpoint))
+    assert where is not None
     for name in [n for n in args.relaunches.split(",") if n]:
-        # The trainer's default: the cache beside the checkpoints, as on GKE.
+        # The trainer's default: the cache beside the checkpoints, as on GKE; every relaunch
+        # is a new pod whose disk has no copy of it.
         config = dict(base)
+        shutil.rmtree(where.local, ignore_errors=True)
         if name == "cold":
             config["compilation_cache_in_root"] = False
         if name == "cache-first":

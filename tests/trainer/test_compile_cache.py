@@ -9,7 +9,7 @@ import signal
 import pytest
 from tardigrade_local.gcs import GcsEmulator, client_env
 from tardigrade_trainer import compile_cache, contract
-from tardigrade_trainer.compile_cache import BucketMirror, Location, location
+from tardigrade_trainer.compile_cache import Location, RootMirror, location
 from trainer_harness import launch, wait_for
 
 BUCKET = "tardigrade-cache"
@@ -32,7 +32,12 @@ def gcs():
 
 
 def test_the_cache_lives_beside_the_checkpoints_unless_told_otherwise(tmp_path):
-    assert location(None, "/data/ckpt/") == Location("/data/ckpt/compilation-cache")
+    # A local copy of the root's folder, on a filesystem as in a bucket: nothing goes into
+    # a root before its gang has compiled its step there.
+    on_disk = location(None, "/data/ckpt/")
+    assert on_disk is not None and on_disk.remote == "/data/ckpt/compilation-cache"
+    assert on_disk.local != on_disk.remote
+    # A path of the user's (a volume) is used in place.
     assert location("/cache", "gs://b/job") == Location("/cache")
     assert location(None, "/data/ckpt", in_root=False) is None
     remote = location(None, "gs://b/jobs/x")
@@ -51,22 +56,22 @@ def test_each_rank_pulls_jaxs_entries_and_its_own_folder_and_pushes_what_it_owns
     (first / "tardigrade-step-cache" / "rank-0" / "k0.step").write_bytes(b"rank 0 step")
     (first / "tardigrade-step-cache" / "rank-1" / "k1.step").write_bytes(b"rank 1 step")
     # Rank 1 uploads only its own folder (JAX's entries are process 0's to write)...
-    assert BucketMirror(Location(str(first), remote), rank=1).push().files == 1
+    assert RootMirror(Location(str(first), remote), rank=1).push().files == 1
     # ...rank 0 its folder and JAX's entries; nothing twice.
-    assert BucketMirror(Location(str(first), remote), rank=0).push().files == 2
-    assert BucketMirror(Location(str(first), remote), rank=0).push().files == 0
+    assert RootMirror(Location(str(first), remote), rank=0).push().files == 2
+    assert RootMirror(Location(str(first), remote), rank=0).push().files == 0
     assert sorted(gcs.list_objects(BUCKET, "mirror/")) == [
         f"mirror/{compile_cache.FOLDER}/jit_step-abc-cache",
         f"mirror/{compile_cache.FOLDER}/tardigrade-step-cache/rank-0/k0.step",
         f"mirror/{compile_cache.FOLDER}/tardigrade-step-cache/rank-1/k1.step"]
 
     fresh = tmp_path / "fresh-pod"
-    pulled = BucketMirror(Location(str(fresh), remote), rank=1).pull()
+    pulled = RootMirror(Location(str(fresh), remote), rank=1).pull()
     assert (pulled.files, pulled.nbytes) == (2, len(b"jax entry") + len(b"rank 1 step"))
     assert (fresh / "jit_step-abc-cache").read_bytes() == b"jax entry"
     assert (fresh / "tardigrade-step-cache" / "rank-1" / "k1.step").read_bytes() == b"rank 1 step"
     assert not (fresh / "tardigrade-step-cache" / "rank-0").exists()
-    assert BucketMirror(Location(str(fresh), remote), rank=1).pull().files == 0
+    assert RootMirror(Location(str(fresh), remote), rank=1).pull().files == 0
 
 
 def _preempted_after(gang, steps: int) -> None:

@@ -48,16 +48,17 @@ termination message goes to ${contract.ENV_TERMINATION_LOG}."""
 
 def _pull_compilation_cache(cache: compile_cache.Location | None,
                             env: contract.TrainerEnvironment, config: TrainerConfig
-                            ) -> tuple[compile_cache.BucketMirror | None, dict[str, Any]]:
-    """A cache in a bucket: this pod's local copy, filled before anything compiles. A bucket
-    that does not answer costs this start its cache, never the start itself."""
+                            ) -> tuple[compile_cache.RootMirror | None, dict[str, Any]]:
+    """A cache in the checkpoint root (or a bucket): this pod's local copy, filled before
+    anything compiles. Storage that does not answer costs this start its cache, never the
+    start itself."""
     if cache is None or cache.remote is None:
         return None, {}
     from tardigrade_trainer.checkpoint.storage import StorageRetries
 
     retries = StorageRetries(max_retries=config.checkpoint_storage_retries,
                              stall_seconds=config.checkpoint_storage_stall_seconds)
-    mirror = compile_cache.BucketMirror(cache, env.process_id, retries.context_spec())
+    mirror = compile_cache.RootMirror(cache, env.process_id, retries.context_spec())
     try:
         pulled = mirror.pull().fields("cache_pulled")
     except Exception as err:

@@ -4,18 +4,17 @@ A relaunched gang on GKE runs in new pods, often on other nodes: a cache on a po
 is gone, and compiling the reference model's step takes 30 s on a TPU v5e (the whole first
 step, against about 4 s to load it from a cache). The checkpoint root is the one storage every
 pod of every attempt of the job shares and keeps, so unless `compilation_cache_dir` names
-another place, the cache lives under `<checkpoint root>/compilation-cache/`:
-
-* a root on a filesystem (a volume every pod mounts, the local cluster's disk): JAX reads and
-  writes its cache there in place;
-* a root in a bucket (gs://): JAX's cache needs a directory, so each pod keeps a local copy.
-  `pull` fills it from the bucket before the first compile (JAX's entries, which every rank
-  reads, and this rank's own step-cache folder, step_cache.py); `push` uploads, after the step
-  is compiled and from a thread of its own, what the copy has and the bucket lacks: JAX's
-  entries from process 0 (JAX writes its cache from process 0 only) and each rank's own
-  folder. An entry's name is a digest of what it was compiled from (program, compiler,
-  devices), so entries of one job's other configurations never serve the wrong program;
-  step-cache entries are checked against their digests before they are loaded.
+another place, the cache lives under `<checkpoint root>/compilation-cache/`, in a bucket
+(gs://) or on a filesystem alike. JAX's cache is a local directory, so each pod keeps a local
+copy: `pull` fills it from the root before the first compile (JAX's entries, which every rank
+reads, and this rank's own step-cache folder, step_cache.py); `push` writes to the root, after
+the step is compiled and from a thread of its own, what the copy has and the root lacks: JAX's
+entries from process 0 (JAX writes its cache from process 0 only) and each rank's own folder.
+So nothing is written into a root before its gang has opened it (a root that belongs to
+another job, or that a gang refuses, stays as it was). An entry's name is a digest of what it
+was compiled from (program, compiler, devices), so entries of the job's other configurations
+never serve the wrong program; step-cache entries are checked against their digests before
+they are loaded.
 
 The folder holds machine code that the trainer runs (as JAX runs its cache's programs), so it
 must be writable only by the job's pods, as its checkpoints are. `compilation_cache_dir` set
@@ -53,13 +52,13 @@ class Location:
 
 def location(configured: str | None, checkpoint_root: str, in_root: bool = True
              ) -> Location | None:
-    """Where the cache lives: `configured` (a path, or a gs:// URL), else the checkpoint
-    root's folder (unless `in_root` is false: no cache)."""
+    """Where the cache lives: `configured` (a path, used in place, or a gs:// URL), else the
+    checkpoint root's folder (unless `in_root` is false: no cache)."""
+    if configured and not configured.startswith("gs://"):
+        return Location(configured)
     where = configured or (f"{checkpoint_root.rstrip('/')}/{FOLDER}" if in_root else None)
     if where is None:
         return None
-    if not where.startswith("gs://"):
-        return Location(where)
     digest = hashlib.sha256(where.encode()).hexdigest()[:16]
     local = os.path.join(tempfile.gettempdir(), "tardigrade-compilation-cache", digest)
     return Location(local, where)
@@ -76,8 +75,9 @@ class Transfer:
                 f"{prefix}_seconds": round(self.seconds, 3)}
 
 
-class BucketMirror:
-    """The local copy of a bucket folder of cache entries, for one rank."""
+class RootMirror:
+    """The local copy of a folder of cache entries (in a bucket or on a filesystem), for one
+    rank."""
 
     def __init__(self, where: Location, rank: int, context_spec: dict[str, Any] | None = None
                  ) -> None:
@@ -115,7 +115,7 @@ class BucketMirror:
         return Transfer(len(reads), nbytes, time.monotonic() - started)
 
     def push(self) -> Transfer:
-        """Upload the local entries this rank owns that the bucket lacks (process 0: JAX's
+        """Write to the root the local entries this rank owns that it lacks (process 0: JAX's
         too)."""
         started = time.monotonic()
         root = Path(self.where.local)
@@ -151,7 +151,7 @@ def _write_whole(path: Path, data: bytes) -> None:
             temp.unlink()
 
 
-def push_in_background(mirror: BucketMirror, on_done: Any) -> threading.Thread:
+def push_in_background(mirror: RootMirror, on_done: Any) -> threading.Thread:
     """Upload from a daemon thread (training goes on; an unfinished upload is only a slower
     next start); `on_done(fields)` gets the transfer's figures, or its error."""
 

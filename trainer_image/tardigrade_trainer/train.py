@@ -107,7 +107,7 @@ class Trainer:
 
     def __init__(self, session: TrainingSession, config: TrainerConfig, *,
                  compilation_cache: compile_cache.Location | None = None,
-                 mirror: compile_cache.BucketMirror | None = None,
+                 mirror: compile_cache.RootMirror | None = None,
                  cache_pulled: dict[str, Any] | None = None) -> None:
         """`compilation_cache`: where JAX's cache is (configured before JAX compiled
         anything); `mirror`: the bucket it mirrors, pushed to once the step is compiled."""
