@@ -21,7 +21,7 @@ def _run(work, name, config):
 
 def test_a_relaunched_rank_1_loads_its_step_and_trains_to_the_same_losses(tmp_path):
     cache = {"compilation_cache_dir": str(tmp_path / "jax-cache")}
-    without = _run(tmp_path, "without", {})
+    without = _run(tmp_path, "without", {"compilation_cache_in_root": False})
     first = _run(tmp_path, "first", cache)
     second = _run(tmp_path, "second", cache)
 

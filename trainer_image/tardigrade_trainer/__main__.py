@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import attempts, contract, inplace, phases
+from tardigrade_trainer import attempts, compile_cache, contract, inplace, phases
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
@@ -46,6 +46,29 @@ preempted, {contract.EXIT_CONFIG_ERROR} config error, {contract.EXIT_FAILED} fai
 termination message goes to ${contract.ENV_TERMINATION_LOG}."""
 
 
+def _pull_compilation_cache(cache: compile_cache.Location | None,
+                            env: contract.TrainerEnvironment, config: TrainerConfig
+                            ) -> tuple[compile_cache.RootMirror | None, dict[str, Any]]:
+    """A cache in the checkpoint root (or a bucket): this pod's local copy, filled before
+    anything compiles. Storage that does not answer costs this start its cache, never the
+    start itself."""
+    if cache is None or cache.remote is None:
+        return None, {}
+    from tardigrade_trainer.checkpoint.storage import StorageRetries
+
+    retries = StorageRetries(max_retries=config.checkpoint_storage_retries,
+                             stall_seconds=config.checkpoint_storage_stall_seconds)
+    mirror = compile_cache.RootMirror(cache, env.process_id, retries.context_spec())
+    try:
+        pulled = mirror.pull().fields("cache_pulled")
+    except Exception as err:
+        logging.getLogger(__name__).warning("compilation cache: %s not read: %s",
+                                            cache.remote, err)
+        pulled = {"cache_pull_error": str(err)}
+    phases.mark("compilation_cache_pulled")
+    return mirror, pulled
+
+
 def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int:
     """`faults`: for tests only (checkpoint/faults.py), passed to the session."""
     if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
@@ -63,7 +86,13 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     from tardigrade_trainer import distributed
 
     distributed.configure_host_devices(config.devices_per_process)
-    distributed.configure_compilation_cache(config.compilation_cache_dir)
+    cache = compile_cache.location(config.compilation_cache_dir, env.checkpoint_path,
+                                   config.compilation_cache_in_root)
+    mirror, pulled = _pull_compilation_cache(cache, env, config)
+    distributed.configure_compilation_cache(cache.local if cache else None)
+    if env.num_processes == 1 and not attempts.wanted(os.environ):
+        # A restart in process forks before any device is open: not there.
+        distributed.open_devices_early()
 
     from tardigrade_trainer.session import TrainingSession
     from tardigrade_trainer.train import Trainer, checkpoint_options
@@ -79,7 +108,8 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     # The session turns every outcome into the contract's exit code and termination message.
     with TrainingSession(env=env, checkpoint_options=checkpoint_options(config),
                          faults=faults) as session:
-        Trainer(session, config).run()
+        Trainer(session, config, compilation_cache=cache, mirror=mirror,
+                cache_pulled=pulled).run()
     return contract.EXIT_SUCCEEDED
 
 

@@ -77,6 +77,10 @@ class Checkpoints(Protocol):
         did not commit by `deadline`)."""
         ...
 
+    def saving(self) -> bool:
+        """True while a save is in flight; never blocks."""
+        ...
+
     def committed(self) -> Committed | None:
         """The newest checkpoint this rank knows committed (restored or saved), if any."""
         ...
@@ -189,6 +193,14 @@ class TardigradeCheckpoints:
 
     def wait(self, deadline: Deadline | None = None) -> None:
         self.manager.wait(deadline)
+
+    def saving(self) -> bool:
+        return self.manager.saving
+
+    @property
+    def staged_bytes(self) -> int:
+        """Device memory the last save staged (an accelerator's snapshot, staging.py)."""
+        return self.manager.last_staged_bytes
 
     def committed(self) -> Committed | None:
         with self._lock:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax
 from haliax.tree_util import hashable_combine, hashable_partition
 
 
@@ -28,7 +29,8 @@ class CompiledStep:
         self._dynamic_fun = hashable_partition(fn, eqx.is_array)[0]
         self._compiled = compiled
         self._donate = donate_args
-        self._static = hashable_partition((example_args, {}), eqx.is_array)[1]
+        # The example may hold abstract arrays (`lower_abstract`): they are inputs too.
+        self._static = hashable_partition((example_args, {}), _array_or_abstract)[1]
 
     def __call__(self, *args: Any) -> Any:
         dynamic, static = hashable_partition((args, {}), eqx.is_array)
@@ -40,3 +42,31 @@ class CompiledStep:
                                       (False, (self._donate, {})))
         out, out_static = self._compiled(donated, kept)
         return hashable_combine(out, out_static.value)
+
+
+def _array_or_abstract(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def lower_abstract(fn: Callable[..., Any], donate_args: tuple[bool, ...],
+                   axis_mapping: Any, *args: Any) -> Any:
+    """`named_jit(fn, axis_resources=axis_mapping, donate_args=donate_args).lower(*args)`
+    where `args` may hold `jax.ShapeDtypeStruct`s (with their shardings) in place of arrays.
+
+    So the step can be lowered, and compiled or loaded from a cache, before the state it
+    runs on exists: while the state is being restored. haliax's own `lower` takes only
+    arrays as the program's inputs (anything else is a static part of the program); this is
+    its lowering (haliax/partitioning.py, `_NamedJitWrapper._call`) with abstract arrays
+    taken as inputs too, so the program, and JAX's cache key for it, are those of the
+    `named_jit` call on the real arrays."""
+    import haliax as hax
+    from haliax.partitioning import _named_pjit_cache, infer_resource_partitions
+
+    dynamic_fun, static_fun = hashable_partition(fn, eqx.is_array)
+    dynamic_args, static_args = hashable_partition((args, {}), _array_or_abstract)
+    donated, kept = eqx.partition((dynamic_fun, dynamic_args), (False, (donate_args, {})))
+    with hax.axis_mapping(axis_mapping):
+        output_shape = eqx.filter_eval_shape(fn, *args)
+        out_shardings = infer_resource_partitions(output_shape, axis_mapping)
+        jitted = _named_pjit_cache(fn, out_shardings=out_shardings)
+        return jitted.lower(donated, kept, (static_fun, static_args))

@@ -52,10 +52,17 @@ class TrainerConfig:
     checkpoint_verify_restore: bool = True
     # Host memory a restore may fill with reads not yet checked and put on their devices.
     checkpoint_restore_inflight_mib: int = contract.DEFAULT_RESTORE_INFLIGHT_MIB
+    # On an accelerator, device memory (MiB per device, taken only from what the training has
+    # not used) a save may fill with a copy of the state, so that `save` returns before the
+    # device->host copy. 0: never (on a TPU v5e the copy stalled the steps it overlapped as
+    # much as a copy waited for: checkpoint/staging.py).
+    checkpoint_snapshot_device_mib: int = 0
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
-    # here starts training seconds sooner. Must be shared by the hosts that relaunch (a volume,
-    # or the machine itself on the local cluster). Unset: JAX's own default (no cache).
+    # here starts training seconds sooner. A path (a volume the relaunched pods share) or a
+    # gs:// URL. Unset: `<checkpoint root>/compilation-cache` (compile_cache.py), unless
+    # compilation_cache_in_root is false (no cache).
     compilation_cache_dir: str | None = None
+    compilation_cache_in_root: bool = True
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> TrainerConfig:
@@ -104,6 +111,10 @@ class TrainerConfig:
             raise ConfigError("trainer config 'checkpoint_restore_inflight_mib' must be >= 1 "
                               f"(MiB of reads a restore may have in flight), got "
                               f"{self.checkpoint_restore_inflight_mib}")
+        if self.checkpoint_snapshot_device_mib < 0:
+            raise ConfigError("trainer config 'checkpoint_snapshot_device_mib' must be >= 0 "
+                              "(MiB of device memory a save may stage; 0: never), got "
+                              f"{self.checkpoint_snapshot_device_mib}")
         if self.devices_per_process is not None and self.devices_per_process < 1:
             raise ConfigError("trainer config 'devices_per_process' must be >= 1")
         if self.embed_dim % self.num_heads:

@@ -22,13 +22,16 @@ import logging
 import os
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 from tardigrade_trainer import boundedjson, contract, coordination, peerauth, phases
+from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.contract import (
+    ENV_COORDINATOR_ADDRESS,
     ENV_POD_IP,
     ENV_RENDEZVOUS_INSECURE,
     ENV_RENDEZVOUS_TOKEN_FILE,
@@ -60,6 +63,61 @@ class PeerTimeoutError(RuntimeError):
     """Not every rank of the gang arrived before the deadline."""
 
 
+class CoordinatorBindError(ConfigError):
+    """Rank 0 cannot listen where the gang's coordinator must (exit EXIT_CONFIG_ERROR).
+
+    Raised before JAX is handed the address: gRPC, asked to bind where it cannot, logs
+    "Failed to add port to server" and the process dies of a segfault (jax 0.10.2)."""
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _can_bind(family: socket.AddressFamily, host: str, port: int) -> OSError | None:
+    """None when a listening socket of `family` can bind (host, port) now; else why not."""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and not host.strip("[]"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            probe.bind((host, port))
+        return None
+    except OSError as err:
+        return err
+
+
+def listen_address(port: int) -> tuple[socket.AddressFamily, str]:
+    """Where rank 0 listens, for the rendezvous and then JAX's coordination service: the
+    pod's IP when the operator gave it (pods sharing a network namespace may use the same
+    port), else every address of a family this host has: IPv6 with IPv4 mapped (dual stack)
+    where IPv6 exists, else IPv4. JAX's own default, "[::]", fails on a host without IPv6.
+
+    The bind is tried here, so a coordinator that cannot listen (an address that is not
+    this host's, a port taken, a sandbox without internet sockets) fails as a config error
+    that names the address, before anything is handed to JAX."""
+    pod_ip = os.environ.get(ENV_POD_IP)
+    if pod_ip:
+        family = socket.AF_INET6 if ":" in pod_ip else socket.AF_INET
+        candidates = [(family, pod_ip)]
+    else:
+        candidates = [(socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")]
+        if not socket.has_ipv6:
+            candidates = candidates[1:]
+    failures = []
+    for family, host in candidates:
+        err = _can_bind(family, host, port)
+        if err is None:
+            return family, host
+        failures.append(f"{_address(host, port)} ({err.strerror or err})")
+    where = f"{ENV_POD_IP}={pod_ip}" if pod_ip else f"{ENV_POD_IP} unset, so every address"
+    raise CoordinatorBindError(
+        f"rank 0 cannot listen for the gang's coordinator on {' nor '.join(failures)} "
+        f"({where}): give the pod an address and port it can bind (the coordinator port "
+        f"comes from {ENV_COORDINATOR_ADDRESS}), or run one process, which needs no "
+        "coordinator")
+
+
 def configure_host_devices(devices_per_process: int | None) -> None:
     """Ask XLA's CPU backend for several devices; must run before jax is imported."""
     if not devices_per_process:
@@ -81,6 +139,23 @@ def configure_compilation_cache(directory: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def open_devices_early() -> None:
+    """Start JAX's backend in a thread now, while the trainer's own modules import: opening an
+    accelerator takes seconds (about 8 s for a TPU v5e chip in our sandbox, more than the
+    imports). Only for a gang of one process: a gang's backend must start after
+    `jax.distributed.initialize`, which needs the rendezvous first."""
+    import jax
+
+    def open_devices() -> None:
+        try:
+            jax.devices()
+            phases.mark("devices_open")
+        except Exception:  # the main thread's own first call raises it again, where it counts
+            log.debug("opening the devices early failed", exc_info=True)
+
+    threading.Thread(target=open_devices, name="open-devices", daemon=True).start()
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -89,12 +164,12 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def grpc_addresses(env: TrainerEnvironment) -> tuple[str, str | None]:
-    """The coordinator address for JAX's gRPC client, and where rank 0's service binds.
+    """The coordinator address for JAX's gRPC client, and where rank 0's service binds
+    (`listen_address`; CoordinatorBindError where it cannot).
 
     The name is resolved here, by Python's resolver, so gRPC gets an IP: the same answer as
     cluster DNS gives, and the only one where names come from a hosts table that only Python
-    sees (the local cluster). With the pod's IP known, the service binds to it alone, so pods
-    that share one network namespace do not fight over the port.
+    sees (the local cluster).
     """
     host, port = split_address(env.coordinator_address)
     try:
@@ -103,10 +178,9 @@ def grpc_addresses(env: TrainerEnvironment) -> tuple[str, str | None]:
         coordinator = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
     except OSError:
         coordinator = env.coordinator_address  # let gRPC try, and report, its own way
-    pod_ip = os.environ.get(ENV_POD_IP)
     bind = None
-    if env.process_id == 0 and pod_ip:
-        bind = f"[{pod_ip}]:{port}" if ":" in pod_ip else f"{pod_ip}:{port}"
+    if env.process_id == 0:
+        bind = _address(listen_address(port)[1], port)
     return coordinator, bind
 
 
@@ -137,20 +211,18 @@ def rendezvous(env: TrainerEnvironment, timeout: float) -> None:
 
 def _serve_rendezvous(port: int, expect: dict[str, Any], n: int, deadline: float,
                       check: Checker | None = None) -> None:
-    pod_ip = os.environ.get(ENV_POD_IP)
     # Every rank of a gang restarted together knocks within milliseconds: with the default
     # backlog (128) the kernel drops the SYNs past it, and each such rank waits out TCP's
     # 1 s retransmission before it is heard (bench/rendezvous_scale.py at 1,024 ranks).
     backlog = max(128, n)
-    if pod_ip:
-        # Only our own address: pods sharing a network namespace may use the same port.
-        family = socket.AF_INET6 if ":" in pod_ip else socket.AF_INET
-        server = socket.create_server((pod_ip, port), family=family, backlog=backlog)
-    elif socket.has_dualstack_ipv6():
-        server = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
-                                      backlog=backlog)
-    else:
-        server = socket.create_server(("", port), backlog=backlog)
+    family, host = listen_address(port)
+    try:
+        server = socket.create_server(
+            (host, port), family=family, backlog=backlog,
+            dualstack_ipv6=family == socket.AF_INET6 and host == "::")
+    except OSError as err:  # taken between the check and now
+        raise CoordinatorBindError(f"rank 0 cannot listen for the gang's rendezvous on "
+                                   f"{_address(host, port)}: {err}") from None
     peers: dict[int, socket.socket] = {}
     pending: dict[socket.socket, bytes] = {}
     heard_by: dict[socket.socket, float] = {}  # when a pending connection must have said hello
@@ -397,9 +469,15 @@ def wait_for_listener(address: str, deadline: float) -> bool:
 def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
     """Rendezvous, then `jax.distributed.initialize` for the gang described by `env`.
 
-    Always initializes, even for one process: the coordination service also provides the
-    key-value barriers used by checkpoint commits and the preemption sync point.
+    A gang of one process starts neither: its barriers and gathers are trivial (the
+    collectives above answer them without a service), its preemption notice is its own
+    SIGTERM (preemption.py), and it then runs where no socket can be opened at all (a
+    sandboxed accelerator host) and never waits for a port.
     """
+    if env.num_processes == 1:
+        phases.mark("distributed_skipped")
+        log.info("one process: no rendezvous and no coordination service")
+        return
     timeout = env.init_timeout_seconds if timeout is None else timeout
     started = time.monotonic()
     phases.mark("rendezvous_started")

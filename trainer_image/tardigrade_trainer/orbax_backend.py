@@ -180,6 +180,9 @@ class OrbaxCheckpoints:
             raise CheckpointIOError(f"an Orbax save failed: {err}") from err
         self._settle()
 
+    def saving(self) -> bool:
+        return bool(self.manager.is_saving_in_progress())
+
     def committed(self) -> Committed | None:
         self._settle()
         with self._lock:

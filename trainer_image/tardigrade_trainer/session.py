@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tardigrade_trainer import accelerator, attempts, contract, distributed, inplace, phases
 from tardigrade_trainer.config import ConfigError
 from tardigrade_trainer.logs import JsonLog
+from tardigrade_trainer.savestall import SaveStall
 
 if TYPE_CHECKING:  # the backends import jax and tensorstore: only once a session starts
     from tardigrade_trainer.checkpoint.faults import SaveFaults
@@ -161,6 +162,7 @@ class TrainingSession:
         self.total_steps: int | None = None
         self._server: Any = None
         self._reported: Any = None
+        self._stall = SaveStall()
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
@@ -192,7 +194,8 @@ class TrainingSession:
         if jax_distributed.global_state.client is None:
             try:
                 distributed.initialize(self.env)
-            except (distributed.PeerTimeoutError, distributed.peerauth.PeerAuthError) as err:
+            except (distributed.PeerTimeoutError, distributed.peerauth.PeerAuthError,
+                    distributed.CoordinatorBindError) as err:
                 code, reason = exit_code_for(err)
                 _fail(self.env.termination_log, code, reason, err)
                 raise SystemExit(code) from None
@@ -211,7 +214,8 @@ class TrainingSession:
         self.log = JsonLog(jax.process_index(), attempt=env.attempt)
         # Where this process's start-up went so far (phases.py); later phases log their own.
         keeper = {"pid": os.getpid(), "keeper_pid": os.getppid()} if attempts.in_child() else {}
-        self.log({"event": "startup", **phases.marks(), **keeper})
+        self.log({"event": "startup", **phases.marks(), **keeper,
+                  "coordination_service": jax_distributed.global_state.client is not None})
         self.metrics = Metrics()
         self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
                                                  env.restart_in_place_dir)
@@ -331,6 +335,7 @@ class TrainingSession:
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""
         self.last_step = step
+        self._time_save_stall()
         changes: dict[str, Any] = {"step": step, "total_steps": self.total_steps, **fields}
         self.metrics.step.set(step)
         if loss is not None:
@@ -347,6 +352,21 @@ class TrainingSession:
             from tardigrade_trainer.checkpoint.faults import STEP_END
 
             self._faults.at(STEP_END, step, jax.process_index())
+
+    def _time_save_stall(self) -> None:
+        """One step ended: close the record of a save that has ended since (savestall.py)."""
+        saving = getattr(self._checkpoints, "saving", None)
+        record = self._stall.step_ended(time.monotonic(), bool(saving and saving()))
+        if record is not None:
+            self.log({"event": "checkpoint_loop_time_lost", **record})
+
+    def _saved(self, step: int, reason: str, blocked: float | None) -> None:
+        if blocked is not None:
+            self.metrics.checkpoint_blocked.observe(blocked)
+        staged = getattr(self._checkpoints, "staged_bytes", 0)
+        previous = self._stall.save_started(step, reason, blocked or 0.0, int(staged or 0))
+        if previous is not None:
+            self.log({"event": "checkpoint_loop_time_lost", **previous})
 
     def save_reason(self, step: int) -> str | None:
         """Why `step` must be saved ("preemption", "interval", "final"), or None.
@@ -387,8 +407,7 @@ class TrainingSession:
                 step, state,
                 extra={"data_position": step + 1, "reason": reason, **(extra or {})},
                 mesh=mesh)
-            if blocked is not None:
-                self.metrics.checkpoint_blocked.observe(blocked)
+            self._saved(step, reason, blocked)
             self.interval.saved()
             return
         noticed_at = self.watcher.noticed_at if self.watcher is not None else None
@@ -399,8 +418,7 @@ class TrainingSession:
                 step, state,
                 extra={"data_position": step + 1, "reason": reason, **(extra or {})},
                 mesh=mesh, deadline=until)
-            if blocked is not None:
-                self.metrics.checkpoint_blocked.observe(blocked)
+            self._saved(step, reason, blocked)
             self.checkpoints.wait(until)
         except CheckpointIOError as err:
             # Not "PreemptedSaved": the operator must resume from the older commit.

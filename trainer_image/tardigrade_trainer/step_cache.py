@@ -43,21 +43,22 @@ _SUFFIX = ".step"
 _STALE_TEMP_SECONDS = 3600.0
 
 
-_jax_cache_hits = 0
+_jax_cache_hits: dict[int, int] = {}  # by compiling thread
 _listening = False
 _lock = threading.Lock()
 
 
 def _count_jax_cache_hits(event: str, **_: Any) -> None:
-    global _jax_cache_hits
     if event == "/jax/compilation_cache/cache_hits":
         with _lock:
-            _jax_cache_hits += 1
+            thread = threading.get_ident()
+            _jax_cache_hits[thread] = _jax_cache_hits.get(thread, 0) + 1
 
 
 def _jax_cache_hits_so_far() -> int:
-    """Hits in JAX's persistent cache since the first call (from JAX's monitoring events, which
-    jax/_src/compiler.py records in the compiling thread)."""
+    """Hits in JAX's persistent cache by this thread since the first call (from JAX's
+    monitoring events, which jax/_src/compiler.py records in the compiling thread: another
+    thread's compiles, such as the state's initialisation, are not this one's)."""
     global _listening
     with _lock:
         if not _listening:
@@ -65,7 +66,7 @@ def _jax_cache_hits_so_far() -> int:
 
             monitoring.register_event_listener(_count_jax_cache_hits)
             _listening = True
-        return _jax_cache_hits
+        return _jax_cache_hits.get(threading.get_ident(), 0)
 
 
 class CorruptEntryError(ValueError):

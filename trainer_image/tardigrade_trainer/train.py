@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -13,6 +15,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from tardigrade_trainer import (
+    compile_cache,
     compile_stats,
     compiled_step,
     data,
@@ -61,7 +64,40 @@ def checkpoint_options(config: TrainerConfig) -> dict[str, Any]:
                                   stall_seconds=config.checkpoint_storage_stall_seconds),
         "verify_restore": config.checkpoint_verify_restore,
         "restore_inflight_bytes": config.checkpoint_restore_inflight_mib << 20,
+        "snapshot_device_bytes": config.checkpoint_snapshot_device_mib << 20,
     }
+
+
+class StepCompile:
+    """The step being compiled (or loaded) in a daemon thread: a process that has nothing to
+    train leaves without waiting for it."""
+
+    def __init__(self, compile_step: Callable[[], tuple[Any, step_cache.Outcome]],
+                 example_args: tuple[Any, ...]) -> None:
+        self.example_args = example_args
+        self._done = threading.Event()
+        self._result: tuple[Any, step_cache.Outcome] | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._result = compile_step()
+            except BaseException as err:  # handed to the caller of result()
+                self._error = err
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="compile-step", daemon=True).start()
+
+    def wait(self) -> None:
+        self._done.wait()
+
+    def result(self) -> tuple[Any, step_cache.Outcome]:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
 
 
 class Trainer:
@@ -69,7 +105,16 @@ class Trainer:
 
     DONATE = (True, False, False)  # the step's state, not its batch
 
-    def __init__(self, session: TrainingSession, config: TrainerConfig) -> None:
+    def __init__(self, session: TrainingSession, config: TrainerConfig, *,
+                 compilation_cache: compile_cache.Location | None = None,
+                 mirror: compile_cache.RootMirror | None = None,
+                 cache_pulled: dict[str, Any] | None = None) -> None:
+        """`compilation_cache`: where JAX's cache is (configured before JAX compiled
+        anything); `mirror`: the bucket it mirrors, pushed to once the step is compiled."""
+        self.cache = compilation_cache
+        self.mirror = mirror
+        self._compiling: StepCompile | None = None
+        self.cache_pulled = cache_pulled or {}
         self.session = session
         self.env = session.env
         self.config = config
@@ -90,26 +135,41 @@ class Trainer:
                                                                              eqx.is_array))
         return {"model": eqx.apply_updates(state["model"], updates), "opt": opt}, loss
 
-    def _compile_before_the_first_collective(
-        self, step_fn: Any, state: Any, step: int, batch_sharding: NamedSharding
-    ) -> tuple[Any, dict[str, Any]]:
-        """Compile the step on every host, then meet, before the gang's first collective; the
-        step the loop is to call, and what the `compiled` log line says about getting it.
+    def _start_compiling(self, target: Any, batch_sharding: NamedSharding) -> StepCompile:
+        """Lower the step for the state's shapes and shardings (`target`) and compile it, or
+        load it from a cache, in a thread of its own: while the state is restored (or
+        initialised), not after. A relaunch's restore and its step's compile or load are the
+        two long phases of its start (seconds each on an accelerator)."""
+        x, y = data.sharded_batch(self.config, 1, batch_sharding)
+        cache = (step_cache.StepCache(self.cache.local, jax.process_index())
+                 if self.cache is not None else None)
+
+        def compile_step() -> tuple[Any, step_cache.Outcome]:
+            # The mesh and the axis mapping are the thread's own: enter the loop's.
+            with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
+                lowered = compiled_step.lower_abstract(
+                    self._train_step, self.DONATE, self.plan.axis_mapping, target, x, y)
+                return step_cache.compile_or_load(lowered, cache,
+                                                  list(self.plan.mesh.devices.flat))
+
+        return StepCompile(compile_step, (target, x, y))
+
+    def _meet_compiled(self, compiling: StepCompile) -> tuple[Any, dict[str, Any]]:
+        """The step the loop is to call (the executable compiled or loaded, never jit's own:
+        jit would compile it again wherever JAX's cache misses), and what the `compiled` log
+        line says about getting it; in a gang, once every rank has it.
 
         XLA's CPU collectives give a peer a fixed 30 s to reach the first collective
         (GlooKeyValueStore::get, xla/backends/cpu/collectives/gloo_kv_store.cc); on a loaded
         host compiling the step can take longer than that, and the whole gang then fails. The
         meeting, in the coordination service's key-value store, waits as long as start-up may
         (`init_timeout_seconds`). Each rank loads the step from its own cache (step_cache.py)
-        where it can, and the loop calls that executable: jit would compile it again on every
-        rank JAX's own cache does not serve."""
+        where it can."""
+        compiled, outcome = compiling.result()
+        step = compiled_step.CompiledStep(self._train_step, compiled, self.DONATE,
+                                          compiling.example_args)
         if jax.process_count() == 1:
-            return step_fn, {}
-        x, y = data.sharded_batch(self.config, step, batch_sharding)
-        cache = (step_cache.StepCache(self.config.compilation_cache_dir, jax.process_index())
-                 if self.config.compilation_cache_dir else None)
-        compiled, outcome = step_cache.compile_or_load(
-            step_fn.lower(state, x, y), cache, list(self.plan.mesh.devices.flat))
+            return step, outcome.fields()
         timeout = self.env.init_timeout_seconds
         try:
             # Every rank waits for every rank's word: the meeting, and rank 0 learns how each
@@ -122,36 +182,50 @@ class Trainer:
                 f"not every rank had compiled the training step within {timeout:g} s: {err}"
             ) from err
         by_rank = {} if ranks is None else {"step_cache_ranks": ranks}  # rank 0's alone
-        return (compiled_step.CompiledStep(self._train_step, compiled, self.DONATE, (state, x, y)),
-                {**outcome.fields(), **by_rank})
+        return step, {**outcome.fields(), **by_rank}
 
     def run(self) -> None:
         compile_stats.watch()
-        with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
-            self._run()
+        try:
+            with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
+                self._run()
+        finally:
+            # An interpreter that exits while XLA compiles in another thread aborts (SIGABRT,
+            # "exception not rethrown"): a loop that returns early waits for its compile.
+            if self._compiling is not None:
+                self._compiling.wait()
 
     def _run(self) -> None:
         env, config, plan, session = self.env, self.config, self.plan, self.session
         self.log({"event": "start", "job": env.job_name, "attempt": env.attempt,
                   "process_count": jax.process_count(), "devices": jax.device_count(),
+                  "platform": jax.devices()[0].platform,
                   "mesh": plan.describe(), "per_device_batch":
                   config.global_batch_size // plan.data_size})
         key = jax.random.PRNGKey(config.seed)
+        target = abstract_target(eqx.filter_eval_shape(self._init_state, key), plan)
+        batch_sharding = NamedSharding(plan.mesh, PartitionSpec(plan.batch_axes, None))
+        session.checkpoints  # noqa: B018  (the gang's restore decision, before the restore)
+        if session.restore_step < config.steps:
+            self._compiling = self._start_compiling(target, batch_sharding)
         state = session.restore_or(
             lambda: hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key),
-            target=abstract_target(eqx.filter_eval_shape(self._init_state, key), plan))
+            target=target)
         start = session.start_step
         if config.debug_state_hash:
             self.log({"event": "state_hash", "step": start - 1, "hash": gathered_state_hash(state)})
 
-        step_fn = hax.named_jit(self._train_step, axis_resources=plan.axis_mapping,
-                                donate_args=self.DONATE)
-        batch_sharding = NamedSharding(plan.mesh, PartitionSpec(plan.batch_axes, None))
         tokens_per_step = config.global_batch_size * config.seq_len
+        step_fn: Any = None
         if start <= config.steps:
-            step_fn, got = self._compile_before_the_first_collective(step_fn, state, start,
-                                                                     batch_sharding)
-            self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got})
+            if self._compiling is None:  # restored further back than the decision said
+                self._compiling = self._start_compiling(target, batch_sharding)
+            step_fn, got = self._meet_compiled(self._compiling)
+            self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got,
+                      **self.cache_pulled})
+            if self.mirror is not None:
+                compile_cache.push_in_background(self.mirror, lambda fields: self.log(
+                    {"event": "compilation_cache_pushed", **fields}))
         window_start, window_steps = time.perf_counter(), 0
 
         for step in session.steps(config.steps):

@@ -161,10 +161,13 @@ class ChunkFileIO:
 
     def _write_aligned(self, fd: int, view: memoryview) -> int:
         bounce = self._bounce_buffer()
+        # numpy copies without the GIL (a memoryview assignment holds it: with 16 writers
+        # copying, a training loop that needs the GIL between its steps ran at 60% speed).
+        into, source = np.frombuffer(bounce, np.uint8), np.frombuffer(view, np.uint8)
         aligned = len(view) - len(view) % ALIGNMENT
         for offset in range(0, aligned, BOUNCE_BYTES):
             size = min(BOUNCE_BYTES, aligned - offset)
-            bounce[:size] = view[offset : offset + size]
+            np.copyto(into[:size], source[offset : offset + size])
             _write_all(fd, bounce[:size], offset)
         return aligned
 

@@ -22,6 +22,7 @@ from tardigrade_trainer.checkpoint import (
     restore,
     restoreplan,
     rootrecord,
+    staging,
     targetless,
 )
 from tardigrade_trainer.checkpoint import deadline as deadlines
@@ -76,8 +77,11 @@ class CheckpointManager:
     flight at a time.
 
     `chunk_files`: on a local disk, read and write whole unencoded chunks with O_DIRECT
-    (chunkfiles.py) instead of through TensorStore. `faults`: test-only fault injection at
-    the save's stages (faults.py); the default does nothing.
+    (chunkfiles.py) instead of through TensorStore. `snapshot_device_bytes`: on an
+    accelerator, the device memory per device a snapshot may stage so that `save` need not
+    wait for the device->host copy (staging.py): 0 (the default) never stages, N stages at
+    most N bytes of the memory the training has not used, None all of it. `faults`:
+    test-only fault injection at the save's stages (faults.py); the default does nothing.
     """
 
     def __init__(
@@ -92,6 +96,8 @@ class CheckpointManager:
         verify_restore: bool = True,
         restore_inflight_bytes: int = restoreplan.DEFAULT_INFLIGHT_BYTES,
         chunk_files: bool = True,
+        snapshot_device_bytes: int | None = 0,
+        snapshot_piece_bytes: int = staging.DEFAULT_PIECE_BYTES,
         faults: SaveFaults = NO_FAULTS,
     ) -> None:
         if restore_inflight_bytes < 1:
@@ -111,7 +117,9 @@ class CheckpointManager:
         self.store = RootStore(self.root, self.storage, checksum=checksum,
                                chunk_files=chunk_files)
         self._lines = RootLines(self.store, self._emit)
-        self._snapshots = Snapshotter(self.process_id, self.process_count)
+        self._snapshots = Snapshotter(self.process_id, self.process_count,
+                                      staging.DeviceBudget(snapshot_device_bytes),
+                                      snapshot_piece_bytes)
         self._committer = Committer(
             self.store, self._lines, process_id=self.process_id,
             process_count=self.process_count, barrier_timeout_seconds=barrier_timeout_seconds,
@@ -198,6 +206,16 @@ class CheckpointManager:
         return self._lines.fork_root(step, request)
 
     # --- save (snapshot.py, commit.py) ---------------------------------------------------------
+    @property
+    def saving(self) -> bool:
+        """True while a save is in flight (not yet committed or failed); never blocks."""
+        return self._pending is not None and not self._pending.done()
+
+    @property
+    def last_staged_bytes(self) -> int:
+        """Device memory the last save staged on this host (accelerators; 0 on the CPU)."""
+        return self._snapshots.last_staged_bytes
+
     def save(
         self,
         step: int,
@@ -224,7 +242,8 @@ class CheckpointManager:
         except leafkinds.LeafError as err:
             raise CheckpointUsageError(f"cannot save step {step}: {err}") from None
         blocked = time.perf_counter() - started
-        self._emit({"event": "checkpoint_started", "step": step, "blocked_s": round(blocked, 6)})
+        self._emit({"event": "checkpoint_started", "step": step, "blocked_s": round(blocked, 6),
+                    "staged_bytes": self._snapshots.last_staged_bytes})
         self._saves += 1
         self._pending = self._executor.submit(
             self._write_and_commit, step, host_leaves, checked_extra, dict(mesh or {}),

@@ -1,7 +1,9 @@
 """Host snapshots: what `save` copies off the devices before it returns to the training loop.
 
 Each host copies only the shards the write plan (writers.py) gives it; the background save
-writes from these copies while the loop goes on and may donate the device buffers.
+writes from these copies while the loop goes on and may donate the device buffers. On the CPU
+a copy is a private device buffer (device memory is host memory); on an accelerator it is a
+copy in spare device memory read to the host later, or a host copy made now (staging.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from tardigrade_trainer.checkpoint import layout, writers
+from tardigrade_trainer.checkpoint import layout, staging, writers
 from tardigrade_trainer.checkpoint import leaves as leafkinds
 
 
@@ -24,8 +26,9 @@ class HostLeaf:
     shape: tuple[int, ...]
     dtype: str
     chunk: tuple[int, ...]
-    # numpy data, or (CPU backend) a private on-device copy that is already host memory.
-    shards: list[tuple[tuple[slice, ...], np.ndarray | jax.Array]]
+    # numpy data, (CPU backend) a private on-device copy that is already host memory, or
+    # (accelerators) a copy staged in device memory (staging.StagedShard).
+    shards: list[tuple[tuple[slice, ...], Any]]
     prng_impl: str | None = None  # a typed PRNG key leaf, stored as its key data
 
     def recorded(self) -> dict[str, Any]:
@@ -35,12 +38,21 @@ class HostLeaf:
 
 
 class Snapshotter:
-    """Copies a state's shards to host memory; one per manager (it caches the write plan)."""
+    """Copies a state's shards to host memory; one per manager (it caches the write plan).
 
-    def __init__(self, process_id: int, process_count: int) -> None:
+    `budget`: the device memory an accelerator snapshot may stage (staging.DeviceBudget);
+    `piece_bytes`: the pieces a staged shard is read to the host in."""
+
+    def __init__(self, process_id: int, process_count: int,
+                 budget: staging.DeviceBudget | None = None,
+                 piece_bytes: int = staging.DEFAULT_PIECE_BYTES) -> None:
         self.process_id = process_id
         self.process_count = process_count
+        self.budget = budget or staging.DeviceBudget()
+        self.piece_bytes = piece_bytes
         self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
+        # Device memory the last snapshot staged (0 on the CPU, or with nothing staged).
+        self.last_staged_bytes = 0
 
     def copy_to_host(self, state: Any) -> list[HostLeaf]:
         """This host's part of `state`; LeafError for a leaf a checkpoint cannot hold."""
@@ -82,23 +94,32 @@ class Snapshotter:
             leaves = list(leaves)
             for i, copy in zip(arrays, copies, strict=True):
                 leaves[i] = copy
-        else:
-            for name, leaf in zip(names, leaves, strict=True):
-                if isinstance(leaf, jax.Array):
-                    devices = {w.device for w in mine[name]}
-                    for shard in leaf.addressable_shards:
-                        if shard.device in devices:
-                            shard.data.copy_to_host_async()
+        self.last_staged_bytes = 0
+        copies_of: dict[str, dict[Any, Any]] = {}
+        for name, leaf in zip(names, leaves, strict=True):
+            if not isinstance(leaf, jax.Array):
+                continue
+            wanted = {w.device for w in mine[name]}
+            # One `addressable_shards` per leaf: each call makes new single-device arrays, and
+            # a host copy started on one is not the host copy of the next.
+            copies_of[name] = {shard.device: shard.data for shard in leaf.addressable_shards
+                               if shard.device in wanted}
+        if not on_cpu:
+            # Off the CPU the next step, which may donate these buffers, must not start before
+            # they are copied: to spare device memory (read later) or to the host (now).
+            flat = [(name, device, data) for name, by_device in copies_of.items()
+                    for device, data in by_device.items()]
+            got = staging.stage([(device, data) for _, device, data in flat], self.budget,
+                                self.piece_bytes)
+            self.last_staged_bytes = staging.staged_bytes(list(got.values()))
+            for i, (name, device, _) in enumerate(flat):
+                copies_of[name][device] = got[i]
         host = []
         for name, leaf in zip(names, leaves, strict=True):
             if isinstance(leaf, jax.Array):
                 shape = tuple(leaf.shape)
                 chunk = plans[name].chunk
-                # Off CPU, an explicit host copy: the device buffer may be donated by the next
-                # train step, and device memory is the scarce resource.
-                copies = {shard.device: shard.data if on_cpu else np.array(shard.data)
-                          for shard in leaf.addressable_shards
-                          if any(w.device == shard.device for w in mine[name])}
+                copies = copies_of[name]
                 shards = [
                     (w.region, copies[w.device] if w.region == w.shard
                      else writers.ShardPiece(copies[w.device], w.local()))

@@ -1,0 +1,271 @@
+"""Everything one accelerator chip shows: checkpoints, and the reference trainer's throughput,
+MFU, save stall and start-up times.
+
+    python bench/chip.py --dir DIR [--model 184m|tiny] [--steps 30] [--interval 10]
+        [--checkpoint-gib 2] [--skip-checkpoint-bench]
+
+First `bench/checkpoint_bandwidth.py` on the chip (one device, `--checkpoint-gib` GiB of state,
+Tardigrade and Orbax in the same run, the staging trade-off), in a process of its own (one
+program at a time can hold a chip). Then it runs the reference trainer (`python -m
+tardigrade_trainer`, one process: a single-host gang starts no coordination service, so it
+runs where no socket can be opened) as the operator would, and reads its JSON log:
+
+  1. seed run: a fresh start (no checkpoint, no compilation cache), `--steps` steps with a
+     save every `--interval` steps; SIGTERM once it passed the last interval, so it saves on
+     notice and exits 75, as a preempted gang does. Reports tokens/s (median of the logged
+     windows after the first steps), the model FLOPs utilisation against the chip's peak
+     (`--peak-tflops`, v5e bf16 197), and for every interval save the loop time lost over the
+     steps the save overlapped, as the trainer logs it (`checkpoint_loop_time_lost`), against
+     the save's own duration;
+  2. relaunches: the same job started again (it restores the save on notice), killed once
+     its first step is logged: without JAX's persistent compilation cache (`cold`), with an
+     empty cache (`cache-first`: it fills it) and with the cache that run filled (`warm`: a
+     relaunched gang on GKE). Both cached runs keep the cache where the trainer does by
+     default, beside the checkpoints (compile_cache.py). For each, the time from
+     the process's start to its phases and to its first step (from the trainer's `startup`,
+     `restore_done`, `compiled` and `step` events; time 0 is the process's start as the
+     kernel records it).
+
+Target (issue 30): a warm relaunch reaches its first step in under 10 s on the chip; the loop
+time lost per save is under 10% of the save's duration. A run whose trainer logged no save or
+no step says so and judges nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODELS: dict[str, dict[str, Any]] = {
+    # The reference model of the TPU measurements: 184M parameters, 2.2 GB of state with
+    # AdamW's two moments (float32).
+    "184m": {"vocab_size": 32000, "embed_dim": 1024, "num_layers": 12, "num_heads": 16,
+             "mlp_dim": 4096, "global_batch_size": 32, "seq_len": 512,
+             "learning_rate": 3e-4, "warmup_steps": 10},
+    # For trying the script out on a CPU.
+    "tiny": {"vocab_size": 256, "embed_dim": 64, "num_layers": 2, "num_heads": 4,
+             "mlp_dim": 128, "global_batch_size": 8, "seq_len": 32, "warmup_steps": 5},
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", required=True, help="scratch directory (checkpoints, caches)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="184m")
+    parser.add_argument("--steps", type=int, default=30, help="steps of the seed run")
+    parser.add_argument("--interval", type=int, default=10, help="save every N steps")
+    parser.add_argument("--peak-tflops", type=float, default=197.0,
+                        help="the chip's peak (v5e: 197 bf16 TFLOP/s)")
+    parser.add_argument("--relaunches", default="cold,cache-first,warm",
+                        help="which relaunches to run, in order")
+    parser.add_argument("--log-compiles", action="store_true",
+                        help="JAX_LOG_COMPILES=1 in the trainer (its stderr is kept in DIR)")
+    parser.add_argument("--checkpoint-gib", type=float, default=2.0,
+                        help="state size of the checkpoint bench")
+    parser.add_argument("--checkpoint-repeats", type=int, default=2)
+    parser.add_argument("--skip-checkpoint-bench", action="store_true")
+    parser.add_argument("--headroom-batch", type=int, default=0,
+                        help="also a seed run with this global batch (less activation memory: "
+                             "device memory to stage saves in)")
+    return parser.parse_args()
+
+
+def checkpoint_bench(args: argparse.Namespace, workdir: Path) -> None:
+    command = [sys.executable, str(REPO / "bench" / "checkpoint_bandwidth.py"),
+               "--gib", str(args.checkpoint_gib), "--devices", "1",
+               "--repeats", str(args.checkpoint_repeats), "--skip-crc",
+               "--skip-tensorstore-only", "--staging", "0.25,0.5,1",
+               "--dir", str(workdir / "checkpoint-bench")]
+    print("$ " + " ".join(["python", *command[1:]]), flush=True)
+    # The chip: whatever JAX finds (the checkpoint bench defaults to the CPU otherwise).
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}
+    subprocess.run(command, env=env, check=False)
+
+
+def model_flops_per_token(config: dict[str, Any]) -> float:
+    """Training FLOPs per token: 6 per parameter of every matmul (forward and backward; the
+    tied embedding counts once, as the output projection) plus causal-free attention scores
+    and values, 12 * layers * seq_len * embed (Chinchilla's accounting, appendix F)."""
+    d, layers, mlp = config["embed_dim"], config["num_layers"], config["mlp_dim"]
+    matmul_params = layers * (4 * d * d + 2 * d * mlp) + d * config["vocab_size"]
+    return 6.0 * matmul_params + 12.0 * layers * config["seq_len"] * d
+
+
+class Run:
+    """One trainer process, its JSON log read as it comes."""
+
+    def __init__(self, workdir: Path, name: str, checkpoint: Path, config: dict[str, Any],
+                 interval: int, log_compiles: bool) -> None:
+        self.name = name
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TARDIGRADE_")}
+        env.update({
+            "TARDIGRADE_JOB_NAME": "chip-bench", "TARDIGRADE_NUM_PROCESSES": "1",
+            "TARDIGRADE_PROCESS_ID": "0", "TARDIGRADE_CHECKPOINT_PATH": str(checkpoint),
+            "TARDIGRADE_CHECKPOINT_INTERVAL_STEPS": str(interval),
+            "TARDIGRADE_TRAINER_CONFIG": json.dumps(config),
+            "TARDIGRADE_TERMINATION_LOG": str(workdir / f"{name}.term"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in (env.get("PYTHONPATH"), str(REPO / "trainer_image")) if p])
+        if log_compiles:
+            env["JAX_LOG_COMPILES"] = "1"
+        self.stderr_path = workdir / f"{name}.err"
+        self.log = open(workdir / f"{name}.jsonl", "w")  # noqa: SIM115
+        self.events: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tardigrade_trainer"], env=env, cwd=workdir,
+            stdout=subprocess.PIPE, stderr=open(self.stderr_path, "wb"),  # noqa: SIM115
+            text=True)
+
+    def read_until(self, stop: Any) -> None:
+        """Read events until `stop(event)` is true or the process ends."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            self.log.write(line)
+            self.log.flush()
+            self.events.append(event)
+            if stop(event):
+                return
+
+    def finish(self, sig: int | None = None, timeout: float = 300) -> int:
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.read_until(lambda event: False)
+        return self.proc.wait(timeout=timeout)
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == name]
+
+    def tail(self) -> str:
+        return self.stderr_path.read_text()[-3000:]
+
+
+def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
+             config: dict[str, Any], name: str = "seed") -> dict[str, Any]:
+    run = Run(workdir, name, checkpoint, config, args.interval, args.log_compiles)
+    last_interval = (args.steps - 1) // args.interval * args.interval
+    run.read_until(lambda e: e.get("event") == "step" and e["step"] > last_interval)
+    code = run.finish(signal.SIGTERM)
+    steps = run.of("step")
+    if not steps:
+        print(f"{name} run: no step logged (exit {code}): nothing judged\n{run.tail()}")
+        raise SystemExit(1)
+    rates = [e["tokens_per_second"] for e in steps[3:] if e.get("tokens_per_second")]
+    tokens = statistics.median(rates) if rates else float("nan")
+    flops = model_flops_per_token(config) * tokens
+    mfu = flops / (args.peak_tflops * 1e12)
+    start = run.of("start")[0] if run.of("start") else {}
+    print(f"{name} run (fresh start, no cache, batch {config['global_batch_size']}) on "
+          f"{start.get('platform', '?')} "
+          f"({start.get('devices', '?')} devices): exit {code}; {len(steps)} steps; "
+          f"{tokens:,.0f} tokens/s (median of {len(rates)} steps after the first 3); "
+          f"{flops / 1e12:.1f} TFLOP/s model FLOPs = {mfu * 100:.1f}% MFU of "
+          f"{args.peak_tflops:g} TFLOP/s")
+    started = run.of("startup")[0].get("process_started")
+    first = steps[0]
+    if started is not None:
+        print(f"    fresh start to first step: {first['time'] - started:.1f} s")
+    lost = run.of("checkpoint_loop_time_lost")
+    committed = {e["step"]: e for e in run.of("checkpoint_committed")}
+    if not lost:
+        print("    save stall: the trainer logged no checkpoint_loop_time_lost: not judged")
+    for event in lost:
+        save = committed.get(event["step"], {})
+        seconds = save.get("seconds")
+        share = f"{event['lost_s'] / seconds * 100:.1f}% of" if seconds else "(no commit for)"
+        verdict = ("met" if seconds and event["lost_s"] < 0.1 * seconds else "MISSED")
+        print(f"    save at step {event['step']} ({event.get('reason', '')}): loop time lost "
+              f"{event['lost_s'] * 1e3:.0f} ms over {event['steps']} steps, {share} the "
+              f"save's {seconds or 0:.2f} s; save call blocked {event['blocked_s'] * 1e3:.0f} "
+              f"ms; staged in HBM {event.get('staged_bytes', 0) / 2**20:.0f} MiB: "
+              f"< 10%: {verdict}")
+    notice = run.of("preempted")
+    print(f"    save on notice: {'step ' + str(notice[0]['step']) if notice else 'none'}")
+    return {"tokens_per_second": tokens, "mfu": mfu}
+
+
+def relaunch(args: argparse.Namespace, workdir: Path, checkpoint: Path,
+             config: dict[str, Any], name: str) -> dict[str, float] | None:
+    run = Run(workdir, name, checkpoint, config, args.interval, args.log_compiles)
+    run.read_until(lambda e: e.get("event") == "step")
+    code = run.finish(signal.SIGKILL)
+    steps, startup = run.of("step"), run.of("startup")
+    if not steps or not startup or startup[0].get("process_started") is None:
+        print(f"relaunch {name}: no step or no process start logged (exit {code}): "
+              f"not judged\n{run.tail()}")
+        return None
+    zero = startup[0]["process_started"]
+    marks = {k: v - zero for k, v in startup[0].items()
+             if isinstance(v, float) and k not in ("time", "process_started")}
+    found = {"startup logged": startup[0]["time"] - zero, **marks}
+    for event in ("restore_done", "compiled"):
+        if run.of(event):
+            found[event] = run.of(event)[0]["time"] - zero
+    found["first step"] = steps[0]["time"] - zero
+    compiled = run.of("compiled")[0] if run.of("compiled") else {}
+    restored = run.of("restore_done")[0]["step"] if run.of("restore_done") else None
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in sorted(found.items(), key=lambda kv: kv[1]))
+    cache = {k: compiled[k] for k in ("cache_hits", "cache_requests", "backend_compile_seconds",
+                                       "step_cache") if k in compiled}
+    print(f"relaunch {name} (restored step {restored}): first step at "
+          f"{found['first step']:.1f} s after the process started; {shown}; compile: {cache}")
+    return found
+
+
+def main() -> int:
+    args = parse_args()
+    workdir = Path(args.dir).resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    checkpoint = workdir / "checkpoints"
+    cache = checkpoint / "compilation-cache"  # the trainer's default place
+    base = {**MODELS[args.model], "steps": 100000, "log_every": 1}
+    if not args.skip_checkpoint_bench:
+        checkpoint_bench(args, workdir)
+    print(f"model {args.model}: {json.dumps(MODELS[args.model])}; "
+          f"{model_flops_per_token(base) / 1e9:.2f} GFLOP per token")
+    seed_run(args, workdir, checkpoint, {**base, "compilation_cache_in_root": False})
+    results = {}
+    sys.path.insert(0, str(REPO / "trainer_image"))
+    from tardigrade_trainer import compile_cache
+
+    where = compile_cache.location(None, str(checkpoint))
+    assert where is not None
+    for name in [n for n in args.relaunches.split(",") if n]:
+        # The trainer's default: the cache beside the checkpoints, as on GKE; every relaunch
+        # is a new pod whose disk has no copy of it.
+        config = dict(base)
+        shutil.rmtree(where.local, ignore_errors=True)
+        if name == "cold":
+            config["compilation_cache_in_root"] = False
+        if name == "cache-first":
+            shutil.rmtree(cache, ignore_errors=True)
+        results[name] = relaunch(args, workdir, checkpoint, config, name)
+    if args.headroom_batch:
+        seed_run(args, workdir, workdir / "checkpoints-headroom",
+                 {**base, "global_batch_size": args.headroom_batch,
+                  "compilation_cache_in_root": False}, name="headroom")
+    warm = results.get("warm")
+    if warm is not None:
+        verdict = "met" if warm["first step"] < 10 else "MISSED"
+        print(f"target: warm relaunch to first step {warm['first step']:.1f} s < 10 s: "
+              f"{verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""JAX's compilation cache beside the checkpoints (compile_cache.py): where it lives, and a
+relaunched pod with an empty disk that compiles nothing because the bucket held its step."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from tardigrade_local.gcs import GcsEmulator, client_env
+from tardigrade_trainer import compile_cache, contract
+from tardigrade_trainer.compile_cache import Location, RootMirror, location
+from trainer_harness import launch, wait_for
+
+BUCKET = "tardigrade-cache"
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    saved = {k: os.environ.get(k) for k in client_env("http://x")}
+    with GcsEmulator() as emulator:
+        emulator.create_bucket(BUCKET)
+        os.environ.update(client_env(emulator.url))
+        try:
+            yield emulator
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def test_the_cache_lives_beside_the_checkpoints_unless_told_otherwise(tmp_path):
+    # A local copy of the root's folder, on a filesystem as in a bucket: nothing goes into
+    # a root before its gang has compiled its step there.
+    on_disk = location(None, "/data/ckpt/")
+    assert on_disk is not None and on_disk.remote == "/data/ckpt/compilation-cache"
+    assert on_disk.local != on_disk.remote
+    # A path of the user's (a volume) is used in place.
+    assert location("/cache", "gs://b/job") == Location("/cache")
+    assert location(None, "/data/ckpt", in_root=False) is None
+    remote = location(None, "gs://b/jobs/x")
+    assert remote is not None and remote.remote == "gs://b/jobs/x/compilation-cache"
+    # A local copy per bucket folder, in the pod's temporary directory.
+    assert remote.local != location(None, "gs://b/jobs/y").local
+    assert location("gs://b/shared-cache", "/ckpt").remote == "gs://b/shared-cache"
+
+
+def test_each_rank_pulls_jaxs_entries_and_its_own_folder_and_pushes_what_it_owns(gcs, tmp_path):
+    remote = f"gs://{BUCKET}/mirror/{compile_cache.FOLDER}"
+    first = tmp_path / "first"
+    (first / "tardigrade-step-cache" / "rank-0").mkdir(parents=True)
+    (first / "tardigrade-step-cache" / "rank-1").mkdir(parents=True)
+    (first / "jit_step-abc-cache").write_bytes(b"jax entry")
+    (first / "tardigrade-step-cache" / "rank-0" / "k0.step").write_bytes(b"rank 0 step")
+    (first / "tardigrade-step-cache" / "rank-1" / "k1.step").write_bytes(b"rank 1 step")
+    # Rank 1 uploads only its own folder (JAX's entries are process 0's to write)...
+    assert RootMirror(Location(str(first), remote), rank=1).push().files == 1
+    # ...rank 0 its folder and JAX's entries; nothing twice.
+    assert RootMirror(Location(str(first), remote), rank=0).push().files == 2
+    assert RootMirror(Location(str(first), remote), rank=0).push().files == 0
+    assert sorted(gcs.list_objects(BUCKET, "mirror/")) == [
+        f"mirror/{compile_cache.FOLDER}/jit_step-abc-cache",
+        f"mirror/{compile_cache.FOLDER}/tardigrade-step-cache/rank-0/k0.step",
+        f"mirror/{compile_cache.FOLDER}/tardigrade-step-cache/rank-1/k1.step"]
+
+    fresh = tmp_path / "fresh-pod"
+    pulled = RootMirror(Location(str(fresh), remote), rank=1).pull()
+    assert (pulled.files, pulled.nbytes) == (2, len(b"jax entry") + len(b"rank 1 step"))
+    assert (fresh / "jit_step-abc-cache").read_bytes() == b"jax entry"
+    assert (fresh / "tardigrade-step-cache" / "rank-1" / "k1.step").read_bytes() == b"rank 1 step"
+    assert not (fresh / "tardigrade-step-cache" / "rank-0").exists()
+    assert RootMirror(Location(str(fresh), remote), rank=1).pull().files == 0
+
+
+def _preempted_after(gang, steps: int) -> None:
+    wait_for(lambda: len(gang.events("step")) >= steps, 180, f"{steps} training steps")
+    wait_for(lambda: gang.events("compilation_cache_pushed"), 120, "the cache's upload")
+    gang.signal(signal.SIGTERM)
+    assert gang.wait() == [contract.EXIT_PREEMPTED_SAVED], gang.describe()
+
+
+@pytest.mark.slow
+def test_a_relaunched_pod_with_an_empty_disk_loads_its_step_from_the_bucket(gcs, tmp_path):
+    url = f"gs://{BUCKET}/trainer"
+    config = {"steps": 100000}
+
+    def pod(name: str) -> dict[str, str]:
+        # Each pod's own empty temporary directory: nothing survives but the bucket.
+        scratch = tmp_path / f"{name}-tmp"
+        scratch.mkdir()
+        return {**client_env(gcs.url), "TMPDIR": str(scratch)}
+
+    first = launch(tmp_path / "first", processes=1, checkpoint_path=url, config=config,
+                   extra_env=pod("first"))
+    _preempted_after(first, 3)
+    assert first.events("compiled")[0]["step_cache"] == "miss"
+    assert first.events("compilation_cache_pushed")[0]["uploaded_files"] >= 2
+
+    second = launch(tmp_path / "second", processes=1, checkpoint_path=url, config=config,
+                    extra_env=pod("second"))
+    _preempted_after(second, 2)
+    compiled = second.events("compiled")[0]
+    assert compiled["cache_pulled_files"] >= 2, compiled
+    assert compiled["step_cache"] == "hit", compiled
+    # The step's entry came from the bucket: this pod's copy had nothing before the pull.
+    assert list((tmp_path / "second-tmp").rglob("*.step"))

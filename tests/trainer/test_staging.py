@@ -1,0 +1,142 @@
+"""Accelerator snapshots (checkpoint/staging.py): what is staged in device memory, what is
+copied at once, and that a staged copy survives the donation of the state it was taken of.
+On the CPU the device's memory statistics are absent, so the budget is given."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tardigrade_trainer.checkpoint import staging
+from tardigrade_trainer.checkpoint.staging import DeviceBudget, StagedShard, stage
+from tardigrade_trainer.savestall import SaveStall
+
+MIB = 1 << 20
+
+
+class Budget:
+    """A fixed budget per device (the CPU keeps no memory statistics)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def for_device(self, device: object) -> int:
+        return self.nbytes
+
+
+class FakeDevice:
+    def __init__(self, **stats: int) -> None:
+        self.stats = stats
+
+    def memory_stats(self) -> dict[str, int]:
+        return dict(self.stats)
+
+
+def _arrays(*rows: int) -> list[jax.Array]:
+    device = jax.devices()[0]
+    return [jax.device_put(jnp.arange(r * 64, dtype=jnp.float32).reshape(r, 64) + i, device)
+            for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 1000])
+@pytest.mark.parametrize("piece_bytes", [256, 4096, 1 << 30])
+def test_a_staged_shard_reads_back_exactly_and_frees_its_device_memory(rows, piece_bytes):
+    (array,) = _arrays(rows)
+    expected = np.asarray(array).copy()
+    staged = StagedShard(array, piece_bytes)
+    assert staged.nbytes == expected.nbytes and staged.device_bytes == expected.nbytes
+    assert (staged.shape, staged.dtype) == (expected.shape, expected.dtype)
+    np.testing.assert_array_equal(np.asarray(staged), expected)
+    assert staged.device_bytes == 0  # every piece given back once on the host
+    np.testing.assert_array_equal(np.asarray(staged), expected)  # read once, kept
+
+
+def test_a_staged_copy_survives_the_donation_of_the_state():
+    state = _arrays(100, 300)
+    expected = [np.asarray(a).copy() for a in state]
+    got = stage([(a.devices().pop(), a) for a in state], Budget(1 << 30), piece_bytes=4096)
+    step = jax.jit(lambda xs: [x * 0.0 - 1.0 for x in xs], donate_argnums=0)
+    state = step(state)  # the next training step reuses the buffers
+    jax.block_until_ready(state)
+    assert all(isinstance(v, StagedShard) for v in got.values())
+    for i, want in enumerate(expected):
+        np.testing.assert_array_equal(np.asarray(got[i]), want)
+
+
+def test_the_largest_shards_are_staged_while_the_budget_lasts_the_rest_copied_now():
+    state = _arrays(10, 300, 40, 200)  # 2.5 KiB per row
+    sizes = [int(a.nbytes) for a in state]
+    got = stage([(a.devices().pop(), a) for a in state], Budget(sizes[1] + sizes[3]))
+    assert isinstance(got[1], StagedShard) and isinstance(got[3], StagedShard)
+    assert isinstance(got[0], np.ndarray) and isinstance(got[2], np.ndarray)
+    assert staging.staged_bytes(list(got.values())) == sizes[1] + sizes[3]
+    nothing = stage([(a.devices().pop(), a) for a in state], Budget(0))
+    assert all(isinstance(v, np.ndarray) for v in nothing.values())
+    for i, a in enumerate(state):
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(a))
+
+
+def test_the_automatic_budget_is_the_memory_the_training_never_used_at_the_first_save():
+    gib = 1 << 30
+    device = FakeDevice(bytes_limit=16 * gib, bytes_in_use=3 * gib, peak_bytes_in_use=7 * gib)
+    budget = DeviceBudget()
+    margin = int(16 * gib * staging.MARGIN_FRACTION)
+    assert budget.for_device(device) == 16 * gib - 7 * gib - margin
+    # A later save: its own staging raised the peak, which does not shrink the budget...
+    device.stats.update(peak_bytes_in_use=12 * gib)
+    assert budget.for_device(device) == 16 * gib - 7 * gib - margin
+    # ...but what is in use now (more state, say) does.
+    device.stats.update(bytes_in_use=10 * gib)
+    assert budget.for_device(device) == 16 * gib - 10 * gib - margin
+    # The programs' reserved working memory is the training's too (the step's load fails
+    # when a staged copy took it).
+    programs = FakeDevice(bytes_limit=16 * gib, bytes_in_use=3 * gib, peak_bytes_in_use=3 * gib,
+                          bytes_reserved=13 * gib, peak_bytes_reserved=13 * gib)
+    assert DeviceBudget().for_device(programs) == 0
+    some = FakeDevice(bytes_limit=16 * gib, bytes_in_use=3 * gib, peak_bytes_in_use=4 * gib,
+                      bytes_reserved=2 * gib, peak_bytes_reserved=2 * gib)
+    assert DeviceBudget().for_device(some) == 16 * gib - 4 * gib - 2 * gib - margin
+    # A user's cap, and 0: never.
+    assert DeviceBudget(256 * MIB).for_device(device) == 256 * MIB
+    assert DeviceBudget(0).for_device(device) == 0
+    full = FakeDevice(bytes_limit=16 * gib, bytes_in_use=15 * gib, peak_bytes_in_use=15 * gib)
+    assert DeviceBudget().for_device(full) == 0
+    # No statistics (the CPU): nothing staged.
+    assert DeviceBudget().for_device(jax.devices()[0]) == 0
+    with pytest.raises(ValueError, match=">= 0 bytes"):
+        DeviceBudget(-1)
+
+
+def test_a_saves_loop_time_lost_is_the_excess_of_the_steps_it_overlapped():
+    stall = SaveStall()
+    clock = 0.0
+    for _ in range(6):  # steady 100 ms steps
+        clock += 0.1
+        assert stall.step_ended(clock, saving=False) is None
+    stall.save_started(step=6, reason="interval", blocked_s=0.03, staged_bytes=123)
+    for duration, saving in [(0.13, True), (0.12, True), (0.1, False)]:
+        clock += duration
+        record = stall.step_ended(clock, saving=saving)
+    assert record is not None
+    assert record["lost_s"] == pytest.approx(0.05)
+    assert (record["steps"], record["step_s"], record["staged_bytes"]) == (3, 0.1, 123)
+    assert record["blocked_s"] == 0.03 and record["step"] == 6
+    # A save right after the start, with no steady steps to compare with, is not judged.
+    fresh = SaveStall()
+    fresh.step_ended(0.0, saving=False)
+    fresh.save_started(step=1, reason="interval", blocked_s=0.0, staged_bytes=0)
+    assert fresh.step_ended(5.0, saving=False) is None
+
+
+def test_a_save_still_open_when_the_next_starts_is_closed_with_its_steps():
+    stall = SaveStall()
+    for clock in (0.0, 0.1, 0.2, 0.3, 0.4):
+        stall.step_ended(clock, saving=False)
+    assert stall.save_started(step=4, reason="interval", blocked_s=0.0, staged_bytes=0) is None
+    stall.step_ended(0.6, saving=True)
+    stall.step_ended(0.7, saving=True)
+    # The next save waited for this one: it has ended, after two steps, 0.1 s lost.
+    record = stall.save_started(step=6, reason="interval", blocked_s=0.0, staged_bytes=0)
+    assert record is not None and record["step"] == 4 and record["steps"] == 2
+    assert record["lost_s"] == pytest.approx(0.1)
