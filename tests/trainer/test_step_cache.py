@@ -24,6 +24,18 @@ FACTS = {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu", "platform_versi
 PROGRAM = "module @jit_step { func.func public @main() { return } }"
 
 
+@pytest.fixture(autouse=True)
+def _without_jax_persistent_cache():
+    """These tests judge where a compile came from. An in-process trainer session earlier in
+    the same worker turns JAX's persistent cache on for its checkpoint root (the trainer's
+    default): this module's toy programs would then come from it ("jax_cache"), not be
+    compiled and stored in the step cache. Off here, restored after."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
+
+
 def test_the_key_is_the_same_for_the_same_program_and_process():
     assert entry_key(PROGRAM, FACTS) == entry_key(PROGRAM, dict(reversed(FACTS.items())))
 
