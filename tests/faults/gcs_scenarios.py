@@ -491,3 +491,36 @@ def gang_rolls_back_through_lost_answers(proxy: FaultProxy, workdir: Path) -> Ou
 
 def _faults(proxy: FaultProxy) -> str:
     return ", ".join(f"{n} x {k}" for k, n in sorted(proxy.injected.items())) or "none"
+
+
+def main(argv: list[str]) -> int:
+    """Run the named scenarios in this process and print one JSON row each.
+
+    TensorStore reads the stall cut from the environment once per process, at its first HTTP
+    request: in a test process that already spoke to a bucket with other settings, a stalled
+    request would be cut after that process's stall (60 s by default), not this module's 1 s.
+    The pytest module runs the scenarios through here, in a process of their own.
+    """
+    import json
+    import sys
+
+    names, seed = argv[:-1], int(argv[-1])
+    failed = 0
+    with faulty_gcs(seed=seed) as proxy:
+        scenarios = Scenarios(proxy)
+        for name in names:
+            try:
+                outcome = getattr(scenarios, name)()
+            except AssertionError as err:
+                failed += 1
+                print(json.dumps({"name": name, "error": str(err)}), flush=True)
+            else:
+                print(json.dumps({"name": name, **dataclasses.asdict(outcome)}), flush=True)
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
