@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tardigrade_local import gobuild, identities, pki
+from tardigrade_local import gobuild, identities, kueue, pki
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
@@ -278,9 +278,39 @@ class ControlPlane:
         await self._wait("kube-controller-manager", self._default_service_account)
         log.info("control plane ready after %.1f s", time.monotonic() - started)
 
+    async def start_kueue(self) -> None:
+        """Kueue's manager (`kueue.py`): its CRDs, RBAC and webhooks installed from its
+        module's manifests, then the process, waited for until its webhooks serve."""
+        started = time.monotonic()
+        source = await asyncio.to_thread(kueue.module_source)
+        ports = kueue.KueuePorts()
+        assert self.ca is not None
+        await asyncio.to_thread(kueue.ensure_metrics_certificate, self.ca)
+        directory = self.root / "kueue"
+        cert_dir = directory / "certs"
+        self.ca.issue("kueue-webhook", client=False, server=True,
+                      ip_addresses=("127.0.0.1",)).write(cert_dir, "tls")
+        self.issue(kueue.IDENTITY.name, kueue.IDENTITY.common_name,
+                   kueue.IDENTITY.organizations)
+        kubeconfig = self.kubeconfig_for(kueue.IDENTITY.name, directory / "kubeconfig",
+                                         user=kueue.IDENTITY.common_name)
+        config = directory / "config.yaml"
+        config.write_text(yaml.safe_dump(kueue.manager_config(ports.webhook, ports.health,
+                                                              cert_dir)))
+        async with self.admin_session() as session:
+            await kueue.install(session, self.api_url, source, ports.webhook_url, self.ca_pem)
+        component = Component("kueue", [str(gobuild.binary("kueue")), f"--config={config}",
+                                        f"--kubeconfig={kubeconfig}"],
+                              self.logs_dir / "kueue.log")
+        self.components["kueue"] = component
+        await component.start()
+        await kueue.wait_ready(ports.ready_url, component.exited, component.failure)
+        log.info("Kueue ready after %.1f s", time.monotonic() - started)
+
     async def stop(self) -> None:
         # The API server's clients first, etcd last.
-        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kueue", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+                     "etcd"):
             component = self.components.get(name)
             if component is not None:
                 await component.stop()
