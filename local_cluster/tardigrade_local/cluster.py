@@ -332,7 +332,8 @@ async def serve(config: ClusterConfig) -> None:
     async with contextlib.AsyncExitStack() as stack:
         crds = crd_files(config)
         plane = await stack.enter_async_context(
-            ControlPlane(layout.root, config.control_plane_settings(), crds))
+            ControlPlane(layout.root, config.control_plane_settings(), crds,
+                         kueue=config.kueue))
         if config.kueue:
             await plane.start_kueue()
         proxy = None

@@ -157,8 +157,13 @@ class ControlPlane:
     `root` holds the PKI, etcd's data, the kubeconfigs and each component's log."""
 
     def __init__(self, root: Path, settings: ControlPlaneSettings | None = None,
-                 crd_files: Sequence[Path] = ()) -> None:
+                 crd_files: Sequence[Path] = (), kueue: bool = False) -> None:
         self.root = root
+        # Kueue's CRDs and webhooks go in with ours, before the controller manager starts
+        # (its garbage collector must know Workloads from its first discovery); its manager
+        # starts after (`start_kueue`).
+        self.kueue = kueue
+        self._kueue_ports: kueue.KueuePorts | None = None
         self.settings = settings or ControlPlaneSettings()
         self.crd_files = list(crd_files)
         self.pki_dir = root / "pki"
@@ -269,6 +274,8 @@ class ControlPlane:
         async with self.admin_session() as session:
             await identities.install(session, self.api_url)
             await self._install_crds(session)
+            if self.kueue:
+                await self._install_kueue(session)
         for name, argv in (("kube-controller-manager", self._controller_manager_argv()),
                            ("kube-scheduler", self._scheduler_argv())):
             self.components[name] = Component(name, argv, self.logs_dir / f"{name}.log")
@@ -278,13 +285,19 @@ class ControlPlane:
         await self._wait("kube-controller-manager", self._default_service_account)
         log.info("control plane ready after %.1f s", time.monotonic() - started)
 
-    async def start_kueue(self) -> None:
-        """Kueue's manager (`kueue.py`): its CRDs, RBAC and webhooks installed from its
-        module's manifests, then the process, waited for until its webhooks serve."""
-        started = time.monotonic()
+    async def _install_kueue(self, session: Any) -> None:
+        """Kueue's CRDs, RBAC and webhooks from its module's manifests (`kueue.py`)."""
         source = await asyncio.to_thread(kueue.module_source)
-        ports = kueue.KueuePorts()
-        assert self.ca is not None
+        self._kueue_ports = kueue.KueuePorts()
+        await kueue.install(session, self.api_url, source, self._kueue_ports.webhook_url,
+                            self.ca_pem)
+
+    async def start_kueue(self) -> None:
+        """Kueue's manager, waited for until its webhooks serve (its objects are installed
+        in `start`)."""
+        started = time.monotonic()
+        ports = self._kueue_ports
+        assert self.ca is not None and ports is not None, "ControlPlane(kueue=True) first"
         await asyncio.to_thread(kueue.ensure_metrics_certificate, self.ca)
         directory = self.root / "kueue"
         cert_dir = directory / "certs"
@@ -297,8 +310,6 @@ class ControlPlane:
         config = directory / "config.yaml"
         config.write_text(yaml.safe_dump(kueue.manager_config(ports.webhook, ports.health,
                                                               cert_dir)))
-        async with self.admin_session() as session:
-            await kueue.install(session, self.api_url, source, ports.webhook_url, self.ca_pem)
         component = Component("kueue", [str(gobuild.binary("kueue")), f"--config={config}",
                                         f"--kubeconfig={kubeconfig}"],
                               self.logs_dir / "kueue.log")
