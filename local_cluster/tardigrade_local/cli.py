@@ -86,6 +86,10 @@ def up(
     tpu_slices: int = typer.Option(
         0, min=0, help="Multi-host TPU slice node pools (tpu-slice-1, ...), spot; a slice's "
         "hosts are reclaimed and recreated together."),
+    kueue: bool = typer.Option(
+        False, "--kueue/--no-kueue",
+        help="Build (first time: minutes) and run Kueue v0.17.0's manager, with its CRDs and "
+        "webhooks, configured for TrainingJobs (local_cluster/README.md, \"Kueue\")."),
     tpu_slice_shape: str = typer.Option(
         "tpu-v5-lite-podslice:2x4:4", help="ACCELERATOR:TOPOLOGY:CHIPS_PER_HOST of each TPU "
         "slice (2x4 with 4 chips a host: 2 hosts)."),
@@ -115,7 +119,7 @@ def up(
                            operator_command=_operator_command(operator, operator_command),
                            image_rules=rules,
                            replace_after_seconds=replace_after if replace else None,
-                           node_pools=pools if autoscale_max else [])
+                           node_pools=pools if autoscale_max else [], kueue=kueue)
     try:
         cluster.start()
     except ClusterError as err:

@@ -35,7 +35,7 @@ import psutil
 from aiohttp import web
 
 import tardigrade_local
-from tardigrade_local import gcs, imagevenv, podnet
+from tardigrade_local import gcs, gobuild, imagevenv, podnet
 from tardigrade_local.apiproxy import ApiProxy
 from tardigrade_local.controlplane import (
     NODE_MONITOR_GRACE_SECONDS,
@@ -175,6 +175,8 @@ class ClusterConfig:
     # The controller manager's and scheduler's client QPS and burst (benches at scale).
     component_qps: float | None = None
     component_burst: int | None = None
+    # Start Kueue's manager (`kueue.py`), built from its pinned module on first use.
+    kueue: bool = False
 
     def control_plane_settings(self) -> ControlPlaneSettings:
         return ControlPlaneSettings(
@@ -330,7 +332,10 @@ async def serve(config: ClusterConfig) -> None:
     async with contextlib.AsyncExitStack() as stack:
         crds = crd_files(config)
         plane = await stack.enter_async_context(
-            ControlPlane(layout.root, config.control_plane_settings(), crds))
+            ControlPlane(layout.root, config.control_plane_settings(), crds,
+                         kueue=config.kueue))
+        if config.kueue:
+            await plane.start_kueue()
         proxy = None
         if config.api_proxy:
             proxy = ApiProxy(plane.api_port)
@@ -506,6 +511,12 @@ class LocalCluster:
             imagevenv.ensure_all()
         except (imagevenv.ImageBuildError, DockerfileError) as err:
             raise ClusterError(f"cannot prepare the shipped images: {err}") from err
+        if self.config.kueue:
+            # Built only for a cluster that asks for it (minutes cold, with progress).
+            try:
+                gobuild.ensure(gobuild.KUEUE)
+            except gobuild.BuildError as err:
+                raise ClusterError(f"cannot build Kueue: {err}") from err
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([*project_python_path(),
                                               os.environ.get("PYTHONPATH", "")])}

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tardigrade_local import gobuild, identities, pki
+from tardigrade_local import gobuild, identities, kueue, pki
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
@@ -157,8 +157,13 @@ class ControlPlane:
     `root` holds the PKI, etcd's data, the kubeconfigs and each component's log."""
 
     def __init__(self, root: Path, settings: ControlPlaneSettings | None = None,
-                 crd_files: Sequence[Path] = ()) -> None:
+                 crd_files: Sequence[Path] = (), kueue: bool = False) -> None:
         self.root = root
+        # Kueue's CRDs and webhooks go in with ours, before the controller manager starts
+        # (its garbage collector must know Workloads from its first discovery); its manager
+        # starts after (`start_kueue`).
+        self.kueue = kueue
+        self._kueue_ports: kueue.KueuePorts | None = None
         self.settings = settings or ControlPlaneSettings()
         self.crd_files = list(crd_files)
         self.pki_dir = root / "pki"
@@ -269,6 +274,8 @@ class ControlPlane:
         async with self.admin_session() as session:
             await identities.install(session, self.api_url)
             await self._install_crds(session)
+            if self.kueue:
+                await self._install_kueue(session)
         for name, argv in (("kube-controller-manager", self._controller_manager_argv()),
                            ("kube-scheduler", self._scheduler_argv())):
             self.components[name] = Component(name, argv, self.logs_dir / f"{name}.log")
@@ -278,9 +285,43 @@ class ControlPlane:
         await self._wait("kube-controller-manager", self._default_service_account)
         log.info("control plane ready after %.1f s", time.monotonic() - started)
 
+    async def _install_kueue(self, session: Any) -> None:
+        """Kueue's CRDs, RBAC and webhooks from its module's manifests (`kueue.py`)."""
+        source = await asyncio.to_thread(kueue.module_source)
+        self._kueue_ports = kueue.KueuePorts()
+        await kueue.install(session, self.api_url, source, self._kueue_ports.webhook_url,
+                            self.ca_pem)
+
+    async def start_kueue(self) -> None:
+        """Kueue's manager, waited for until its webhooks serve (its objects are installed
+        in `start`)."""
+        started = time.monotonic()
+        ports = self._kueue_ports
+        assert self.ca is not None and ports is not None, "ControlPlane(kueue=True) first"
+        await asyncio.to_thread(kueue.ensure_metrics_certificate, self.ca)
+        directory = self.root / "kueue"
+        cert_dir = directory / "certs"
+        self.ca.issue("kueue-webhook", client=False, server=True,
+                      ip_addresses=("127.0.0.1",)).write(cert_dir, "tls")
+        self.issue(kueue.IDENTITY.name, kueue.IDENTITY.common_name,
+                   kueue.IDENTITY.organizations)
+        kubeconfig = self.kubeconfig_for(kueue.IDENTITY.name, directory / "kubeconfig",
+                                         user=kueue.IDENTITY.common_name)
+        config = directory / "config.yaml"
+        config.write_text(yaml.safe_dump(kueue.manager_config(ports.webhook, ports.health,
+                                                              cert_dir)))
+        component = Component("kueue", [str(gobuild.binary("kueue")), f"--config={config}",
+                                        f"--kubeconfig={kubeconfig}"],
+                              self.logs_dir / "kueue.log")
+        self.components["kueue"] = component
+        await component.start()
+        await kueue.wait_ready(ports.ready_url, component.exited, component.failure)
+        log.info("Kueue ready after %.1f s", time.monotonic() - started)
+
     async def stop(self) -> None:
         # The API server's clients first, etcd last.
-        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kueue", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+                     "etcd"):
             component = self.components.get(name)
             if component is not None:
                 await component.stop()

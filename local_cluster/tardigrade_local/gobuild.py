@@ -68,8 +68,13 @@ KUBERNETES = Module("kubernetes", (
 ))
 ETCD = Module("etcd", (("etcd", "go.etcd.io/etcd/server/v3"),))
 FAKE_GCS = Module("fakegcs", (("fake-gcs-server", "github.com/fsouza/fake-gcs-server"),))
+# Kueue's manager, for `tardigrade local up --kueue` only: built when asked for (by name, or
+# by a cluster that starts it), never by a plain set-up.
+KUEUE = Module("kueue", (("kueue", "sigs.k8s.io/kueue/cmd/kueue"),))
 MODULES = (KUBERNETES, ETCD, FAKE_GCS)
-PROGRAMS = {program: module for module in MODULES for program, _ in module.programs}
+OPTIONAL_MODULES = (KUEUE,)
+PROGRAMS = {program: module for module in (*MODULES, *OPTIONAL_MODULES)
+            for program, _ in module.programs}
 
 
 def kubernetes_version() -> str:
@@ -220,11 +225,17 @@ def _run_with_progress(command: Sequence[str], module: Module, name: str, starte
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("modules", nargs="*", help="modules to build (default: all)")
+    parser.add_argument("modules", nargs="*",
+                        help="modules to build (default: all but the optional ones, "
+                             f"{', '.join(m.name for m in OPTIONAL_MODULES)})")
     parser.add_argument("--print-dir", action="store_true",
                         help="print each module's binary directory after building it")
     args = parser.parse_args(argv)
-    chosen = [m for m in MODULES if not args.modules or m.name in args.modules]
+    known = (*MODULES, *OPTIONAL_MODULES)
+    unknown = set(args.modules) - {m.name for m in known}
+    if unknown:
+        parser.error(f"unknown modules {sorted(unknown)}; known: {[m.name for m in known]}")
+    chosen = [m for m in known if m.name in args.modules] if args.modules else list(MODULES)
     try:
         for module in chosen:
             directory = ensure(module)

@@ -15,8 +15,16 @@ from typing import Literal
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import checkpoint_scope, multislice, naming, restart_in_place, slices
+from tardigrade_operator import (
+    checkpoint_scope,
+    multislice,
+    naming,
+    queueing,
+    restart_in_place,
+    slices,
+)
 from tardigrade_operator.api.conditions import (
+    EVICTING,
     SUSPENDING,
     WAITING_FOR_CAPACITY,
     summary_conditions,
@@ -29,6 +37,7 @@ from tardigrade_operator.api.types import (
     CheckpointRef,
     Condition,
     Phase,
+    QueueStatus,
     Recovery,
     RecoveryCause,
     RestoreRequest,
@@ -129,6 +138,8 @@ class Observed:
     # Kept pods of the current attempt whose trainers did not take the operator's restart
     # request (restart_in_place.refused): their ranks are recreated.
     refused_restarts: frozenset[str] = frozenset()
+    # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py); None: no label.
+    queue: queueing.QueueGate | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +168,50 @@ class Plan:
 
 
 def decide(obs: Observed) -> Plan:
+    plan = _decide(obs)
+    if obs.queue is not None:
+        _note_queue(plan, obs, obs.queue)
+    return plan
+
+
+def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
+    """A job Kueue holds shows phase Queued with the LocalQueue and Kueue's reason, not the
+    Suspended that holding it amounts to; admission and eviction are events."""
+    status = plan.status
+    before = obs.status.queue
+    workload = gate.workload
+    status.queue = QueueStatus(
+        local_queue=gate.queue, workload=workload.name if workload else None,
+        cluster_queue=workload.cluster_queue if workload and gate.admitted else None,
+        admitted=gate.admitted,
+        admitted_replicas=workload.admitted_count if workload and gate.admitted else None,
+        message="" if gate.admitted else gate.waiting_message())
+    user_suspended = obs.spec is not None and obs.spec.suspend
+    if not user_suspended:
+        # Stopping for Kueue is not the user's suspension: the Evicted event says why.
+        plan.events = [e for e in plan.events if e.reason != "Suspending"]
+    if status.phase == "Suspended" and not user_suspended:
+        stopping = _condition(status, "Running")
+        reason = (EVICTING if stopping is not None and stopping.reason == SUSPENDING
+                  else gate.reason())
+        if obs.status.phase != "Queued" and not gate.evicted:
+            plan.events.append(Event("Normal", "Queued", gate.waiting_message()))
+        _set_phase(plan, obs, "Queued", reason, gate.waiting_message())
+    was_admitted = before is not None and before.admitted
+    if gate.admitted and not was_admitted:
+        assert workload is not None
+        plan.events.append(Event("Normal", "Admitted", (
+            f"Kueue admitted {workload.admitted_count} replicas in ClusterQueue "
+            f"{workload.cluster_queue} (Workload {workload.name})")))
+    if gate.evicted and was_admitted:
+        evicted = workload.conditions["Evicted"] if workload else None
+        plan.events.append(Event("Normal", "Evicted", (
+            f"Kueue evicted Workload {workload.name if workload else ''}"
+            f" ({evicted.reason if evicted else ''}: {evicted.message if evicted else ''}): "
+            "the gang saves, stops and is requeued")))
+
+
+def _decide(obs: Observed) -> Plan:
     # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
     # never adopt, stop, release or count them; the garbage collector deletes them.
     previous = [p for p in obs.pods if p.owner_uid != obs.job.uid]
@@ -190,6 +245,9 @@ def decide(obs: Observed) -> Plan:
         _finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)
         return plan
     _set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
+    # Kueue's hold: suspended until admitted, then the admitted count and flavors.
+    spec = queueing.gated_spec(spec, obs.queue)
+    obs = dataclasses.replace(obs, spec=spec)
 
     # Pods of an attempt newer than the status knows: a status write was lost; adopt them.
     current = max([status.attempt, *(p.attempt for p in obs.pods)])
@@ -685,7 +743,8 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         if spec.suspend:
             _set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
             return
-        reason = "spec.suspend is false again"
+        reason = ("Kueue admitted the Workload" if obs.queue is not None
+                  else "spec.suspend is false again")
         status.recoveries = [*status.recoveries, Recovery(
             cause="Resume", time=obs.now, attempt=status.attempt + 1,
             from_replicas=0, to_replicas=spec.replicas, reason=reason,
@@ -937,8 +996,8 @@ def _set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: st
     status.message = message[:MAX_MESSAGE_LENGTH]
     _set_condition(status, obs, "Running", "True" if phase == "Running" else "False", reason,
                    message)
-    _set_condition(status, obs, "Suspended", "True" if phase == "Suspended" else "False",
-                   reason, message)
+    _set_condition(status, obs, "Suspended",
+                   "True" if phase in ("Suspended", "Queued") else "False", reason, message)
     _set_summary(status, obs, phase, reason, message)
 
 

@@ -36,6 +36,7 @@ from tardigrade_operator import (
     multislice,
     naming,
     pacing,
+    queueing,
     restart_in_place,
     slices,
     watchdog,
@@ -207,6 +208,28 @@ def live_jobs(namespace: str, name: str, uid: str, meta: kopf.Meta,
     return {} if meta.get("deletionTimestamp") else {(namespace, name): uid}
 
 
+# Kueue's objects, for jobs labelled kueue.x-k8s.io/queue-name (queueing.py). Where Kueue's CRDs
+# are absent kopf serves none of these (it warns "Unresolved resources") and no job is held.
+@kopf.index(queueing.GROUP, queueing.VERSION, queueing.WORKLOADS,
+            labels={naming.LABEL_JOB: kopf.PRESENT})
+def job_workloads(namespace: str, labels: kopf.Labels, body: kopf.Body,
+                  **_: Any) -> dict[JobKey, tuple[queueing.WorkloadView, list[dict[str, Any]]]]:
+    conditions = [dict(c) for c in (body.get("status") or {}).get("conditions") or []]
+    return {(namespace, labels[naming.LABEL_JOB]): (queueing.parse_workload(body), conditions)}
+
+
+@kopf.index(queueing.GROUP, queueing.VERSION, queueing.FLAVORS)
+def resource_flavors(name: str, body: kopf.Body, **_: Any) -> dict[str, queueing.Flavor]:
+    return {name: queueing.parse_flavor(body)}
+
+
+@kopf.on.event(queueing.GROUP, queueing.VERSION, queueing.WORKLOADS,
+               labels={naming.LABEL_JOB: kopf.PRESENT})
+def workload_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """Kueue admitted, evicted or requeued a job's Workload: its job decides again."""
+    _wake(memo, (namespace, labels[naming.LABEL_JOB]))
+
+
 @kopf.on.event("pods", labels={naming.LABEL_JOB: kopf.PRESENT})
 async def pod_changed(type: str | None, namespace: str, labels: kopf.Labels, body: kopf.Body,
                       memo: kopf.Memo, live_jobs: kopf.Index, **_: Any) -> None:
@@ -265,7 +288,8 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
         try:
             sleep = await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes,
                                     scheduled, state, began, pools,
-                                    kwargs.get("node_kubelet"))
+                                    kwargs.get("node_kubelet"), kwargs.get("job_workloads"),
+                                    kwargs.get("resource_flavors"))
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -307,7 +331,9 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     nodes_index: kopf.Index | None,
                     maintenance_index: kopf.Index | None, state: JobState,
                     clock: float, pools_index: kopf.Index | None = None,
-                    kubelet_index: kopf.Index | None = None) -> float:
+                    kubelet_index: kopf.Index | None = None,
+                    workloads_index: kopf.Index | None = None,
+                    flavors_index: kopf.Index | None = None) -> float:
     """One pass; returns the seconds the loop may sleep unless woken (pacing.py). `clock` is
     the loop's monotonic time at the start of the pass."""
     namespace, name = key
@@ -350,6 +376,14 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     rejected = state.rejected
     scale_up = await _scale_up_signals(namespace, gang, memo)
     decision = memo.config.decision_settings()
+    queue = queueing.queue_name(meta.get("labels") or {})
+    workload: tuple[queueing.WorkloadView, list[dict[str, Any]]] | None = None
+    gate = None
+    if queue is not None:
+        workload = next((w for w in _values(workloads_index or {}, key)
+                         if w[0].owner_uid == uid), None)
+        flavors = {n: f for n, store in (flavors_index or {}).items() for f in store}
+        gate = queueing.gate_for(queue, workload[0] if workload else None, flavors)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,
@@ -376,6 +410,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                           if store} if decision.restart_in_place else {},
         restart_key=secrets.token_urlsafe(24) if decision.restart_in_place else None,
         refused_restarts=state.refused_in(status.attempt),
+        queue=gate,
     )
     plan = decide(observed)
     plan.patch_pods = state.unsent(plan.patch_pods, plan.status.attempt, {p.name for p in mine})
@@ -405,8 +440,29 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         state.created = indexlag.created(plan.create_pods, asyncio.get_running_loop().time())
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    if gate is not None:
+        await _write_workload(key, uid, meta, spec, plan, gate, workload, mine, memo)
     metrics.record_transition(key, status, plan.status)
     return _next_pass(observed, plan, state, read, fetched, clock, memo, settings)
+
+
+async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpec | None,
+                          plan: Plan, gate: queueing.QueueGate,
+                          workload: tuple[queueing.WorkloadView, list[dict[str, Any]]] | None,
+                          pods: list[PodView], memo: kopf.Memo) -> None:
+    """Carry out the Workload writes this pass's outcome asks for (queueing.workload_actions)."""
+    namespace, name = key
+    priority = None
+    priority_class = (meta.get("labels") or {}).get(queueing.PRIORITY_LABEL)
+    if workload is None and priority_class:
+        value = await asyncio.to_thread(memo.writer.priority_value, priority_class)
+        priority = None if value is None else (priority_class, value)
+    actions = queueing.workload_actions(
+        queueing.JobIdentity(name, namespace, uid), spec, plan.status, gate,
+        any(p.active for p in pods), priority, datetime.now(UTC),
+        workload[1] if workload else ())
+    for action in actions:
+        await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
 
 
 def _asker(memo: kopf.Memo, plan: Plan, state: JobState) -> Callable[[], None] | None:

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import apidecode, autoscaling, finalizers, naming
+from tardigrade_operator import apidecode, autoscaling, finalizers, naming, queueing
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Plan
@@ -214,6 +214,45 @@ class ClusterWriter:
             if err.status != 409:  # AlreadyExists: an earlier pass created it
                 raise
             log.debug("%s already exists", name)
+
+
+    # --- Kueue (queueing.py): the job side of the Workload protocol ---------------------
+    def priority_value(self, name: str) -> int | None:
+        """A WorkloadPriorityClass's value; None if it does not exist."""
+        try:
+            found = self.custom.get_cluster_custom_object(
+                queueing.GROUP, queueing.VERSION, queueing.PRIORITY_CLASSES, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return int(found.get("value") or 0)
+
+    def apply_workload(self, namespace: str, action: queueing.WorkloadAction) -> None:
+        """One Workload write. A conflict (Kueue wrote meanwhile) is left to the next pass,
+        which the Workload's own change wakes."""
+        args = (queueing.GROUP, queueing.VERSION, namespace, queueing.WORKLOADS)
+        try:
+            if isinstance(action, queueing.CreateWorkload):
+                self.custom.create_namespaced_custom_object(*args, action.body)
+                return
+            current = self.custom.get_namespaced_custom_object(*args, action.name)
+            if current["metadata"]["resourceVersion"] != action.resource_version:
+                return  # decided on an older Workload: the next pass decides again
+            if isinstance(action, queueing.ResizeWorkload):
+                current["spec"]["podSets"][0]["count"] = action.count
+                self.custom.replace_namespaced_custom_object(*args, action.name, current)
+                return
+            status = dict(current.get("status") or {})
+            status["conditions"] = action.conditions
+            if isinstance(action, queueing.ReleaseQuota):
+                status.pop("admission", None)
+            current["status"] = status
+            self.custom.replace_namespaced_custom_object_status(*args, action.name, current)
+        except ApiException as err:
+            if err.status in (404, 409):
+                return
+            raise
 
 
 def _raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

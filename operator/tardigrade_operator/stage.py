@@ -37,7 +37,7 @@ def stage(status: TrainingJobStatus) -> Stage:
         return Stage.RECOVERING
     if status.attempt == 0:
         return Stage.NEW
-    if status.phase == "Suspended":
+    if status.phase in ("Suspended", "Queued"):  # Queued: held by Kueue (queueing.py)
         return Stage.SUSPENDED
     running = next((c for c in status.conditions if c.type == "Running"), None)
     if running is not None and running.reason == LAUNCHING:

@@ -109,7 +109,8 @@ def test_defaults_enums_and_bounds_are_published():
     assert spec["trainer"]["x-kubernetes-preserve-unknown-fields"] is True
     status = SCHEMA["properties"]["status"]["properties"]
     assert status["phase"]["enum"] == [
-        "Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"
+        "Pending", "Queued", "Running", "Restarting", "Resizing", "Suspended", "Succeeded",
+        "Failed"
     ]
     assert set(status["restarts"]["properties"]) == {
         "preemptions", "failures", "resizes", "retries", "rejections", "migrations", "total",

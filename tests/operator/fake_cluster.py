@@ -11,6 +11,7 @@ from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.autoscaling import newest_signals
 from tardigrade_operator.decide import DecisionSettings, Observed, Plan, decide
 from tardigrade_operator.observe import parse_pod, parse_service
+from tardigrade_operator.queueing import QueueGate
 from tardigrade_operator.render import JobRef
 from tardigrade_trainer import contract
 
@@ -66,6 +67,8 @@ class FakeCluster:
     restart_key: str | None = None
     # Kept pods whose trainers did not take the operator's restart request.
     refused_restarts: frozenset[str] = frozenset()
+    # Kueue's hold on the job (queueing.QueueGate); None: not labelled for a queue.
+    queue: QueueGate | None = None
 
     def observe(self) -> Observed:
         try:
@@ -85,7 +88,7 @@ class FakeCluster:
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
             node_pools=self.node_pools,
             kubelet_versions=self.kubelet_versions, restart_key=self.restart_key,
-            refused_restarts=self.refused_restarts,
+            refused_restarts=self.refused_restarts, queue=self.queue,
         )
 
     def reconcile(self) -> Plan:

@@ -26,6 +26,8 @@ SUSPENDING = "Suspending"
 # on its way: nothing the operator does helps until capacity returns (a VM recreated, quota,
 # an autoscaler that can grow), so kstatus tools see it as Stalled, not as work in progress.
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
+# The phase reason (phase Queued) while a gang Kueue evicted is still saving and stopping.
+EVICTING = "Evicting"
 
 # Phases in which the job is where its spec wants it: training, or done.
 _READY_PHASES: frozenset[str] = frozenset({"Running", "Succeeded"})
@@ -53,7 +55,8 @@ def summary_conditions(phase: Phase, reason: str, message: str) -> list[Summary]
     """
     stalled = phase in _STALLED_PHASES or reason == WAITING_FOR_CAPACITY
     reconciling = not stalled and (
-        phase in _RECONCILING_PHASES or (phase == "Suspended" and reason == SUSPENDING))
+        phase in _RECONCILING_PHASES or (phase == "Suspended" and reason == SUSPENDING)
+        or (phase == "Queued" and reason == EVICTING))
     values = {
         READY: phase in _READY_PHASES,
         RECONCILING: reconciling,

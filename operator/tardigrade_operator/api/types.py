@@ -761,7 +761,8 @@ class TrainingJobSpec(ApiModel):
 
 # -------------------------------------------------------------------------------- status ---
 
-Phase = Literal["Pending", "Running", "Restarting", "Resizing", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Resizing", "Suspended", "Succeeded",
+                "Failed"]
 RecoveryCause = Literal["Preemption", "Retry", "Failure", "Resize", "Resume", "NodeRejected",
                         "Migration"]
 
@@ -868,6 +869,21 @@ class Recovery(ApiModel):
 MAX_RECOVERY_HISTORY = 20
 
 
+class QueueStatus(ApiModel):
+    """Kueue admission of a job labelled kueue.x-k8s.io/queue-name (docs/kueue.md)."""
+
+    local_queue: str = Field(max_length=253, description="The LocalQueue (the label's value).")
+    workload: str | None = Field(None, max_length=253,
+                                 description="The Workload the operator owns for the gang.")
+    cluster_queue: str | None = Field(None, max_length=253,
+                                      description="The ClusterQueue that admitted it.")
+    admitted: bool = Field(False, description="Kueue admitted the gang (quota reserved).")
+    admitted_replicas: int | None = Field(None, ge=0,
+                                          description="The count Kueue admitted.")
+    message: str = Field("", max_length=MAX_MESSAGE_LENGTH,
+                         description="Why the job waits, in Kueue's words.")
+
+
 class TrainingJobStatus(ApiModel):
     """The observed state of a TrainingJob, written by the operator."""
 
@@ -906,6 +922,8 @@ class TrainingJobStatus(ApiModel):
     )
     message: str = Field("", max_length=MAX_MESSAGE_LENGTH)
     recoveries: list[Recovery] = Field(default_factory=list, max_length=MAX_RECOVERY_HISTORY)
+    queue: QueueStatus | None = Field(
+        None, description="Kueue admission, for a job labelled kueue.x-k8s.io/queue-name.")
 
 
 class ObjectMeta(BaseModel):

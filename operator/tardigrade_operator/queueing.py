@@ -1,0 +1,348 @@
+"""Kueue admission for TrainingJobs: pure functions, table-tested without a server.
+
+A TrainingJob labelled `kueue.x-k8s.io/queue-name: Q` is one Kueue Workload for its whole
+gang, which the operator owns as Kueue's own job integrations own theirs (Kueue docs, "Run
+a custom workload" / "Integrate a custom Job with Kueue"; `pkg/controller/jobframework/
+reconciler.go`, `ReconcileGenericJob`). Kueue decides quota, admission, preemption; the
+operator does the job side:
+- create the Workload (one podSet, `count` = replicas) while the gang is held back;
+- hold the gang (an effective `spec.suspend`) until the Workload is Admitted, then launch
+  with the admitted count and the admitted flavors' node labels and tolerations merged into
+  the pods (`pkg/podset/podset.go`, from each ResourceFlavor's `spec.nodeLabels` and
+  `spec.tolerations`);
+- on eviction (`Evicted=True`, e.g. `Preempted`): stop the gang after a save, exactly as a
+  suspension does; once no pod is active, release the quota in one status write
+  (QuotaReserved=False reason Pending, admission cleared, Admitted=False, Requeued=True),
+  which is what Kueue waits for (`pkg/workload/workload.go`, the requeue after eviction);
+- on the end of the job: `Finished=True`, which frees the quota.
+
+Nothing here touches a job without the label. The handlers read the Workload and the flavors
+from indexes and apply what `workload_actions` lists (`kube.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from tardigrade_operator.api.types import (
+    Toleration,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
+from tardigrade_operator.placement import placement_for
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+GROUP = "kueue.x-k8s.io"
+VERSION = "v1beta2"
+API_VERSION = f"{GROUP}/{VERSION}"
+WORKLOADS = "workloads"
+FLAVORS = "resourceflavors"
+PRIORITY_CLASSES = "workloadpriorityclasses"
+PODSET = "trainers"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+# The Workload's name, as Kueue's jobframework names one for an owner
+# (`GetWorkloadNameForOwnerWithGVK`: "<kind>-<name>" truncated, "-", 5 hex of a sha1).
+MAX_PREFIX = 253 - 6
+
+
+def workload_name(job_name: str, job_uid: str) -> str:
+    digest = hashlib.sha1(f"TrainingJob\ntardigrade.dev\n{job_name}\n{job_uid}".encode())
+    return f"{('trainingjob-' + job_name)[:MAX_PREFIX]}-{digest.hexdigest()[:5]}"
+
+
+def queue_name(labels: Mapping[str, str]) -> str | None:
+    return labels.get(QUEUE_LABEL) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadCondition:
+    status: str
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadView:
+    """What the operator reads of its Workload."""
+
+    name: str
+    owner_uid: str | None
+    resource_version: str
+    count: int
+    conditions: Mapping[str, WorkloadCondition]
+    # Admitted podSet: (count, {resource: flavor}); None when no admission is recorded.
+    admitted_count: int | None = None
+    admitted_flavors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cluster_queue: str | None = None
+    deleting: bool = False
+
+    def true(self, kind: str) -> bool:
+        condition = self.conditions.get(kind)
+        return condition is not None and condition.status == "True"
+
+    @property
+    def admitted(self) -> bool:
+        return (self.true("QuotaReserved") and self.true("Admitted") and not self.true("Evicted")
+                and self.admitted_count is not None)
+
+
+def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    conditions = {c["type"]: WorkloadCondition(str(c.get("status")), str(c.get("reason") or ""),
+                                               str(c.get("message") or ""))
+                  for c in status.get("conditions") or [] if c.get("type")}
+    podsets = spec.get("podSets") or [{}]
+    admission = status.get("admission") or None
+    count, flavors, queue = None, {}, None
+    if admission:
+        queue = admission.get("clusterQueue")
+        assignment = next((a for a in admission.get("podSetAssignments") or []
+                           if a.get("name") == PODSET), None)
+        if assignment is not None:
+            count = int(assignment.get("count") or podsets[0].get("count") or 0)
+            flavors = dict(assignment.get("flavors") or {})
+    return WorkloadView(
+        name=str(meta.get("name")), owner_uid=owners[0].get("uid") if owners else None,
+        resource_version=str(meta.get("resourceVersion") or ""),
+        count=int(podsets[0].get("count") or 0), conditions=conditions,
+        admitted_count=count, admitted_flavors=flavors, cluster_queue=queue,
+        deleting=bool(meta.get("deletionTimestamp")))
+
+
+@dataclasses.dataclass(frozen=True)
+class Flavor:
+    """A ResourceFlavor's node labels and tolerations."""
+
+    node_labels: Mapping[str, str]
+    tolerations: Sequence[Mapping[str, Any]]
+
+
+def parse_flavor(body: Mapping[str, Any]) -> Flavor:
+    spec = body.get("spec") or {}
+    return Flavor(dict(spec.get("nodeLabels") or {}), list(spec.get("tolerations") or []))
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueGate:
+    """How Kueue holds a labelled job: the input `decide` reads."""
+
+    queue: str
+    workload: WorkloadView | None
+    # The admitted flavors' node labels and tolerations, merged.
+    flavor_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flavor_tolerations: Sequence[Mapping[str, Any]] = ()
+
+    @property
+    def admitted(self) -> bool:
+        return self.workload is not None and self.workload.admitted
+
+    @property
+    def evicted(self) -> bool:
+        return self.workload is not None and self.workload.true("Evicted")
+
+    def waiting_message(self) -> str:
+        """Why the job waits, in Kueue's words where Kueue has said something."""
+        workload = self.workload
+        if workload is None:
+            return f"creating the Workload for LocalQueue {self.queue}"
+        if workload.true("Evicted"):
+            evicted = workload.conditions["Evicted"]
+            return (f"evicted by Kueue ({evicted.reason}: {evicted.message}); stopping the "
+                    f"gang after a save, then requeued in LocalQueue {self.queue}")
+        reserved = workload.conditions.get("QuotaReserved")
+        if reserved is not None and reserved.message:
+            return f"waiting in LocalQueue {self.queue}: {reserved.message}"
+        return f"waiting in LocalQueue {self.queue} for Kueue to admit the Workload"
+
+    def reason(self) -> str:
+        return "Evicted" if self.evicted else "Queued"
+
+
+def gate_for(queue: str, workload: WorkloadView | None,
+             flavors: Mapping[str, Flavor]) -> QueueGate:
+    selector: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    if workload is not None:
+        for name in sorted(set(workload.admitted_flavors.values())):
+            flavor = flavors.get(name)
+            if flavor is None:
+                continue
+            selector.update(flavor.node_labels)
+            tolerations += [t for t in flavor.tolerations if t not in tolerations]
+    return QueueGate(queue, workload, selector, tolerations)
+
+
+def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec:
+    """The spec the gang is run from: held back (suspend) until admitted; once admitted, at
+    the admitted count, with the flavors' node labels and tolerations added to the pods."""
+    if gate is None:
+        return spec
+    if not gate.admitted:
+        return spec.model_copy(update={"suspend": True})
+    assert gate.workload is not None and gate.workload.admitted_count is not None
+    template = spec.pod_template
+    tolerations = [*template.tolerations]
+    for toleration in gate.flavor_tolerations:
+        parsed = Toleration.model_validate(dict(toleration))
+        if parsed not in tolerations:
+            tolerations.append(parsed)
+    pod_template = template.model_copy(update={
+        "node_selector": {**template.node_selector, **gate.flavor_selector},
+        "tolerations": tolerations,
+        "labels": {**template.labels, PODSET_LABEL: PODSET}})
+    return spec.model_copy(update={"pod_template": pod_template,
+                                   "replicas": gate.workload.admitted_count})
+
+
+# ----------------------------------------------------------------------- Workload writes ---
+
+
+@dataclasses.dataclass(frozen=True)
+class JobIdentity:
+    name: str
+    namespace: str
+    uid: str
+
+
+def pod_set_template(spec: TrainingJobSpec) -> dict[str, Any]:
+    """What one rank asks of a node: Kueue counts quota from the requests (extended
+    resources from the limits, as for pods) and matches flavors against the selectors."""
+    placement = placement_for(spec)
+    requests = {**spec.resources.requests, **placement.accelerator_limits}
+    limits = {**spec.resources.limits, **placement.accelerator_limits}
+    container: dict[str, Any] = {"name": "trainer", "image": spec.image, "resources": {
+        k: v for k, v in (("requests", requests), ("limits", limits)) if v}}
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if placement.node_selector:
+        pod["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod["tolerations"] = list(placement.tolerations)
+    if spec.pod_template.priority_class_name:
+        pod["priorityClassName"] = spec.pod_template.priority_class_name
+    return {"spec": pod}
+
+
+def build_workload(job: JobIdentity, spec: TrainingJobSpec, queue: str, replicas: int,
+                   priority: tuple[str, int] | None) -> dict[str, Any]:
+    """The Workload of a job (jobframework's `ConstructWorkload`, for our kind): owned by the
+    job (controller), labelled with its uid, one podSet for the gang."""
+    workload: dict[str, Any] = {
+        "apiVersion": API_VERSION, "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job.name, job.uid), "namespace": job.namespace,
+            "labels": {JOB_UID_LABEL: job.uid, "tardigrade.dev/job": job.name},
+            "ownerReferences": [{
+                "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
+                "name": job.name, "uid": job.uid, "controller": True,
+                "blockOwnerDeletion": True}],
+        },
+        "spec": {"queueName": queue, "podSets": [
+            {"name": PODSET, "count": replicas, "template": pod_set_template(spec)}]},
+    }
+    if priority is not None:
+        name, value = priority
+        workload["spec"]["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass",
+                                                "name": name}
+        workload["spec"]["priority"] = value
+    return workload
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateWorkload:
+    body: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ResizeWorkload:
+    """A new count for a Workload that holds no quota (Kueue refuses podSet changes while
+    QuotaReserved is true)."""
+
+    name: str
+    resource_version: str
+    count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseQuota:
+    """The job side's answer to an eviction, once no pod of the gang is active."""
+
+    name: str
+    resource_version: str
+    conditions: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishWorkload:
+    name: str
+    resource_version: str
+    conditions: list[dict[str, Any]]
+
+
+WorkloadAction = CreateWorkload | ResizeWorkload | ReleaseQuota | FinishWorkload
+
+
+def _condition(kind: str, status: str, reason: str, message: str, now: datetime
+               ) -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
+                     status: TrainingJobStatus, gate: QueueGate, gang_active: bool,
+                     priority: tuple[str, int] | None, now: datetime,
+                     current: Sequence[Mapping[str, Any]] = ()) -> list[WorkloadAction]:
+    """What to write to the Workload after this pass's plan: `status` is the job's status
+    as the plan leaves it, `gang_active` whether any pod of the gang still runs, `current`
+    the Workload's conditions as stored (kept, but for the ones replaced)."""
+    workload = gate.workload
+    if workload is None or workload.owner_uid != job.uid:
+        if spec is None or status.phase in ("Succeeded", "Failed"):
+            return []
+        return [CreateWorkload(build_workload(job, spec, gate.queue, spec.replicas, priority))]
+    if workload.deleting:
+        return []
+    finished = status.phase in ("Succeeded", "Failed")
+    if finished:
+        if workload.true("Finished") or gang_active:
+            return []
+        reason = "Succeeded" if status.phase == "Succeeded" else "Failed"
+        return [FinishWorkload(workload.name, workload.resource_version, _replace(
+            current, [_condition("Finished", "True", reason, status.message or reason, now)]))]
+    if workload.true("Evicted") and workload.true("QuotaReserved") and not gang_active:
+        evicted = workload.conditions["Evicted"]
+        requeue = evicted.reason in ("Preempted", "NodeFailures")
+        message = f"Released by the job after eviction ({evicted.reason})"
+        return [ReleaseQuota(workload.name, workload.resource_version, _replace(current, [
+            _condition("QuotaReserved", "False", "Pending", message, now),
+            _condition("Admitted", "False", "NoReservation", "The workload has no reservation",
+                       now),
+            _condition("Requeued", "True" if requeue else "False",
+                       "Requeued" if requeue else evicted.reason,
+                       "Requeued after eviction" if requeue else evicted.message, now)]))]
+    if spec is not None and not workload.true("QuotaReserved") and workload.count != spec.replicas:
+        return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas)]
+    return []
+
+
+def _replace(current: Sequence[Mapping[str, Any]], new: Sequence[dict[str, Any]]
+             ) -> list[dict[str, Any]]:
+    kinds = {c["type"] for c in new}
+    kept = [dict(c) for c in current if c.get("type") not in kinds]
+    # metav1.Condition: the transition time moves only when the status does.
+    before = {c.get("type"): c for c in current}
+    merged = []
+    for condition in new:
+        old = before.get(condition["type"])
+        if old is not None and old.get("status") == condition["status"]:
+            condition = {**condition, "lastTransitionTime": old.get("lastTransitionTime")}
+        merged.append(condition)
+    return kept + merged

@@ -1,0 +1,200 @@
+"""TrainingJobs under real Kueue (v0.17.0, `LocalCluster(kueue=True)`) on the real control
+plane, with the real operator: a ClusterQueue's quota admits whole gangs, a job that does not
+fit waits in phase Queued with Kueue's reason and runs when quota frees, and a job Kueue
+preempts for a higher-priority one saves at one step, is requeued and resumes from that step,
+with no step lost and its restart budget untouched. Ranks run on simulated nodes (one cpu
+each), so a gang costs no trainer processes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tardigrade_local.cluster import LocalCluster, simulated_nodes
+from tardigrade_operator import queueing
+
+from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+QUEUE = "team-queue"
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+
+
+def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
+    meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
+    return [
+        ("resourceflavors", {**meta, "kind": "ResourceFlavor",
+                             "metadata": {"name": "default-pool"},
+                             "spec": {"nodeLabels": {POOL_LABEL: "default-pool"}}}),
+        ("workloadpriorityclasses", {**meta, "kind": "WorkloadPriorityClass",
+                                     "metadata": {"name": "low"}, "value": 10}),
+        ("workloadpriorityclasses", {**meta, "kind": "WorkloadPriorityClass",
+                                     "metadata": {"name": "high"}, "value": 1000}),
+        ("clusterqueues", {**meta, "kind": "ClusterQueue", "metadata": {"name": "team"},
+                           "spec": {"namespaceSelector": {},
+                                    "preemption": {"withinClusterQueue": "LowerPriority"},
+                                    "resourceGroups": [{
+                                        "coveredResources": ["cpu"],
+                                        "flavors": [{"name": "default-pool", "resources": [
+                                            {"name": "cpu", "nominalQuota": "4"}]}]}]}}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("kueue")
+    nodes = simulated_nodes(7, capacity={"cpu": "1"})
+    with LocalCluster(root / "cluster", nodes=nodes, with_gcs=False, kueue=True) as local:
+        cluster = Cluster(local)
+        for plural, body in kueue_objects():
+            cluster.custom.create_cluster_custom_object(*KUEUE, plural, body)
+        cluster.custom.create_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": QUEUE, "namespace": NAMESPACE},
+            "spec": {"clusterQueue": "team"}})
+        yield cluster
+
+
+def job(name: str, checkpoints: Path, steps: int, priority: str | None = None,
+        replicas: int = 3) -> dict[str, Any]:
+    labels = {queueing.QUEUE_LABEL: QUEUE}
+    if priority:
+        labels[queueing.PRIORITY_LABEL] = priority
+    return {
+        "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "spec": {"replicas": replicas,
+                 "image": "ghcr.io/tardigrade-dev/tardigrade-trainer:0.1.0",
+                 "resources": {"requests": {"cpu": "1"}},
+                 "trainer": {"steps": steps, "step_seconds": 0.05},
+                 "checkpoint": {"path": str(checkpoints / name), "interval": {"steps": 1000},
+                                "saveOnPreemption": True},
+                 "failurePolicy": {"backoffSeconds": 0}},
+    }
+
+
+def workloads(cluster: Cluster) -> list[dict[str, Any]]:
+    return list(cluster.custom.list_namespaced_custom_object(
+        *KUEUE, NAMESPACE, "workloads")["items"])
+
+
+def workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    return next((w for w in workloads(cluster)
+                 if w["metadata"]["labels"].get("tardigrade.dev/job") == name), None)
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
+def quota_used(cluster: Cluster) -> str:
+    queue = cluster.custom.get_cluster_custom_object(*KUEUE, "clusterqueues", "team")
+    usage = (queue.get("status") or {}).get("flavorsReservation") or [{}]
+    return str(next((r["total"] for r in usage[0].get("resources") or []
+                     if r["name"] == "cpu"), "0"))
+
+
+def clear(cluster: Cluster) -> None:
+    cluster.clear_jobs()
+    wait_for(lambda: not workloads(cluster) and quota_used(cluster) == "0", 60,
+             "no Workload left and no quota in use")
+
+
+def events(cluster: Cluster, name: str) -> list[str]:
+    listed = cluster.core.list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={name}").items
+    return [e.reason for e in listed]
+
+
+def test_two_gangs_over_the_quota_one_runs_the_other_queues_then_runs(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    cluster.apply(job("first", tmp_path, steps=150))
+    cluster.wait_phase("first", {"Running"}, 120)
+    cluster.apply(job("second", tmp_path, steps=20))
+    queued = cluster.wait_phase("second", {"Queued"}, 60)
+    wait_for(lambda: "insufficient unused quota" in cluster.status("second").get("message", ""),
+             60, "Kueue's reason in the status")
+    queued = cluster.status("second")
+    assert queued["queue"]["localQueue"] == QUEUE
+    assert not cluster.pods("second")
+    table = cluster.kubectl("get", "tj", "second", "-o", "wide")
+    assert "Queued" in table and "insufficient unused quota" in table
+    assert "Queued" in events(cluster, "second")
+    # The running gang's pods went where the admitted flavor's node labels say.
+    pod = cluster.pods("first")[0]
+    assert pod.spec.node_selector[POOL_LABEL] == "default-pool"
+    assert cluster.status("first")["queue"]["clusterQueue"] == "team"
+    cluster.wait_phase("first", {"Succeeded"}, 180)
+    # Finished frees the quota; Kueue admits the second, which runs to its end.
+    wait_for(lambda: (condition(workload_of(cluster, "first"), "Finished") or {}).get(
+        "status") == "True", 60, "the first Workload Finished")
+    cluster.wait_phase("second", {"Running", "Succeeded"}, 120)
+    assert "Admitted" in events(cluster, "second")
+    cluster.wait_phase("second", {"Succeeded"}, 120)
+    operator.assert_alive()
+    clear(cluster)
+
+
+def _time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing_lost(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    cluster.apply(job("low", tmp_path, steps=1_000_000, priority="low"))
+    cluster.wait_phase("low", {"Running"}, 120)
+    wait_for(lambda: (cluster.status("low").get("step") or 0) > 5, 60, "low training")
+    first = {p.metadata.name for p in cluster.pods("low")}
+    cluster.apply(job("high", tmp_path, steps=40, priority="high"))
+    evicted = wait_for(lambda: condition(workload_of(cluster, "low"), "Evicted"), 60,
+                       "Kueue evicting the low Workload")
+    assert evicted["reason"] == "Preempted", evicted
+    released = wait_for(lambda: (c := condition(workload_of(cluster, "low"), "QuotaReserved"))
+                        and c["status"] == "False" and c, 120, "the low Workload's quota released")
+    seconds = (_time(released["lastTransitionTime"]) - _time(evicted["lastTransitionTime"])
+               ).total_seconds()
+    print(f"eviction to quota released: {seconds:.0f} s (condition timestamps, 1 s resolution)")
+    queued = cluster.wait_phase("low", {"Queued"}, 60)
+    assert queued["queue"]["localQueue"] == QUEUE
+    # Every rank saved the same step on the way out (their termination messages).
+    layout = cluster.local.layout
+    messages = [json.loads(layout.termination_log(NAMESPACE, pod, "trainer").read_text())
+                for pod in sorted(first)]
+    assert {m["reason"] for m in messages} == {"PreemptedSaved"}, messages
+    saved = {m["checkpoint_step"] for m in messages}
+    assert len(saved) == 1, saved
+    saved_step = saved.pop()
+    cluster.wait_phase("high", {"Succeeded"}, 180)
+    # Requeued and admitted again: the low gang resumes from exactly the saved step.
+    resumed = wait_for(lambda: (s := cluster.status("low")).get("phase") == "Running"
+                       and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
+                       and s, 180, "low resumed")
+    recovery = resumed["recoveries"][-1]
+    assert recovery["restoreStep"] == saved_step, recovery
+    wait_for(lambda: (cluster.status("low").get("step") or 0) > saved_step, 60, "training again")
+    status = cluster.status("low")
+    assert status["recoveries"][-1].get("stepsLost", 0) == 0, status["recoveries"][-1]
+    assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
+    assert {"Evicted", "Admitted"} <= set(events(cluster, "low"))
+    operator.assert_alive()
+    started = time.monotonic()
+    clear(cluster)
+    print(f"delete to no Workload and no quota: {time.monotonic() - started:.1f} s")
+
+
+def test_a_job_without_the_label_runs_as_before(cluster: Cluster, operator: OperatorProcess,
+                                                tmp_path: Path):
+    body = job("plain", tmp_path, steps=10, replicas=2)
+    body["metadata"]["labels"] = {}
+    cluster.apply(body)
+    cluster.wait_phase("plain", {"Succeeded"}, 120)
+    assert workload_of(cluster, "plain") is None and cluster.status("plain").get("queue") is None
+    clear(cluster)
