@@ -54,6 +54,7 @@ NODES = ("node readiness, host maintenance and node pool indexes (handlers.py `n
          "mode, as kopf watches the cluster-scoped kind cluster-wide")
 PEERING = "kopf peering: watches the peering object and patches its keepalive into it"
 TJ = "tardigrade.dev"
+KUEUE = "kueue.x-k8s.io"
 
 GRANTS: list[Grant] = [
     Grant("apiextensions.k8s.io", "customresourcedefinitions", "list", CLUSTER, EVERY,
@@ -109,6 +110,26 @@ GRANTS: list[Grant] = [
     Grant("", "events", "list", JOBS, EVERY,
           "kube.Writer.list_scale_up_events: the autoscaler's TriggeredScaleUp / "
           "NotTriggerScaleUp / FailedScaleUp on unschedulable ranks (handlers._scale_up_signals)"),
+    Grant(KUEUE, "workloads", "list", JOBS, EVERY, "kopf Workload index and event handler"),
+    Grant(KUEUE, "workloads", "watch", JOBS, EVERY, "kopf Workload index and event handler"),
+    Grant(KUEUE, "workloads", "create", JOBS, EVERY,
+          "kube.Writer.apply_workload: a queued job's Workload (queueing.CreateWorkload)"),
+    Grant(KUEUE, "workloads", "get", JOBS, EVERY,
+          "kube.Writer.apply_workload reads the Workload before a resize or a status write"),
+    Grant(KUEUE, "workloads", "update", JOBS, EVERY,
+          "kube.Writer.apply_workload: a queued job's new podSet count (ResizeWorkload)"),
+    Grant(KUEUE, "workloads", "delete", JOBS, EVERY,
+          "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
+          "an ownerReference (the Workload is owned by its TrainingJob)"),
+    Grant(KUEUE, "workloads/status", "update", JOBS, EVERY,
+          "kube.Writer.apply_workload: conditions the job side sets (quota released after an "
+          "eviction, Finished)"),
+    Grant(KUEUE, "resourceflavors", "list", CLUSTER, EVERY,
+          "kopf ResourceFlavor index: an admitted flavor's node labels (handlers.py)"),
+    Grant(KUEUE, "resourceflavors", "watch", CLUSTER, EVERY,
+          "kopf ResourceFlavor index: an admitted flavor's node labels (handlers.py)"),
+    Grant(KUEUE, "workloadpriorityclasses", "get", CLUSTER, EVERY,
+          "kube.Writer.priority_value: a queued job's kueue.x-k8s.io/priority-class"),
 ]
 
 

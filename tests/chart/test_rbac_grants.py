@@ -13,7 +13,7 @@ from tardigrade_local.cluster import LocalCluster
 
 from tests.chart import grants
 from tests.chart.test_helm import render
-from tests.e2e.harness import NAMESPACE, Cluster, trainingjob
+from tests.e2e.harness import NAMESPACE, Cluster, trainingjob, wait_for
 
 ACCOUNT = "tardigrade"
 RELEASE_NAMESPACE = "tardigrade-system"
@@ -83,3 +83,56 @@ def test_namespaced_chart_runs_a_job_under_its_role(tmp_path):
         assert ("", "pods", "create") in used
         # Nodes are cluster-scoped: kopf watches them cluster-wide, under the nodes ClusterRole.
         assert {("", "nodes", "list"), ("", "nodes", "watch")} <= used
+
+
+@pytest.mark.slow
+def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(tmp_path):
+    """With Kueue installed, the in-pod operator under the chart's ClusterRole creates the
+    job's Workload, reads the flavors and the priority class, runs the admitted gang and
+    marks the Workload Finished, and is denied nothing."""
+    docs = render("replicaCount=1", namespace=RELEASE_NAMESPACE)
+    with LocalCluster(tmp_path / "cluster", nodes=1, kueue=True) as local:
+        cluster = Cluster(local, trainer_token_review=False)
+        kueue = ("kueue.x-k8s.io", "v1beta2")
+        meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
+        cluster.custom.create_cluster_custom_object(*kueue, "resourceflavors", {
+            **meta, "kind": "ResourceFlavor", "metadata": {"name": "default"}})
+        cluster.custom.create_cluster_custom_object(*kueue, "workloadpriorityclasses", {
+            **meta, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"}, "value": 10})
+        cluster.custom.create_cluster_custom_object(*kueue, "clusterqueues", {
+            **meta, "kind": "ClusterQueue", "metadata": {"name": "team"},
+            "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                "coveredResources": ["cpu", "memory"],
+                "flavors": [{"name": "default", "resources": [
+                    {"name": "cpu", "nominalQuota": "4"},
+                    {"name": "memory", "nominalQuota": "16Gi"}]}]}]}})
+        cluster.custom.create_namespaced_custom_object(*kueue, NAMESPACE, "localqueues", {
+            **meta, "kind": "LocalQueue", "metadata": {"name": "team", "namespace": NAMESPACE},
+            "spec": {"clusterQueue": "team"}})
+        cluster.kubectl("create", "namespace", RELEASE_NAMESPACE)
+        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+        cluster.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", "deployment/tardigrade",
+                        "--timeout=120s")
+        job = trainingjob("queued-smoke", steps=2, replicas=1)
+        job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team",
+                                     "kueue.x-k8s.io/priority-class": "low"}
+        cluster.apply(job)
+        cluster.wait_phase("queued-smoke", {"Succeeded"}, timeout=300)
+
+        def finished() -> dict | None:
+            workloads = cluster.custom.list_namespaced_custom_object(
+                *kueue, NAMESPACE, "workloads",
+                label_selector="tardigrade.dev/job=queued-smoke")["items"]
+            return next((w for w in workloads if any(
+                c["type"] == "Finished" and c["status"] == "True"
+                for c in (w.get("status") or {}).get("conditions") or [])), None)
+
+        workload = wait_for(finished, timeout=60, what="the Workload marked Finished",
+                            interval=0.5)
+        assert workload["spec"]["priority"] == 10
+        used = grants.check_operator_calls(local.layout.audit_log, ACCOUNT, RELEASE_NAMESPACE,
+                                           grants.ALL_NAMESPACES)
+        assert {("kueue.x-k8s.io", "workloads", "create"),
+                ("kueue.x-k8s.io", "workloads/status", "update"),
+                ("kueue.x-k8s.io", "resourceflavors", "list"),
+                ("kueue.x-k8s.io", "workloadpriorityclasses", "get")} <= used
