@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tardigrade_local import gobuild, identities, kueue, pki
+from tardigrade_local import crdwait, gobuild, identities, kueue, pki
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
@@ -528,17 +528,10 @@ class ControlPlane:
                     elif resp.status >= 400:
                         raise ComponentError(f"CRD {name} from {path}: {await resp.text()}")
                 names.append(name)
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        for name in names:
-            while True:
-                async with session.get(f"{base}/{name}") as resp:
-                    conditions = ((await resp.json()).get("status") or {}).get("conditions") or []
-                if any(c.get("type") == "Established" and c.get("status") == "True"
-                       for c in conditions):
-                    break
-                if time.monotonic() > deadline:
-                    raise ComponentError(f"CRD {name} not Established: {conditions}")
-                await asyncio.sleep(0.05)
+        try:
+            await crdwait.wait_established(session, base, names, READY_TIMEOUT_SECONDS)
+        except crdwait.NotEstablished as err:
+            raise ComponentError(str(err)) from None
 
 
 def cluster_processes(plane: ControlPlane) -> dict[str, int]:

@@ -26,7 +26,6 @@ import asyncio
 import base64
 import contextlib
 import copy
-import json
 import logging
 import subprocess
 import time
@@ -37,7 +36,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tardigrade_local import gobuild, pki
+from tardigrade_local import crdwait, gobuild, pki
 from tardigrade_local.identities import RBAC, Identity
 from tardigrade_local.ports import free_port
 
@@ -249,18 +248,12 @@ async def install(session: aiohttp.ClientSession, api_url: str, source: Path,
     documents = crds(source, webhook_url, ca_pem)
     for doc in documents:
         await _create(session, crd_base, doc)
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    for doc in documents:
-        name = doc["metadata"]["name"]
-        while True:
-            async with session.get(f"{crd_base}/{name}") as resp:
-                conditions = ((await resp.json()).get("status") or {}).get("conditions") or []
-            if any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in conditions):
-                break
-            if time.monotonic() > deadline:
-                raise KueueError(f"CRD {name} not Established: {json.dumps(conditions)}")
-            await asyncio.sleep(0.05)
+    try:
+        await crdwait.wait_established(session, crd_base,
+                                       [doc["metadata"]["name"] for doc in documents],
+                                       READY_TIMEOUT_SECONDS)
+    except crdwait.NotEstablished as err:
+        raise KueueError(str(err)) from None
     admission = f"{api_url}/apis/admissionregistration.k8s.io/v1"
     for config in webhook_configurations(source, webhook_url, ca_pem):
         plural = ("mutatingwebhookconfigurations"
