@@ -193,7 +193,7 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
     if status.phase == "Suspended" and not user_suspended:
         stopping = _condition(status, "Running")
         reason = (EVICTING if stopping is not None and stopping.reason == SUSPENDING
-                  else gate.reason())
+                  and not gate.resizing else gate.reason())
         if obs.status.phase != "Queued" and not gate.evicted:
             plan.events.append(Event("Normal", "Queued", gate.waiting_message()))
         _set_phase(plan, obs, "Queued", reason, gate.waiting_message())

@@ -383,7 +383,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         workload = next((w for w in _values(workloads_index or {}, key)
                          if w[0].owner_uid == uid), None)
         flavors = {n: f for n, store in (flavors_index or {}).items() for f in store}
-        gate = queueing.gate_for(queue, workload[0] if workload else None, flavors)
+        gate = queueing.gate_for(queue, workload[0] if workload else None, flavors,
+                                 spec.replicas if spec is not None else None)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,

@@ -236,6 +236,11 @@ class ClusterWriter:
             if isinstance(action, queueing.CreateWorkload):
                 self.custom.create_namespaced_custom_object(*args, action.body)
                 return
+            if isinstance(action, queueing.DeleteWorkload):
+                self.custom.delete_namespaced_custom_object(
+                    *args, action.name, body={"preconditions": {
+                        "resourceVersion": action.resource_version}})
+                return
             current = self.custom.get_namespaced_custom_object(*args, action.name)
             if current["metadata"]["resourceVersion"] != action.resource_version:
                 return  # decided on an older Workload: the next pass decides again

@@ -14,6 +14,11 @@ operator does the job side:
   suspension does; once no pod is active, release the quota in one status write
   (QuotaReserved=False reason Pending, admission cleared, Admitted=False, Requeued=True),
   which is what Kueue waits for (`pkg/workload/workload.go`, the requeue after eviction);
+- on a resize (`spec.replicas` no longer the Workload's count): a Workload without quota
+  takes the new count; one that holds quota at the old count stops the gang after a save,
+  as an eviction does, then is deleted and made again at the new count, which Kueue queues
+  and admits as any other (jobframework's `ensureOneWorkload`: a job that no longer matches
+  its Workload is stopped and the Workload deleted);
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label. The handlers read the Workload and the flavors
@@ -140,10 +145,19 @@ class QueueGate:
     # The admitted flavors' node labels and tolerations, merged.
     flavor_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     flavor_tolerations: Sequence[Mapping[str, Any]] = ()
+    # The job's spec.replicas; None where the spec cannot be read.
+    replicas: int | None = None
+
+    @property
+    def resizing(self) -> bool:
+        """The Workload holds quota for another count than the job now asks for."""
+        workload = self.workload
+        return (workload is not None and self.replicas is not None
+                and workload.count != self.replicas and workload.true("QuotaReserved"))
 
     @property
     def admitted(self) -> bool:
-        return self.workload is not None and self.workload.admitted
+        return self.workload is not None and self.workload.admitted and not self.resizing
 
     @property
     def evicted(self) -> bool:
@@ -158,17 +172,21 @@ class QueueGate:
             evicted = workload.conditions["Evicted"]
             return (f"evicted by Kueue ({evicted.reason}: {evicted.message}); stopping the "
                     f"gang after a save, then requeued in LocalQueue {self.queue}")
+        if self.resizing:
+            return (f"resized from {workload.count} to {self.replicas} replicas: stopping the "
+                    f"gang after a save, then requeued in LocalQueue {self.queue} at the new "
+                    "size")
         reserved = workload.conditions.get("QuotaReserved")
         if reserved is not None and reserved.message:
             return f"waiting in LocalQueue {self.queue}: {reserved.message}"
         return f"waiting in LocalQueue {self.queue} for Kueue to admit the Workload"
 
     def reason(self) -> str:
-        return "Evicted" if self.evicted else "Queued"
+        return "Evicted" if self.evicted else "Resizing" if self.resizing else "Queued"
 
 
-def gate_for(queue: str, workload: WorkloadView | None,
-             flavors: Mapping[str, Flavor]) -> QueueGate:
+def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Flavor],
+             replicas: int | None = None) -> QueueGate:
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
     if workload is not None:
@@ -178,7 +196,7 @@ def gate_for(queue: str, workload: WorkloadView | None,
                 continue
             selector.update(flavor.node_labels)
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
-    return QueueGate(queue, workload, selector, tolerations)
+    return QueueGate(queue, workload, selector, tolerations, replicas)
 
 
 def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec:
@@ -281,13 +299,23 @@ class ReleaseQuota:
 
 
 @dataclasses.dataclass(frozen=True)
+class DeleteWorkload:
+    """A Workload admitted at a count the job no longer asks for, once the gang is stopped:
+    deleting it frees its quota, and the next pass makes it again at the new count."""
+
+    name: str
+    resource_version: str
+
+
+@dataclasses.dataclass(frozen=True)
 class FinishWorkload:
     name: str
     resource_version: str
     conditions: list[dict[str, Any]]
 
 
-WorkloadAction = CreateWorkload | ResizeWorkload | ReleaseQuota | FinishWorkload
+WorkloadAction = (CreateWorkload | ResizeWorkload | ReleaseQuota | DeleteWorkload
+                  | FinishWorkload)
 
 
 def _condition(kind: str, status: str, reason: str, message: str, now: datetime
@@ -328,6 +356,9 @@ def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
             _condition("Requeued", "True" if requeue else "False",
                        "Requeued" if requeue else evicted.reason,
                        "Requeued after eviction" if requeue else evicted.message, now)]))]
+    if (spec is not None and workload.true("QuotaReserved") and workload.count != spec.replicas
+            and not gang_active):
+        return [DeleteWorkload(workload.name, workload.resource_version)]
     if spec is not None and not workload.true("QuotaReserved") and workload.count != spec.replicas:
         return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas)]
     return []

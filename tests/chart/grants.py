@@ -119,8 +119,9 @@ GRANTS: list[Grant] = [
     Grant(KUEUE, "workloads", "update", JOBS, EVERY,
           "kube.Writer.apply_workload: a queued job's new podSet count (ResizeWorkload)"),
     Grant(KUEUE, "workloads", "delete", JOBS, EVERY,
-          "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
-          "an ownerReference (the Workload is owned by its TrainingJob)"),
+          "kube.Writer.apply_workload: a running job resized drops the Workload admitted at "
+          "its old count once the gang stopped (DeleteWorkload); also what "
+          "OwnerReferencesPermissionEnforcement asks of an ownerReference's setter"),
     Grant(KUEUE, "workloads/status", "update", JOBS, EVERY,
           "kube.Writer.apply_workload: conditions the job side sets (quota released after an "
           "eviction, Finished)"),

@@ -190,6 +190,41 @@ def test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing
     print(f"delete to no Workload and no quota: {time.monotonic() - started:.1f} s")
 
 
+def test_a_running_gang_resized_within_quota_is_requeued_at_the_new_size_and_resumes(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """kubectl scale on an admitted, running job: the gang saves one step and stops, the
+    Workload admitted for 2 goes (its quota with it), one for 3 is queued and admitted, and
+    the gang of 3 restores the saved step; the failure budget is untouched."""
+    cluster.apply(job("grow", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("grow", {"Running"}, 120)
+    wait_for(lambda: (cluster.status("grow").get("step") or 0) > 5, 60, "grow training")
+    before = workload_of(cluster, "grow")
+    assert before is not None and before["spec"]["podSets"][0]["count"] == 2
+    first = {p.metadata.name for p in cluster.pods("grow")}
+    cluster.kubectl("scale", "tj/grow", "--replicas=3")
+    resumed = wait_for(lambda: (s := cluster.status("grow")).get("phase") == "Running"
+                       and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
+                       and s, 180, "grow resumed")
+    layout = cluster.local.layout
+    messages = [json.loads(layout.termination_log(NAMESPACE, pod, "trainer").read_text())
+                for pod in sorted(first)]
+    assert {m["reason"] for m in messages} == {"PreemptedSaved"}, messages
+    saved = {m["checkpoint_step"] for m in messages}
+    assert len(saved) == 1, saved
+    assert resumed["recoveries"][-1]["restoreStep"] == saved.pop(), resumed["recoveries"]
+    assert resumed["queue"]["admittedReplicas"] == 3
+    after = workload_of(cluster, "grow")
+    assert after is not None and after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["spec"]["podSets"][0]["count"] == 3
+    # The ClusterQueue's usage is Kueue's status write, which follows the admission.
+    wait_for(lambda: quota_used(cluster) == "3", 30, "the quota of 3 in use")
+    assert len({p.metadata.name for p in cluster.pods("grow")} - first) == 3
+    assert resumed["restarts"]["total"] == 0 and resumed["restarts"]["failures"] == 0
+    assert resumed["recoveries"][-1].get("stepsLost", 0) == 0
+    operator.assert_alive()
+    clear(cluster)
+
+
 def test_a_job_without_the_label_runs_as_before(cluster: Cluster, operator: OperatorProcess,
                                                 tmp_path: Path):
     body = job("plain", tmp_path, steps=10, replicas=2)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -561,3 +562,54 @@ def test_kubelet_rejects_a_pod_bound_past_its_allocatable(kube):
     assert not pod["status"].get("containerStatuses")
     kube.core.delete_namespaced_pod("too-big", "default")
     kube.wait_gone("too-big")
+
+
+def _as_node(cluster, node: str) -> client.CoreV1Api:
+    """A client with the node agent's own credentials (`system:node:NODE`, `system:nodes`)."""
+    pki = Path(cluster.info["ca_file"]).parent
+    config = client.Configuration()
+    config.host = cluster.api_url
+    config.ssl_ca_cert = str(pki / "ca.crt")
+    config.cert_file = str(pki / f"node-{node}.crt")
+    config.key_file = str(pki / f"node-{node}.key")
+    return client.CoreV1Api(client.ApiClient(config))
+
+
+def _refused(call, *args, **kwargs) -> str:
+    with pytest.raises(client.ApiException) as err:
+        call(*args, **kwargs)
+    assert err.value.status == 403, err.value
+    return err.value.body
+
+
+def test_a_node_agent_is_held_to_its_own_node_as_a_kubelet_is(kube, cluster):
+    """The node agents speak as kubelets do, so kube-apiserver's Node authorizer and
+    NodeRestriction apply to them: a node cannot taint itself or touch another Node, cannot
+    write the status of a pod bound elsewhere, and reads a Secret only when a pod bound to it
+    uses that Secret."""
+    core = kube.core
+    core.create_namespaced_secret("default", {"metadata": {"name": "b-only"},
+                                              "stringData": {"k": "v"}})
+    body = python_pod("on-b", "import time; time.sleep(600)", node="node-b", grace=0)
+    body["spec"]["volumes"] = [{"name": "s", "secret": {"secretName": "b-only"}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/s"}]
+    kube.create_pod(body)
+    kube.wait_phase("on-b", ("Running",), timeout=60)
+    node_a, node_b = _as_node(cluster, "node-a"), _as_node(cluster, "node-b")
+
+    # Its own Node: readable, but a taint is the control plane's to set.
+    assert node_a.read_node("node-a").metadata.name == "node-a"
+    why = _refused(node_a.patch_node, "node-a", {"spec": {"taints": [
+        {"key": "example.com/mine", "effect": "NoSchedule"}]}})
+    assert "is not allowed to modify taints" in why
+    why = _refused(node_a.patch_node, "node-b", {"metadata": {"labels": {"x": "y"}}})
+    assert "node-b" in why
+    # A pod bound to node-b: node-a may not write its status; node-b may.
+    status = {"status": {"conditions": [{"type": "example.com/Probe", "status": "True"}]}}
+    why = _refused(node_a.patch_namespaced_pod_status, "on-b", "default", status)
+    assert "node-a" in why
+    node_b.patch_namespaced_pod_status("on-b", "default", status)
+    # The Secret reaches only the node whose pod mounts it.
+    assert node_b.read_namespaced_secret("b-only", "default").data["k"]
+    _refused(node_a.read_namespaced_secret, "b-only", "default")
+    core.delete_namespaced_pod("on-b", "default", grace_period_seconds=0)

@@ -11,6 +11,7 @@ from tardigrade_operator import queueing
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.queueing import (
     CreateWorkload,
+    DeleteWorkload,
     Flavor,
     JobIdentity,
     ReleaseQuota,
@@ -48,9 +49,9 @@ def workload(conditions: dict[str, WorkloadCondition], count: int = 2,
 
 
 def gate(conditions: dict[str, WorkloadCondition] | None, admitted: int | None = None,
-         count: int = 2) -> queueing.QueueGate:
+         count: int = 2, replicas: int | None = None) -> queueing.QueueGate:
     view = None if conditions is None else workload(conditions, count, admitted)
-    return gate_for("team-queue", view, {"spot": SPOT})
+    return gate_for("team-queue", view, {"spot": SPOT}, replicas)
 
 
 def test_a_queued_job_launches_nothing_and_says_why_in_kueues_words():
@@ -171,3 +172,45 @@ def test_a_queued_job_resized_asks_kueue_for_the_new_count():
 def test_workload_names_follow_kueues_scheme():
     name = queueing.workload_name("tiny", "uid-1")
     assert name.startswith("trainingjob-tiny-") and len(name) == len("trainingjob-tiny-") + 5
+
+
+def test_a_running_job_resized_stops_after_a_save_and_is_requeued_at_the_new_count():
+    """Kueue holds quota for 2: the gang stops after a save, the Workload is deleted once no
+    pod is active and made again for 3, and the admitted gang of 3 restores the saved step."""
+    cluster = FakeCluster(spec(), queue=gate(ADMITTED, admitted=2, replicas=2))
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    cluster.spec["replicas"] = 3
+    resized = gate(ADMITTED, admitted=2, replicas=3)
+    assert resized.resizing and not resized.admitted
+    cluster.queue = resized
+    plan = cluster.reconcile()
+    assert sorted(n for n, _ in plan.delete_pods) == ["tiny-a1-0", "tiny-a1-1"]
+    assert plan.create_pods == []
+    assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Resizing")
+    assert "resized from 2 to 3 replicas" in cluster.status.message
+    # While ranks still save, the Workload keeps its quota; once none is active, it goes.
+    from tardigrade_operator.api.types import TrainingJobStatus
+    status = TrainingJobStatus(phase="Queued")
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, resized, True,
+                                     None, NOW) == []
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, resized, False,
+                                     None, NOW) == [
+        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7")]
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    cluster.reconcile()
+    # Gone: the next pass makes it again for 3.
+    [create] = queueing.workload_actions(IDENTITY, _spec(replicas=3), status,
+                                         gate(None, replicas=3), False, None, NOW)
+    assert isinstance(create, CreateWorkload)
+    assert create.body["spec"]["podSets"][0]["count"] == 3
+    cluster.queue = gate(ADMITTED, admitted=3, count=3, replicas=3)
+    plan = cluster.reconcile()
+    assert [p["metadata"]["name"] for p in plan.create_pods] == [
+        "tiny-a2-0", "tiny-a2-1", "tiny-a2-2"]
+    env = {e["name"]: e.get("value") for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RESTORE_STEP] == "31"
+    assert cluster.status.restarts.total == 0 and cluster.status.restarts.failures == 0
