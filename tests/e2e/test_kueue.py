@@ -221,6 +221,16 @@ def test_a_running_gang_resized_within_quota_is_requeued_at_the_new_size_and_res
     assert len({p.metadata.name for p in cluster.pods("grow")} - first) == 3
     assert resumed["restarts"]["total"] == 0 and resumed["restarts"]["failures"] == 0
     assert resumed["recoveries"][-1].get("stepsLost", 0) == 0
+    # Beyond the ClusterQueue's capacity (4): the gang stops after a save and waits in the
+    # queue at 5, holding no quota, with Kueue's reason.
+    cluster.kubectl("scale", "tj/grow", "--replicas=5")
+    wait_for(lambda: "> maximum capacity (4)" in cluster.status("grow").get("message", ""),
+             120, "Kueue's reason for 5 in the status")
+    waiting = cluster.status("grow")
+    assert waiting["phase"] == "Queued" and not waiting["queue"]["admitted"], waiting
+    wait_for(lambda: quota_used(cluster) == "0", 30, "no quota held while queued at 5")
+    assert not [p for p in cluster.pods("grow") if p.status.phase in ("Pending", "Running")]
+    assert waiting["restarts"]["failures"] == 0
     operator.assert_alive()
     clear(cluster)
 
