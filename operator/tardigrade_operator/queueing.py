@@ -356,8 +356,7 @@ def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
             _condition("Requeued", "True" if requeue else "False",
                        "Requeued" if requeue else evicted.reason,
                        "Requeued after eviction" if requeue else evicted.message, now)]))]
-    if (spec is not None and workload.true("QuotaReserved") and workload.count != spec.replicas
-            and not gang_active):
+    if gate.resizing and not gang_active:
         return [DeleteWorkload(workload.name, workload.resource_version)]
     if spec is not None and not workload.true("QuotaReserved") and workload.count != spec.replicas:
         return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas)]

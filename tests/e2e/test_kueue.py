@@ -114,6 +114,25 @@ def events(cluster: Cluster, name: str) -> list[str]:
     return [e.reason for e in listed]
 
 
+def saved_step(cluster: Cluster, pods: set[str]) -> int:
+    """The one step every rank of the stopped gang saved on the way out (their termination
+    messages)."""
+    layout = cluster.local.layout
+    messages = [json.loads(layout.termination_log(NAMESPACE, pod, "trainer").read_text())
+                for pod in sorted(pods)]
+    assert {m["reason"] for m in messages} == {"PreemptedSaved"}, messages
+    saved = {m["checkpoint_step"] for m in messages}
+    assert len(saved) == 1, saved
+    return int(saved.pop())
+
+
+def resumed(cluster: Cluster, name: str) -> dict[str, Any]:
+    """The job's status once it runs again after a recovery of cause Resume."""
+    return wait_for(lambda: (s := cluster.status(name)).get("phase") == "Running"
+                    and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
+                    and s, 180, f"{name} resumed")
+
+
 def test_two_gangs_over_the_quota_one_runs_the_other_queues_then_runs(
         cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
     cluster.apply(job("first", tmp_path, steps=150))
@@ -164,22 +183,13 @@ def test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing
     print(f"eviction to quota released: {seconds:.0f} s (condition timestamps, 1 s resolution)")
     queued = cluster.wait_phase("low", {"Queued"}, 60)
     assert queued["queue"]["localQueue"] == QUEUE
-    # Every rank saved the same step on the way out (their termination messages).
-    layout = cluster.local.layout
-    messages = [json.loads(layout.termination_log(NAMESPACE, pod, "trainer").read_text())
-                for pod in sorted(first)]
-    assert {m["reason"] for m in messages} == {"PreemptedSaved"}, messages
-    saved = {m["checkpoint_step"] for m in messages}
-    assert len(saved) == 1, saved
-    saved_step = saved.pop()
+    # Every rank saved the same step on the way out.
+    step = saved_step(cluster, first)
     cluster.wait_phase("high", {"Succeeded"}, 180)
     # Requeued and admitted again: the low gang resumes from exactly the saved step.
-    resumed = wait_for(lambda: (s := cluster.status("low")).get("phase") == "Running"
-                       and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
-                       and s, 180, "low resumed")
-    recovery = resumed["recoveries"][-1]
-    assert recovery["restoreStep"] == saved_step, recovery
-    wait_for(lambda: (cluster.status("low").get("step") or 0) > saved_step, 60, "training again")
+    recovery = resumed(cluster, "low")["recoveries"][-1]
+    assert recovery["restoreStep"] == step, recovery
+    wait_for(lambda: (cluster.status("low").get("step") or 0) > step, 60, "training again")
     status = cluster.status("low")
     assert status["recoveries"][-1].get("stepsLost", 0) == 0, status["recoveries"][-1]
     assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
@@ -202,25 +212,17 @@ def test_a_running_gang_resized_within_quota_is_requeued_at_the_new_size_and_res
     assert before is not None and before["spec"]["podSets"][0]["count"] == 2
     first = {p.metadata.name for p in cluster.pods("grow")}
     cluster.kubectl("scale", "tj/grow", "--replicas=3")
-    resumed = wait_for(lambda: (s := cluster.status("grow")).get("phase") == "Running"
-                       and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
-                       and s, 180, "grow resumed")
-    layout = cluster.local.layout
-    messages = [json.loads(layout.termination_log(NAMESPACE, pod, "trainer").read_text())
-                for pod in sorted(first)]
-    assert {m["reason"] for m in messages} == {"PreemptedSaved"}, messages
-    saved = {m["checkpoint_step"] for m in messages}
-    assert len(saved) == 1, saved
-    assert resumed["recoveries"][-1]["restoreStep"] == saved.pop(), resumed["recoveries"]
-    assert resumed["queue"]["admittedReplicas"] == 3
+    status = resumed(cluster, "grow")
+    assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first), status
+    assert status["queue"]["admittedReplicas"] == 3
     after = workload_of(cluster, "grow")
     assert after is not None and after["metadata"]["uid"] != before["metadata"]["uid"]
     assert after["spec"]["podSets"][0]["count"] == 3
     # The ClusterQueue's usage is Kueue's status write, which follows the admission.
     wait_for(lambda: quota_used(cluster) == "3", 30, "the quota of 3 in use")
     assert len({p.metadata.name for p in cluster.pods("grow")} - first) == 3
-    assert resumed["restarts"]["total"] == 0 and resumed["restarts"]["failures"] == 0
-    assert resumed["recoveries"][-1].get("stepsLost", 0) == 0
+    assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
+    assert status["recoveries"][-1].get("stepsLost", 0) == 0
     # Beyond the ClusterQueue's capacity (4): the gang stops after a save and waits in the
     # queue at 5, holding no quota, with Kueue's reason.
     cluster.kubectl("scale", "tj/grow", "--replicas=5")
