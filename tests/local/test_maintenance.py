@@ -8,7 +8,7 @@ import time
 
 import pytest
 from kube_helpers import Kube, python_pod, wait_for
-from kubernetes.client import ApiException
+from kubernetes.client import ApiException, V1Node
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.disruptions import (
     IMPENDING_TERMINATION_TAINT,
@@ -41,6 +41,7 @@ def test_maintenance_is_announced_then_terminates_the_node_with_the_pods_grace(t
         # Its SIGTERM handler is in place once it says so.
         wait_for(lambda: "ready" in kube.core.read_namespaced_pod_log("trainer", "default"),
                  30, "the pod ready", interval=0.2)
+        first_vm = kube.core.read_node("gpu-1").metadata.uid
         start = cluster.schedule_maintenance("gpu-1", 3.0)
         labels = kube.core.read_node("gpu-1").metadata.labels
         assert labels[SCHEDULED_MAINTENANCE_LABEL] == str(int(start))
@@ -61,6 +62,16 @@ def test_maintenance_is_announced_then_terminates_the_node_with_the_pods_grace(t
         # It got its own grace (30 s), not a spot reclaim's 2 s: it finished its save.
         assert terminated["exitCode"] == 42, terminated
         assert any(c["type"] == "DisruptionTarget" for c in pod["status"]["conditions"])
-        # The VM comes back under its name, with no maintenance scheduled any more.
-        wait_for(lambda: "gpu-1" in kube.node_names() and not tainted(), 30, "the VM back")
-        assert SCHEDULED_MAINTENANCE_LABEL not in kube.core.read_node("gpu-1").metadata.labels
+        # The VM comes back under its name, registered anew: untainted, with no maintenance
+        # scheduled any more.
+
+        def successor() -> V1Node | None:
+            try:
+                node = kube.core.read_node("gpu-1")
+            except ApiException:  # between the old Node's deletion and the new registration
+                return None
+            return node if node.metadata.uid != first_vm else None
+
+        back = wait_for(successor, 30, "the VM back")
+        assert not any(t.key == IMPENDING_TERMINATION_TAINT for t in back.spec.taints or [])
+        assert SCHEDULED_MAINTENANCE_LABEL not in back.metadata.labels
