@@ -185,7 +185,12 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
         cluster_queue=workload.cluster_queue if workload and gate.admitted else None,
         admitted=gate.admitted,
         admitted_replicas=workload.admitted_count if workload and gate.admitted else None,
-        message="" if gate.admitted else gate.waiting_message())
+        growing_to=gate.replicas if gate.growing and not gate.resizing else None,
+        message=(gate.grow_message() if gate.growing and not gate.resizing
+                 else "" if gate.admitted else gate.waiting_message()))
+    if (status.queue.growing_to is not None
+            and (before is None or before.growing_to != status.queue.growing_to)):
+        plan.events.append(Event("Normal", "GrowQueued", gate.grow_message()))
     user_suspended = obs.spec is not None and obs.spec.suspend
     if not user_suspended:
         # Stopping for Kueue is not the user's suspension: the Evicted event says why.

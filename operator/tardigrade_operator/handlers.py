@@ -209,7 +209,8 @@ def live_jobs(namespace: str, name: str, uid: str, meta: kopf.Meta,
 
 
 # Kueue's objects, for jobs labelled kueue.x-k8s.io/queue-name (queueing.py). Where Kueue's CRDs
-# are absent kopf serves none of these (it warns "Unresolved resources") and no job is held.
+# are absent kopf serves none of these (it warns "Unresolved resources"): jobs without the
+# label run as ever, a labelled one is held and says Kueue is missing (ClusterWriter.kueue_served).
 @kopf.index(queueing.GROUP, queueing.VERSION, queueing.WORKLOADS,
             labels={naming.LABEL_JOB: kopf.PRESENT})
 def job_workloads(namespace: str, labels: kopf.Labels, body: kopf.Body,
@@ -380,11 +381,13 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
     workload: tuple[queueing.WorkloadView, list[dict[str, Any]]] | None = None
     gate = None
     if queue is not None:
-        workload = next((w for w in _values(workloads_index or {}, key)
-                         if w[0].owner_uid == uid), None)
+        ours = [w for w in _values(workloads_index or {}, key) if w[0].owner_uid == uid]
+        workload = next((w for w in ours if w[0].role != queueing.GROW_ROLE), None)
+        grow = next((w[0] for w in ours if w[0].role == queueing.GROW_ROLE), None)
         flavors = {n: f for n, store in (flavors_index or {}).items() for f in store}
         gate = queueing.gate_for(queue, workload[0] if workload else None, flavors,
-                                 spec.replicas if spec is not None else None)
+                                 spec.replicas if spec is not None else None, grow,
+                                 installed=await asyncio.to_thread(memo.writer.kueue_served))
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,

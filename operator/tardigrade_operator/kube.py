@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -53,6 +54,8 @@ class StaleStatus(Exception):
 
 # Concurrent pod patches (the kept pods' labels after a restart in place).
 PATCH_CONCURRENCY = 16
+# Kueue installed after the operator started is noticed within this long.
+KUEUE_DISCOVERY_SECONDS = 30.0
 
 
 class ClusterWriter:
@@ -63,6 +66,8 @@ class ClusterWriter:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
+        # (when it was asked, whether Kueue's Workload API is served)
+        self._kueue_served: tuple[float, bool] | None = None
 
     def apply(self, namespace: str, name: str, old_status: TrainingJobStatus,
               plan: Plan, resource_version: str | None = None,
@@ -77,8 +82,9 @@ class ClusterWriter:
         """
         written = None
         new = status_json(plan.status)
-        if new != status_json(old_status):
-            body: dict[str, Any] = {"status": new}
+        old = status_json(old_status)
+        if new != old:
+            body: dict[str, Any] = {"status": merge_patch(old, new)}
             if resource_version:
                 body["metadata"] = {"resourceVersion": resource_version}
             try:
@@ -217,6 +223,23 @@ class ClusterWriter:
 
 
     # --- Kueue (queueing.py): the job side of the Workload protocol ---------------------
+    def kueue_served(self) -> bool:
+        """Whether the API server serves Kueue's Workloads (its CRDs are installed), from
+        discovery, asked again at most every KUEUE_DISCOVERY_SECONDS."""
+        now = time.monotonic()
+        if self._kueue_served is not None and now - self._kueue_served[0] < (
+                KUEUE_DISCOVERY_SECONDS):
+            return self._kueue_served[1]
+        try:
+            listed = self.custom.get_api_resources(queueing.GROUP, queueing.VERSION)
+            served = any(r.name == queueing.WORKLOADS for r in listed.resources or [])
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            served = False
+        self._kueue_served = (now, served)
+        return served
+
     def priority_value(self, name: str) -> int | None:
         """A WorkloadPriorityClass's value; None if it does not exist."""
         try:
@@ -245,7 +268,12 @@ class ClusterWriter:
             if current["metadata"]["resourceVersion"] != action.resource_version:
                 return  # decided on an older Workload: the next pass decides again
             if isinstance(action, queueing.ResizeWorkload):
-                current["spec"]["podSets"][0]["count"] = action.count
+                podset = current["spec"]["podSets"][0]
+                podset["count"] = action.count
+                if action.min_count is None:
+                    podset.pop("minCount", None)
+                else:
+                    podset["minCount"] = action.min_count
                 self.custom.replace_namespaced_custom_object(*args, action.name, current)
                 return
             status = dict(current.get("status") or {})
@@ -283,3 +311,16 @@ def _api_message(err: ApiException) -> str:
 
 def status_json(status: TrainingJobStatus) -> dict[str, Any]:
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) from `old` to `new`: a field `new` no longer has is
+    sent as null, which removes it; without that, a status field that went back to unset
+    (say `queue.growingTo` once the grow is done) would stay stored as it was."""
+    patch = dict(new)
+    for key, value in old.items():
+        if key not in new:
+            patch[key] = None
+        elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
+            patch[key] = merge_patch(value, new[key])
+    return patch

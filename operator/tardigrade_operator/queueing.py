@@ -19,6 +19,10 @@ operator does the job side:
   as an eviction does, then is deleted and made again at the new count, which Kueue queues
   and admits as any other (jobframework's `ensureOneWorkload`: a job that no longer matches
   its Workload is stopped and the Workload deleted);
+- a grow of a running gang first asks Kueue for the extra replicas alone, in a second
+  Workload (role `grow`, held to the admitted flavor's node labels) while the gang trains on
+  at the admitted count; only once Kueue reserves that quota does the gang stop after a save,
+  both Workloads go and the one at the new count is made (docs/kueue.md, "Growing");
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label. The handlers read the Workload and the flavors
@@ -38,11 +42,16 @@ from tardigrade_operator.api.types import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
+from tardigrade_operator.multislice import hosts_per_slice
 from tardigrade_operator.placement import placement_for
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+JOB_LABEL = "tardigrade.dev/job"
+# Which of a job's Workloads: the gang's own, or the request for the extra replicas of a grow.
+ROLE_LABEL = "tardigrade.dev/workload-role"
+GROW_ROLE = "grow"
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -59,6 +68,12 @@ MAX_PREFIX = 253 - 6
 def workload_name(job_name: str, job_uid: str) -> str:
     digest = hashlib.sha1(f"TrainingJob\ntardigrade.dev\n{job_name}\n{job_uid}".encode())
     return f"{('trainingjob-' + job_name)[:MAX_PREFIX]}-{digest.hexdigest()[:5]}"
+
+
+def grow_workload_name(job_name: str, job_uid: str) -> str:
+    """The Workload asking for a grow's extra replicas: one per job at a time."""
+    digest = hashlib.sha1(f"TrainingJob\ntardigrade.dev\n{job_name}\n{job_uid}\ngrow".encode())
+    return f"{('trainingjob-' + job_name)[:MAX_PREFIX - 5]}-grow-{digest.hexdigest()[:5]}"
 
 
 def queue_name(labels: Mapping[str, str]) -> str | None:
@@ -83,9 +98,14 @@ class WorkloadView:
     conditions: Mapping[str, WorkloadCondition]
     # Admitted podSet: (count, {resource: flavor}); None when no admission is recorded.
     admitted_count: int | None = None
+    # The podSet's minCount (partial admission), if any.
+    min_count: int | None = None
     admitted_flavors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cluster_queue: str | None = None
     deleting: bool = False
+    role: str = "main"
+    # The WorkloadPriorityClass and value it was made with, if any.
+    priority: tuple[str, int] | None = None
 
     def true(self, kind: str) -> bool:
         condition = self.conditions.get(kind)
@@ -115,12 +135,16 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         if assignment is not None:
             count = int(assignment.get("count") or podsets[0].get("count") or 0)
             flavors = dict(assignment.get("flavors") or {})
+    priority_class = (spec.get("priorityClassRef") or {}).get("name")
+    priority = (str(priority_class), int(spec.get("priority") or 0)) if priority_class else None
     return WorkloadView(
         name=str(meta.get("name")), owner_uid=owners[0].get("uid") if owners else None,
         resource_version=str(meta.get("resourceVersion") or ""),
         count=int(podsets[0].get("count") or 0), conditions=conditions,
+        min_count=int(podsets[0]["minCount"]) if podsets[0].get("minCount") else None,
         admitted_count=count, admitted_flavors=flavors, cluster_queue=queue,
-        deleting=bool(meta.get("deletionTimestamp")))
+        deleting=bool(meta.get("deletionTimestamp")),
+        role=str((meta.get("labels") or {}).get(ROLE_LABEL) or "main"), priority=priority)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,13 +171,60 @@ class QueueGate:
     flavor_tolerations: Sequence[Mapping[str, Any]] = ()
     # The job's spec.replicas; None where the spec cannot be read.
     replicas: int | None = None
+    # The Workload asking for a grow's extra replicas, if one exists.
+    grow: WorkloadView | None = None
+    # Kueue's Workload API is served. Without it the label cannot be honoured: the job is
+    # held, not run outside the quota its owner asked to be held to.
+    installed: bool = True
+
+    @property
+    def held(self) -> int | None:
+        """The replicas the Workload holds quota for: the admitted count (fewer than asked
+        for after a partial admission), else the count asked for."""
+        workload = self.workload
+        if workload is None:
+            return None
+        return workload.admitted_count if workload.admitted_count is not None else workload.count
+
+    @property
+    def growing(self) -> bool:
+        """The job asks for more replicas than its admitted, running Workload holds (a grow,
+        or the rest of a partial admission): the extra ones are asked for on their own while
+        the gang trains on."""
+        workload, held = self.workload, self.held
+        return (workload is not None and held is not None and self.replicas is not None
+                and self.replicas > held and workload.admitted)
+
+    @property
+    def grow_extra(self) -> int | None:
+        """How many replicas the grow Workload should ask for; None when none is wanted."""
+        if not self.growing:
+            return None
+        assert self.held is not None and self.replicas is not None
+        return self.replicas - self.held
+
+    @property
+    def grow_reserved(self) -> bool:
+        """Kueue reserved quota for exactly the extra replicas the job still asks for."""
+        grow = self.grow
+        return (self.growing and grow is not None and not grow.deleting
+                and grow.count == self.grow_extra and grow.true("QuotaReserved")
+                and not grow.true("Evicted"))
 
     @property
     def resizing(self) -> bool:
-        """The Workload holds quota for another count than the job now asks for."""
-        workload = self.workload
-        return (workload is not None and self.replicas is not None
-                and workload.count != self.replicas and workload.true("QuotaReserved"))
+        """The Workload holds quota for another count than the job now asks for, and the gang
+        must stop for it: a shrink below what runs, a grow whose extra quota is reserved, or
+        a Workload that is not running the gang anyway. A job scaled to exactly what a partial
+        admission runs goes on as it is."""
+        workload, held = self.workload, self.held
+        if workload is None or held is None or self.replicas is None:
+            return False
+        if not workload.true("QuotaReserved"):
+            return False
+        if not workload.admitted:
+            return workload.count != self.replicas
+        return self.replicas < held or self.grow_reserved
 
     @property
     def admitted(self) -> bool:
@@ -166,14 +237,22 @@ class QueueGate:
     def waiting_message(self) -> str:
         """Why the job waits, in Kueue's words where Kueue has said something."""
         workload = self.workload
+        if not self.installed:
+            return (f"the label {QUEUE_LABEL}: {self.queue} asks for Kueue, which is not "
+                    f"installed (the API server serves no {WORKLOADS}.{GROUP}/{VERSION}): "
+                    "install Kueue, or remove the label to run without a queue")
         if workload is None:
             return f"creating the Workload for LocalQueue {self.queue}"
         if workload.true("Evicted"):
             evicted = workload.conditions["Evicted"]
             return (f"evicted by Kueue ({evicted.reason}: {evicted.message}); stopping the "
                     f"gang after a save, then requeued in LocalQueue {self.queue}")
+        if self.resizing and self.grow_reserved:
+            return (f"Kueue reserved quota for {self.grow_extra} more replicas: stopping the "
+                    f"gang of {self.held} after a save, then relaunching it at "
+                    f"{self.replicas}")
         if self.resizing:
-            return (f"resized from {workload.count} to {self.replicas} replicas: stopping the "
+            return (f"resized from {self.held} to {self.replicas} replicas: stopping the "
                     f"gang after a save, then requeued in LocalQueue {self.queue} at the new "
                     "size")
         reserved = workload.conditions.get("QuotaReserved")
@@ -181,12 +260,24 @@ class QueueGate:
             return f"waiting in LocalQueue {self.queue}: {reserved.message}"
         return f"waiting in LocalQueue {self.queue} for Kueue to admit the Workload"
 
+    def grow_message(self) -> str:
+        """Why a grow waits while the gang trains at its admitted count."""
+        assert self.workload is not None
+        reserved = self.grow.conditions.get("QuotaReserved") if self.grow else None
+        why = (reserved.message if reserved is not None and reserved.message
+               else "waiting for Kueue to reserve quota")
+        return (f"growing to {self.replicas} replicas: {self.grow_extra} more wait in LocalQueue "
+                f"{self.queue} ({why}); the gang trains at {self.held} meanwhile")
+
     def reason(self) -> str:
+        if not self.installed:
+            return "KueueNotInstalled"
         return "Evicted" if self.evicted else "Resizing" if self.resizing else "Queued"
 
 
 def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Flavor],
-             replicas: int | None = None) -> QueueGate:
+             replicas: int | None = None, grow: WorkloadView | None = None,
+             installed: bool = True) -> QueueGate:
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
     if workload is not None:
@@ -196,7 +287,7 @@ def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Fl
                 continue
             selector.update(flavor.node_labels)
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
-    return QueueGate(queue, workload, selector, tolerations, replicas)
+    return QueueGate(queue, workload, selector, tolerations, replicas, grow, installed)
 
 
 def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec:
@@ -231,17 +322,21 @@ class JobIdentity:
     uid: str
 
 
-def pod_set_template(spec: TrainingJobSpec) -> dict[str, Any]:
+def pod_set_template(spec: TrainingJobSpec, held_to: Mapping[str, str] | None = None
+                     ) -> dict[str, Any]:
     """What one rank asks of a node: Kueue counts quota from the requests (extended
-    resources from the limits, as for pods) and matches flavors against the selectors."""
+    resources from the limits, as for pods) and matches flavors against the selectors.
+    `held_to`: node labels added to the selector (a grow's extra replicas must land on the
+    flavor the gang already runs on)."""
     placement = placement_for(spec)
     requests = {**spec.resources.requests, **placement.accelerator_limits}
     limits = {**spec.resources.limits, **placement.accelerator_limits}
     container: dict[str, Any] = {"name": "trainer", "image": spec.image, "resources": {
         k: v for k, v in (("requests", requests), ("limits", limits)) if v}}
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if placement.node_selector:
-        pod["nodeSelector"] = dict(placement.node_selector)
+    selector = {**placement.node_selector, **(held_to or {})}
+    if selector:
+        pod["nodeSelector"] = selector
     if placement.tolerations:
         pod["tolerations"] = list(placement.tolerations)
     if spec.pod_template.priority_class_name:
@@ -253,19 +348,48 @@ def build_workload(job: JobIdentity, spec: TrainingJobSpec, queue: str, replicas
                    priority: tuple[str, int] | None) -> dict[str, Any]:
     """The Workload of a job (jobframework's `ConstructWorkload`, for our kind): owned by the
     job (controller), labelled with its uid, one podSet for the gang."""
+    return _workload(job, workload_name(job.name, job.uid), "main", queue,
+                     replicas, pod_set_template(spec), priority, min_count(spec, replicas))
+
+
+def min_count(spec: TrainingJobSpec, replicas: int) -> int | None:
+    """The podSet's `minCount` (Kueue's PartialAdmission: Kueue admits as many as the quota
+    holds, down to it): `spec.minReplicas`. Not for multi-host TPU slices, whose hosts come in
+    whole slices, which Kueue's search for a count that fits does not keep to."""
+    if spec.min_replicas is None or spec.min_replicas >= replicas:
+        return None
+    per_slice = hosts_per_slice(spec.accelerator)
+    return spec.min_replicas if per_slice in (None, 1) else None
+
+
+def build_grow_workload(job: JobIdentity, spec: TrainingJobSpec, gate: QueueGate
+                        ) -> dict[str, Any]:
+    """The request for a grow's extra replicas, at the gang's priority, held to the node
+    labels of the flavor the gang was admitted on."""
+    assert gate.workload is not None and gate.grow_extra is not None
+    return _workload(job, grow_workload_name(job.name, job.uid), GROW_ROLE, gate.queue,
+                     gate.grow_extra, pod_set_template(spec, gate.flavor_selector),
+                     gate.workload.priority, None)
+
+
+def _workload(job: JobIdentity, name: str, role: str, queue: str, count: int,
+              template: dict[str, Any], priority: tuple[str, int] | None,
+              minimum: int | None) -> dict[str, Any]:
     workload: dict[str, Any] = {
         "apiVersion": API_VERSION, "kind": "Workload",
         "metadata": {
-            "name": workload_name(job.name, job.uid), "namespace": job.namespace,
-            "labels": {JOB_UID_LABEL: job.uid, "tardigrade.dev/job": job.name},
+            "name": name, "namespace": job.namespace,
+            "labels": {JOB_UID_LABEL: job.uid, JOB_LABEL: job.name, ROLE_LABEL: role},
             "ownerReferences": [{
                 "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
                 "name": job.name, "uid": job.uid, "controller": True,
                 "blockOwnerDeletion": True}],
         },
         "spec": {"queueName": queue, "podSets": [
-            {"name": PODSET, "count": replicas, "template": pod_set_template(spec)}]},
+            {"name": PODSET, "count": count, "template": template}]},
     }
+    if minimum is not None:
+        workload["spec"]["podSets"][0]["minCount"] = minimum
     if priority is not None:
         name, value = priority
         workload["spec"]["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass",
@@ -287,6 +411,7 @@ class ResizeWorkload:
     name: str
     resource_version: str
     count: int
+    min_count: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,9 +453,42 @@ def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
                      status: TrainingJobStatus, gate: QueueGate, gang_active: bool,
                      priority: tuple[str, int] | None, now: datetime,
                      current: Sequence[Mapping[str, Any]] = ()) -> list[WorkloadAction]:
-    """What to write to the Workload after this pass's plan: `status` is the job's status
+    """What to write to the Workloads after this pass's plan: `status` is the job's status
     as the plan leaves it, `gang_active` whether any pod of the gang still runs, `current`
     the Workload's conditions as stored (kept, but for the ones replaced)."""
+    if not gate.installed:
+        return []
+    return [*_main_actions(job, spec, status, gate, gang_active, priority, now, current),
+            *_grow_actions(job, spec, status, gate, gang_active)]
+
+
+def _grow_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: TrainingJobStatus,
+                  gate: QueueGate, gang_active: bool) -> list[WorkloadAction]:
+    """The grow Workload exists exactly while a grow waits or is being carried out: made
+    when the job asks for more than it runs with, resized or remade when it asks for another
+    count, dropped when Kueue evicts it (made again, queued) and, with the gang's own, once
+    the gang stopped for the grow."""
+    grow = gate.grow
+    extra = None if status.phase in ("Succeeded", "Failed") else gate.grow_extra
+    if grow is None:
+        if extra is None or spec is None:
+            return []
+        return [CreateWorkload(build_grow_workload(job, spec, gate))]
+    if grow.deleting or grow.owner_uid != job.uid:
+        return []
+    stale = (extra is None or grow.true("Evicted")
+             or (grow.count != extra and grow.true("QuotaReserved"))
+             or (gate.grow_reserved and gate.resizing and not gang_active))
+    if stale:
+        return [DeleteWorkload(grow.name, grow.resource_version)]
+    if grow.count != extra:
+        return [ResizeWorkload(grow.name, grow.resource_version, extra)]
+    return []
+
+
+def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: TrainingJobStatus,
+                  gate: QueueGate, gang_active: bool, priority: tuple[str, int] | None,
+                  now: datetime, current: Sequence[Mapping[str, Any]]) -> list[WorkloadAction]:
     workload = gate.workload
     if workload is None or workload.owner_uid != job.uid:
         if spec is None or status.phase in ("Succeeded", "Failed"):
@@ -358,8 +516,11 @@ def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
                        "Requeued after eviction" if requeue else evicted.message, now)]))]
     if gate.resizing and not gang_active:
         return [DeleteWorkload(workload.name, workload.resource_version)]
-    if spec is not None and not workload.true("QuotaReserved") and workload.count != spec.replicas:
-        return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas)]
+    if spec is not None and not workload.true("QuotaReserved") and (
+            workload.count != spec.replicas
+            or workload.min_count != min_count(spec, spec.replicas)):
+        return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas,
+                               min_count(spec, spec.replicas))]
     return []
 
 

@@ -1,6 +1,7 @@
 """`helm uninstall` leaves nothing stuck: with the real helm and the chart's operator running
 in the local cluster, jobs deleted after the uninstall go with their pods, and a namespace
-holding a job goes too."""
+holding a job goes too. Kueue runs beside it: the uninstall leaves Kueue's objects alone, and a
+queued job deleted afterwards takes its Workload and its quota with it."""
 
 from __future__ import annotations
 
@@ -50,10 +51,53 @@ def namespace_gone(cluster: Cluster, name: str) -> bool:
     return False
 
 
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+
+
+def install_a_queue(cluster: Cluster) -> None:
+    meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
+    cluster.custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {
+        **meta, "kind": "ResourceFlavor", "metadata": {"name": "default"}})
+    cluster.custom.create_cluster_custom_object(*KUEUE, "clusterqueues", {
+        **meta, "kind": "ClusterQueue", "metadata": {"name": "team"},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory"],
+            "flavors": [{"name": "default", "resources": [
+                {"name": "cpu", "nominalQuota": "8"},
+                {"name": "memory", "nominalQuota": "32Gi"}]}]}]}})
+    cluster.custom.create_namespaced_custom_object(*KUEUE, "default", "localqueues", {
+        **meta, "kind": "LocalQueue", "metadata": {"name": "team", "namespace": "default"},
+        "spec": {"clusterQueue": "team"}})
+
+
+def kueue_objects(cluster: Cluster) -> dict[str, list[str]]:
+    custom = cluster.custom
+    listed = {
+        "resourceflavors": custom.list_cluster_custom_object(*KUEUE, "resourceflavors"),
+        "clusterqueues": custom.list_cluster_custom_object(*KUEUE, "clusterqueues"),
+        "localqueues": custom.list_namespaced_custom_object(*KUEUE, "default", "localqueues"),
+    }
+    return {kind: [o["metadata"]["name"] for o in found["items"]]
+            for kind, found in listed.items()}
+
+
+def workloads_of(cluster: Cluster, job: str) -> list[dict[str, Any]]:
+    return list(cluster.custom.list_namespaced_custom_object(
+        *KUEUE, "default", "workloads", label_selector=f"tardigrade.dev/job={job}")["items"])
+
+
+def quota_used(cluster: Cluster) -> str:
+    queue = cluster.custom.get_cluster_custom_object(*KUEUE, "clusterqueues", "team")
+    usage = (queue.get("status") or {}).get("flavorsReservation") or [{}]
+    return str(next((r["total"] for r in usage[0].get("resources") or []
+                     if r["name"] == "cpu"), "0"))
+
+
 def test_after_uninstall_jobs_and_their_namespace_can_be_deleted(tmp_path: Path):
     # helm installs the CRD (no preloaded copy to conflict with), one standalone replica.
-    with LocalCluster(tmp_path / "cluster", nodes=2, load_repo_crds=False) as local:
+    with LocalCluster(tmp_path / "cluster", nodes=2, load_repo_crds=False, kueue=True) as local:
         cluster = Cluster(local, trainer_token_review=False)
+        install_a_queue(cluster)
         for namespace in (SYSTEM, "ml"):
             cluster.kubectl("create", "namespace", namespace)
         helm(cluster, "install", RELEASE, str(CHART), "-n", SYSTEM, "--set", "replicaCount=1",
@@ -62,10 +106,15 @@ def test_after_uninstall_jobs_and_their_namespace_can_be_deleted(tmp_path: Path)
         for namespace, name in jobs.items():
             job = trainingjob(name, steps=100000, replicas=1)
             job["metadata"]["namespace"] = namespace
+            if name == "kept":  # admitted by Kueue
+                job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
             cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
         for namespace, name in jobs.items():
             wait_for(lambda ns=namespace, n=name: running(cluster, ns, n), 240, f"{name} Running")
             assert pods_of(cluster, namespace, name)[0].metadata.finalizers == [TRACKING]
+        kueue_before = kueue_objects(cluster)
+        [admitted] = workloads_of(cluster, "kept")
+        wait_for(lambda: quota_used(cluster) != "0", 30, "kept's quota in use")
 
         out = helm(cluster, "uninstall", RELEASE, "-n", SYSTEM, "--timeout", "180s")
         assert "uninstalled" in out
@@ -75,8 +124,17 @@ def test_after_uninstall_jobs_and_their_namespace_can_be_deleted(tmp_path: Path)
             [pod] = pods_of(cluster, namespace, name)
             assert not pod.metadata.finalizers and not pod.metadata.deletion_timestamp
 
+        # Kueue's objects are not the chart's: all there, kept's Workload still admitted.
+        assert kueue_objects(cluster) == kueue_before
+        [workload] = workloads_of(cluster, "kept")
+        assert workload["metadata"]["uid"] == admitted["metadata"]["uid"]
+        assert quota_used(cluster) != "0"
+
         cluster.kubectl("delete", "tj", "kept", "--timeout=30s")
         wait_for(lambda: not pods_of(cluster, "default", "kept"), 120, "kept's pod to go")
+        # Its Workload goes with it (owned by the job), and the quota with the Workload.
+        wait_for(lambda: not workloads_of(cluster, "kept") and quota_used(cluster) == "0", 60,
+                 "kept's Workload and quota gone")
         cluster.kubectl("delete", "namespace", "ml", "--wait=false")
         wait_for(lambda: namespace_gone(cluster, "ml"), 180, "namespace ml to go")
         # The CRD stays (helm.sh/resource-policy: keep), so do other jobs' definitions.

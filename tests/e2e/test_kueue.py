@@ -86,8 +86,11 @@ def workloads(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    """The gang's own Workload (not the request for a grow's extra replicas)."""
     return next((w for w in workloads(cluster)
-                 if w["metadata"]["labels"].get("tardigrade.dev/job") == name), None)
+                 if w["metadata"]["labels"].get("tardigrade.dev/job") == name
+                 and w["metadata"]["labels"].get(queueing.ROLE_LABEL) != queueing.GROW_ROLE),
+                None)
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
@@ -200,39 +203,62 @@ def test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing
     print(f"delete to no Workload and no quota: {time.monotonic() - started:.1f} s")
 
 
-def test_a_running_gang_resized_within_quota_is_requeued_at_the_new_size_and_resumes(
+def grow_request_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    return next((w for w in workloads(cluster)
+                 if w["metadata"]["labels"].get("tardigrade.dev/job") == name
+                 and w["metadata"]["labels"].get(queueing.ROLE_LABEL) == queueing.GROW_ROLE),
+                None)
+
+
+def test_a_running_gang_grows_only_when_quota_allows_and_trains_on_while_it_waits(
         cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    """kubectl scale on an admitted, running job: the gang saves one step and stops, the
-    Workload admitted for 2 goes (its quota with it), one for 3 is queued and admitted, and
-    the gang of 3 restores the saved step; the failure budget is untouched."""
+    """kubectl scale 2 -> 3 while another gang holds the rest of the quota (4): the extra
+    replica waits in the queue with Kueue's reason while the gang of 2 trains on, pods
+    untouched; once the other job is deleted (its quota with it), the gang saves one step and
+    stops, its Workloads go, one for 3 is admitted, and the gang of 3 restores the saved
+    step; the failure budget is untouched."""
     cluster.apply(job("grow", tmp_path, steps=1_000_000, replicas=2))
-    cluster.wait_phase("grow", {"Running"}, 120)
-    wait_for(lambda: (cluster.status("grow").get("step") or 0) > 5, 60, "grow training")
+    cluster.apply(job("other", tmp_path, steps=1_000_000, replicas=2))
+    for name in ("grow", "other"):
+        cluster.wait_phase(name, {"Running"}, 120)
+    wait_for(lambda: quota_used(cluster) == "4", 30, "the quota of 4 in use")
     before = workload_of(cluster, "grow")
     assert before is not None and before["spec"]["podSets"][0]["count"] == 2
     first = {p.metadata.name for p in cluster.pods("grow")}
     cluster.kubectl("scale", "tj/grow", "--replicas=3")
+    request = wait_for(lambda: (w := grow_request_of(cluster, "grow")) and (
+        c := condition(w, "QuotaReserved")) and c["status"] == "False" and c["message"]
+        and w, 60, "the extra replica pending in Kueue")
+    assert request["spec"]["podSets"][0]["count"] == 1
+    kueue_says = condition(request, "QuotaReserved")["message"]
+    status = wait_for(lambda: (s := cluster.status("grow"))["queue"].get("growingTo") == 3
+                      and kueue_says in s["queue"]["message"] and s, 60,
+                      "the wait in the job's status")
+    # Waiting does not stop the gang: it trains on at 2, on the same pods.
+    step = int(status.get("step") or 0)
+    wait_for(lambda: int(cluster.status("grow").get("step") or 0) > step + 20, 60,
+             "training on while the grow waits")
+    waiting = cluster.status("grow")
+    assert waiting["phase"] == "Running" and waiting["replicas"] == 2, waiting
+    assert {p.metadata.name for p in cluster.pods("grow")} == first
+    assert waiting["queue"]["admittedReplicas"] == 2
+    assert quota_used(cluster) == "4"
+    assert "GrowQueued" in events(cluster, "grow")
+    # Quota frees: the grow goes ahead.
+    cluster.kubectl("delete", "tj/other", "--wait=false")
     status = resumed(cluster, "grow")
     assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first), status
-    assert status["queue"]["admittedReplicas"] == 3
+    assert status["recoveries"][-1]["restoreStep"] > step + 20
+    assert status["queue"]["admittedReplicas"] == 3 and not status["queue"].get("growingTo")
     after = workload_of(cluster, "grow")
     assert after is not None and after["metadata"]["uid"] != before["metadata"]["uid"]
     assert after["spec"]["podSets"][0]["count"] == 3
+    wait_for(lambda: grow_request_of(cluster, "grow") is None, 30, "the grow request gone")
     # The ClusterQueue's usage is Kueue's status write, which follows the admission.
     wait_for(lambda: quota_used(cluster) == "3", 30, "the quota of 3 in use")
     assert len({p.metadata.name for p in cluster.pods("grow")} - first) == 3
     assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
     assert status["recoveries"][-1].get("stepsLost", 0) == 0
-    # Beyond the ClusterQueue's capacity (4): the gang stops after a save and waits in the
-    # queue at 5, holding no quota, with Kueue's reason.
-    cluster.kubectl("scale", "tj/grow", "--replicas=5")
-    wait_for(lambda: "> maximum capacity (4)" in cluster.status("grow").get("message", ""),
-             120, "Kueue's reason for 5 in the status")
-    waiting = cluster.status("grow")
-    assert waiting["phase"] == "Queued" and not waiting["queue"]["admitted"], waiting
-    wait_for(lambda: quota_used(cluster) == "0", 30, "no quota held while queued at 5")
-    assert not [p for p in cluster.pods("grow") if p.status.phase in ("Pending", "Running")]
-    assert waiting["restarts"]["failures"] == 0
     operator.assert_alive()
     clear(cluster)
 

@@ -218,3 +218,21 @@ def test_bad_spec_is_rejected_by_the_api_server_with_the_field(cluster: Cluster)
     assert "spec.replicas" in result
     assert "spec.checkpoint.path" in result
     assert cluster.job("e2e-bad") is None
+
+
+def test_with_no_kueue_installed_a_queued_job_is_held_and_says_why(cluster: Cluster,
+                                                                    operator: OperatorProcess):
+    """This cluster has no Kueue (its CRDs absent): jobs without the label run as every other
+    test here shows; one labelled for a queue is held with the fix in its status, and runs
+    once the label goes."""
+    job = trainingjob("e2e-no-kueue", steps=6)
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-queue"}
+    cluster.apply(job)
+    status = cluster.wait_phase("e2e-no-kueue", {"Queued"}, timeout=60)
+    assert "Kueue, which is not installed" in status["message"], status
+    assert "remove the label" in status["message"]
+    assert not cluster.pods("e2e-no-kueue")
+    cluster.kubectl("label", "tj", "e2e-no-kueue", "kueue.x-k8s.io/queue-name-")
+    status = cluster.wait_phase("e2e-no-kueue", {"Succeeded"}, timeout=300)
+    assert status["step"] == 6
+    operator.assert_alive()

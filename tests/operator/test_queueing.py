@@ -9,6 +9,7 @@ from typing import Any
 
 from tardigrade_operator import queueing
 from tardigrade_operator.api.parse import parse_spec
+from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.queueing import (
     CreateWorkload,
     DeleteWorkload,
@@ -126,8 +127,18 @@ def _spec(**overrides: Any) -> Any:
     return parse_spec(spec(**overrides))
 
 
+def test_with_kueue_not_installed_a_labelled_job_is_held_and_writes_no_workload():
+    missing = gate_for("team-queue", None, {}, 2, installed=False)
+    cluster = FakeCluster(spec(), queue=missing)
+    plan = cluster.reconcile()
+    assert plan.create_pods == [] and cluster.status.phase == "Queued"
+    assert cluster.status.conditions[-1].reason == "KueueNotInstalled"
+    assert "install Kueue, or remove the label" in cluster.status.message
+    assert queueing.workload_actions(IDENTITY, _spec(), cluster.status, missing, False, None,
+                                     NOW) == []
+
+
 def test_the_workload_is_created_then_released_after_eviction_once_no_pod_is_active():
-    from tardigrade_operator.api.types import TrainingJobStatus
 
     status = TrainingJobStatus(phase="Queued")
     actions = queueing.workload_actions(IDENTITY, _spec(), status, gate(None), False,
@@ -157,7 +168,6 @@ def test_the_workload_is_created_then_released_after_eviction_once_no_pod_is_act
 
 
 def test_a_queued_job_resized_asks_kueue_for_the_new_count():
-    from tardigrade_operator.api.types import TrainingJobStatus
 
     actions = queueing.workload_actions(IDENTITY, _spec(replicas=3),
                                         TrainingJobStatus(phase="Queued"), gate(PENDING),
@@ -174,9 +184,17 @@ def test_workload_names_follow_kueues_scheme():
     assert name.startswith("trainingjob-tiny-") and len(name) == len("trainingjob-tiny-") + 5
 
 
-def test_a_running_job_resized_stops_after_a_save_and_is_requeued_at_the_new_count():
-    """Kueue holds quota for 2: the gang stops after a save, the Workload is deleted once no
-    pod is active and made again for 3, and the admitted gang of 3 restores the saved step."""
+def grow_view(conditions: dict[str, WorkloadCondition], count: int = 1) -> WorkloadView:
+    return WorkloadView(
+        name=queueing.grow_workload_name(JOB.name, JOB.uid), owner_uid=JOB.uid,
+        resource_version="9", count=count, conditions=conditions, role=queueing.GROW_ROLE)
+
+
+def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas():
+    """Kueue holds quota for 2 and the job asks for 3: the extra one is asked for in a grow
+    Workload while the gang of 2 trains on; once Kueue reserves it, the gang stops after a
+    save, both Workloads go once no pod is active, one for 3 is made, and the admitted gang
+    of 3 restores the saved step."""
     cluster = FakeCluster(spec(), queue=gate(ADMITTED, admitted=2, replicas=2))
     cluster.reconcile()
     cluster.run_all()
@@ -184,33 +202,161 @@ def test_a_running_job_resized_stops_after_a_save_and_is_requeued_at_the_new_cou
     cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
     cluster.reconcile()
     cluster.spec["replicas"] = 3
-    resized = gate(ADMITTED, admitted=2, replicas=3)
-    assert resized.resizing and not resized.admitted
-    cluster.queue = resized
+    asked = gate(ADMITTED, admitted=2, replicas=3)
+    assert asked.growing and asked.admitted and not asked.resizing
+    cluster.queue = asked
+    plan = cluster.reconcile()
+    assert plan.delete_pods == [] and plan.create_pods == []
+    assert cluster.status.phase == "Running"
+    assert cluster.status.queue.growing_to == 3 and cluster.status.queue.admitted_replicas == 2
+    running = TrainingJobStatus(phase="Running")
+    [create] = queueing.workload_actions(IDENTITY, _spec(replicas=3), running, asked, True,
+                                         None, NOW)
+    assert isinstance(create, CreateWorkload)
+    body = create.body
+    assert body["metadata"]["name"] == queueing.grow_workload_name(JOB.name, JOB.uid)
+    assert body["metadata"]["labels"][queueing.ROLE_LABEL] == queueing.GROW_ROLE
+    assert body["spec"]["podSets"][0]["count"] == 1
+    # Held to the flavor the gang runs on.
+    template = body["spec"]["podSets"][0]["template"]["spec"]
+    assert template["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    # Waiting, in Kueue's words, and the gang untouched.
+    waiting = gate_for("team-queue", workload(ADMITTED, 2, 2), {"spot": SPOT}, 3,
+                       grow_view(PENDING))
+    cluster.queue = waiting
+    plan = cluster.reconcile()
+    assert plan.delete_pods == [] and cluster.status.phase == "Running"
+    assert "insufficient unused quota for cpu" in cluster.status.queue.message
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), running, waiting, True,
+                                     None, NOW) == []
+    assert [e.reason for p in cluster.plans for e in p.events].count("GrowQueued") == 1
+    # Asked for 4 instead: the waiting request takes the new count.
+    assert queueing.workload_actions(
+        IDENTITY, _spec(replicas=4), running,
+        gate_for("team-queue", workload(ADMITTED, 2, 2), {"spot": SPOT}, 4, grow_view(PENDING)),
+        True, None, NOW) == [ResizeWorkload(queueing.grow_workload_name(JOB.name, JOB.uid),
+                                            "9", 2)]
+    # Reserved: now the gang stops after a save.
+    reserved = gate_for("team-queue", workload(ADMITTED, 2, 2), {"spot": SPOT}, 3,
+                        grow_view(ADMITTED))
+    assert reserved.resizing and not reserved.admitted
+    cluster.queue = reserved
     plan = cluster.reconcile()
     assert sorted(n for n, _ in plan.delete_pods) == ["tiny-a1-0", "tiny-a1-1"]
     assert plan.create_pods == []
     assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Resizing")
-    assert "resized from 2 to 3 replicas" in cluster.status.message
-    # While ranks still save, the Workload keeps its quota; once none is active, it goes.
-    from tardigrade_operator.api.types import TrainingJobStatus
+    assert "reserved quota for 1 more replicas" in cluster.status.message
+    # While ranks still save, both Workloads keep their quota; once none is active, both go.
     status = TrainingJobStatus(phase="Queued")
-    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, resized, True,
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved, True,
                                      None, NOW) == []
-    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, resized, False,
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved, False,
                                      None, NOW) == [
-        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7")]
+        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7"),
+        DeleteWorkload(queueing.grow_workload_name(JOB.name, JOB.uid), "9")]
     cluster.terminate_all(SAVED, step=31, checkpoint=31)
     cluster.reconcile()
-    # Gone: the next pass makes it again for 3.
+    # Gone: the next pass makes the gang's own again for 3, and no grow request.
     [create] = queueing.workload_actions(IDENTITY, _spec(replicas=3), status,
                                          gate(None, replicas=3), False, None, NOW)
     assert isinstance(create, CreateWorkload)
     assert create.body["spec"]["podSets"][0]["count"] == 3
+    assert create.body["metadata"]["labels"][queueing.ROLE_LABEL] == "main"
     cluster.queue = gate(ADMITTED, admitted=3, count=3, replicas=3)
     plan = cluster.reconcile()
     assert [p["metadata"]["name"] for p in plan.create_pods] == [
         "tiny-a2-0", "tiny-a2-1", "tiny-a2-2"]
+    assert cluster.status.queue.growing_to is None
     env = {e["name"]: e.get("value") for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
     assert env[contract.ENV_RESTORE_STEP] == "31"
     assert cluster.status.restarts.total == 0 and cluster.status.restarts.failures == 0
+
+
+def test_a_grow_request_goes_when_it_is_no_longer_wanted_or_kueue_evicts_it():
+    name = queueing.grow_workload_name(JOB.name, JOB.uid)
+    running = TrainingJobStatus(phase="Running")
+    # Scaled back to what runs: the request goes.
+    back = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 2, grow_view(PENDING))
+    assert not back.growing
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), running, back, True, None,
+                                     NOW) == [DeleteWorkload(name, "9")]
+    # Evicted by Kueue (a higher priority needs the quota): dropped, then asked for again.
+    evicted = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 3, grow_view(EVICTED))
+    assert evicted.growing and not evicted.grow_reserved and evicted.admitted
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), running, evicted, True, None,
+                                     NOW) == [DeleteWorkload(name, "9")]
+    # Reserved for another count than now asked for: dropped, then asked for again.
+    other = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 4, grow_view(ADMITTED, 1))
+    assert not other.resizing and other.admitted
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=4), running, other, True, None,
+                                     NOW) == [DeleteWorkload(name, "9")]
+    # The gang's own Workload evicted: no grow while it is requeued.
+    gone = gate_for("team-queue", workload(EVICTED, 2, 2), {}, 3, grow_view(PENDING))
+    assert not gone.growing
+    assert DeleteWorkload(name, "9") in queueing.workload_actions(
+        IDENTITY, _spec(replicas=3), running, gone, True, None, NOW)
+    # Finished: nothing more to ask for.
+    done = TrainingJobStatus(phase="Succeeded")
+    asked = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 3, grow_view(PENDING))
+    assert DeleteWorkload(name, "9") in queueing.workload_actions(
+        IDENTITY, _spec(replicas=3), done, asked, False, None, NOW)
+
+
+def test_a_running_job_shrunk_stops_after_a_save_and_is_requeued_at_the_new_count():
+    """A shrink needs no more quota: the gang of 3 stops after a save at once, the Workload
+    for 3 is deleted once no pod is active and made again for 2."""
+    cluster = FakeCluster(spec(replicas=3), queue=gate(ADMITTED, admitted=3, count=3,
+                                                       replicas=3))
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    cluster.spec["replicas"] = 2
+    shrunk = gate(ADMITTED, admitted=3, count=3, replicas=2)
+    assert shrunk.resizing and not shrunk.growing and not shrunk.admitted
+    cluster.queue = shrunk
+    plan = cluster.reconcile()
+    assert len(plan.delete_pods) == 3 and plan.create_pods == []
+    assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Resizing")
+    assert "resized from 3 to 2 replicas" in cluster.status.message
+    stopped = TrainingJobStatus(phase="Queued")
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), stopped, shrunk, False,
+                                     None, NOW) == [
+        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7")]
+
+
+def test_min_replicas_lets_kueue_admit_part_of_the_gang_which_asks_for_the_rest():
+    """spec.minReplicas is the podSet's minCount: Kueue admits as many as fit, down to it
+    (PartialAdmission); the gang runs at the admitted count and asks for the rest on its own."""
+    body = queueing.build_workload(IDENTITY, _spec(replicas=4, minReplicas=2), "team-queue", 4,
+                                   None)
+    assert body["spec"]["podSets"][0]["count"] == 4
+    assert body["spec"]["podSets"][0]["minCount"] == 2
+    without = queueing.build_workload(IDENTITY, _spec(replicas=4), "team-queue", 4, None)
+    assert "minCount" not in without["spec"]["podSets"][0]
+    partial = gate(ADMITTED, admitted=3, count=4, replicas=4)
+    assert partial.admitted and partial.held == 3 and not partial.resizing
+    assert partial.growing and partial.grow_extra == 1
+    cluster = FakeCluster(spec(replicas=4, minReplicas=2), queue=partial)
+    plan = cluster.reconcile()
+    assert len(plan.create_pods) == 3
+    assert cluster.status.queue.admitted_replicas == 3 and cluster.status.queue.growing_to == 4
+    running = TrainingJobStatus(phase="Running")
+    [create] = queueing.workload_actions(IDENTITY, _spec(replicas=4, minReplicas=2), running,
+                                         partial, True, None, NOW)
+    assert isinstance(create, CreateWorkload)
+    assert create.body["spec"]["podSets"][0]["count"] == 1
+    # Scaled down to what runs: nothing stops.
+    settled = gate(ADMITTED, admitted=3, count=4, replicas=3)
+    assert settled.admitted and not settled.resizing and not settled.growing
+    # Requeued (no quota): the Workload takes the new bounds.
+    pending = gate(PENDING, count=4, replicas=3)
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3, minReplicas=3), running,
+                                     pending, False, None, NOW) == [
+        ResizeWorkload(queueing.workload_name(JOB.name, JOB.uid), "7", 3, None)]
+
+
+def test_multi_host_tpu_slices_are_not_admitted_in_part():
+    tpu = _spec(replicas=4, minReplicas=2, accelerator={
+        "kind": "tpu", "type": "tpu-v5-lite-podslice", "topology": "2x4", "count": 4})
+    body = queueing.build_workload(IDENTITY, tpu, "team-queue", 4, None)
+    assert "minCount" not in body["spec"]["podSets"][0]

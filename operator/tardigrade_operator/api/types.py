@@ -880,6 +880,9 @@ class QueueStatus(ApiModel):
     admitted: bool = Field(False, description="Kueue admitted the gang (quota reserved).")
     admitted_replicas: int | None = Field(None, ge=0,
                                           description="The count Kueue admitted.")
+    growing_to: int | None = Field(
+        None, ge=0, description="A larger count asked for that waits in the queue while the "
+        "gang trains at the admitted one.")
     message: str = Field("", max_length=MAX_MESSAGE_LENGTH,
                          description="Why the job waits, in Kueue's words.")
 
