@@ -2,8 +2,10 @@
 plane, with the real operator: a ClusterQueue's quota admits whole gangs, a job that does not
 fit waits in phase Queued with Kueue's reason and runs when quota frees, and a job Kueue
 preempts for a higher-priority one saves at one step, is requeued and resumes from that step,
-with no step lost and its restart budget untouched. Ranks run on simulated nodes (one cpu
-each), so a gang costs no trainer processes."""
+with no step lost and its restart budget untouched; a queued job resized is admitted at its
+new size, a running one grows only once the quota allows and trains on meanwhile, and deleted
+jobs leave no Workload, pod or quota. Ranks run on simulated nodes (one cpu each), so a gang
+costs no trainer processes."""
 
 from __future__ import annotations
 
@@ -259,6 +261,41 @@ def test_a_running_gang_grows_only_when_quota_allows_and_trains_on_while_it_wait
     assert len({p.metadata.name for p in cluster.pods("grow")} - first) == 3
     assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
     assert status["recoveries"][-1].get("stepsLost", 0) == 0
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_queued_job_resized_is_admitted_at_its_new_size_and_deletes_leave_nothing(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """With 3 of the 4 held by a running gang, a queued job of 3 scaled to 2 still waits (its
+    Workload now asks for 2), scaled to 1 it is admitted at 1 and runs. Then a queued and a
+    running job deleted leave no Workload, no pod and no quota of theirs."""
+    cluster.apply(job("holder", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("holder", {"Running"}, 120)
+    cluster.apply(job("resized", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("resized", {"Queued"}, 60)
+    cluster.kubectl("scale", "tj/resized", "--replicas=2")
+    wait_for(lambda: (w := workload_of(cluster, "resized"))
+             and w["spec"]["podSets"][0]["count"] == 2, 60, "the Workload asking for 2")
+    wait_for(lambda: "1 more needed" in cluster.status("resized").get("message", ""), 60,
+             "Kueue's reason for 2 in the status")
+    assert not cluster.pods("resized")
+    cluster.kubectl("scale", "tj/resized", "--replicas=1")
+    status = cluster.wait_phase("resized", {"Running"}, 120)
+    assert status["queue"]["admittedReplicas"] == 1 and status["replicas"] == 1, status
+    assert workload_of(cluster, "resized")["spec"]["podSets"][0]["count"] == 1
+    wait_for(lambda: quota_used(cluster) == "4", 30, "3 + 1 of the quota in use")
+    # A third job waits; then the queued one and a running one are deleted.
+    cluster.apply(job("waiting", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("waiting", {"Queued"}, 60)
+    assert workload_of(cluster, "waiting") is not None
+    cluster.kubectl("delete", "tj", "waiting", "holder", "--wait=false")
+    wait_for(lambda: workload_of(cluster, "waiting") is None
+             and workload_of(cluster, "holder") is None, 60, "their Workloads gone")
+    wait_for(lambda: not cluster.pods("holder") and not cluster.pods("waiting"), 120,
+             "their pods gone")
+    wait_for(lambda: quota_used(cluster) == "1", 30, "only the running job's quota in use")
+    assert cluster.status("resized")["phase"] == "Running"
     operator.assert_alive()
     clear(cluster)
 
