@@ -349,7 +349,10 @@ async def serve(config: ClusterConfig) -> None:
         gcs_url = None
         if config.with_gcs:
             emulator = gcs.GcsEmulator(log_path=layout.root / "gcs.log")
-            await asyncio.to_thread(emulator.start)
+            # Spawned from the loop's thread, which lives as long as the cluster: the server
+            # dies with the thread that started it.
+            emulator.spawn()
+            await asyncio.to_thread(emulator.wait_ready)
             stack.callback(emulator.stop)
             for bucket in config.buckets:
                 await asyncio.to_thread(emulator.create_bucket, bucket)
@@ -388,7 +391,8 @@ async def serve(config: ClusterConfig) -> None:
             operator = await asyncio.create_subprocess_exec(
                 *config.operator_command, env=_client_env(layout, pod_env),
                 stdout=open(layout.root / "operator.log", "ab"),  # noqa: SIM115
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent)
             stack.push_async_callback(_stop_process, operator)
         info = {
             "pid": os.getpid(), "api_url": proxy.url if proxy else plane.api_url,

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tardigrade_local import gobuild
+from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
 
 READY_TIMEOUT_SECONDS = 30.0
@@ -85,6 +86,13 @@ class GcsEmulator:
         return self.url
 
     def start(self) -> GcsEmulator:
+        self.spawn()
+        self.wait_ready()
+        return self
+
+    def spawn(self) -> None:
+        """Start the server process. It dies with the thread that calls this (prctl
+        PR_SET_PDEATHSIG), so call it from one that lives as long as the emulator should."""
         argv = [_binary(), "-scheme", "http", "-host", self.host, "-port", str(self.port),
                 "-external-url", self.url, "-log-level",
                 "info" if self.log_requests else "warn"]
@@ -96,14 +104,12 @@ class GcsEmulator:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+                                          stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         finally:
             if self.log_path:
                 out.close()  # type: ignore[union-attr]
-        self._wait_ready()
-        return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
             if self._proc is not None and self._proc.poll() is not None:

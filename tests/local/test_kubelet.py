@@ -427,10 +427,12 @@ def test_two_jax_gangs_on_one_port_through_headless_service_names(kube):
         import jax, jax.numpy as jnp
         from jax.experimental import multihost_utils
         me = socket.gethostbyname(socket.gethostname())
+        # A generous deadline: four JAX processes start at once on two cores, beside another
+        # test module, and one rank may be far behind the other through its imports.
         jax.distributed.initialize(coordinator_address=socket.gethostbyname(host) + ":18476",
                                    coordinator_bind_address=me + ":18476",
                                    num_processes=2, process_id=int(os.environ["RANK"]),
-                                   initialization_timeout=60)
+                                   initialization_timeout=150)
         rank = jax.process_index() + 1
         total = multihost_utils.process_allgather(jnp.array([rank * int(gang[-1])]))
         print("sum", int(total.sum()), flush=True)

@@ -122,7 +122,7 @@ _HOST_LOCAL = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
-                               process_id=int(sys.argv[2]), initialization_timeout=60)
+                               process_id=int(sys.argv[2]), initialization_timeout=150)
     from tardigrade_trainer.checkpoint import CheckpointManager
     from tardigrade_trainer.checkpoint.manager import CheckpointUsageError
     manager = CheckpointManager(sys.argv[3])
@@ -148,7 +148,7 @@ def test_a_host_local_array_is_refused_in_a_gang(tmp_path):
                               stderr=subprocess.PIPE) for rank in (0, 1)]
     results = []
     for proc in procs:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err.decode()[-2000:]
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
     for result in results:
