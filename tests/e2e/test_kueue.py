@@ -288,7 +288,8 @@ def test_a_queued_job_resized_is_admitted_at_its_new_size_and_deletes_leave_noth
     # A third job waits; then the queued one and a running one are deleted.
     cluster.apply(job("waiting", tmp_path, steps=1_000_000, replicas=2))
     cluster.wait_phase("waiting", {"Queued"}, 60)
-    assert workload_of(cluster, "waiting") is not None
+    # Queued comes first (held while its Workload is being made): wait for the Workload.
+    wait_for(lambda: workload_of(cluster, "waiting"), 60, "the waiting job's Workload")
     cluster.kubectl("delete", "tj", "waiting", "holder", "--wait=false")
     wait_for(lambda: workload_of(cluster, "waiting") is None
              and workload_of(cluster, "holder") is None, 60, "their Workloads gone")
