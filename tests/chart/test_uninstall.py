@@ -16,6 +16,7 @@ from tardigrade_local.cluster import LocalCluster
 
 from tests.chart.test_helm import CHART, _helm
 from tests.e2e.harness import Cluster, trainingjob, wait_for
+from tests.e2e.test_kueue import KUEUE, quota_used
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +52,6 @@ def namespace_gone(cluster: Cluster, name: str) -> bool:
     return False
 
 
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
-
-
 def install_a_queue(cluster: Cluster) -> None:
     meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
     cluster.custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {
@@ -84,13 +82,6 @@ def kueue_objects(cluster: Cluster) -> dict[str, list[str]]:
 def workloads_of(cluster: Cluster, job: str) -> list[dict[str, Any]]:
     return list(cluster.custom.list_namespaced_custom_object(
         *KUEUE, "default", "workloads", label_selector=f"tardigrade.dev/job={job}")["items"])
-
-
-def quota_used(cluster: Cluster) -> str:
-    queue = cluster.custom.get_cluster_custom_object(*KUEUE, "clusterqueues", "team")
-    usage = (queue.get("status") or {}).get("flavorsReservation") or [{}]
-    return str(next((r["total"] for r in usage[0].get("resources") or []
-                     if r["name"] == "cpu"), "0"))
 
 
 def test_after_uninstall_jobs_and_their_namespace_can_be_deleted(tmp_path: Path):
