@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tardigrade_local.kubelet.admission import admit
+from tardigrade_local.kubelet.admission import admit, holds_resources
 
 
 def pod(requests: dict[str, str], init: dict[str, str] | None = None) -> dict[str, Any]:
@@ -55,3 +55,19 @@ def test_an_extended_resource_the_node_does_not_list_is_not_the_kubelets_to_chec
 def test_the_largest_init_container_counts_when_it_exceeds_the_containers():
     rejection = admit(pod({"nvidia.com/gpu": "1"}, init={"nvidia.com/gpu": "9"}), NODE, [])
     assert rejection is not None and rejection.reason == "OutOfnvidia.com/gpu"
+
+
+@pytest.mark.parametrize(("phase", "termination_requested", "terminated", "holds"), [
+    ("Pending", False, False, True),
+    ("Running", False, False, True),
+    ("Running", True, False, True),  # stopping inside its grace period
+    # Reported Failed/Succeeded: the scheduler has already dropped it, so must the kubelet.
+    ("Failed", False, False, False),
+    ("Succeeded", False, False, False),
+    ("Failed", True, False, True),  # deleted while its containers are still being killed
+    ("Running", True, True, False),  # its worker has finished terminating
+])
+def test_a_pod_holds_its_resources_until_the_kubelet_calls_it_terminal(
+        phase, termination_requested, terminated, holds):
+    assert holds_resources(phase, termination_requested=termination_requested,
+                           terminated=terminated) is holds

@@ -57,6 +57,22 @@ def _insufficient(name: str, requested: Decimal, used: Decimal, capacity: Decima
                              f"capacity: {_int64(name, capacity)}")
 
 
+def holds_resources(phase: str, *, termination_requested: bool, terminated: bool) -> bool:
+    """Whether a pod this kubelet runs still counts when another pod is admitted.
+
+    `Kubelet.isPodInactive` (pkg/kubelet/kubelet_pods.go): a pod whose worker has finished
+    terminating is out; one in a terminal phase is out unless its termination was requested
+    and is under way. The phase is the kubelet's own (its status manager's), not
+    the API's: the scheduler's pod informer drops a pod as soon as the API shows it Succeeded
+    or Failed (`newPodInformer`'s field selector, pkg/scheduler/scheduler.go) and binds the
+    next pod into the space, so a kubelet that counted it a moment longer would refuse that
+    pod.
+    """
+    if terminated:
+        return False
+    return phase not in ("Succeeded", "Failed") or termination_requested
+
+
 def admit(pod: Mapping[str, Any], allocatable: Mapping[str, str],
           admitted: Iterable[Mapping[str, Any]]) -> Rejection | None:
     """None to run the pod; `admitted` are the active pods this kubelet already runs."""

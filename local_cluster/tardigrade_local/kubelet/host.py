@@ -568,7 +568,7 @@ class KubeletHost:
             return
         if agent.state != "ready" or _is_terminal(pod) or uid in self._finished:
             return
-        active = [w.pod for w in agent.workers.values() if w.terminal_phase is None]
+        active = [w.pod for w in agent.workers.values() if w.counts_for_admission()]
         rejection = admission.admit(pod, agent.config.capacity, active)
         if rejection is not None:
             self._finished.add(uid)

@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from tardigrade_local import disruptions as d
+from tardigrade_local.kubelet import admission
 from tardigrade_local.kubelet import podstatus as ps
 from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
 from tardigrade_local.kubelet.config import KubeletSettings
@@ -101,6 +102,7 @@ class PodWorker:
         self.volumes: dict[str, Path] = {}
         self.start_time = ps.now_rfc3339()
         self.terminal_phase: str | None = None
+        self.terminated = False  # termination complete: no container runs, nothing is held
         self.reason: str | None = None
         self.message: str | None = None
         self.own_conditions: list[dict[str, Any]] = []
@@ -503,7 +505,12 @@ class PodWorker:
             if self.terminal_phase is None:
                 self.terminal_phase = ps.final_phase(self.records)
             await self.push()
-            # The kubelet finalizes a deleted pod once its processes are gone.
+            # The kubelet finalizes a deleted pod once its processes are gone and its volumes
+            # are torn down (status manager `canBeDeleted`); by then the pod holds nothing,
+            # so a pod the scheduler binds into its space the moment it is gone gets admitted.
+            if self._api_volumes is not None:
+                await self._api_volumes.stop()
+            self.terminated = True
             with contextlib.suppress(ApiError):
                 await self.client.delete(core_path("pods", self.namespace, self.name), 0)
 
@@ -514,12 +521,25 @@ class PodWorker:
                             container=container)
 
     # --- status --------------------------------------------------------------------------
+    def phase(self) -> str:
+        """The phase this kubelet reports for the pod (what the status manager holds)."""
+        if self.terminal_phase is not None:
+            return self.terminal_phase
+        if not self.initialized:
+            return "Pending"
+        return ps.running_phase(self.records, self.restart_policy) or ps.final_phase(self.records)
+
+    def counts_for_admission(self) -> bool:
+        if self.stopping is Stop.REMOVED:
+            # Gone from the API (a forced delete): `HandlePodRemoves` drops it from the pod
+            # manager at once, and admission lists only the pod manager's pods.
+            return False
+        return admission.holds_resources(
+            self.phase(), termination_requested=self.stopping is not None,
+            terminated=self.terminated or self.done.is_set())
+
     def render(self, current: Mapping[str, Any]) -> dict[str, Any]:
-        phase = self.terminal_phase
-        if phase is None:
-            phase = "Pending" if not self.initialized else (
-                ps.running_phase(self.records, self.restart_policy) or ps.final_phase(self.records)
-            )
+        phase = self.phase()
         # DisruptionTarget only with a terminal phase (`mergePodStatus`, see `_stop`).
         own = [c for c in self.own_conditions
                if c["type"] != d.DISRUPTION_TARGET or self.terminal_phase is not None]
