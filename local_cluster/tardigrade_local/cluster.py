@@ -63,6 +63,9 @@ CONFIG_FILE = "cluster-config.json"
 # A cold start builds nothing (scripts/setup did), but a busy CI machine starts the
 # components slowly: the control plane's own readiness waits are longer.
 READY_TIMEOUT_SECONDS = 180.0
+# On top, per node: with the controller manager's default client rate (20 QPS), the node
+# lifecycle controller lifts each new Node's not-ready taint at about 10 nodes a second.
+READY_SECONDS_PER_NODE = 0.25
 STOP_TIMEOUT_SECONDS = 30.0
 
 
@@ -531,7 +534,8 @@ class LocalCluster:
                 [sys.executable, "-m", "tardigrade_local.cluster", str(self.layout.root)],
                 stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        deadline = (time.monotonic() + READY_TIMEOUT_SECONDS
+                    + READY_SECONDS_PER_NODE * len(self.config.nodes))
         while (info := self.read_info()) is None:
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 tail = self.layout.cluster_log.read_text(errors="replace")[-3000:]

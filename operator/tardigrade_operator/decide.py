@@ -184,7 +184,7 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
         local_queue=gate.queue, workload=workload.name if workload else None,
         cluster_queue=workload.cluster_queue if workload and gate.admitted else None,
         admitted=gate.admitted,
-        admitted_replicas=workload.admitted_count if workload and gate.admitted else None,
+        admitted_replicas=gate.held if workload and gate.admitted else None,
         growing_to=gate.replicas if gate.growing and not gate.resizing else None,
         message=(gate.grow_message() if gate.growing and not gate.resizing
                  else "" if gate.admitted else gate.waiting_message()))

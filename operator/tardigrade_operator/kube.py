@@ -268,6 +268,11 @@ class ClusterWriter:
             if current["metadata"]["resourceVersion"] != action.resource_version:
                 return  # decided on an older Workload: the next pass decides again
             if isinstance(action, queueing.ResizeWorkload):
+                if action.clear_reclaimable:
+                    current["status"] = {k: v for k, v in (current.get("status") or {}).items()
+                                         if k != "reclaimablePods"}
+                    current = self.custom.replace_namespaced_custom_object_status(
+                        *args, action.name, current)
                 podset = current["spec"]["podSets"][0]
                 podset["count"] = action.count
                 if action.min_count is None:
@@ -277,6 +282,11 @@ class ClusterWriter:
                 self.custom.replace_namespaced_custom_object(*args, action.name, current)
                 return
             status = dict(current.get("status") or {})
+            if isinstance(action, queueing.ReclaimPods):
+                status["reclaimablePods"] = [{"name": queueing.PODSET, "count": action.count}]
+                current["status"] = status
+                self.custom.replace_namespaced_custom_object_status(*args, action.name, current)
+                return
             status["conditions"] = action.conditions
             if isinstance(action, queueing.ReleaseQuota):
                 status.pop("admission", None)

@@ -15,10 +15,14 @@ operator does the job side:
   (QuotaReserved=False reason Pending, admission cleared, Admitted=False, Requeued=True),
   which is what Kueue waits for (`pkg/workload/workload.go`, the requeue after eviction);
 - on a resize (`spec.replicas` no longer the Workload's count): a Workload without quota
-  takes the new count; one that holds quota at the old count stops the gang after a save,
-  as an eviction does, then is deleted and made again at the new count, which Kueue queues
-  and admits as any other (jobframework's `ensureOneWorkload`: a job that no longer matches
-  its Workload is stopped and the Workload deleted);
+  takes the new count; a shrink of an admitted gang stays inside its admission (the gang
+  stops after a save and relaunches smaller, as without Kueue) and, once the smaller gang
+  runs, hands the replicas it no longer needs back as `status.reclaimablePods` (Kueue's
+  ReclaimablePods, beta and on since 0.15: the ClusterQueue's usage drops to what runs, and
+  the queue's waiting workloads are looked at again; `pkg/workload/workload.go`,
+  `totalRequestsFromAdmission`); any other change to an admitted count stops the gang after
+  a save, as an eviction does, then the Workload is deleted and made again at the new
+  count, which Kueue queues and admits as any other (jobframework's `ensureOneWorkload`);
 - a grow of a running gang first asks Kueue for the extra replicas alone, in a second
   Workload (role `grow`, held to the admitted flavor's node labels) while the gang trains on
   at the admitted count; only once Kueue reserves that quota does the gang stop after a save,
@@ -106,6 +110,8 @@ class WorkloadView:
     role: str = "main"
     # The WorkloadPriorityClass and value it was made with, if any.
     priority: tuple[str, int] | None = None
+    # status.reclaimablePods for the podSet: replicas handed back after a shrink.
+    reclaimable: int = 0
 
     def true(self, kind: str) -> bool:
         condition = self.conditions.get(kind)
@@ -135,6 +141,8 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         if assignment is not None:
             count = int(assignment.get("count") or podsets[0].get("count") or 0)
             flavors = dict(assignment.get("flavors") or {})
+    reclaimable = sum(int(r.get("count") or 0) for r in status.get("reclaimablePods") or []
+                      if r.get("name") == PODSET)
     priority_class = (spec.get("priorityClassRef") or {}).get("name")
     priority = (str(priority_class), int(spec.get("priority") or 0)) if priority_class else None
     return WorkloadView(
@@ -144,7 +152,8 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         min_count=int(podsets[0]["minCount"]) if podsets[0].get("minCount") else None,
         admitted_count=count, admitted_flavors=flavors, cluster_queue=queue,
         deleting=bool(meta.get("deletionTimestamp")),
-        role=str((meta.get("labels") or {}).get(ROLE_LABEL) or "main"), priority=priority)
+        role=str((meta.get("labels") or {}).get(ROLE_LABEL) or "main"), priority=priority,
+        reclaimable=reclaimable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,11 +189,13 @@ class QueueGate:
     @property
     def held(self) -> int | None:
         """The replicas the Workload holds quota for: the admitted count (fewer than asked
-        for after a partial admission), else the count asked for."""
+        for after a partial admission), else the count asked for; less what a shrink handed
+        back (Kueue counts min(admitted, count - reclaimable))."""
         workload = self.workload
         if workload is None:
             return None
-        return workload.admitted_count if workload.admitted_count is not None else workload.count
+        held = workload.admitted_count if workload.admitted_count is not None else workload.count
+        return min(held, workload.count - workload.reclaimable)
 
     @property
     def growing(self) -> bool:
@@ -213,10 +224,10 @@ class QueueGate:
 
     @property
     def resizing(self) -> bool:
-        """The Workload holds quota for another count than the job now asks for, and the gang
-        must stop for it: a shrink below what runs, a grow whose extra quota is reserved, or
-        a Workload that is not running the gang anyway. A job scaled to exactly what a partial
-        admission runs goes on as it is."""
+        """The Workload must be made again at another count, and the gang stop for it: a
+        grow whose extra quota is reserved, or a Workload that holds quota without running
+        the gang anyway. A shrink of an admitted gang runs inside its admission (`runs`) and
+        hands the rest back; a job scaled to exactly what a partial admission runs goes on."""
         workload, held = self.workload, self.held
         if workload is None or held is None or self.replicas is None:
             return False
@@ -224,7 +235,27 @@ class QueueGate:
             return False
         if not workload.admitted:
             return workload.count != self.replicas
-        return self.replicas < held or self.grow_reserved
+        return self.grow_reserved
+
+    @property
+    def runs(self) -> int | None:
+        """The replicas an admitted gang runs with: what the job asks for, up to what the
+        Workload holds (the rest of a grow waits in its own Workload)."""
+        if self.held is None:
+            return None
+        return self.held if self.replicas is None else min(self.replicas, self.held)
+
+    @property
+    def reclaim(self) -> int | None:
+        """status.reclaimablePods that hands back what a shrunk gang no longer uses; None
+        when nothing more is to be handed back."""
+        workload, held = self.workload, self.held
+        if (workload is None or held is None or self.replicas is None
+                or self.replicas >= held or not workload.admitted or self.resizing):
+            return None
+        # Kueue counts min(admitted, count - reclaimable): this leaves it at what runs.
+        wanted = workload.count - self.replicas
+        return wanted if wanted > workload.reclaimable else None
 
     @property
     def admitted(self) -> bool:
@@ -297,7 +328,7 @@ def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec
         return spec
     if not gate.admitted:
         return spec.model_copy(update={"suspend": True})
-    assert gate.workload is not None and gate.workload.admitted_count is not None
+    assert gate.runs is not None
     template = spec.pod_template
     tolerations = [*template.tolerations]
     for toleration in gate.flavor_tolerations:
@@ -308,8 +339,7 @@ def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec
         "node_selector": {**template.node_selector, **gate.flavor_selector},
         "tolerations": tolerations,
         "labels": {**template.labels, PODSET_LABEL: PODSET}})
-    return spec.model_copy(update={"pod_template": pod_template,
-                                   "replicas": gate.workload.admitted_count})
+    return spec.model_copy(update={"pod_template": pod_template, "replicas": gate.runs})
 
 
 # ----------------------------------------------------------------------- Workload writes ---
@@ -412,6 +442,18 @@ class ResizeWorkload:
     resource_version: str
     count: int
     min_count: int | None = None
+    # Replicas a shrink handed back, dropped first: Kueue wants them <= the podSet's count.
+    clear_reclaimable: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ReclaimPods:
+    """Hand back the quota of replicas a shrunk gang no longer runs, once it runs smaller
+    (`status.reclaimablePods`; Kueue refuses a decrease while quota is reserved)."""
+
+    name: str
+    resource_version: str
+    count: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,7 +482,7 @@ class FinishWorkload:
 
 
 WorkloadAction = (CreateWorkload | ResizeWorkload | ReleaseQuota | DeleteWorkload
-                  | FinishWorkload)
+                  | FinishWorkload | ReclaimPods)
 
 
 def _condition(kind: str, status: str, reason: str, message: str, now: datetime
@@ -517,10 +559,14 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
     if gate.resizing and not gang_active:
         return [DeleteWorkload(workload.name, workload.resource_version)]
     if spec is not None and not workload.true("QuotaReserved") and (
-            workload.count != spec.replicas
+            workload.count != spec.replicas or workload.reclaimable
             or workload.min_count != min_count(spec, spec.replicas)):
         return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas,
-                               min_count(spec, spec.replicas))]
+                               min_count(spec, spec.replicas), bool(workload.reclaimable))]
+    reclaim = gate.reclaim
+    # Once every rank of the smaller gang runs: until then the quota still backs its launch.
+    if reclaim is not None and status.phase == "Running" and status.replicas == gate.runs:
+        return [ReclaimPods(workload.name, workload.resource_version, reclaim)]
     return []
 
 

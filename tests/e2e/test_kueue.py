@@ -3,7 +3,8 @@ plane, with the real operator: a ClusterQueue's quota admits whole gangs, a job 
 fit waits in phase Queued with Kueue's reason and runs when quota frees, and a job Kueue
 preempts for a higher-priority one saves at one step, is requeued and resumes from that step,
 with no step lost and its restart budget untouched; a queued job resized is admitted at its
-new size, a running one grows only once the quota allows and trains on meanwhile, and deleted
+new size, a running one grows only once the quota allows and trains on meanwhile, a running
+one shrunk hands quota back once the smaller gang runs, and deleted
 jobs leave no Workload, pod or quota. Ranks run on simulated nodes (one cpu each), so a gang
 costs no trainer processes."""
 
@@ -261,6 +262,55 @@ def test_a_running_gang_grows_only_when_quota_allows_and_trains_on_while_it_wait
     assert len({p.metadata.name for p in cluster.pods("grow")} - first) == 3
     assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
     assert status["recoveries"][-1].get("stepsLost", 0) == 0
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_running_gang_shrunk_keeps_its_admission_and_hands_the_rest_back_once_smaller(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """A gang of 3 (of the quota 4) scaled to 2 saves one step and relaunches at 2 under the
+    same admitted Workload, never requeued; only once the 2 run does it hand the replica it
+    no longer needs back (reclaimablePods), and the job of 2 waiting for that quota is
+    admitted. Nothing lost, the failure budget untouched."""
+    cluster.apply(job("shrink", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("shrink", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("shrink").get("step") or 0) > 5, 60, "training")
+    cluster.apply(job("waiting", tmp_path, steps=20, replicas=2))
+    wait_for(lambda: workload_of(cluster, "waiting") and "insufficient unused quota"
+             in cluster.status("waiting").get("message", ""), 60, "the job of 2 waiting")
+    before = workload_of(cluster, "shrink")
+    assert before is not None
+    first = {p.metadata.name for p in cluster.pods("shrink")}
+    cluster.kubectl("scale", "tj/shrink", "--replicas=2")
+    status = wait_for(lambda: (s := cluster.status("shrink"))["phase"] == "Running"
+                      and s["replicas"] == 2 and s["recoveries"]
+                      and s["recoveries"][-1]["cause"] == "Resize" and s, 120,
+                      "the gang of 2 running")
+    assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first), status
+    handed = wait_for(lambda: (w := workload_of(cluster, "shrink"))
+                      and (w.get("status") or {}).get("reclaimablePods") and w, 60,
+                      "the third replica handed back")
+    assert handed["status"]["reclaimablePods"] == [{"name": queueing.PODSET, "count": 1}]
+    # The same Workload and admission throughout: never requeued behind the waiting job.
+    assert handed["metadata"]["uid"] == before["metadata"]["uid"]
+    kept, held = condition(handed, "QuotaReserved"), condition(before, "QuotaReserved")
+    assert kept is not None and held is not None and kept["status"] == "True"
+    assert kept["lastTransitionTime"] == held["lastTransitionTime"]
+    assert handed["status"]["admission"] == before["status"]["admission"]
+    # The freed quota admits the job of 2, no sooner than the gang of 2 ran.
+    cluster.wait_phase("waiting", {"Running", "Succeeded"}, 120)
+    reserved = condition(workload_of(cluster, "waiting"), "QuotaReserved")
+    assert reserved is not None and reserved["status"] == "True"
+    running = next(c for c in cluster.status("shrink")["conditions"] if c["type"] == "Running")
+    assert _time(reserved["lastTransitionTime"]) >= _time(running["lastTransitionTime"])
+    assert cluster.status("shrink")["queue"]["admittedReplicas"] == 2
+    cluster.wait_phase("waiting", {"Succeeded"}, 120)
+    wait_for(lambda: quota_used(cluster) == "2", 30, "only the gang of 2's quota in use")
+    status = cluster.status("shrink")
+    assert status["phase"] == "Running" and status["replicas"] == 2
+    assert status["restarts"]["resizes"] == 1 and status["restarts"]["failures"] == 0
+    assert status["recoveries"][-1].get("stepsLost", 0) == 0
+    assert "Evicted" not in events(cluster, "shrink")
     operator.assert_alive()
     clear(cluster)
 

@@ -4,6 +4,7 @@ a save on eviction and resumed from that step, and the Workload writes each pass
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -302,26 +303,70 @@ def test_a_grow_request_goes_when_it_is_no_longer_wanted_or_kueue_evicts_it():
         IDENTITY, _spec(replicas=3), done, asked, False, None, NOW)
 
 
-def test_a_running_job_shrunk_stops_after_a_save_and_is_requeued_at_the_new_count():
-    """A shrink needs no more quota: the gang of 3 stops after a save at once, the Workload
-    for 3 is deleted once no pod is active and made again for 2."""
+def test_a_running_job_shrunk_relaunches_inside_its_admission_then_hands_the_rest_back():
+    """A shrink needs no new admission: the gang of 3 saves and relaunches at 2 under the same
+    Workload (never requeued, so never overtaken in the queue), and only once the 2 run is
+    the third replica's quota handed back (reclaimablePods); a grow asks for it again."""
+    name = queueing.workload_name(JOB.name, JOB.uid)
     cluster = FakeCluster(spec(replicas=3), queue=gate(ADMITTED, admitted=3, count=3,
                                                        replicas=3))
     cluster.reconcile()
     cluster.run_all()
     cluster.reconcile()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
     cluster.spec["replicas"] = 2
     shrunk = gate(ADMITTED, admitted=3, count=3, replicas=2)
-    assert shrunk.resizing and not shrunk.growing and not shrunk.admitted
+    assert shrunk.admitted and not shrunk.resizing and not shrunk.growing
+    assert (shrunk.runs, shrunk.reclaim) == (2, 1)
     cluster.queue = shrunk
     plan = cluster.reconcile()
     assert len(plan.delete_pods) == 3 and plan.create_pods == []
-    assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Resizing")
-    assert "resized from 3 to 2 replicas" in cluster.status.message
-    stopped = TrainingJobStatus(phase="Queued")
-    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), stopped, shrunk, False,
-                                     None, NOW) == [
-        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7")]
+    assert cluster.status.phase == "Resizing"
+    # While the gang stops and while the smaller one starts, the quota still backs it.
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status, shrunk,
+                                     True, None, NOW) == []
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    plan = cluster.reconcile()
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
+    env = {e["name"]: e.get("value") for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RESTORE_STEP] == "31"
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status, shrunk,
+                                     True, None, NOW) == []
+    cluster.run_all()
+    cluster.reconcile()
+    assert (cluster.status.phase, cluster.status.replicas) == ("Running", 2)
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status, shrunk,
+                                     True, None, NOW) == [queueing.ReclaimPods(name, "7", 1)]
+    # Handed back: Kueue counts 2, the job holds 2, nothing more to write.
+    handed = gate_for("team-queue", dataclasses.replace(workload(ADMITTED, 3, 3), reclaimable=1),
+                      {"spot": SPOT}, 2)
+    assert (handed.held, handed.runs, handed.reclaim) == (2, 2, None) and handed.admitted
+    cluster.queue = handed
+    plan = cluster.reconcile()
+    assert plan.delete_pods == [] and plan.create_pods == []
+    assert cluster.status.queue.admitted_replicas == 2
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status, handed,
+                                     True, None, NOW) == []
+    assert cluster.status.restarts.resizes == 1 and cluster.status.restarts.failures == 0
+    # Scaled back up to 3: the replica handed back is asked for again, as any grow.
+    regrow = gate_for("team-queue", dataclasses.replace(workload(ADMITTED, 3, 3), reclaimable=1),
+                      {"spot": SPOT}, 3)
+    assert regrow.growing and regrow.grow_extra == 1 and regrow.admitted
+    # Evicted and released: requeued at what the job asks for, with nothing reclaimable
+    # (Kueue wants reclaimablePods <= the podSet's count).
+    requeued = gate_for("team-queue", dataclasses.replace(workload(PENDING, 3), reclaimable=1),
+                        {"spot": SPOT}, 2)
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=2),
+                                     TrainingJobStatus(phase="Queued"), requeued, False, None,
+                                     NOW) == [ResizeWorkload(name, "7", 2, None, True)]
+
+
+def test_reclaimable_pods_are_read_from_the_workloads_status():
+    body = queueing.build_workload(IDENTITY, _spec(replicas=3), "team-queue", 3, None)
+    body["status"] = {"reclaimablePods": [{"name": "other", "count": 5},
+                                          {"name": queueing.PODSET, "count": 1}]}
+    assert queueing.parse_workload(body).reclaimable == 1
 
 
 def test_min_replicas_lets_kueue_admit_part_of_the_gang_which_asks_for_the_rest():
@@ -360,3 +405,15 @@ def test_multi_host_tpu_slices_are_not_admitted_in_part():
         "kind": "tpu", "type": "tpu-v5-lite-podslice", "topology": "2x4", "count": 4})
     body = queueing.build_workload(IDENTITY, tpu, "team-queue", 4, None)
     assert "minCount" not in body["spec"]["podSets"][0]
+
+
+def test_a_partial_admission_hands_nothing_back_until_the_job_asks_for_less_than_it_runs():
+    """Admitted 2 of 4 asked for: the gang runs at 2 and asks for the rest; nothing is
+    reclaimable (Kueue already counts 2). Scaled to 1, Kueue must count 1: 4 - 1 = 3."""
+    partial = gate_for("team-queue", workload(ADMITTED, count=4, admitted=2), {"spot": SPOT}, 4)
+    assert (partial.held, partial.runs, partial.reclaim) == (2, 2, None) and partial.growing
+    shrunk = gate_for("team-queue", workload(ADMITTED, count=4, admitted=2), {"spot": SPOT}, 1)
+    assert (shrunk.runs, shrunk.reclaim) == (1, 3) and not shrunk.growing
+    handed = gate_for("team-queue", dataclasses.replace(
+        workload(ADMITTED, count=4, admitted=2), reclaimable=3), {"spot": SPOT}, 1)
+    assert (handed.held, handed.reclaim) == (1, None)

@@ -138,7 +138,7 @@ class KubeletHost:
         for config in self.initial_nodes:
             await self.add_node(config)
 
-    async def wait_schedulable(self, timeout: float = 60.0,
+    async def wait_schedulable(self, timeout: float | None = None,
                                names: set[str] | None = None) -> None:
         """Until every node that runs (or those `names`) is Ready and free of the taints
         kube-apiserver (TaintNodesByCondition admission: `node.kubernetes.io/not-ready` on a
@@ -147,6 +147,10 @@ class KubeletHost:
         if names is None:
             names = {n for n, a in self.agents.items() if a.state == "ready"}
         names = set(names)
+        if timeout is None:
+            # The node lifecycle controller lifts the taints at its client's rate (20 QPS by
+            # default, a GET and a PATCH a node): a thousand new nodes take it a while.
+            timeout = 60.0 + 0.2 * len(names)
         deadline = time.monotonic() + timeout
         while names:
             listing = await self.cloud.client.request("GET", core_path("nodes"))

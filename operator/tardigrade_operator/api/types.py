@@ -878,8 +878,9 @@ class QueueStatus(ApiModel):
     cluster_queue: str | None = Field(None, max_length=253,
                                       description="The ClusterQueue that admitted it.")
     admitted: bool = Field(False, description="Kueue admitted the gang (quota reserved).")
-    admitted_replicas: int | None = Field(None, ge=0,
-                                          description="The count Kueue admitted.")
+    admitted_replicas: int | None = Field(
+        None, ge=0, description="The replicas the job holds quota for: the count Kueue "
+        "admitted, less what a shrink handed back (reclaimablePods).")
     growing_to: int | None = Field(
         None, ge=0, description="A larger count asked for that waits in the queue while the "
         "gang trains at the admitted one.")
