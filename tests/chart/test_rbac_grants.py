@@ -130,9 +130,12 @@ def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(tmp_path)
         workload = wait_for(finished, timeout=60, what="the Workload marked Finished",
                             interval=0.5)
         assert workload["spec"]["priority"] == 10
-        used = grants.check_operator_calls(local.layout.audit_log, ACCOUNT, RELEASE_NAMESPACE,
-                                           grants.ALL_NAMESPACES)
-        assert {("kueue.x-k8s.io", "workloads", "create"),
-                ("kueue.x-k8s.io", "workloads/status", "update"),
-                ("kueue.x-k8s.io", "resourceflavors", "list"),
-                ("kueue.x-k8s.io", "workloadpriorityclasses", "get")} <= used
+        expected = {("kueue.x-k8s.io", "workloads", "create"),
+                    ("kueue.x-k8s.io", "workloads/status", "update"),
+                    ("kueue.x-k8s.io", "resourceflavors", "list"),
+                    ("kueue.x-k8s.io", "workloadpriorityclasses", "get")}
+        # kube-apiserver writes a request's audit event at ResponseComplete, after the
+        # response: the Finished write can be read back before its line is in the log.
+        wait_for(lambda: expected <= grants.check_operator_calls(
+            local.layout.audit_log, ACCOUNT, RELEASE_NAMESPACE, grants.ALL_NAMESPACES),
+            timeout=30, what="the operator's Workload writes in the audit log", interval=0.5)
