@@ -124,10 +124,14 @@ def test_up_recreates_preempted_nodes_and_autoscales_by_default_pools(tmp_path):
     try:
         kubeconfig = str(tmp_path / ".tardigrade" / "local" / "kubeconfig")
         kube = Kube(kubeconfig)
+        before = kube.core.read_node("local-node-1").metadata.uid
         preempt = tardigrade("preempt", "local-node-1", "--grace", "1", cwd=tmp_path)
         assert preempt.returncode == 0, preempt.stderr
-        assert "local-node-1" not in kube.node_names()
-        wait_for(lambda: "local-node-1" in kube.node_names(), 30, "local-node-1 recreated")
+        # Replaced a second after it went, which may be before this process reads the
+        # nodes: the proof it went and came back is a new Node object of the same name.
+        wait_for(lambda: any(n.metadata.name == "local-node-1" and n.metadata.uid != before
+                             for n in kube.core.list_node().items), 30,
+                 "local-node-1 recreated as a new Node")
         # Two pods of 6 cpus on 8-cpu nodes: the second needs a node the autoscaler adds.
         for name in ("first", "second"):
             kube.create_pod(python_pod(name, "import time; time.sleep(60)",

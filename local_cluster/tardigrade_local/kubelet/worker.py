@@ -192,6 +192,9 @@ class PodWorker:
                 # Terminal: nothing restarts, and the volume manager tears the pod's volumes
                 # down. The pod object stays until someone deletes it.
                 tear_down(self.disk, self.uid or self.name)
+                # The pod worker's termination is complete (`IsPodKnownTerminated`): a delete
+                # that comes later does not make it hold resources again.
+                self.terminated = True
                 await self._stop_requested.wait()
                 await self._stop(main)
         finally:
@@ -492,6 +495,9 @@ class PodWorker:
             if not record.terminated:
                 record.terminate(137, "ContainerStatusUnknown",
                                  "The container could not be located when the pod was terminated")
+        # No container runs: the pod worker's termination is complete (`completeTerminating`)
+        # before the status manager sends the terminal phase, which the scheduler acts on.
+        self.terminated = True
         if kind is Stop.NODE_SHUTDOWN:
             self.terminal_phase = "Failed"
             self.reason, self.message = d.NODE_SHUTDOWN_REASON, d.NODE_SHUTDOWN_MESSAGE
@@ -506,11 +512,9 @@ class PodWorker:
                 self.terminal_phase = ps.final_phase(self.records)
             await self.push()
             # The kubelet finalizes a deleted pod once its processes are gone and its volumes
-            # are torn down (status manager `canBeDeleted`); by then the pod holds nothing,
-            # so a pod the scheduler binds into its space the moment it is gone gets admitted.
+            # are torn down (status manager `canBeDeleted`).
             if self._api_volumes is not None:
                 await self._api_volumes.stop()
-            self.terminated = True
             with contextlib.suppress(ApiError):
                 await self.client.delete(core_path("pods", self.namespace, self.name), 0)
 
@@ -534,9 +538,13 @@ class PodWorker:
             # Gone from the API (a forced delete): `HandlePodRemoves` drops it from the pod
             # manager at once, and admission lists only the pod manager's pods.
             return False
+        # Stopping, nothing restarts: once every container has exited the termination is as
+        # good as complete, though this worker's own bookkeeping may still be catching up
+        # (a container loop reports the exit before the stop returns).
+        stopped = self.stopping is not None and all(r.terminated for r in self.records)
         return admission.holds_resources(
             self.phase(), termination_requested=self.stopping is not None,
-            terminated=self.terminated or self.done.is_set())
+            terminated=self.terminated or stopped or self.done.is_set())
 
     def render(self, current: Mapping[str, Any]) -> dict[str, Any]:
         phase = self.phase()
