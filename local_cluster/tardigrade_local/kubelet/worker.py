@@ -495,9 +495,6 @@ class PodWorker:
             if not record.terminated:
                 record.terminate(137, "ContainerStatusUnknown",
                                  "The container could not be located when the pod was terminated")
-        # No container runs: the pod worker's termination is complete (`completeTerminating`)
-        # before the status manager sends the terminal phase, which the scheduler acts on.
-        self.terminated = True
         if kind is Stop.NODE_SHUTDOWN:
             self.terminal_phase = "Failed"
             self.reason, self.message = d.NODE_SHUTDOWN_REASON, d.NODE_SHUTDOWN_MESSAGE
@@ -538,9 +535,9 @@ class PodWorker:
             # Gone from the API (a forced delete): `HandlePodRemoves` drops it from the pod
             # manager at once, and admission lists only the pod manager's pods.
             return False
-        # Stopping, nothing restarts: once every container has exited the termination is as
-        # good as complete, though this worker's own bookkeeping may still be catching up
-        # (a container loop reports the exit before the stop returns).
+        # Stopping, nothing restarts: once every container has exited the termination is
+        # complete (upstream's `completeTerminating` comes before the status manager sends
+        # the terminal phase, which the scheduler acts on).
         stopped = self.stopping is not None and all(r.terminated for r in self.records)
         return admission.holds_resources(
             self.phase(), termination_requested=self.stopping is not None,
