@@ -77,6 +77,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--headroom-batch", type=int, default=0,
                         help="also a seed run with this global batch (less activation memory: "
                              "device memory to stage saves in)")
+    parser.add_argument("--headroom-interval", type=int, default=0,
+                        help="the headroom run saves every N steps (default: --interval)")
+    parser.add_argument("--staging-mib", type=int, default=0,
+                        help="the trainer's checkpoint_snapshot_device_mib in every run: "
+                             "device memory a save may stage its snapshot in, within what "
+                             "the training leaves free (0: never)")
+    parser.add_argument("--staging", default="0.25,0.5,1",
+                        help="the checkpoint bench's --staging fractions")
     return parser.parse_args()
 
 
@@ -84,7 +92,7 @@ def checkpoint_bench(args: argparse.Namespace, workdir: Path) -> None:
     command = [sys.executable, str(REPO / "bench" / "checkpoint_bandwidth.py"),
                "--gib", str(args.checkpoint_gib), "--devices", "1",
                "--repeats", str(args.checkpoint_repeats), "--skip-crc",
-               "--skip-tensorstore-only", "--staging", "0.25,0.5,1",
+               "--skip-tensorstore-only", "--staging", args.staging,
                "--dir", str(workdir / "checkpoint-bench")]
     print("$ " + " ".join(["python", *command[1:]]), flush=True)
     # The chip: whatever JAX finds (the checkpoint bench defaults to the CPU otherwise).
@@ -155,9 +163,11 @@ class Run:
 
 
 def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
-             config: dict[str, Any], name: str = "seed") -> dict[str, Any]:
-    run = Run(workdir, name, checkpoint, config, args.interval, args.log_compiles)
-    last_interval = (args.steps - 1) // args.interval * args.interval
+             config: dict[str, Any], name: str = "seed",
+             interval: int = 0) -> dict[str, Any]:
+    interval = interval or args.interval
+    run = Run(workdir, name, checkpoint, config, interval, args.log_compiles)
+    last_interval = (args.steps - 1) // interval * interval
     run.read_until(lambda e: e.get("event") == "step" and e["step"] > last_interval)
     code = run.finish(signal.SIGTERM)
     steps = run.of("step")
@@ -233,7 +243,8 @@ def main() -> int:
     workdir.mkdir(parents=True)
     checkpoint = workdir / "checkpoints"
     cache = checkpoint / "compilation-cache"  # the trainer's default place
-    base = {**MODELS[args.model], "steps": 100000, "log_every": 1}
+    base = {**MODELS[args.model], "steps": 100000, "log_every": 1,
+            "checkpoint_snapshot_device_mib": args.staging_mib}
     if not args.skip_checkpoint_bench:
         checkpoint_bench(args, workdir)
     print(f"model {args.model}: {json.dumps(MODELS[args.model])}; "
@@ -258,7 +269,8 @@ def main() -> int:
     if args.headroom_batch:
         seed_run(args, workdir, workdir / "checkpoints-headroom",
                  {**base, "global_batch_size": args.headroom_batch,
-                  "compilation_cache_in_root": False}, name="headroom")
+                  "compilation_cache_in_root": False}, name="headroom",
+                 interval=args.headroom_interval)
     warm = results.get("warm")
     if warm is not None:
         verdict = "met" if warm["first step"] < 10 else "MISSED"

@@ -76,6 +76,10 @@ class PodEvents:
             for event in self._watch.stream(cluster.core.list_namespaced_pod, NAMESPACE,
                                             label_selector=f"tardigrade.dev/job={NAME}",
                                             resource_version=version, timeout_seconds=300):
+                if event is None:  # the client yields None for a line that is not JSON:
+                    if self._stopped:  # one cut short as stop() shuts the socket
+                        return
+                    raise AssertionError("an undecodable pod watch event")
                 pod = event["object"]
                 self.seen.append((pod.metadata.name,
                                   pod.metadata.labels["tardigrade.dev/attempt"],

@@ -4,11 +4,14 @@ On the CPU the device's memory statistics are absent, so the budget is given."""
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from tardigrade_trainer.checkpoint import staging
+from tardigrade_trainer.checkpoint.background import SaveThread
 from tardigrade_trainer.checkpoint.staging import DeviceBudget, StagedShard, stage
 from tardigrade_trainer.savestall import SaveStall
 
@@ -40,28 +43,75 @@ def _arrays(*rows: int) -> list[jax.Array]:
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 1000])
-@pytest.mark.parametrize("piece_bytes", [256, 4096, 1 << 30])
-def test_a_staged_shard_reads_back_exactly_and_frees_its_device_memory(rows, piece_bytes):
+def test_a_staged_shard_reads_back_exactly_and_frees_its_device_memory(rows):
     (array,) = _arrays(rows)
     expected = np.asarray(array).copy()
-    staged = StagedShard(array, piece_bytes)
-    assert staged.nbytes == expected.nbytes and staged.device_bytes == expected.nbytes
+    (staged,) = stage([(array.devices().pop(), array)], Budget(1 << 30)).values()
+    assert isinstance(staged, StagedShard)
+    assert staged.nbytes == expected.nbytes
     assert (staged.shape, staged.dtype) == (expected.shape, expected.dtype)
     np.testing.assert_array_equal(np.asarray(staged), expected)
-    assert staged.device_bytes == 0  # every piece given back once on the host
+    assert staged.device_bytes == 0  # given back once on the host
     np.testing.assert_array_equal(np.asarray(staged), expected)  # read once, kept
+
+
+def test_staged_shards_are_read_by_one_thread_in_the_order_they_were_staged(monkeypatch):
+    reads: list[tuple[str, tuple[int, ...]]] = []
+    original = StagedShard._to_host
+
+    def recorded(self):
+        reads.append((threading.current_thread().name, self.shape))
+        return original(self)
+
+    monkeypatch.setattr(StagedShard, "_to_host", recorded)
+    state = _arrays(10, 300, 40, 200)
+    got = stage([(a.devices().pop(), a) for a in state], Budget(1 << 30))
+    for i, a in enumerate(state):
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(a))
+    # Largest first, as staged, and never two at once (one reader thread).
+    assert [shape for _, shape in reads] == [(300, 64), (200, 64), (40, 64), (10, 64)]
+    assert {name for name, _ in reads} == {"checkpoint-device-read"}
+
+
+def test_a_staged_shard_released_before_its_read_frees_its_device_memory_unread():
+    gate = threading.Event()
+    reader = SaveThread("test-blocked-reader")
+    reader.submit(gate.wait)  # the reader is busy until the gate opens
+    (array,) = _arrays(50)
+    staged = StagedShard(jax.device_put(array, may_alias=False), reader)
+    assert staged.device_bytes == staged.nbytes
+    staged.release()
+    assert staged.device_bytes == 0
+    gate.set()
+    reader.shutdown()
 
 
 def test_a_staged_copy_survives_the_donation_of_the_state():
     state = _arrays(100, 300)
     expected = [np.asarray(a).copy() for a in state]
-    got = stage([(a.devices().pop(), a) for a in state], Budget(1 << 30), piece_bytes=4096)
+    got = stage([(a.devices().pop(), a) for a in state], Budget(1 << 30))
     step = jax.jit(lambda xs: [x * 0.0 - 1.0 for x in xs], donate_argnums=0)
     state = step(state)  # the next training step reuses the buffers
     jax.block_until_ready(state)
     assert all(isinstance(v, StagedShard) for v in got.values())
     for i, want in enumerate(expected):
         np.testing.assert_array_equal(np.asarray(got[i]), want)
+
+
+def test_a_layouts_first_copy_needs_no_compile_and_later_ones_use_the_compiled_program():
+    programs = staging.CopyPrograms()
+    state = _arrays(30, 70)
+    expected = [np.asarray(a).copy() for a in state]
+    assert not programs.wait_compiled(state[:1])  # nothing compiles for a layout never seen
+    step = jax.jit(lambda xs: [x * 0.0 - 1.0 for x in xs], donate_argnums=0)
+    first = programs.copy(list(state))  # device_put: the program compiles meanwhile
+    assert programs.wait_compiled(state)
+    later = programs.copy(list(state))
+    state = step(state)  # both copies are buffers of their own, safe from the donation
+    jax.block_until_ready(state)
+    for copies in (first, later):
+        for got, want in zip(copies, expected, strict=True):
+            np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_the_largest_shards_are_staged_while_the_budget_lasts_the_rest_copied_now():

@@ -54,8 +54,8 @@ class TrainerConfig:
     checkpoint_restore_inflight_mib: int = contract.DEFAULT_RESTORE_INFLIGHT_MIB
     # On an accelerator, device memory (MiB per device, taken only from what the training has
     # not used) a save may fill with a copy of the state, so that `save` returns before the
-    # device->host copy. 0: never (on a TPU v5e the copy stalled the steps it overlapped as
-    # much as a copy waited for: checkpoint/staging.py).
+    # device->host copy, which then overlaps the steps. 0: never (the default: a copy of the
+    # state costs as much device memory as the state; checkpoint/staging.py).
     checkpoint_snapshot_device_mib: int = 0
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
     # here starts training seconds sooner. A path (a volume the relaunched pods share) or a

@@ -97,7 +97,6 @@ class CheckpointManager:
         restore_inflight_bytes: int = restoreplan.DEFAULT_INFLIGHT_BYTES,
         chunk_files: bool = True,
         snapshot_device_bytes: int | None = 0,
-        snapshot_piece_bytes: int = staging.DEFAULT_PIECE_BYTES,
         faults: SaveFaults = NO_FAULTS,
     ) -> None:
         if restore_inflight_bytes < 1:
@@ -118,8 +117,7 @@ class CheckpointManager:
                                chunk_files=chunk_files)
         self._lines = RootLines(self.store, self._emit)
         self._snapshots = Snapshotter(self.process_id, self.process_count,
-                                      staging.DeviceBudget(snapshot_device_bytes),
-                                      snapshot_piece_bytes)
+                                      staging.DeviceBudget(snapshot_device_bytes))
         self._committer = Committer(
             self.store, self._lines, process_id=self.process_id,
             process_count=self.process_count, barrier_timeout_seconds=barrier_timeout_seconds,

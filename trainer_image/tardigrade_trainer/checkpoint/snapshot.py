@@ -40,16 +40,13 @@ class HostLeaf:
 class Snapshotter:
     """Copies a state's shards to host memory; one per manager (it caches the write plan).
 
-    `budget`: the device memory an accelerator snapshot may stage (staging.DeviceBudget);
-    `piece_bytes`: the pieces a staged shard is read to the host in."""
+    `budget`: the device memory an accelerator snapshot may stage (staging.DeviceBudget)."""
 
     def __init__(self, process_id: int, process_count: int,
-                 budget: staging.DeviceBudget | None = None,
-                 piece_bytes: int = staging.DEFAULT_PIECE_BYTES) -> None:
+                 budget: staging.DeviceBudget | None = None) -> None:
         self.process_id = process_id
         self.process_count = process_count
         self.budget = budget or staging.DeviceBudget()
-        self.piece_bytes = piece_bytes
         self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
         # Device memory the last snapshot staged (0 on the CPU, or with nothing staged).
         self.last_staged_bytes = 0
@@ -109,8 +106,7 @@ class Snapshotter:
             # they are copied: to spare device memory (read later) or to the host (now).
             flat = [(name, device, data) for name, by_device in copies_of.items()
                     for device, data in by_device.items()]
-            got = staging.stage([(device, data) for _, device, data in flat], self.budget,
-                                self.piece_bytes)
+            got = staging.stage([(device, data) for _, device, data in flat], self.budget)
             self.last_staged_bytes = staging.staged_bytes(list(got.values()))
             for i, (name, device, _) in enumerate(flat):
                 copies_of[name][device] = got[i]

@@ -16,32 +16,31 @@ device's limit less the peak in use and the programs' reserved memory seen at th
 save, less a margin: `DeviceBudget`), and at most what the user allows. The shards that fit
 are staged on the device, the rest are copied to host memory before `save` returns.
 
-Staging is off by default (budget 0), on what the chip showed: on the TPU v5e we measured,
-a device->host copy stalls the steps it overlaps as long as it runs, wherever it is issued
-from (the main thread of a loop running beside such a copy kept its full speed: the copy
-holds no GIL; the device did not overlap it with the steps). A loop that saved 2 GiB lost
-0.68 s with nothing staged and 0.67 s with all of it staged (and 2 GiB more device memory
-in use); the reference trainer with room to stage lost more per save staged than copied at
-once (docs/BENCHMARKS.md, "On a TPU chip"). Where the platform overlaps copies with
-compute, a budget turns the wait into background work.
-
-A staged shard is cut into pieces of at most `piece_bytes` on the device, and the save
-thread reads them one at a time, freeing each piece's device memory as soon as it is on the
-host: a read holds up a step that wants to start for at most one piece.
+Staging is off by default (budget 0): it costs device memory, and on the TPU v5e we
+measured it saves the loop little where the steps are short. There the device overlaps a
+device->host read with the steps only while one read is in flight: a loop of 0.13 s steps
+lost 11-48 ms while 2 GiB of staged copies were read from one thread, against 0.54-0.62 s
+waiting for a host copy, and 0.44-0.49 s when 16 threads read at once; with steps of a few
+milliseconds one reader still cost 0.39 s. So the staged copies are taken by one program and
+read by one thread, in order, from the moment they are staged (docs/BENCHMARKS.md, "On a
+TPU chip").
 """
 
 from __future__ import annotations
 
-import functools
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-# A device read holds up the loop for at most one piece (8 MiB: 2.5 ms at 3.2 GB/s).
-DEFAULT_PIECE_BYTES = 8 << 20
+from tardigrade_trainer.checkpoint.background import SaveThread
+
+log = logging.getLogger(__name__)
+
 # Device memory left free whatever the budget: fragmentation, and the runtime's own.
 MARGIN_FRACTION = 0.1
 MIN_MARGIN_BYTES = 512 << 20
@@ -98,82 +97,142 @@ class DeviceBudget:
         return budget if self.limit_bytes is None else min(budget, self.limit_bytes)
 
 
-@functools.cache
-def _row_slicer(rows: int) -> Any:
-    """A compiled `x[start:start + rows]` (start traced: one program per piece shape)."""
-    return jax.jit(lambda x, start: jax.lax.dynamic_slice_in_dim(x, start, rows, axis=0))
+def _copy_all(xs: list[jax.Array]) -> list[jax.Array]:
+    # `copy_p` (jnp.array(copy=True)), which jit does not forward to its input: the copies
+    # are new buffers, safe from the next step's donation.
+    return [jnp.array(x, copy=True) for x in xs]
 
 
-def _copy(shard: jax.Array) -> jax.Array:
-    return jax.device_put(shard, shard.sharding, may_alias=False)
+class CopyPrograms:
+    """One compiled program per layout copying a device's staged shards in one go.
+
+    A program copies 2 GiB in 8 ms on a v5e, `jax.device_put(..., may_alias=False)` in
+    213 ms, but compiling the program took 0.7-2.5 s: the first save of a layout copies with
+    `device_put` (no compile, the next step waits for the slower copy) and compiles the
+    program on a thread of its own for the saves after it."""
+
+    def __init__(self) -> None:
+        self._ready: dict[Any, Any] = {}
+        self._compiling: dict[Any, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(xs: Sequence[jax.Array]) -> Any:
+        return tuple((x.shape, x.dtype, x.sharding) for x in xs)
+
+    def copy(self, xs: list[jax.Array]) -> list[jax.Array]:
+        key = self.key(xs)
+        with self._lock:
+            program = self._ready.get(key)
+            if program is None and key not in self._compiling:
+                specs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+                         for x in xs]
+                thread = threading.Thread(target=self._compile, args=(key, specs),
+                                          name="checkpoint-copy-compile", daemon=True)
+                self._compiling[key] = thread
+                thread.start()
+        if program is not None:
+            return list(program(xs))
+        return list(jax.device_put(xs, [x.sharding for x in xs], may_alias=False))
+
+    def _compile(self, key: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
+        try:
+            program = jax.jit(_copy_all).lower(specs).compile()
+        except Exception as err:  # the device_put copy stays: slower, never wrong
+            log.warning("compiling the snapshot's copy program failed: %s", err)
+            return
+        with self._lock:
+            self._ready[key] = program
+
+    def wait_compiled(self, xs: Sequence[jax.Array]) -> bool:
+        """Wait for the program of `xs`'s layout, if one is compiling; whether it is ready."""
+        key = self.key(xs)
+        with self._lock:
+            thread = self._compiling.get(key)
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            return key in self._ready
+
+
+_programs = CopyPrograms()
+
+
+_reader: SaveThread | None = None
+_reader_lock = threading.Lock()
+
+
+def _device_reader() -> SaveThread:
+    """The one thread that reads staged copies to the host, in the order they were staged.
+    One, because the device overlaps a read with the steps only while it is the only one in
+    flight: on a TPU v5e a loop of 0.13 s steps lost 11-48 ms per 2 GiB read from one
+    thread, 0.22-0.35 s from 4 and 0.44-0.49 s from 16 (as much as a copy waited for), and
+    the save's writers run 16 threads."""
+    global _reader
+    with _reader_lock:
+        if _reader is None:
+            _reader = SaveThread("checkpoint-device-read")
+        return _reader
 
 
 class StagedShard:
-    """A shard's copy in device memory, in pieces; host data on first `np.asarray`.
+    """A shard's copy in device memory, read to the host by the device reader as soon as it
+    is staged (its device memory freed then); `np.asarray` waits for that read.
 
     Takes what the writers take of a shard's host data (`np.asarray`, `.nbytes`, `.shape`,
-    `.dtype`); reading it to the host frees its device memory piece by piece."""
+    `.dtype`)."""
 
-    def __init__(self, shard: jax.Array, piece_bytes: int) -> None:
-        self.shape = tuple(shard.shape)
-        self.dtype = np.dtype(shard.dtype)
-        self.nbytes = int(shard.nbytes)
-        rows = self.shape[0] if self.shape else 0
-        row_bytes = self.nbytes // rows if rows else self.nbytes
-        per_piece = max(1, piece_bytes // row_bytes) if row_bytes else rows
-        if rows < 2 or per_piece >= rows:
-            self._pieces = [_copy(shard)]
-        else:
-            # Dispatched now, before the caller returns to a loop that donates `shard`: the
-            # device orders these reads before the next step's writes.
-            self._pieces = [_row_slicer(min(per_piece, rows - start))(shard, start)
-                            for start in range(0, rows, per_piece)]
-        self._host: np.ndarray | None = None
+    def __init__(self, copy: jax.Array, reader: SaveThread | None = None) -> None:
+        self.shape = tuple(copy.shape)
+        self.dtype = np.dtype(copy.dtype)
+        self.nbytes = int(copy.nbytes)
+        self._copy: jax.Array | None = copy
         self._lock = threading.Lock()
+        self._read = (reader or _device_reader()).submit(self._to_host)
+
+    def _to_host(self) -> np.ndarray:
+        with self._lock:
+            copy = self._copy
+        assert copy is not None, "a released staged shard is never read"
+        host = np.asarray(copy)
+        with self._lock:
+            copy.delete()  # its device memory is free from here
+            self._copy = None
+        return host
 
     @property
     def device_bytes(self) -> int:
         """Device memory this shard still holds."""
-        return sum(int(p.nbytes) for p in self._pieces)
+        with self._lock:
+            return 0 if self._copy is None else self.nbytes
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        with self._lock:
-            if self._host is None:
-                self._host = self._to_host()
-        host = self._host
+        host = self._read.result()
         return host if dtype is None else host.astype(dtype, copy=False)
 
-    def _to_host(self) -> np.ndarray:
-        if len(self._pieces) == 1:
-            host = np.asarray(self._pieces[0])
-            self._pieces[0].delete()
-            self._pieces = []
-            return host
-        host = np.empty(self.shape, self.dtype)
-        row = 0
-        while self._pieces:
-            piece = self._pieces.pop(0)
-            part = np.asarray(piece)
-            piece.delete()  # its device memory is free from here
-            host[row : row + part.shape[0]] = part
-            row += part.shape[0]
-        return host
-
     def release(self) -> None:
-        """Free the device memory without reading it (a save that failed before its write)."""
+        """Free the device memory, read or not (a save that failed before its write)."""
+        if not self._read.cancel():
+            self._read.exception()  # a read under way ends first (and frees it)
         with self._lock:
-            for piece in self._pieces:
-                piece.delete()
-            self._pieces = []
+            if self._copy is not None:
+                self._copy.delete()
+                self._copy = None
 
 
-def stage(shards: Sequence[tuple[Any, jax.Array]], budget: DeviceBudget,
-          piece_bytes: int = DEFAULT_PIECE_BYTES) -> dict[int, StagedShard | np.ndarray]:
+def stage(shards: Sequence[tuple[Any, jax.Array]],
+          budget: DeviceBudget) -> dict[int, StagedShard | np.ndarray]:
     """Host data for each (device, single-device array), by position: staged on the device
     (a StagedShard) while the device's budget lasts, largest shards first (they hold the loop
-    longest), else copied to host memory here (the caller waits for those)."""
+    longest), else copied to host memory here (the caller waits for those).
+
+    A device's staged shards are copied at once (`CopyPrograms`), dispatched before this
+    returns to a loop that donates them (the device orders the copy before the next step's
+    writes): one program rather than one per shard, since every program launched between
+    two steps delays the next step (while hundreds of 8 MiB slices were staged one program
+    each, the reference trainer's steps took 0.5-0.65 s instead of 0.1 s on a v5e)."""
     remaining: dict[Any, int] = {}
-    staged: dict[int, StagedShard | np.ndarray] = {}
+    to_stage: dict[Any, list[int]] = {}
     direct: list[int] = []
     order = sorted(range(len(shards)), key=lambda i: -int(shards[i][1].nbytes))
     for i in order:
@@ -182,10 +241,15 @@ def stage(shards: Sequence[tuple[Any, jax.Array]], budget: DeviceBudget,
             remaining[device] = budget.for_device(device)
         size = int(data.nbytes)
         if 0 < size <= remaining[device]:
-            staged[i] = StagedShard(data, piece_bytes)
+            to_stage.setdefault(device, []).append(i)
             remaining[device] -= size
         else:
             direct.append(i)
+    staged: dict[int, StagedShard | np.ndarray] = {}
+    for positions in to_stage.values():
+        copies = _programs.copy([shards[i][1] for i in positions])
+        for i, copy in zip(positions, copies, strict=True):
+            staged[i] = StagedShard(copy)
     # Every direct copy in flight before the first wait: the device's DMA engines overlap.
     for i in direct:
         shards[i][1].copy_to_host_async()
