@@ -186,25 +186,22 @@ class StagedShard:
         self.shape = tuple(copy.shape)
         self.dtype = np.dtype(copy.dtype)
         self.nbytes = int(copy.nbytes)
+        # Only the read changes it, or `release` once the read was cancelled or has ended.
         self._copy: jax.Array | None = copy
-        self._lock = threading.Lock()
         self._read = (reader or _device_reader()).submit(self._to_host)
 
     def _to_host(self) -> np.ndarray:
-        with self._lock:
-            copy = self._copy
+        copy = self._copy
         assert copy is not None, "a released staged shard is never read"
         host = np.asarray(copy)
-        with self._lock:
-            copy.delete()  # its device memory is free from here
-            self._copy = None
+        copy.delete()  # its device memory is free from here
+        self._copy = None
         return host
 
     @property
     def device_bytes(self) -> int:
         """Device memory this shard still holds."""
-        with self._lock:
-            return 0 if self._copy is None else self.nbytes
+        return 0 if self._copy is None else self.nbytes
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         host = self._read.result()
@@ -214,10 +211,9 @@ class StagedShard:
         """Free the device memory, read or not (a save that failed before its write)."""
         if not self._read.cancel():
             self._read.exception()  # a read under way ends first (and frees it)
-        with self._lock:
-            if self._copy is not None:
-                self._copy.delete()
-                self._copy = None
+        if self._copy is not None:
+            self._copy.delete()
+            self._copy = None
 
 
 def stage(shards: Sequence[tuple[Any, jax.Array]],
