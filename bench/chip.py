@@ -85,6 +85,10 @@ def parse_args() -> argparse.Namespace:
                              "the training leaves free (0: never)")
     parser.add_argument("--staging", default="0.25,0.5,1",
                         help="the checkpoint bench's --staging fractions")
+    parser.add_argument("--compare-recompute", type=int, default=0, metavar="STEPS",
+                        help="also a run of STEPS steps that keeps attention's probabilities "
+                             "for the backward pass (recompute_attention: false), the "
+                             "baseline of the recomputation's throughput and step memory")
     return parser.parse_args()
 
 
@@ -164,11 +168,12 @@ class Run:
 
 def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
              config: dict[str, Any], name: str = "seed",
-             interval: int = 0) -> dict[str, Any]:
+             interval: int = 0, until: int = 0) -> dict[str, Any]:
+    """`until`: stop after that step (default: the step after the last save of `--steps`)."""
     interval = interval or args.interval
     run = Run(workdir, name, checkpoint, config, interval, args.log_compiles)
-    last_interval = (args.steps - 1) // interval * interval
-    run.read_until(lambda e: e.get("event") == "step" and e["step"] > last_interval)
+    last = until or (args.steps - 1) // interval * interval + 1
+    run.read_until(lambda e: e.get("event") == "step" and e["step"] >= last)
     code = run.finish(signal.SIGTERM)
     steps = run.of("step")
     if not steps:
@@ -189,6 +194,11 @@ def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
     first = steps[0]
     if started is not None:
         print(f"    fresh start to first step: {first['time'] - started:.1f} s")
+    compiled = run.of("compiled")[0] if run.of("compiled") else {}
+    working = compiled.get("step_working_bytes")
+    recompute = config.get("recompute_attention", True)
+    print(f"    attention {'recomputed' if recompute else 'kept'} for the backward pass; the "
+          f"step's working memory: {gib(working)}")
     lost = run.of("checkpoint_loop_time_lost")
     committed = {e["step"]: e for e in run.of("checkpoint_committed")}
     if not lost:
@@ -205,7 +215,11 @@ def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
               f"< 10%: {verdict}")
     notice = run.of("preempted")
     print(f"    save on notice: {'step ' + str(notice[0]['step']) if notice else 'none'}")
-    return {"tokens_per_second": tokens, "mfu": mfu}
+    return {"tokens_per_second": tokens, "mfu": mfu, "working_bytes": working}
+
+
+def gib(nbytes: int | None) -> str:
+    return "not reported" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
 
 
 def relaunch(args: argparse.Namespace, workdir: Path, checkpoint: Path,
@@ -231,8 +245,12 @@ def relaunch(args: argparse.Namespace, workdir: Path, checkpoint: Path,
     shown = ", ".join(f"{k} {v:.1f}" for k, v in sorted(found.items(), key=lambda kv: kv[1]))
     cache = {k: compiled[k] for k in ("cache_hits", "cache_requests", "backend_compile_seconds",
                                        "step_cache") if k in compiled}
+    read = run.of("checkpoint_restored")[0] if run.of("checkpoint_restored") else {}
+    spent = {k: read[k] for k in ("seconds", "marker_s", "read_wait_s", "device_put_s")
+             if k in read}
     print(f"relaunch {name} (restored step {restored}): first step at "
-          f"{found['first step']:.1f} s after the process started; {shown}; compile: {cache}")
+          f"{found['first step']:.1f} s after the process started; {shown}; compile: {cache}; "
+          f"restore: {spent}")
     return found
 
 
@@ -249,7 +267,15 @@ def main() -> int:
         checkpoint_bench(args, workdir)
     print(f"model {args.model}: {json.dumps(MODELS[args.model])}; "
           f"{model_flops_per_token(base) / 1e9:.2f} GFLOP per token")
-    seed_run(args, workdir, checkpoint, {**base, "compilation_cache_in_root": False})
+    seed = seed_run(args, workdir, checkpoint, {**base, "compilation_cache_in_root": False})
+    if args.compare_recompute:
+        kept = seed_run(args, workdir, workdir / "checkpoints-kept-attention",
+                        {**base, "compilation_cache_in_root": False,
+                         "recompute_attention": False},
+                        name="kept-attention", interval=10**6, until=args.compare_recompute)
+        ratio = seed["tokens_per_second"] / kept["tokens_per_second"]
+        print(f"recomputed attention against kept: throughput {ratio:.3f}x; step working "
+              f"memory {gib(seed['working_bytes'])} against {gib(kept['working_bytes'])}")
     results = {}
     sys.path.insert(0, str(REPO / "trainer_image"))
     from tardigrade_trainer import compile_cache

@@ -70,3 +70,16 @@ def lower_abstract(fn: Callable[..., Any], donate_args: tuple[bool, ...],
         out_shardings = infer_resource_partitions(output_shape, axis_mapping)
         jitted = _named_pjit_cache(fn, out_shardings=out_shardings)
         return jitted.lower(donated, kept, (static_fun, static_args))
+
+
+def working_memory_bytes(compiled: Any) -> int | None:
+    """The device memory the program needs beyond its inputs and outputs (XLA's buffer
+    assignment: activations kept for the backward pass, scratch), or None where the backend
+    does not say. What is left of a device after it and the state is what a save may stage
+    its snapshot in (checkpoint/staging.py)."""
+    try:
+        analysis = compiled.memory_analysis()
+    except Exception:  # backends and deserialized executables without the analysis
+        return None
+    temp = getattr(analysis, "temp_size_in_bytes", None)
+    return int(temp) if temp is not None else None

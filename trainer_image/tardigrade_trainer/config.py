@@ -34,6 +34,9 @@ class TrainerConfig:
     # CPU only: how many host-platform devices each process pretends to have.
     devices_per_process: int | None = None
     model_axis_size: int = 1
+    # Recompute attention in the backward pass instead of keeping its probabilities (model.py):
+    # much less device memory at long sequences, a few percent more FLOPs.
+    recompute_attention: bool = True
     log_every: int = 1
     # Gathers the whole state after every save/restore to log a hash: for tests, costly at scale.
     debug_state_hash: bool = False

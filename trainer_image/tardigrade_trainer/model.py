@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import equinox as eqx
 import haliax as hax
@@ -47,6 +48,11 @@ class Axes:
         )
 
 
+def _attention(axes: Axes, q: NamedArray, k: NamedArray, v: NamedArray,
+               mask: NamedArray) -> NamedArray:
+    return hnn.attention.dot_product_attention(axes.KPos, axes.HeadSize, q, k, v, mask=mask)
+
+
 class Block(eqx.Module):
     ln1: hnn.LayerNorm
     qkv: hnn.Linear
@@ -55,9 +61,14 @@ class Block(eqx.Module):
     up: hnn.Linear
     down: hnn.Linear
     axes: Axes = eqx.field(static=True)
+    # The attention probabilities (batch x heads x position x position, per layer) are the
+    # largest thing the backward pass keeps: at 184M, batch 32 x 512 on a TPU v5e they took
+    # about 12 of the chip's 15.7 GiB, leaving no room to stage a save (checkpoint/staging.py).
+    # Recomputed in the backward pass instead, for a few percent more FLOPs.
+    recompute_attention: bool = eqx.field(static=True, default=True)
 
     @staticmethod
-    def init(axes: Axes, *, key: jax.Array) -> Block:
+    def init(axes: Axes, *, key: jax.Array, recompute_attention: bool = True) -> Block:
         k_qkv, k_out, k_up, k_down = jax.random.split(key, 4)
         Qkv = Axis("qkv", 3)
         return Block(
@@ -68,6 +79,7 @@ class Block(eqx.Module):
             up=hnn.Linear.init(axes.Embed, axes.Mlp, key=k_up),
             down=hnn.Linear.init(axes.Mlp, axes.Embed, key=k_down),
             axes=axes,
+            recompute_attention=recompute_attention,
         )
 
     def __call__(self, x: NamedArray, mask: NamedArray) -> NamedArray:
@@ -76,7 +88,10 @@ class Block(eqx.Module):
         q = qkv["qkv", 0]
         k = qkv["qkv", 1].rename({a.Pos.name: a.KPos.name})
         v = qkv["qkv", 2].rename({a.Pos.name: a.KPos.name})
-        attn = hnn.attention.dot_product_attention(a.KPos, a.HeadSize, q, k, v, mask=mask)
+        attend = functools.partial(_attention, a)
+        if self.recompute_attention:
+            attend = jax.checkpoint(attend)
+        attn = attend(q, k, v, mask)
         x = x + self.out(attn)
         return x + self.down(hnn.gelu(self.up(self.ln2(x))))
 
@@ -95,7 +110,8 @@ class Gpt(eqx.Module):
         return Gpt(
             embed=hnn.Embedding.init(axes.Vocab, axes.Embed, key=k_embed),
             pos_embed=hax.random.normal(k_pos, (axes.Pos, axes.Embed)) * 0.02,
-            blocks=[Block.init(axes, key=k) for k in k_blocks],
+            blocks=[Block.init(axes, key=k, recompute_attention=config.recompute_attention)
+                    for k in k_blocks],
             ln_f=hnn.LayerNorm.init(axes.Embed),
             axes=axes,
         )

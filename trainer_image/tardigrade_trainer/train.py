@@ -168,8 +168,10 @@ class Trainer:
         compiled, outcome = compiling.result()
         step = compiled_step.CompiledStep(self._train_step, compiled, self.DONATE,
                                           compiling.example_args)
+        working = compiled_step.working_memory_bytes(compiled)
+        memory = {} if working is None else {"step_working_bytes": working}
         if jax.process_count() == 1:
-            return step, outcome.fields()
+            return step, {**outcome.fields(), **memory}
         timeout = self.env.init_timeout_seconds
         try:
             # Every rank waits for every rank's word: the meeting, and rank 0 learns how each
@@ -182,7 +184,7 @@ class Trainer:
                 f"not every rank had compiled the training step within {timeout:g} s: {err}"
             ) from err
         by_rank = {} if ranks is None else {"step_cache_ranks": ranks}  # rank 0's alone
-        return step, {**outcome.fields(), **by_rank}
+        return step, {**outcome.fields(), **memory, **by_rank}
 
     def run(self) -> None:
         compile_stats.watch()

@@ -331,12 +331,19 @@ class CheckpointManager:
         arrays, or jax.Arrays with `sharding`). A target or `dtype` of another dtype than the
         stored one casts (cast.py).
         """
+        started = time.perf_counter()
         info = self.read_info(step)
+        read_from = time.perf_counter()
+        timings: dict[str, float] = {}
         state, checked = restore.read_state(self.store, info, target, dtype=dtype,
                                             sharding=sharding,
                                             verify=self.verify_restore,
-                                            inflight_bytes=self.restore_inflight_bytes)
+                                            inflight_bytes=self.restore_inflight_bytes,
+                                            timings=timings)
+        done = time.perf_counter()
         self._emit({"event": "checkpoint_restored", "step": step, "path": info.path,
                     "saved_process_count": info.process_count, "saved_mesh": info.mesh,
-                    "regions_verified": checked})
+                    "regions_verified": checked, "seconds": round(done - started, 3),
+                    "marker_s": round(read_from - started, 3),
+                    **{k: round(v, 3) for k, v in timings.items()}})
         return state, info

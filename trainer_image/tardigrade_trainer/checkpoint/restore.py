@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 import mmap
+import time
 from typing import Any
 
 import jax
@@ -148,8 +149,12 @@ def _read_box(root: RootStore, store: ts.TensorStore, box: digest.Region,
 
 def read_state(root: RootStore, info: CheckpointInfo, target: Any, *, verify: bool,
                inflight_bytes: int, dtype: cast.DTypes = None,
-               sharding: targetless.ShardingChoice | None = None) -> tuple[Any, int]:
+               sharding: targetless.ShardingChoice | None = None,
+               timings: dict[str, float] | None = None) -> tuple[Any, int]:
     """(checkpoint `info` read into the shapes and shardings of `target`, regions verified).
+
+    `timings`, if given, gets where the calling thread spent the restore: `read_wait_s`
+    waiting for reads and their checks, `device_put_s` handing buffers to the devices.
 
     `target` is a pytree of `jax.ShapeDtypeStruct`s (or arrays) carrying `.sharding` for the
     current mesh; None reads the checkpoint's own leaves (targetless.py). A target or `dtype`
@@ -191,11 +196,18 @@ def read_state(root: RootStore, info: CheckpointInfo, target: Any, *, verify: bo
         # and what was read for each.
         placed: list[tuple[list[jax.Device | None], dict[jax.Device | None, Any]]] = []
 
+        spent = timings if timings is not None else {}
+        spent.update(read_wait_s=0.0, device_put_s=0.0)
+
         def place(read: _PendingRead, name: str, devices: list[jax.Device | None],
                   into: dict[jax.Device | None, Any], dtype: np.dtype) -> None:
+            started = time.perf_counter()
             buffer = cast.to_dtype(read.result(mismatches, name), dtype)  # after the check
+            checked_at = time.perf_counter()
             for device in devices:
                 into[device] = buffer if device is None else jax.device_put(buffer, device)
+            spent["read_wait_s"] += checked_at - started
+            spent["device_put_s"] += time.perf_counter() - checked_at
 
         for name, store_future, leaf in zip(names, stores, targets, strict=True):
             store = store_future.result()
