@@ -226,6 +226,11 @@ def relaunch(args: argparse.Namespace, workdir: Path, checkpoint: Path,
              config: dict[str, Any], name: str) -> dict[str, float] | None:
     run = Run(workdir, name, checkpoint, config, args.interval, args.log_compiles)
     run.read_until(lambda e: e.get("event") == "step")
+    if name == "cache-first" and not run.of("compilation_cache_pushed"):
+        # The run that fills the cache copies it into the checkpoint root once the step is
+        # compiled, beside the training (a gang on GKE trains on for minutes): killed at its
+        # first step, it would leave the warm relaunch a cache without the step.
+        run.read_until(lambda e: e.get("event") == "compilation_cache_pushed")
     code = run.finish(signal.SIGKILL)
     steps, startup = run.of("step"), run.of("startup")
     if not steps or not startup or startup[0].get("process_started") is None:

@@ -114,6 +114,26 @@ def test_a_layouts_first_copy_needs_no_compile_and_later_ones_use_the_compiled_p
             np.testing.assert_array_equal(np.asarray(got), want)
 
 
+def test_prepared_copy_programs_spare_the_first_save_its_device_put(monkeypatch):
+    state = _arrays(13, 301, 41, 203)
+    sizes = [int(a.nbytes) for a in state]
+    shards = [(a.devices().pop(), a) for a in state]
+    budget = Budget(sizes[1] + sizes[3])
+    staging.prepare(shards, budget)
+    # What a stage under this budget copies: the two largest shards, one program.
+    assert staging._programs.wait_compiled([state[1], state[3]])
+
+    def no_device_put(*args, **kwargs):
+        raise AssertionError("the first save copied by device_put: nothing was prepared")
+
+    monkeypatch.setattr(staging.jax, "device_put", no_device_put)
+    got = stage(shards, budget)
+    monkeypatch.undo()
+    assert staging.staged_bytes(list(got.values())) == sizes[1] + sizes[3]
+    for i, a in enumerate(state):
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(a))
+
+
 def test_the_largest_shards_are_staged_while_the_budget_lasts_the_rest_copied_now():
     state = _arrays(10, 300, 40, 200)  # 2.5 KiB per row
     sizes = [int(a.nbytes) for a in state]

@@ -191,6 +191,9 @@ class TardigradeCheckpoints:
             self.manager.wait(deadline)
         return self.manager.save(step, state, extra=extra, mesh=mesh, deadline=deadline)
 
+    def prepare_save(self, state: Any) -> None:
+        self.manager.prepare_save(state)
+
     def wait(self, deadline: Deadline | None = None) -> None:
         self.manager.wait(deadline)
 

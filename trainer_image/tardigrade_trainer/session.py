@@ -163,6 +163,7 @@ class TrainingSession:
         self._server: Any = None
         self._reported: Any = None
         self._stall = SaveStall()
+        self._save_prepared = False
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
@@ -328,9 +329,21 @@ class TrainingSession:
         reading it waits for the step to finish.
         """
         self.report(step, loss=loss)
+        self.prepare_save(state)
         reason = self.save_reason(step)
         if reason is not None:
             self.save(step, state, reason)
+
+    def prepare_save(self, state: Any) -> None:
+        """Once a step has run (later calls do nothing): get the checkpoints ready to save
+        states like `state`, so that the first save stalls the loop no longer than the next
+        ones (the staged snapshot's copy program compiles in the background)."""
+        if self._save_prepared:
+            return
+        self._save_prepared = True
+        prepare = getattr(self.checkpoints, "prepare_save", None)
+        if prepare is not None:
+            prepare(state)
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""

@@ -248,6 +248,14 @@ class CheckpointManager:
             self._saves, deadline)
         return blocked
 
+    def prepare_save(self, state: Any) -> None:
+        """Optional, once the loop has run a step: get ready to save states of `state`'s
+        layout, so the first save blocks no longer than the ones after it (snapshot.py)."""
+        try:
+            self._snapshots.prepare(state)
+        except leafkinds.LeafError as err:
+            raise CheckpointUsageError(f"cannot save this state: {err}") from None
+
     def _write_and_commit(self, step: int, leaves: list[HostLeaf], extra: dict[str, Any],
                           mesh: dict[str, int], save_id: int, until: Deadline | None
                           ) -> CheckpointInfo:

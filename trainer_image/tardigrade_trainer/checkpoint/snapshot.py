@@ -53,32 +53,9 @@ class Snapshotter:
 
     def copy_to_host(self, state: Any) -> list[HostLeaf]:
         """This host's part of `state`; LeafError for a leaf a checkpoint cannot hold."""
-        leaves = jax.tree_util.tree_leaves(state)
-        names = layout.leaf_names(state)
-        impls: dict[str, str] = {}
-        leaves = list(leaves)
-        for i, (name, leaf) in enumerate(zip(names, leaves, strict=True)):
-            if isinstance(leaf, jax.Array):
-                leafkinds.check_global(name, leaf, self.process_count)
-                if leafkinds.is_prng_key(leaf):
-                    impls[name] = leafkinds.key_impl(leaf)
-                    leaves[i] = jax.random.key_data(leaf)
-            elif not leafkinds.is_host_value(leaf):
-                raise leafkinds.LeafError(
-                    f"state leaf {name!r} is a {type(leaf).__name__}: a checkpoint holds "
-                    "jax.Arrays, numpy arrays and Python numbers")
-        named = [(name, leaf) for name, leaf in zip(names, leaves, strict=True)
-                 if isinstance(leaf, jax.Array)]
-        # The plan depends only on the layout, which a training loop keeps: computing it
-        # (seconds for thousands of devices) once keeps it out of every later save's stall.
-        layout_key = tuple((name, leaf.shape, leaf.dtype, leaf.sharding) for name, leaf in named)
-        if self._write_plan is None or self._write_plan[0] != layout_key:
-            self._write_plan = (layout_key, writers.plan([writers.layout(name, leaf)
-                                                          for name, leaf in named]))
-        plans = self._write_plan[1]
-        mine = {name: [w for w in p.writes if w.device.process_index == self.process_id]
-                for name, p in plans.items()}
-        on_cpu = all(w.device.platform == "cpu" for ws in mine.values() for w in ws)
+        names, leaves, impls = self._leaves(state)
+        plans, mine = self._plans(names, leaves)
+        on_cpu = _on_cpu(mine)
         if on_cpu:
             # CPU "device" memory is host memory: a private copy made by the runtime
             # (dispatched asynchronously, ordered before any later donation of the original
@@ -88,19 +65,10 @@ class Snapshotter:
             arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
             copies = jax.device_put([leaves[i] for i in arrays],
                                     [leaves[i].sharding for i in arrays], may_alias=False)
-            leaves = list(leaves)
             for i, copy in zip(arrays, copies, strict=True):
                 leaves[i] = copy
         self.last_staged_bytes = 0
-        copies_of: dict[str, dict[Any, Any]] = {}
-        for name, leaf in zip(names, leaves, strict=True):
-            if not isinstance(leaf, jax.Array):
-                continue
-            wanted = {w.device for w in mine[name]}
-            # One `addressable_shards` per leaf: each call makes new single-device arrays, and
-            # a host copy started on one is not the host copy of the next.
-            copies_of[name] = {shard.device: shard.data for shard in leaf.addressable_shards
-                               if shard.device in wanted}
+        copies_of = _my_shards(names, leaves, mine)
         if not on_cpu:
             # Off the CPU the next step, which may donate these buffers, must not start before
             # they are copied: to spare device memory (read later) or to the host (now).
@@ -130,3 +98,69 @@ class Snapshotter:
                 dtype = value.dtype.name
             host.append(HostLeaf(name, shape, dtype, chunk, shards, impls.get(name)))
         return host
+
+    def prepare(self, state: Any) -> None:
+        """Get ready to snapshot states of `state`'s layout: the write plan, and (on an
+        accelerator that stages) the staged copy's program, compiled in the background."""
+        names, leaves, _ = self._leaves(state)
+        _, mine = self._plans(names, leaves)
+        if _on_cpu(mine) or self.budget.limit_bytes == 0:
+            return
+        # The budget's headroom is measured once, from the device's peaks: wait for the step
+        # that computes `state` to have run (once per process), or they may not show it yet.
+        jax.block_until_ready([leaf for leaf in leaves if isinstance(leaf, jax.Array)])
+        copies_of = _my_shards(names, leaves, mine)
+        staging.prepare([(device, data) for by_device in copies_of.values()
+                         for device, data in by_device.items()], self.budget)
+
+    def _leaves(self, state: Any) -> tuple[list[str], list[Any], dict[str, str]]:
+        """(leaf names, leaves with typed PRNG keys as their key data, the keys' impls)."""
+        leaves = list(jax.tree_util.tree_leaves(state))
+        names = layout.leaf_names(state)
+        impls: dict[str, str] = {}
+        for i, (name, leaf) in enumerate(zip(names, leaves, strict=True)):
+            if isinstance(leaf, jax.Array):
+                leafkinds.check_global(name, leaf, self.process_count)
+                if leafkinds.is_prng_key(leaf):
+                    impls[name] = leafkinds.key_impl(leaf)
+                    leaves[i] = jax.random.key_data(leaf)
+            elif not leafkinds.is_host_value(leaf):
+                raise leafkinds.LeafError(
+                    f"state leaf {name!r} is a {type(leaf).__name__}: a checkpoint holds "
+                    "jax.Arrays, numpy arrays and Python numbers")
+        return names, leaves, impls
+
+    def _plans(self, names: list[str], leaves: list[Any]
+               ) -> tuple[dict[str, writers.LeafPlan], dict[str, list[writers.Write]]]:
+        """(the write plan of every array leaf, the writes of this host's devices)."""
+        named = [(name, leaf) for name, leaf in zip(names, leaves, strict=True)
+                 if isinstance(leaf, jax.Array)]
+        # The plan depends only on the layout, which a training loop keeps: computing it
+        # (seconds for thousands of devices) once keeps it out of every later save's stall.
+        layout_key = tuple((name, leaf.shape, leaf.dtype, leaf.sharding) for name, leaf in named)
+        if self._write_plan is None or self._write_plan[0] != layout_key:
+            self._write_plan = (layout_key, writers.plan([writers.layout(name, leaf)
+                                                          for name, leaf in named]))
+        plans = self._write_plan[1]
+        mine = {name: [w for w in p.writes if w.device.process_index == self.process_id]
+                for name, p in plans.items()}
+        return plans, mine
+
+
+def _on_cpu(mine: dict[str, list[writers.Write]]) -> bool:
+    return all(w.device.platform == "cpu" for ws in mine.values() for w in ws)
+
+
+def _my_shards(names: list[str], leaves: list[Any],
+               mine: dict[str, list[writers.Write]]) -> dict[str, dict[Any, Any]]:
+    """Per array leaf, the single-device arrays of the shards this host writes."""
+    copies_of: dict[str, dict[Any, Any]] = {}
+    for name, leaf in zip(names, leaves, strict=True):
+        if not isinstance(leaf, jax.Array):
+            continue
+        wanted = {w.device for w in mine[name]}
+        # One `addressable_shards` per leaf: each call makes new single-device arrays, and a
+        # host copy started on one is not the host copy of the next.
+        copies_of[name] = {shard.device: shard.data for shard in leaf.addressable_shards
+                           if shard.device in wanted}
+    return copies_of

@@ -121,6 +121,14 @@ class CopyPrograms:
         return tuple((x.shape, x.dtype, x.sharding) for x in xs)
 
     def copy(self, xs: list[jax.Array]) -> list[jax.Array]:
+        program = self.compile_ahead(xs)
+        if program is not None:
+            return list(program(xs))
+        return list(jax.device_put(xs, [x.sharding for x in xs], may_alias=False))
+
+    def compile_ahead(self, xs: Sequence[jax.Array]) -> Any:
+        """The program for `xs`'s layout if it is ready, else None, after starting its
+        compile on a thread of its own if none is under way."""
         key = self.key(xs)
         with self._lock:
             program = self._ready.get(key)
@@ -131,9 +139,7 @@ class CopyPrograms:
                                           name="checkpoint-copy-compile", daemon=True)
                 self._compiling[key] = thread
                 thread.start()
-        if program is not None:
-            return list(program(xs))
-        return list(jax.device_put(xs, [x.sharding for x in xs], may_alias=False))
+        return program
 
     def _compile(self, key: Any, specs: list[jax.ShapeDtypeStruct]) -> None:
         try:
@@ -227,6 +233,33 @@ def stage(shards: Sequence[tuple[Any, jax.Array]],
     writes): one program rather than one per shard, since every program launched between
     two steps delays the next step (while hundreds of 8 MiB slices were staged one program
     each, the reference trainer's steps took 0.5-0.65 s instead of 0.1 s on a v5e)."""
+    to_stage, direct = _choose(shards, budget)
+    staged: dict[int, StagedShard | np.ndarray] = {}
+    for positions in to_stage:
+        copies = _programs.copy([shards[i][1] for i in positions])
+        for i, copy in zip(positions, copies, strict=True):
+            staged[i] = StagedShard(copy)
+    # Every direct copy in flight before the first wait: the device's DMA engines overlap.
+    for i in direct:
+        shards[i][1].copy_to_host_async()
+    for i in direct:
+        staged[i] = np.asarray(shards[i][1])
+    return staged
+
+
+def prepare(shards: Sequence[tuple[Any, jax.Array]], budget: DeviceBudget) -> None:
+    """Start compiling the copy programs a `stage` of `shards` (of the same layout) would
+    run, so that the first save need not copy by `device_put`: on a v5e the reference
+    trainer's first staged save lost 0.6 s of steps (16% of the save) that way, the saves
+    after it 0.06-0.2 s. The budget's headroom is measured here (call it after a step)."""
+    to_stage, _ = _choose(shards, budget)
+    for positions in to_stage:
+        _programs.compile_ahead([shards[i][1] for i in positions])
+
+
+def _choose(shards: Sequence[tuple[Any, jax.Array]],
+            budget: DeviceBudget) -> tuple[list[list[int]], list[int]]:
+    """(positions to stage, one list per device; positions to copy to the host now)."""
     remaining: dict[Any, int] = {}
     to_stage: dict[Any, list[int]] = {}
     direct: list[int] = []
@@ -241,17 +274,7 @@ def stage(shards: Sequence[tuple[Any, jax.Array]],
             remaining[device] -= size
         else:
             direct.append(i)
-    staged: dict[int, StagedShard | np.ndarray] = {}
-    for positions in to_stage.values():
-        copies = _programs.copy([shards[i][1] for i in positions])
-        for i, copy in zip(positions, copies, strict=True):
-            staged[i] = StagedShard(copy)
-    # Every direct copy in flight before the first wait: the device's DMA engines overlap.
-    for i in direct:
-        shards[i][1].copy_to_host_async()
-    for i in direct:
-        staged[i] = np.asarray(shards[i][1])
-    return staged
+    return list(to_stage.values()), direct
 
 
 def staged_bytes(values: Sequence[Any]) -> int:
