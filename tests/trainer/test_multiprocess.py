@@ -31,6 +31,20 @@ def straight_run(tmp_path_factory):
     return gang
 
 
+def test_every_step_is_reported_once_in_order_and_before_its_save(straight_run):
+    # The loop reads a step's loss once the next step is dispatched (train.py), except for a
+    # step it saves: progress must say the step is done before its checkpoint starts.
+    for rank in (0, 1):
+        records = straight_run.records(rank)
+        steps = [r["step"] for r in records if r.get("event") == "step"]
+        assert steps == list(range(1, STEPS + 1)), (rank, steps)
+        at = {(r["event"], r.get("step")): i for i, r in enumerate(records)}
+        for saved in (10, 20):
+            assert at[("step", saved)] < at[("checkpoint_started", saved)], rank
+            if saved < STEPS:  # the save starts before the next step is reported
+                assert at[("checkpoint_started", saved)] < at[("step", saved + 1)], rank
+
+
 def _hash_at(gang, step: int) -> str:
     return next(e["hash"] for e in gang.events("state_hash") if e["step"] == step)
 

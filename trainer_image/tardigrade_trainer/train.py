@@ -234,10 +234,8 @@ class Trainer:
                     {"event": "compilation_cache_pushed", **fields}))
         window_start, window_steps = time.perf_counter(), 0
 
-        for step in session.steps(config.steps):
-            x, y = data.sharded_batch(config, step, batch_sharding)
-            state, loss = step_fn(state, x, y)
-            session.prepare_save(state)
+        def report(step: int, loss: jax.Array) -> None:
+            nonlocal window_start, window_steps
             window_steps += 1
             if step % config.log_every == 0 or step == config.steps:
                 loss_value = float(loss)  # waits for the step: only when we log
@@ -248,10 +246,27 @@ class Trainer:
                 session.report(step, loss=loss_value, tokens_per_second=tps)
             else:
                 session.report(step)
+
+        # A step is reported (its loss read) once the next one is dispatched: the device runs
+        # the next step while the host waits for the loss and does its bookkeeping, so a host
+        # hiccup shorter than a step (a save's threads holding the GIL) costs the device
+        # nothing. A step to be saved is reported before its save, as progress must be.
+        unreported: tuple[int, jax.Array] | None = None
+        for step in session.steps(config.steps):
+            x, y = data.sharded_batch(config, step, batch_sharding)
+            state, loss = step_fn(state, x, y)
+            session.prepare_save(state)
+            if unreported is not None:
+                report(*unreported)
+            unreported = (step, loss)
             reason = session.save_reason(step)
             if reason is not None:
+                report(*unreported)
+                unreported = None
                 if config.debug_state_hash:
                     self.log({"event": "state_hash", "step": step,
                               "hash": gathered_state_hash(state)})
                 session.save(step, state, reason, mesh=plan.describe(),
                              extra={"config": dataclasses.asdict(config)})
+        if unreported is not None:
+            report(*unreported)
