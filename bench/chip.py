@@ -16,10 +16,13 @@ runs where no socket can be opened) as the operator would, and reads its JSON lo
      windows after the first steps), the model FLOPs utilisation against the chip's peak
      (`--peak-tflops`, v5e bf16 197), and for every interval save the loop time lost over the
      steps the save overlapped, as the trainer logs it (`checkpoint_loop_time_lost`), against
-     the save's own duration;
+     the save's own duration; and the step's working memory. With `--compare-recompute N`,
+     a run of N steps that keeps attention's probabilities for the backward pass instead of
+     recomputing them (the trainer's default): the throughput and memory it is judged against;
   2. relaunches: the same job started again (it restores the save on notice), killed once
      its first step is logged: without JAX's persistent compilation cache (`cold`), with an
-     empty cache (`cache-first`: it fills it) and with the cache that run filled (`warm`: a
+     empty cache (`cache-first`: it fills it, and is killed only once it has copied the
+     cache into the checkpoint root) and with the cache that run filled (`warm`: a
      relaunched gang on GKE). Both cached runs keep the cache where the trainer does by
      default, beside the checkpoints (compile_cache.py). For each, the time from
      the process's start to its phases and to its first step (from the trainer's `startup`,
