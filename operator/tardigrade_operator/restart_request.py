@@ -11,6 +11,7 @@ another namespace cannot make a gang restart.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 
 import aiohttp
@@ -33,7 +34,8 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
     world = trigger.world.encode() if trigger.world is not None else None
     if world is not None:
         headers["Content-Type"] = "application/json"
-    why = ""
+    tries: list[str] = []  # what each try met, for the log
+    unanswered = False  # a try may have reached the rank, its answer lost
     for attempt in range(ATTEMPTS):
         if attempt:
             await asyncio.sleep(RETRY_SECONDS)
@@ -42,11 +44,37 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
                 if answer.status in (200, 202):
                     return True
-                why = f"HTTP {answer.status} {(await answer.text())[:200]}".strip()
+                tries.append(f"HTTP {answer.status} {(await answer.text())[:200]}".strip())
                 if answer.status in (400, 401, 404, 413):
                     break  # wrong key, or restart in place off in that pod: no retry helps
         except (TimeoutError, aiohttp.ClientError) as err:
-            why = str(err) or type(err).__name__
+            if unanswered and _gone(err):
+                # A kept rank's trainer stops serving only when it exits, which it does once
+                # it has taken a request (or its wait ran out, tens of seconds after its save):
+                # the try that went unanswered got through. Taking this as a refusal recreated
+                # ranks that had restarted in place, and the gang formed with two pods for
+                # each (1,024 simulated ranks on a loaded host, docs/BENCHMARKS.md).
+                logging.getLogger(__name__).info(
+                    "restart in place: %s took the request (its answer was lost; it has left "
+                    "to restart)", trigger.pod)
+                return True
+            unanswered = unanswered or isinstance(err, _UNANSWERED)
+            tries.append(f"{type(err).__name__}: {err}".rstrip(": "))
     logging.getLogger(__name__).warning("restart in place: %s did not take the request: %s",
-                                        trigger.pod, why)
+                                        trigger.pod, "; then ".join(tries))
     return False
+
+
+# A try that failed after it may have been delivered: no answer in time, or the connection
+# closed under it.
+_UNANSWERED = (TimeoutError, aiohttp.ServerDisconnectedError)
+
+
+def _gone(err: BaseException) -> bool:
+    """The rank's endpoint is gone (its trainer exited): nothing listens there any more, or
+    the connection was dropped unanswered (closed, or reset)."""
+    if isinstance(err, aiohttp.ServerDisconnectedError):
+        return True
+    if isinstance(err, aiohttp.ClientConnectorError):
+        return getattr(err.os_error, "errno", None) == errno.ECONNREFUSED
+    return isinstance(err, aiohttp.ClientOSError) and err.errno == errno.ECONNRESET

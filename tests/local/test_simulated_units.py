@@ -252,3 +252,27 @@ async def test_a_simulated_rank_told_by_a_peer_outwaits_the_one_whose_pod_goes(t
     async with asyncio.timeout(5):
         assert await ranks[0].wait() == contract.EXIT_RESTART_IN_PLACE
     await runtime.stop()
+
+
+async def test_a_rank_that_has_left_gives_no_http_answer_before_its_socket_closes():
+    """A real trainer's sockets go with its process: a request in the moment between a
+    simulated rank's exit and its listening socket's closing is dropped, never answered 404
+    (which the operator reads as "restart in place is off in that pod")."""
+    from types import SimpleNamespace
+
+    from tardigrade_local.kubelet.simulated import ProgressEndpoints
+
+    endpoints = ProgressEndpoints()
+    ip = network.IpAllocator().allocate()
+    rank = SimpleNamespace(env=SimpleNamespace(progress_port=contract.DEFAULT_PROGRESS_PORT),
+                           gang=SimpleNamespace(key=("ns", "job", 1, 1)), process_id=0,
+                           exit=None, frozen=False)
+    await endpoints.open(rank, ip)
+    rank.exit = object()  # it has left; its socket is not closed yet
+    base = f"http://{ip}:{contract.DEFAULT_PROGRESS_PORT}"
+    async with aiohttp.ClientSession() as session:
+        for method, path in (("GET", "/progress"), ("POST", contract.RESTART_IN_PLACE_PATH)):
+            with pytest.raises(aiohttp.ServerDisconnectedError):
+                async with session.request(method, base + path):
+                    pass
+    await endpoints.stop()

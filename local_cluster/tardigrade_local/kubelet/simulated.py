@@ -27,7 +27,7 @@ import logging
 import signal
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 from tardigrade_trainer import contract, inplace
@@ -203,11 +203,21 @@ class ProgressEndpoints:
         if site is not None:
             await site.stop()
 
+    @staticmethod
+    def _gone(request: web.Request) -> NoReturn:
+        """A request to a rank that has left, in the moment before its listening socket is
+        closed: a real trainer's sockets go with its process, so the client gets no HTTP
+        answer (a 404 here made the operator take a rank that had restarted in place for one
+        that refused its request). The connection is dropped unanswered."""
+        if request.transport is not None:
+            request.transport.abort()
+        raise web.HTTPNotFound()  # not written: the connection is gone
+
     async def _progress(self, request: web.Request) -> web.StreamResponse:
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         rank = self._by_address.get((sockname[0], sockname[1])) if sockname else None
         if rank is None or rank.exit is not None:
-            raise web.HTTPNotFound()
+            self._gone(request)
         while rank.frozen and rank.exit is None:
             # A stopped process accepts connections (the kernel does) and never answers.
             await asyncio.sleep(0.5)
@@ -221,7 +231,7 @@ class ProgressEndpoints:
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         rank = self._by_address.get((sockname[0], sockname[1])) if sockname else None
         if rank is None or rank.exit is not None:
-            raise web.HTTPNotFound()
+            self._gone(request)
         if (request.content_length or 0) > contract.MAX_WORLD_BYTES:
             return web.Response(status=413)
         loop = asyncio.get_running_loop()

@@ -1,0 +1,108 @@
+"""The operator's restart request to a kept rank (restart_request.py): what counts as taken."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+from aiohttp import web
+from tardigrade_operator.restart_in_place import Trigger
+from tardigrade_operator.restart_request import request_restart
+
+PATH = "/restart-in-place"
+
+
+async def _serve(handler) -> tuple[web.AppRunner, web.TCPSite, int]:
+    app = web.Application()
+    app.router.add_post(PATH, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, site, port
+
+
+def _trigger(port: int) -> Trigger:
+    return Trigger(pod="job-a1-3", url=f"http://127.0.0.1:{port}{PATH}?attempt=2", key="k",
+                   world='{"attempt": 2}')
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed on leaving: nothing listens there
+
+
+async def test_a_rank_that_took_the_request_and_left_before_answering_counts_as_taken():
+    taken: list[str] = []
+    answer_lost = asyncio.Event()
+
+    async def restart(request: web.Request) -> web.StreamResponse:
+        taken.append(await request.text())
+        await site.stop()  # the trainer exits to restart: its endpoint closes
+        await answer_lost.wait()  # and its answer never comes
+        return web.Response(status=202)
+
+    runner, site, port = await _serve(restart)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await request_restart(session, _trigger(port), timeout=0.5)
+    finally:
+        answer_lost.set()
+        await runner.cleanup()
+    assert taken == ['{"attempt": 2}']  # taken once: the retry found the endpoint gone
+
+
+async def test_a_rank_that_dropped_the_retry_after_a_lost_answer_counts_as_taken():
+    tries = 0
+    answer_lost = asyncio.Event()
+
+    async def restart(request: web.Request) -> web.StreamResponse:
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            await answer_lost.wait()  # taken, the answer never comes
+        assert request.transport is not None
+        request.transport.abort()  # the trainer has left since
+        raise web.HTTPNotFound()
+
+    runner, _, port = await _serve(restart)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await request_restart(session, _trigger(port), timeout=0.5)
+    finally:
+        answer_lost.set()
+        await runner.cleanup()
+    assert tries == 2
+
+
+async def test_a_rank_not_listening_from_the_first_try_did_not_take_it(caplog):
+    async with aiohttp.ClientSession() as session:
+        assert not await request_restart(session, _trigger(_closed_port()), timeout=0.5)
+    assert "did not take the request" in caplog.text
+
+
+async def test_a_rank_that_refuses_the_key_did_not_take_it():
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=401, text="wrong key")
+
+    runner, _, port = await _serve(refuse)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert not await request_restart(session, _trigger(port), timeout=0.5)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_rank_that_accepts_took_it():
+    async def accept(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=202)
+
+    runner, _, port = await _serve(accept)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await request_restart(session, _trigger(port), timeout=0.5)
+    finally:
+        await runner.cleanup()
