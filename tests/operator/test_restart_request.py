@@ -35,23 +35,33 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed on leaving: nothing listens there
 
 
+async def _ask(handler, answer_lost: asyncio.Event | None = None,
+               sites: list[web.TCPSite] | None = None) -> bool:
+    """request_restart against `handler`, serving on a port of its own."""
+    runner, site, port = await _serve(handler)
+    if sites is not None:
+        sites.append(site)
+    try:
+        async with aiohttp.ClientSession() as session:
+            return await request_restart(session, _trigger(port), timeout=0.5)
+    finally:
+        if answer_lost is not None:
+            answer_lost.set()
+        await runner.cleanup()
+
+
 async def test_a_rank_that_took_the_request_and_left_before_answering_counts_as_taken():
     taken: list[str] = []
+    sites: list[web.TCPSite] = []
     answer_lost = asyncio.Event()
 
     async def restart(request: web.Request) -> web.StreamResponse:
         taken.append(await request.text())
-        await site.stop()  # the trainer exits to restart: its endpoint closes
+        await sites[0].stop()  # the trainer exits to restart: its endpoint closes
         await answer_lost.wait()  # and its answer never comes
         return web.Response(status=202)
 
-    runner, site, port = await _serve(restart)
-    try:
-        async with aiohttp.ClientSession() as session:
-            assert await request_restart(session, _trigger(port), timeout=0.5)
-    finally:
-        answer_lost.set()
-        await runner.cleanup()
+    assert await _ask(restart, answer_lost, sites)
     assert taken == ['{"attempt": 2}']  # taken once: the retry found the endpoint gone
 
 
@@ -68,13 +78,7 @@ async def test_a_rank_that_dropped_the_retry_after_a_lost_answer_counts_as_taken
         request.transport.abort()  # the trainer has left since
         raise web.HTTPNotFound()
 
-    runner, _, port = await _serve(restart)
-    try:
-        async with aiohttp.ClientSession() as session:
-            assert await request_restart(session, _trigger(port), timeout=0.5)
-    finally:
-        answer_lost.set()
-        await runner.cleanup()
+    assert await _ask(restart, answer_lost)
     assert tries == 2
 
 
@@ -88,21 +92,11 @@ async def test_a_rank_that_refuses_the_key_did_not_take_it():
     async def refuse(request: web.Request) -> web.StreamResponse:
         return web.Response(status=401, text="wrong key")
 
-    runner, _, port = await _serve(refuse)
-    try:
-        async with aiohttp.ClientSession() as session:
-            assert not await request_restart(session, _trigger(port), timeout=0.5)
-    finally:
-        await runner.cleanup()
+    assert not await _ask(refuse)
 
 
 async def test_a_rank_that_accepts_took_it():
     async def accept(request: web.Request) -> web.StreamResponse:
         return web.Response(status=202)
 
-    runner, _, port = await _serve(accept)
-    try:
-        async with aiohttp.ClientSession() as session:
-            assert await request_restart(session, _trigger(port), timeout=0.5)
-    finally:
-        await runner.cleanup()
+    assert await _ask(accept)
