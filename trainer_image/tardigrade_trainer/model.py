@@ -65,10 +65,10 @@ class Block(eqx.Module):
     # largest thing the backward pass keeps: at 184M, batch 32 x 512 on a TPU v5e they took
     # about 12 of the chip's 15.7 GiB, leaving no room to stage a save (checkpoint/staging.py).
     # Recomputed in the backward pass instead, for a few percent more FLOPs.
-    recompute_attention: bool = eqx.field(static=True, default=True)
+    recompute_attention: bool = eqx.field(static=True)
 
     @staticmethod
-    def init(axes: Axes, *, key: jax.Array, recompute_attention: bool = True) -> Block:
+    def init(axes: Axes, *, key: jax.Array, recompute_attention: bool) -> Block:
         k_qkv, k_out, k_up, k_down = jax.random.split(key, 4)
         Qkv = Axis("qkv", 3)
         return Block(
