@@ -38,16 +38,24 @@ class StepLog:
     @classmethod
     def from_container_logs(cls, layout: StateLayout, namespace: str, job: str) -> StepLog:
         """The complete log, from the files the kubelet keeps: it still has the logs of pods
-        already deleted and of nodes that are gone, which the API can no longer serve."""
+        already deleted and of nodes that are gone, which the API can no longer serve, and a
+        restarted container's run before (the kubelet keeps one; an earlier one is gone)."""
         steplog = cls(None, namespace, job)
         pod_name = re.compile(rf"{re.escape(namespace)}_{re.escape(job)}-a(\d+)-0")
         pod_dirs = [(int(m.group(1)), d) for d in layout.pods_dir.glob(f"{namespace}_{job}-a*-0")
                     if (m := pod_name.fullmatch(d.name))]
         for attempt, pod_dir in sorted(pod_dirs):
-            for log_file in sorted(pod_dir.glob("*.log")):
-                if not log_file.name.endswith(".previous.log"):
-                    for line in crilog.text(log_file.read_bytes()).splitlines():
-                        steplog._read(line, attempt)
+            current = sorted(f for f in pod_dir.glob("*.log")
+                             if not f.name.endswith(".previous.log"))
+            for log_file in current:
+                # A container restarted in its pod (restart in place) left its run before in
+                # `.previous.log`: that run came first.
+                previous = log_file.with_name(log_file.name.removesuffix(".log")
+                                              + ".previous.log")
+                for part in (previous, log_file):
+                    if part.exists():
+                        for line in crilog.text(part.read_bytes()).splitlines():
+                            steplog._read(line, attempt)
         return steplog
 
     def collect(self) -> None:

@@ -115,6 +115,23 @@ def test_step_log_reads_rank_zero_of_every_attempt_from_the_kubelet_files(tmp_pa
     assert log.restored == [1]
 
 
+def test_step_log_reads_the_run_before_a_restart_in_place_first(tmp_path):
+    """Rank 0 kept across attempts (restarted by its kubelet): one pod, two runs."""
+    layout = StateLayout(tmp_path)
+    pod = "default_job-a1-0"
+    (layout.pods_dir / pod).mkdir(parents=True)
+    layout.previous_container_log("default", "job-a1-0", "trainer").write_bytes(_cri([
+        {"event": "step", "step": 1, "loss": 2.0, "attempt": 1},
+        {"event": "checkpoint_committed", "step": 1, "attempt": 1}]))
+    layout.container_log("default", "job-a1-0", "trainer").write_bytes(_cri([
+        {"event": "checkpoint_restored", "step": 1, "attempt": 2},
+        {"event": "step", "step": 2, "loss": 1.5, "attempt": 2}]))
+    log = StepLog.from_container_logs(layout, "default", "job")
+    assert [(r["event"], r["attempt"]) for r in log.records] == [
+        ("step", 1), ("checkpoint_committed", 1), ("checkpoint_restored", 2), ("step", 2)]
+    assert log.curve() == {1: 2.0, 2: 1.5}
+
+
 def _bench_goodput():
     """bench/goodput.py, loaded from its file (bench/ is scripts, not a package)."""
     import importlib.util
