@@ -66,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dir", required=True, help="scratch directory (checkpoints, caches)")
     parser.add_argument("--model", choices=sorted(MODELS), default="184m")
     parser.add_argument("--steps", type=int, default=30, help="steps of the seed run")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="global batch size (default: the model's; 1 to try 184m on a CPU)")
     parser.add_argument("--interval", type=int, default=10, help="save every N steps")
     parser.add_argument("--peak-tflops", type=float, default=197.0,
                         help="the chip's peak (v5e: 197 bf16 TFLOP/s)")
@@ -172,11 +174,15 @@ class Run:
 def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
              config: dict[str, Any], name: str = "seed",
              interval: int = 0, until: int = 0) -> dict[str, Any]:
-    """`until`: stop after that step (default: the step after the last save of `--steps`)."""
+    """`until`: stop after that step (default: the step after the last save of `--steps`).
+    A seed with the compilation cache on is stopped only once it has copied the cache into
+    the checkpoint root."""
     interval = interval or args.interval
     run = Run(workdir, name, checkpoint, config, interval, args.log_compiles)
     last = until or (args.steps - 1) // interval * interval + 1
     run.read_until(lambda e: e.get("event") == "step" and e["step"] >= last)
+    if config.get("compilation_cache_in_root", True) and not run.of("compilation_cache_pushed"):
+        run.read_until(lambda e: e.get("event") == "compilation_cache_pushed")
     code = run.finish(signal.SIGTERM)
     steps = run.of("step")
     if not steps:
@@ -187,7 +193,9 @@ def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
     flops = model_flops_per_token(config) * tokens
     mfu = flops / (args.peak_tflops * 1e12)
     start = run.of("start")[0] if run.of("start") else {}
-    print(f"{name} run (fresh start, no cache, batch {config['global_batch_size']}) on "
+    cached = ("filling the compilation cache" if config.get("compilation_cache_in_root", True)
+              else "no cache")
+    print(f"{name} run (fresh start, {cached}, batch {config['global_batch_size']}) on "
           f"{start.get('platform', '?')} "
           f"({start.get('devices', '?')} devices): exit {code}; {len(steps)} steps; "
           f"{tokens:,.0f} tokens/s (median of {len(rates)} steps after the first 3); "
@@ -269,13 +277,18 @@ def main() -> int:
     workdir.mkdir(parents=True)
     checkpoint = workdir / "checkpoints"
     cache = checkpoint / "compilation-cache"  # the trainer's default place
-    base = {**MODELS[args.model], "steps": 100000, "log_every": 1,
+    model = {**MODELS[args.model], **({"global_batch_size": args.batch} if args.batch else {})}
+    base = {**model, "steps": 100000, "log_every": 1,
             "checkpoint_snapshot_device_mib": args.staging_mib}
     if not args.skip_checkpoint_bench:
         checkpoint_bench(args, workdir)
-    print(f"model {args.model}: {json.dumps(MODELS[args.model])}; "
+    print(f"model {args.model}: {json.dumps(model)}; "
           f"{model_flops_per_token(base) / 1e9:.2f} GFLOP per token")
-    seed = seed_run(args, workdir, checkpoint, {**base, "compilation_cache_in_root": False})
+    relaunches = [n for n in args.relaunches.split(",") if n]
+    # Without a `cache-first` relaunch, the seed fills the cache a `warm` one reads.
+    seed_fills = "warm" in relaunches and "cache-first" not in relaunches
+    seed = seed_run(args, workdir, checkpoint,
+                    {**base, "compilation_cache_in_root": seed_fills})
     if args.compare_recompute:
         kept = seed_run(args, workdir, workdir / "checkpoints-kept-attention",
                         {**base, "compilation_cache_in_root": False,
@@ -290,7 +303,7 @@ def main() -> int:
 
     where = compile_cache.location(None, str(checkpoint))
     assert where is not None
-    for name in [n for n in args.relaunches.split(",") if n]:
+    for name in relaunches:
         # The trainer's default: the cache beside the checkpoints, as on GKE; every relaunch
         # is a new pod whose disk has no copy of it.
         config = dict(base)
@@ -310,7 +323,28 @@ def main() -> int:
         verdict = "met" if warm["first step"] < 10 else "MISSED"
         print(f"target: warm relaunch to first step {warm['first step']:.1f} s < 10 s: "
               f"{verdict}")
+        floor(workdir, cache, warm["first step"])
     return 0
+
+
+def floor(workdir: Path, cache: Path, first_step: float) -> None:
+    """What this machine takes before any relaunch can step: a program that only opens the
+    chip and loads the step the warm relaunch loaded (bench/chip_floor.py), in a process of
+    its own once the trainer has let go of the chip."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "chip_floor.py"),
+                           "--step-cache", str(cache)], cwd=workdir, capture_output=True,
+                          text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        print(f"floor: not measured (exit {done.returncode}): {done.stderr[-2000:]}")
+        return
+    found = json.loads(lines[-1])
+    print(f"floor: {json.dumps(found)}")
+    if "step_loaded_s" in found:
+        print(f"    the warm relaunch's first step came {first_step - found['step_loaded_s']:.1f}"
+              f" s after a program that only opened the chip ({found['devices_open_s']:.1f} s)"
+              f" and loaded the step ({found['step_load_s']:.1f} s) had both, at "
+              f"{found['step_loaded_s']:.1f} s")
 
 
 if __name__ == "__main__":

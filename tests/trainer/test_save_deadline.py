@@ -171,6 +171,32 @@ def test_retention_deletes_stay_out_of_a_save_on_notice(proxy):
     manager.close()
 
 
+def test_a_relaunch_owed_deletes_does_not_wait_for_them(proxy):
+    """The deletes a save on notice left undone run beside the next attempt's training
+    (`start_retention`, the trainer's start-up); the next save waits for them."""
+    url = f"gs://{BUCKET}/startup-retention"
+    first = CheckpointManager(url, keep=KeepLast(1), storage=DEFAULT_RETRIES)
+    for step in (10, 20):  # each a save on notice: its deletes are left for the next start
+        first.save(step, _state(step), deadline=Deadline.after(60.0, "the notice"))
+        first.wait(Deadline.after(60.0, "the notice"))
+    first.close()
+    events: list[dict] = []
+    relaunched = CheckpointManager(url, keep=KeepLast(1), storage=DEFAULT_RETRIES,
+                                   on_event=events.append)
+    assert relaunched.list_steps()[0] == [10, 20]
+    # Deleting step 10 hangs, as on a bucket that stopped answering.
+    proxy.set_rules([FaultRule("write", action="stall", path_contains="step_00000010")])
+    relaunched.start_retention()  # returns while the delete hangs
+    wait_for(lambda: proxy.injected["stall"] >= 1, 30, "the delete of step 10 to reach the bucket")
+    assert relaunched.list_steps()[0] == [10, 20]
+    proxy.clear()
+    relaunched.save(30, _state(30))  # waits for the deletes first
+    relaunched.wait()
+    assert {"event": "checkpoint_deleted", "step": 10} in events
+    assert relaunched.list_steps() == ([30], [])
+    relaunched.close()
+
+
 @pytest.mark.slow
 def test_the_trainer_fails_a_stalled_save_on_notice_inside_the_window(proxy, tmp_path):
     url = f"gs://{BUCKET}/trainer-deadline"

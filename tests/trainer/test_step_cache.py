@@ -132,6 +132,25 @@ def test_a_second_compile_loads_the_stored_step(tmp_path):
     assert second.fields()["step_cache"] == "hit" and "step_cache_detail" not in second.fields()
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_backend_hook_runs_once_after_the_python_side(tmp_path, cached, monkeypatch):
+    """`on_backend` tells the trainer the GIL is free for its restore: once per call, after
+    the key is computed and before the executable is loaded or compiled."""
+    cache = StepCache(tmp_path, rank=0) if cached else None
+    lowered, x = _lowered_example()
+    if cached:
+        compile_or_load(lowered, cache, jax.devices()[:1])  # now a hit
+    calls: list[str] = []
+    hooked = step_cache.entry_key
+    monkeypatch.setattr(step_cache, "entry_key",
+                        lambda *args: (calls.append("key"), hooked(*args))[1])
+    compiled, outcome = compile_or_load(lowered, cache, jax.devices()[:1],
+                                        on_backend=lambda: calls.append("backend"))
+    assert outcome.result == ("hit" if cached else "off")
+    assert calls == (["key", "backend"] if cached else ["backend"])
+    np.testing.assert_allclose(compiled(x), np.sin(np.arange(8.0)) * 2.0 + 1.0, rtol=1e-6)
+
+
 @pytest.mark.parametrize("damage", ["flipped byte", "valid digest, not an executable"])
 def test_an_entry_that_does_not_load_falls_back_to_compiling(tmp_path, damage):
     cache = StepCache(tmp_path, rank=0)

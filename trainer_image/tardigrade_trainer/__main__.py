@@ -86,13 +86,15 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     from tardigrade_trainer import distributed
 
     distributed.configure_host_devices(config.devices_per_process)
+    if env.num_processes == 1 and not attempts.wanted(os.environ):
+        # A restart in process forks before any device is open: not there. Before the cache's
+        # pull, which opening the devices does not need (nothing compiles before the cache is
+        # configured below): the chip opens while the cache is copied.
+        distributed.open_devices_early()
     cache = compile_cache.location(config.compilation_cache_dir, env.checkpoint_path,
                                    config.compilation_cache_in_root)
     mirror, pulled = _pull_compilation_cache(cache, env, config)
     distributed.configure_compilation_cache(cache.local if cache else None)
-    if env.num_processes == 1 and not attempts.wanted(os.environ):
-        # A restart in process forks before any device is open: not there.
-        distributed.open_devices_early()
 
     from tardigrade_trainer.session import TrainingSession
     from tardigrade_trainer.train import Trainer, checkpoint_options

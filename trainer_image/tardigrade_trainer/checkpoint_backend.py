@@ -61,7 +61,8 @@ class Checkpoints(Protocol):
         ...
 
     def started(self) -> None:
-        """After the restore (or the fresh start): deletes the keep policy still owes."""
+        """After the restore (or the fresh start): start the deletes the keep policy still owes
+        (beside the training: the next save waits for them)."""
         ...
 
     def save(self, step: int, state: Any, extra: Mapping[str, Any],
@@ -179,8 +180,9 @@ class TardigradeCheckpoints:
         return Restored(state, int(info.extra.get("data_position", choice.step + 1)))
 
     def started(self) -> None:
-        # Deletes the keep policy owes from a save on notice (which skips them).
-        self.manager.apply_retention()
+        # Deletes the keep policy owes from a save on notice (which skips them), beside the
+        # training.
+        self.manager.start_retention()
 
     def save(self, step: int, state: Any, extra: Mapping[str, Any],
              mesh: Mapping[str, int] | None = None,

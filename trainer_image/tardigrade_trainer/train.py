@@ -72,10 +72,13 @@ class StepCompile:
     """The step being compiled (or loaded) in a daemon thread: a process that has nothing to
     train leaves without waiting for it."""
 
-    def __init__(self, compile_step: Callable[[], tuple[Any, step_cache.Outcome]],
+    def __init__(self, compile_step: Callable[[threading.Event], tuple[Any, step_cache.Outcome]],
                  example_args: tuple[Any, ...]) -> None:
+        """`compile_step(traced)` sets `traced` once its Python work (tracing, lowering) is
+        done and the backend's (loading or compiling the program) begins."""
         self.example_args = example_args
         self._done = threading.Event()
+        self._traced = threading.Event()
         self._result: tuple[Any, step_cache.Outcome] | None = None
         self._error: BaseException | None = None
         # The program's working memory (compiled_step.working_memory_bytes): asked here, since
@@ -84,17 +87,23 @@ class StepCompile:
 
         def run() -> None:
             try:
-                self._result = compile_step()
+                self._result = compile_step(self._traced)
                 self.working_bytes = compiled_step.working_memory_bytes(self._result[0])
             except BaseException as err:  # handed to the caller of result()
                 self._error = err
             finally:
+                self._traced.set()
                 self._done.set()
 
         threading.Thread(target=run, name="compile-step", daemon=True).start()
 
     def wait(self) -> None:
         self._done.wait()
+
+    def wait_traced(self) -> None:
+        """Until the step is traced and lowered (or failed): what follows (loading or
+        compiling it) leaves the interpreter to other threads."""
+        self._traced.wait()
 
     def result(self) -> tuple[Any, step_cache.Outcome]:
         self._done.wait()
@@ -148,13 +157,14 @@ class Trainer:
         cache = (step_cache.StepCache(self.cache.local, jax.process_index())
                  if self.cache is not None else None)
 
-        def compile_step() -> tuple[Any, step_cache.Outcome]:
+        def compile_step(traced: threading.Event) -> tuple[Any, step_cache.Outcome]:
             # The mesh and the axis mapping are the thread's own: enter the loop's.
             with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
                 lowered = compiled_step.lower_abstract(
                     self._train_step, self.DONATE, self.plan.axis_mapping, target, x, y)
                 return step_cache.compile_or_load(lowered, cache,
-                                                  list(self.plan.mesh.devices.flat))
+                                                  list(self.plan.mesh.devices.flat),
+                                                  on_backend=traced.set)
 
         return StepCompile(compile_step, (target, x, y))
 
@@ -214,6 +224,11 @@ class Trainer:
         session.checkpoints  # noqa: B018  (the gang's restore decision, before the restore)
         if session.restore_step < config.steps:
             self._compiling = self._start_compiling(target, batch_sharding)
+            # The restore (or the initialisation) waits until the step is traced: the step's
+            # tracing and the restore are both mostly Python, and sharing the interpreter
+            # slowed both (a TPU relaunch: 5.4 s restoring, the step's load 3 s late). Loading
+            # or compiling the step, the longer part, then runs beside the restore.
+            self._compiling.wait_traced()
         state = session.restore_or(
             lambda: hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key),
             target=target)

@@ -315,6 +315,16 @@ class CheckpointManager:
             return []
         return self._retention.collect(newest, threading.Event())
 
+    def start_retention(self) -> None:
+        """`apply_retention` in the background, as after a save: a relaunch's first step
+        does not wait behind the deletes (seconds for a large checkpoint on some storage).
+        The next save, `wait` and `close` wait for them; a save on notice stops them."""
+        if self.process_id != 0:
+            return
+        newest = self.latest_committed()
+        if newest is not None:
+            self._retention.start(newest, after_save=False)
+
     def collect_partials(self, below: int | None = None) -> list[int]:
         """Delete partial checkpoints (all, or those older than `below`); process 0 only.
 

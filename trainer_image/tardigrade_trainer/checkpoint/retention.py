@@ -35,15 +35,18 @@ class Retention:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def start(self, newest: int) -> None:
-        """Apply the keep policy up to `newest` in the background (process 0)."""
+    def start(self, newest: int, after_save: bool = True) -> None:
+        """Apply the keep policy up to `newest` in the background (process 0): after the save
+        of `newest`, or (`after_save` false) at start-up, for the deletes a save on notice
+        left undone."""
         self.join()  # one at a time; the previous one is done or stopping
         self._stop = threading.Event()
         stop = self._stop
 
         def run() -> None:
             self.collect(newest, stop)
-            self.faults.at(AFTER_GC, newest, self.process_id)
+            if after_save:
+                self.faults.at(AFTER_GC, newest, self.process_id)
 
         # A daemon: a process leaving after a save on notice must not wait for deletes.
         self._thread = threading.Thread(target=run, name="checkpoint-retention", daemon=True)
