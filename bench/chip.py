@@ -1,8 +1,9 @@
 """Everything one accelerator chip shows: checkpoints, and the reference trainer's throughput,
 MFU, save stall and start-up times.
 
-    python bench/chip.py --dir DIR [--model 184m|tiny] [--steps 30] [--interval 10]
-        [--checkpoint-gib 2] [--skip-checkpoint-bench]
+    python bench/chip.py --dir DIR [--model 184m|tiny] [--batch N] [--steps 30]
+        [--interval 10] [--checkpoint-gib 2] [--skip-checkpoint-bench]
+        [--relaunches cold,cache-first,warm]
 
 First `bench/checkpoint_bandwidth.py` on the chip (one device, `--checkpoint-gib` GiB of state,
 Tardigrade and Orbax in the same run, the staging trade-off), in a process of its own (one
@@ -27,7 +28,10 @@ runs where no socket can be opened) as the operator would, and reads its JSON lo
      default, beside the checkpoints (compile_cache.py). For each, the time from
      the process's start to its phases and to its first step (from the trainer's `startup`,
      `restore_done`, `compiled` and `step` events; time 0 is the process's start as the
-     kernel records it).
+     kernel records it). Without a `cache-first` relaunch, the seed run fills the cache that
+     `warm` reads (`--relaunches warm`: the relaunch alone, in about two minutes);
+  3. after a warm relaunch, the machine's floor (bench/chip_floor.py): when a program that
+     does nothing but open the chip and load the step the relaunch loaded has both.
 
 Target (issue 30): a warm relaunch reaches its first step in under 10 s on the chip; the loop
 time lost per save is under 10% of the save's duration. A run whose trainer logged no save or
