@@ -73,6 +73,11 @@ class Checkpoints(Protocol):
         fails (CheckpointIOError) instead of running on."""
         ...
 
+    def prepare_save(self, state: Any) -> None:
+        """Once a step has run: get ready to save states like `state`, so that the first save
+        stalls the loop no longer than the next ones."""
+        ...
+
     def wait(self, deadline: Deadline | None = None) -> None:
         """Block until the save in flight is committed; CheckpointIOError if it failed (or
         did not commit by `deadline`)."""

@@ -116,6 +116,9 @@ class OrbaxCheckpoints:
     def started(self) -> None:
         pass  # Orbax applies max_to_keep / keep_period itself
 
+    def prepare_save(self, state: Any) -> None:
+        pass  # nothing of Orbax's save is prepared ahead
+
     def committed_steps(self) -> list[int]:
         try:
             self.manager.reload()

@@ -341,9 +341,7 @@ class TrainingSession:
         if self._save_prepared:
             return
         self._save_prepared = True
-        prepare = getattr(self.checkpoints, "prepare_save", None)
-        if prepare is not None:
-            prepare(state)
+        self.checkpoints.prepare_save(state)
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""

@@ -190,21 +190,19 @@ class Outcome:
 
 
 def compile_or_load(lowered: Any, cache: StepCache | None, devices: Sequence[Any],
-                    on_backend: Callable[[], None] | None = None) -> tuple[Any, Outcome]:
+                    on_backend: Callable[[], None] = lambda: None) -> tuple[Any, Outcome]:
     """The `jax.stages.Compiled` of `lowered` (compiled for `devices`, in that order), from
     `cache` when it holds it, else compiled and stored there. `on_backend` is called once the
     Python side is done, as the backend starts loading or compiling (which release the GIL)."""
     started = time.perf_counter()
     if cache is None:
-        if on_backend is not None:
-            on_backend()
+        on_backend()
         return lowered.compile(), Outcome("off", time.perf_counter() - started)
     import jax
     from jax.experimental import serialize_executable
 
     key = entry_key(lowered.as_text(), program_facts(devices))
-    if on_backend is not None:
-        on_backend()
+    on_backend()
     why: str | None = None
     found = False
     try:

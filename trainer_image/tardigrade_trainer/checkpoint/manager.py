@@ -308,22 +308,20 @@ class CheckpointManager:
     def apply_retention(self) -> list[int]:
         """Run the keep policy now (process 0): at start-up, for deletes a save on notice
         left undone. Returns the steps deleted."""
-        if self.process_id != 0:
-            return []
-        newest = self.latest_committed()
-        if newest is None:
-            return []
-        return self._retention.collect(newest, threading.Event())
+        newest = self._retention_due()
+        return [] if newest is None else self._retention.collect(newest, threading.Event())
 
     def start_retention(self) -> None:
         """`apply_retention` in the background, as after a save: a relaunch's first step
         does not wait behind the deletes (seconds for a large checkpoint on some storage).
         The next save, `wait` and `close` wait for them; a save on notice stops them."""
-        if self.process_id != 0:
-            return
-        newest = self.latest_committed()
+        newest = self._retention_due()
         if newest is not None:
             self._retention.start(newest, after_save=False)
+
+    def _retention_due(self) -> int | None:
+        """The newest committed step, up to which the keep policy applies (process 0 only)."""
+        return self.latest_committed() if self.process_id == 0 else None
 
     def collect_partials(self, below: int | None = None) -> list[int]:
         """Delete partial checkpoints (all, or those older than `below`); process 0 only.
