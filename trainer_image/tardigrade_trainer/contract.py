@@ -95,6 +95,17 @@ ENV_RESTART_KEY = "TARDIGRADE_RESTART_KEY"
 # the container's restart rule stays for a rank that exits 77 anyway.
 ENV_RESTART_IN_PROCESS = "TARDIGRADE_RESTART_IN_PROCESS"
 RESTART_IN_PLACE_PATH = "/restart-in-place"
+# The job's keys live in a Secret the operator creates for each job (owned by the job, so gone
+# with it) and reach only the job's pods, through `secretKeyRef`: never as literal env values,
+# which anyone who may read pods could read. The restart key above is SECRET_RESTART_KEY in it.
+SECRET_RESTART_KEY = "restart-key"
+# The bearer token the operator presents on GET /progress (rank 0 answers no one else).
+ENV_PROGRESS_TOKEN = "TARDIGRADE_PROGRESS_TOKEN"
+SECRET_PROGRESS_TOKEN = "progress-token"
+# The key that authenticates compilation-cache entries (HMAC-SHA256) kept where others may
+# write (the checkpoint root, a gs:// cache): an entry without a valid tag is never loaded.
+ENV_CACHE_KEY = "TARDIGRADE_CACHE_KEY"
+SECRET_CACHE_KEY = "cache-key"
 # The request's body is the rank's new world (the annotation's JSON): a kept rank need not wait
 # for the kubelet to see the operator's pod patch. Worlds are ~200 bytes; more is refused.
 MAX_WORLD_BYTES = 4096
@@ -182,6 +193,8 @@ class TrainerEnvironment:
     restart_in_place_dir: str | None = None
     restart_key: str | None = None
     restart_in_process: bool = False
+    progress_token: str | None = None
+    cache_key: str | None = None
     accelerator: str | None = None  # one of ACCELERATOR_KINDS
 
     @property
@@ -220,6 +233,8 @@ class TrainerEnvironment:
             ENV_INIT_FROM_STEP: self.init_from_step,
             ENV_RESTART_IN_PLACE_DIR: self.restart_in_place_dir,
             ENV_RESTART_KEY: self.restart_key,
+            ENV_PROGRESS_TOKEN: self.progress_token,
+            ENV_CACHE_KEY: self.cache_key,
             ENV_ACCELERATOR: self.accelerator,
         }
         env.update({k: v if isinstance(v, str) else _format_number(v)
@@ -322,6 +337,8 @@ class TrainerEnvironment:
             restart_in_place_dir=env.get(ENV_RESTART_IN_PLACE_DIR) or None,
             restart_key=env.get(ENV_RESTART_KEY) or None,
             restart_in_process=switched_on(env, ENV_RESTART_IN_PROCESS),
+            progress_token=env.get(ENV_PROGRESS_TOKEN) or None,
+            cache_key=env.get(ENV_CACHE_KEY) or None,
             accelerator=accelerator,
         )
 
