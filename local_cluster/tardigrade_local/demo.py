@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 
 from tardigrade_local.cluster import LocalCluster, operator_command, repo_root
-from tardigrade_local.demo_report import Marker, plot_losses, write_table
+from tardigrade_local.demo_report import Marker, plot_losses, recovery_markers, write_table
 from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
 from tardigrade_local.kubelet import NodeConfig
 from tardigrade_local.steplog import StepLog
@@ -105,7 +105,9 @@ def run_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoRes
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(reference))
         log, ref_log = StepLog(core, NAMESPACE, name), StepLog(core, NAMESPACE, ref_name)
-        markers: list[Marker] = []
+        # When the demo acts: the markers come afterwards from the job's recorded recoveries,
+        # at the steps the gang saved at, not at the step last read from the log here.
+        preempted = resized = False
         seen_events: set[str] = set()
         started = time.monotonic()
         status: dict[str, Any] = {}
@@ -120,21 +122,19 @@ def run_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoRes
             ref_status = _status(custom, ref_name)
             _print_events(console, core, name, seen_events)
             _print_progress(console, started, status, ref_status, log)
-            if not any(m.label.startswith("preempt") for m in markers) \
-                    and log.last_step >= settings.preempt_at:
+            if not preempted and log.last_step >= settings.preempt_at:
                 node = _node_of_rank(core, name, rank=1)
                 if node:
                     console.print(f"[bold red]Preempting node {node}[/] (spot reclaim, "
                                   f"{settings.grace_seconds:.0f}s grace)")
                     cluster.preempt_node(node, grace_seconds=settings.grace_seconds,
                                          replace_after_seconds=2)
-                    markers.append(Marker(log.last_step, f"preemption of {node}"))
-            if markers and not any(m.label.startswith("resize") for m in markers) \
+                    preempted = True
+            if preempted and not resized \
                     and log.last_step >= settings.resize_at and status.get("phase") == "Running":
                 console.print(f"[bold yellow]Scaling to {settings.resize_to} replicas[/]")
                 kubectl("scale", f"trainingjob/{name}", f"--replicas={settings.resize_to}")
-                markers.append(Marker(log.last_step,
-                                      f"resize {status.get('replicas')} -> {settings.resize_to}"))
+                resized = True
             phases = (status.get("phase"), ref_status.get("phase"))
             if "Failed" in phases:
                 raise RuntimeError(f"a job failed: {status.get('message') or ref_status}")
@@ -149,8 +149,9 @@ def run_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoRes
             "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
         ref_obj = custom.get_namespaced_custom_object(
             "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", ref_name)
+    markers = recovery_markers((job_obj.get("status") or {}).get("recoveries") or [])
     plot = plot_losses(log.curve(), ref_log.curve(), markers, out_dir / "tardigrade-demo.png")
-    table = write_table(job_obj, ref_obj, log.curve(), ref_log.curve(),
+    table = write_table(job_obj, ref_obj, log.curve(), ref_log.curve(), markers,
                         out_dir / "tardigrade-demo.md")
     (out_dir / "tardigrade-demo.json").write_text(json.dumps({
         "job": job_obj.get("status"), "reference": ref_obj.get("status"),

@@ -4,16 +4,64 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 
 @dataclasses.dataclass
 class Marker:
-    """A disruption drawn on the loss curve, at the step it happened."""
+    """A recovery drawn on the loss curve, at the step its new gang resumed from."""
 
     step: int
     label: str
+    cause: str = ""
+
+
+def recovery_markers(recoveries: Sequence[Mapping[str, Any]]) -> list[Marker]:
+    """The markers for a job's recorded recoveries (`status.recoveries`, camelCase).
+
+    Each goes at the checkpoint step the relaunched gang restored (`restoreStep`): after a
+    save on notice that is the step every rank saved at, which is where the curve really
+    broke, not the step the demo happened to have read from the log when it acted.
+    """
+    markers = []
+    for index, recovery in enumerate(recoveries):
+        where = f"status.recoveries[{index}]"
+        cause = recovery.get("cause")
+        if not isinstance(cause, str) or not cause:
+            raise ValueError(f"{where}.cause: expected the recovery's cause (e.g. "
+                             f"'Preemption'), got {cause!r}")
+        restored = _count(recovery.get("restoreStep"), f"{where}.restoreStep")
+        lost = _count(recovery.get("stepsLost"), f"{where}.stepsLost") or 0
+        step = restored or 0
+        if cause == "Resize":
+            label = (f"resize {_replicas(recovery.get('fromReplicas'))} -> "
+                     f"{_replicas(recovery.get('toReplicas'))} at step {step}")
+        elif restored is None:
+            label = f"{cause.lower()}: no checkpoint, restarted from step 0"
+        elif lost == 0:
+            label = f"{cause.lower()} save at step {step}"
+        else:
+            label = (f"{cause.lower()} at step {step + lost}, resumed from step {step} "
+                     f"({lost} steps lost)")
+        markers.append(Marker(step, label, cause))
+    return markers
+
+
+def _count(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: expected a step count (an integer >= 0), got {value!r}")
+    return value
+
+
+def _replicas(value: Any) -> str:
+    return "?" if value is None else str(value)
+
+
+MARKER_COLORS = {"Preemption": "tab:red", "Resize": "tab:orange"}
 
 
 def plot_losses(curve: dict[int, float], reference: dict[int, float], markers: list[Marker],
@@ -30,9 +78,8 @@ def plot_losses(curve: dict[int, float], reference: dict[int, float], markers: l
                   alpha=0.45, solid_capstyle="round", label="reference (undisturbed)", zorder=1)
     axis.plot(list(curve), list(curve.values()), color="tab:blue", linewidth=1.3,
               label="with preemption and resize", zorder=2)
-    colors = {"preemption": "tab:red", "resize": "tab:orange"}
     for marker in markers:
-        color = next((c for key, c in colors.items() if marker.label.startswith(key)), "k")
+        color = MARKER_COLORS.get(marker.cause, "k")
         axis.axvline(marker.step, color=color, linestyle=":", linewidth=1.5)
         axis.annotate(marker.label, xy=(marker.step, 1.0), xycoords=("data", "axes fraction"),
                       xytext=(4, -14), textcoords="offset points", color=color, fontsize=9)
@@ -69,7 +116,7 @@ def table_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write_table(job: dict[str, Any], reference: dict[str, Any], curve: dict[int, float],
-                reference_curve: dict[int, float], path: Path) -> Path:
+                reference_curve: dict[int, float], markers: list[Marker], path: Path) -> Path:
     rows = table_rows(job)
     headers = list(rows[0])
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -87,5 +134,7 @@ def write_table(job: dict[str, Any], reference: dict[str, Any], curve: dict[int,
         f"- steps lost in total: {lost}",
         f"- restarts: {status.get('restarts')}",
     ]
+    # The same steps the picture marks, so the two cannot disagree.
+    lines += [f"- marked on the curve: {marker.label}" for marker in markers]
     path.write_text("\n".join(lines) + "\n")
     return path

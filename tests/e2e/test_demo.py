@@ -48,10 +48,15 @@ def test_demo_tells_the_story(tmp_path):
     assert "| 3 | Resize | 3 |" in table
     assert "- final step: 90 (phase Succeeded)" in table
     assert "- steps lost in total: 0" in table
+    # The markers sit where the gang saved and resumed, as the operator recorded it.
+    preempted, resized = (r["restoreStep"] for r in status["recoveries"])
+    assert f"- marked on the curve: preemption save at step {preempted}" in table
+    assert f"- marked on the curve: resize 2 -> 3 at step {resized}" in table
 
     image = Image.open(tmp_path / "tardigrade-demo.png")
     description = json.loads(image.info["Description"])
     assert description["final_step"] == 90
+    assert [m["step"] for m in description["markers"]] == [preempted, resized]
     assert [m["label"].split()[0] for m in description["markers"]] == ["preemption", "resize"]
     pixels = np.asarray(image.convert("RGB"))
     assert _has_color(pixels, (214, 39, 40)), "preemption marker (red) missing"
