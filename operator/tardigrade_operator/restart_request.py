@@ -53,7 +53,7 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger,
                 # it has taken a request (or its wait ran out, tens of seconds after its save):
                 # the try that went unanswered got through. Taking this as a refusal recreated
                 # ranks that had restarted in place, and the gang formed with two pods for
-                # each (1,024 simulated ranks on a loaded host, docs/BENCHMARKS.md).
+                # each (1,024 simulated ranks on a loaded host, docs/benchmarks/recovery.md).
                 logging.getLogger(__name__).info(
                     "restart in place: %s took the request (its answer was lost; it has left "
                     "to restart)", trigger.pod)

@@ -50,7 +50,7 @@ RELEASE_WAIT_SECONDS = 5.0
 # The operator's word comes later in a bigger gang: its decision and its requests (one per
 # rank, a bounded number at a time) grow with the ranks. At 1,024 simulated ranks on one
 # loaded machine half the ranks had given up their 5 s before their request came, and each
-# then met the back-off (docs/BENCHMARKS.md, "The world in the restart request").
+# then met the back-off (git show a74afbd:docs/BENCHMARKS.md, "The world in the restart request").
 RELEASE_WAIT_PER_RANK_SECONDS = 0.02
 # Left of the shutdown window after the wait: the exit and its termination message.
 EXIT_MARGIN_SECONDS = 1.0

@@ -2,7 +2,7 @@
 
 TensorStore does everything, on a local path or gs://: keys (commit markers, the root record,
 listing, deletes) through one kvstore, state leaves as zarr3 arrays. On a local disk two
-things are swapped in where they pay for themselves (docs/BENCHMARKS.md):
+things are swapped in where they pay for themselves (docs/benchmarks/checkpoint.md):
 
 * durability: one syncfs per host per save (durability.py) instead of TensorStore's fsync of
   every file and directory;

@@ -23,7 +23,7 @@ device overlaps a device->host read with the steps only while one read is in fli
 of 0.13 s steps lost 11-48 ms while 2 GiB of staged copies were read from one thread, against
 0.54-0.62 s waiting for a host copy, and 0.44-0.49 s when 16 threads read at once. So the
 staged copies are taken by one program (compiled ahead by `prepare`) and read by one thread,
-in order, from the moment they are staged (docs/BENCHMARKS.md, "On a TPU chip").
+in order, from the moment they are staged (docs/benchmarks/tpu-chip.md).
 """
 
 from __future__ import annotations
