@@ -183,8 +183,8 @@ class ClusterWriter:
             raise KeysSecretTaken(f"Secret {namespace}/{name} exists and is not the job's")
 
     def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Secret of that name as plain JSON, or None. A get by name: the operator is not
-        granted list or watch on Secrets, which would let it read every Secret there is."""
+        """The Secret of that name as plain JSON, or None. A get by name: the operator has no
+        list or watch on Secrets, which would hand it every Secret of the namespace."""
         try:
             return dict(_raw(self.core.read_namespaced_secret, name, namespace))
         except ApiException as err:
