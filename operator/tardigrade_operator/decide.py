@@ -46,6 +46,7 @@ from tardigrade_operator.api.types import (
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
 from tardigrade_operator.gangprogress import quarter, ranks_running
+from tardigrade_operator.keys import JobKeys, build_keys_secret
 from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until, pools_due
 from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
@@ -133,8 +134,14 @@ class Observed:
     node_pools: Mapping[str, str] | None = None
     # Node name -> status.nodeInfo.kubeletVersion (restart in place needs 1.35 or later).
     kubelet_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # A fresh random key for pods launched in this pass to accept restart requests with.
-    restart_key: str | None = None
+    # The Secret with the job's keys' name (naming.keys_secret_name), whoever made it; None:
+    # there is none.
+    keys_secret: ServiceView | None = None
+    # The values to make that Secret with when there is none (keys.py: those the operator
+    # knows for this job, else fresh ones); None: make none.
+    new_keys: JobKeys | None = None
+    # Whether the job's NetworkPolicy exists; None: not watched, so it is made with the Service.
+    network_policy: bool | None = None
     # Kept pods of the current attempt whose trainers did not take the operator's restart
     # request (restart_in_place.refused): their ranks are recreated.
     refused_restarts: frozenset[str] = frozenset()
@@ -152,6 +159,8 @@ class Event:
 @dataclasses.dataclass
 class Plan:
     status: TrainingJobStatus
+    # The job's keys Secret, made before anything that reads it (kube.py).
+    create_keys_secret: dict | None = None
     create_service: dict | None = None
     create_network_policy: dict | None = None
     create_pods: list[dict] = dataclasses.field(default_factory=list)
@@ -276,12 +285,16 @@ def _decide(obs: Observed) -> Plan:
     first_launch = job_stage is Stage.NEW
     if _held_by_another(plan, obs, previous, first_launch):
         return plan
+    # Level-triggered: whichever of the job's children went missing is made again, before any
+    # pod this pass creates.
+    if obs.keys_secret is None and obs.new_keys is not None:
+        plan.create_keys_secret = build_keys_secret(obs.job, obs.new_keys)
     if obs.service is None:
         plan.create_service = build_service(obs.job)
-        # With the Service, so it exists before the first pod does.
-        peers = obs.settings.network_peers
-        if peers is not None and spec.network_policy.enabled:
-            plan.create_network_policy = build_network_policy(obs.job, peers)
+    peers = obs.settings.network_peers
+    policy_missing = obs.service is None if obs.network_policy is None else not obs.network_policy
+    if peers is not None and spec.network_policy.enabled and policy_missing:
+        plan.create_network_policy = build_network_policy(obs.job, peers)
 
     if first_launch:
         if spec.suspend:
@@ -364,14 +377,14 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # sees every rank, so an interrupted finish is finished again, not counted.
         until, pools = _maintenance_avoidance(obs, spec, launched_by(status))
         launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
-                            until, pools, restart_key=_restart_key(obs, spec),
+                            until, pools, restart_in_place=_restarts_in_place(obs, spec),
                             restart_in_process=obs.settings.restart_in_process)
         plan.create_pods = slices.to_create(
             spec, status.replicas,
             [pod for pod in build_gang(obs.job, spec, launch)
              if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing],
             {p.rank: p.node_name for p in gang}, obs.node_pools)
-        if plan.create_pods and launch.restart_key is not None:
+        if plan.create_pods and launch.restart_in_place:
             restart_in_place.annotate(plan.create_pods, obs.job, restart_in_place.coordinator_of(
                 gang, obs.job, status.attempt), launch)
         if plan.create_pods:
@@ -653,23 +666,33 @@ def _grow_back(plan: Plan, obs: Observed, spec: TrainingJobSpec, gang: list[PodV
 def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
                      first_launch: bool) -> bool:
     """True when a previous job's children stop this pass: the job waits, or fails."""
-    ns, name = obs.job.namespace, naming.service_name(obs.job.name)
-    service = obs.service
-    if service is not None and service.owner_uid != obs.job.uid:
+    ns = obs.job.namespace
+    taken = [
+        ("Service", "service", obs.service, naming.service_name(obs.job.name),
+         "ServiceNameTaken",
+         "the ranks need a headless Service of that name to find each other"),
+        # Never read a Secret someone else made: whoever made it knows its values.
+        ("Secret", "secret", obs.keys_secret, naming.keys_secret_name(obs.job.name),
+         "SecretNameTaken",
+         "the job's keys (restart, progress, compilation cache) must be in a Secret of that "
+         "name that only the operator made"),
+    ]
+    for kind, noun, child, name, reason, why in taken:
+        if child is None or child.owner_uid == obs.job.uid:
+            continue
         since = plan.status.start_time or obs.now
-        if (first_launch and service.owner_uid is not None
+        if (first_launch and child.owner_uid is not None
                 and obs.now - since < obs.settings.previous_service_wait):
             # Owned by a deleted job of this name: the garbage collector removes it shortly.
             _set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
-                       f"Service {ns}/{name} belongs to a previous TrainingJob of this name "
-                       f"({service.owner}); waiting for the garbage collector to delete it")
+                       f"{kind} {ns}/{name} belongs to a previous TrainingJob of this name "
+                       f"({child.owner}); waiting for the garbage collector to delete it")
             return True
         _stop_all(plan, obs, obs.pods, grace=None)
-        _finish(plan, obs, "Failed", "ServiceNameTaken",
-                f"Service {ns}/{name} exists and is not owned by this TrainingJob (owner: "
-                f"{service.owner}); the ranks need a headless Service of that name to find "
-                f"each other. Delete it (kubectl delete service -n {ns} {name}) or rename the "
-                "job, then delete and re-apply the TrainingJob")
+        _finish(plan, obs, "Failed", reason,
+                f"{kind} {ns}/{name} exists and is not owned by this TrainingJob (owner: "
+                f"{child.owner}); {why}. Delete it (kubectl delete {noun} -n {ns} {name}) or "
+                "rename the job, then delete and re-apply the TrainingJob")
         return True
     running = [p for p in previous if p.active and (
         p.deletion_timestamp is None or obs.now < p.deletion_timestamp)]
@@ -719,7 +742,7 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
     plan.events.append(Event("Normal" if cause in ("Preemption", "Resize", "Migration")
                              else "Warning", cause, reason))
     in_place = None
-    if obs.spec is not None and _restart_key(obs, obs.spec) is not None:
+    if obs.spec is not None and _restarts_in_place(obs, obs.spec):
         in_place = restart_in_place.plan_recovery(
             gang, cause, replicas, node_watch(obs), obs.kubelet_versions, obs.job,
             status.attempt + 1)
@@ -840,7 +863,7 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     until, pools = _maintenance_avoidance(obs, spec, recovery)
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=until, avoid_pools=pools, rollback=rollback,
-                        restart_key=_restart_key(obs, spec),
+                        restart_in_place=_restarts_in_place(obs, spec),
                         restart_in_process=obs.settings.restart_in_process)
     plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
                                         obs.node_pools)
@@ -860,11 +883,9 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     plan.events.append(Event("Normal", "Launched", message))
 
 
-def _restart_key(obs: Observed, spec: TrainingJobSpec) -> str | None:
-    """The key for pods launched now, when they may later restart in place."""
-    if restart_in_place.enabled(spec, obs.settings.restart_in_place):
-        return obs.restart_key
-    return None
+def _restarts_in_place(obs: Observed, spec: TrainingJobSpec) -> bool:
+    """Pods launched now may later restart in place (they get the job's restart key)."""
+    return restart_in_place.enabled(spec, obs.settings.restart_in_place)
 
 
 def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus, uid: str,

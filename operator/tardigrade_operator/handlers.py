@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import os
 import random
-import secrets
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -31,10 +30,12 @@ from tardigrade_operator import (
     autoscaling,
     finalizers,
     indexlag,
+    keys,
     maintenance,
     metrics,
     multislice,
     naming,
+    netpolicy,
     pacing,
     queueing,
     restart_in_place,
@@ -47,7 +48,13 @@ from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import Observed, Plan, decide
 from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.kube import ChildRejected, ClusterWriter, StaleStatus, load_client_config
+from tardigrade_operator.kube import (
+    ChildRejected,
+    ClusterWriter,
+    KeysSecretTaken,
+    StaleStatus,
+    load_client_config,
+)
 from tardigrade_operator.observe import (
     NODE_SHUTTING_DOWN_MESSAGE,
     NodeReadiness,
@@ -138,6 +145,25 @@ def gang_pods(namespace: str, labels: kopf.Labels, body: kopf.Body,
 def gang_services(namespace: str, labels: kopf.Labels, body: kopf.Body,
                   **_: Any) -> dict[JobKey, ServiceView]:
     return {(namespace, labels[naming.LABEL_JOB]): parse_service(body)}
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies",
+            labels={naming.LABEL_JOB: kopf.PRESENT})
+def gang_policies(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body,
+                  **_: Any) -> dict[JobKey, ServiceView]:
+    """The jobs' NetworkPolicies: one that went missing is made again (decide.py)."""
+    return {(namespace, labels[naming.LABEL_JOB]): parse_service(body)}
+
+
+@kopf.on.event("services", labels={naming.LABEL_JOB: kopf.PRESENT})
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies",
+               labels={naming.LABEL_JOB: kopf.PRESENT})
+def isolation_changed(type: str | None, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+                      **_: Any) -> None:
+    """A job's Service or NetworkPolicy was deleted: its job makes it again at once rather
+    than at its next settled pass."""
+    if type == "DELETED":
+        _wake(memo, (namespace, labels[naming.LABEL_JOB]), news=False)
 
 
 def node_readiness(name: str, status: kopf.Status, meta: kopf.Meta,
@@ -290,7 +316,8 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
             sleep = await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes,
                                     scheduled, state, began, pools,
                                     kwargs.get("node_kubelet"), kwargs.get("job_workloads"),
-                                    kwargs.get("resource_flavors"))
+                                    kwargs.get("resource_flavors"),
+                                    kwargs.get("gang_policies"))
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -334,7 +361,8 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
                     clock: float, pools_index: kopf.Index | None = None,
                     kubelet_index: kopf.Index | None = None,
                     workloads_index: kopf.Index | None = None,
-                    flavors_index: kopf.Index | None = None) -> float:
+                    flavors_index: kopf.Index | None = None,
+                    policies_index: kopf.Index | None = None) -> float:
     """One pass; returns the seconds the loop may sleep unless woken (pacing.py). `clock` is
     the loop's monotonic time at the start of the pass."""
     namespace, name = key
@@ -360,9 +388,13 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         attempt = max([status.attempt, *(p.attempt for p in mine)])
     gang: list[PodView] = [p for p in mine if p.attempt == attempt]
     settings: pacing.PacingSettings = memo.config.pacing_settings()
+    keys_secret, job_keys = await _job_keys(key, uid, state, memo, clock)
     read = settings.fixed or state.progress.is_due(clock)
-    fetched = (await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds)
+    fetched = (await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds,
+                                    token=job_keys.progress_token if job_keys else None)
                if read else Progress())
+    if fetched.refused and state.keys is not None:
+        state.keys.checked = float("-inf")  # the Secret may hold other values now
     nodes_ready = None
     nodes_down: dict[str, datetime] = {}
     shutting_down: frozenset[str] = frozenset()
@@ -412,15 +444,22 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         # Only restart in place reads these: no per-pass walk over every node without it.
         kubelet_versions={node: max(store) for node, store in (kubelet_index or {}).items()
                           if store} if decision.restart_in_place else {},
-        restart_key=secrets.token_urlsafe(24) if decision.restart_in_place else None,
+        keys_secret=keys_secret,
+        new_keys=(job_keys or keys.JobKeys.fresh()) if keys_secret is None else None,
+        network_policy=_policy_present(key, uid, policies_index),
         refused_restarts=state.refused_in(status.attempt),
         queue=gate,
     )
     plan = decide(observed)
     plan.patch_pods = state.unsent(plan.patch_pods, plan.status.attempt, {p.name for p in mine})
+    if plan.restart_in_place:
+        # A recovery is rare, and a stale key would have the kept ranks recreated: read anew.
+        state.keys = None
+        _, job_keys = await _job_keys(key, uid, state, memo, clock)
     try:
-        written = await asyncio.to_thread(memo.writer.apply, namespace, name, status, plan,
-                                          version, _asker(memo, plan, state))
+        written = await asyncio.to_thread(
+            memo.writer.apply, namespace, name, status, plan, version,
+            _asker(memo, plan, state, job_keys.restart_key if job_keys else None))
     except StaleStatus:
         # Decide again at once, on the job as the API server has it now.
         fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
@@ -435,6 +474,16 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         state.rejected = (generation, str(err))
         state.wake.set()
         return 0.0
+    except KeysSecretTaken as err:
+        # Read it again: the next pass holds the job (decide.py, SecretNameTaken).
+        logging.getLogger(__name__).warning("%s/%s: %s", namespace, name, err)
+        state.keys = None
+        state.wake.set()
+        return 0.0
+    if plan.create_keys_secret is not None and observed.new_keys is not None:
+        # Ours now, with these values: a later pass need not read them back.
+        state.keys = keys.KeysCache(uid, clock, ServiceView(
+            naming.keys_secret_name(name), uid, "this TrainingJob"), observed.new_keys)
     if written is not None:
         state.written = (written, plan.status)
     state.sent(plan.patch_pods, plan.status.attempt)
@@ -469,9 +518,12 @@ async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpe
         await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
 
 
-def _asker(memo: kopf.Memo, plan: Plan, state: JobState) -> Callable[[], None] | None:
-    """The plan's restart-in-place requests, all at once, for the writer to send from its
-    thread between its deletes and its creates (kube.py: the requests carry the worlds).
+def _asker(memo: kopf.Memo, plan: Plan, state: JobState,
+           key: str | None) -> Callable[[], None] | None:
+    """The plan's restart-in-place requests, all at once, with the job's restart key `key`
+    (None: the job's Secret is missing or not the job's, so none can be taken), for the writer
+    to send from its thread between its deletes and its creates (kube.py: the requests carry
+    the worlds).
     The kept ranks that did not take theirs are remembered: the next pass, at once, recreates
     them, or asks rank 0 again (restart_in_place.recreate_refused, ask_again)."""
     if not plan.restart_in_place:
@@ -481,8 +533,9 @@ def _asker(memo: kopf.Memo, plan: Plan, state: JobState) -> Callable[[], None] |
     attempt = plan.status.attempt
 
     async def ask() -> None:
-        accepted = await asyncio.gather(*(request_restart(memo.session, trigger)
-                                          for trigger in triggers))
+        accepted = (await asyncio.gather(*(request_restart(memo.session, trigger, key)
+                                           for trigger in triggers))
+                    if key is not None else [False] * len(triggers))
         asked = frozenset(t.pod for t in triggers if t.world is not None)
         if state.answered(attempt, asked, restart_in_place.refused(triggers, accepted)):
             state.wake.set()
@@ -533,6 +586,35 @@ async def _service(key: JobKey, uid: str, status: TrainingJobStatus,
         return ours or (seen[0] if seen else None)
     found = await asyncio.to_thread(memo.writer.read_service, key[0], name)
     return parse_service(found) if found is not None else None
+
+
+async def _job_keys(key: JobKey, uid: str, state: JobState, memo: kopf.Memo, clock: float
+                   ) -> tuple[ServiceView | None, keys.JobKeys | None]:
+    """Who owns the Secret with the job's keys' name (None: there is none), and the job's keys:
+    those in its own Secret, else those this operator made for it before (a Secret deleted
+    under a running gang is made again with the values its trainers hold). Read with one GET
+    at most every keys.RECHECK_SECONDS (sooner after a refusal): the operator may not watch
+    Secrets."""
+    cached = state.keys
+    if cached is None or cached.due(uid, clock):
+        found = await asyncio.to_thread(memo.writer.read_secret, key[0],
+                                        naming.keys_secret_name(key[1]))
+        view = parse_service(found) if found is not None else None
+        known = cached.keys if cached is not None and cached.uid == uid else None
+        if view is not None and view.owner_uid == uid:
+            known = keys.read_keys(found or {}) or known
+        elif view is not None:
+            known = None  # someone else's: never read, never sent
+        cached = state.keys = keys.KeysCache(uid, clock, view, known)
+    return cached.found, cached.keys
+
+
+def _policy_present(key: JobKey, uid: str, policies_index: kopf.Index | None) -> bool | None:
+    """Whether the job's own NetworkPolicy exists; None when they are not watched."""
+    if policies_index is None:
+        return None
+    name = netpolicy.policy_name(key[1])
+    return any(p.name == name and p.owner_uid == uid for p in _values(policies_index, key))
 
 
 def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo, state: JobState

@@ -11,6 +11,7 @@ import dataclasses
 
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.indexlag import Created
+from tardigrade_operator.keys import KeysCache
 from tardigrade_operator.pacing import ProgressPoll
 from tardigrade_operator.restart_in_place import CarryMemo
 
@@ -42,6 +43,8 @@ class JobState:
     carried: CarryMemo = dataclasses.field(default_factory=dict)
     # (attempt, kept pods whose trainers did not take their restart request in it)
     refused: tuple[int, frozenset[str]] | None = None
+    # What the operator last read of the job's keys Secret, and the keys (keys.py).
+    keys: KeysCache | None = None
 
     def unsent(self, patches: list[tuple[str, dict]],
                attempt: int, present: set[str]) -> list[tuple[str, dict]]:

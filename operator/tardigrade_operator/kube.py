@@ -48,6 +48,11 @@ class ChildRejected(Exception):
 _PERMANENT_CREATE_ERRORS = (400, 413, 422)
 
 
+class KeysSecretTaken(Exception):
+    """Creating the job's keys Secret answered AlreadyExists, and the one there is not the
+    job's: its pods must not be created to read it (the next pass holds the job, decide.py)."""
+
+
 class StaleStatus(Exception):
     """The job changed after the status the plan was decided on: decide again, freshly read."""
 
@@ -105,6 +110,8 @@ class ClusterWriter:
         # creations.
         if ask_ranks is not None:
             ask_ranks()
+        if plan.create_keys_secret is not None:
+            self._create_keys_secret(namespace, plan.create_keys_secret)
         if plan.create_service is not None:
             self._create(self.core.create_namespaced_service, namespace, plan.create_service)
         if plan.create_network_policy is not None:
@@ -157,6 +164,33 @@ class ClusterWriter:
             # 404: gone already; 422: the list changed under us, the next pass retries.
             if err.status not in (404, 422):
                 raise
+
+    def _create_keys_secret(self, namespace: str, manifest: dict[str, Any]) -> None:
+        """Create the job's keys Secret; one of that name made meanwhile by someone else (its
+        create won the race the pass's read could not see) stops the pass before any pod."""
+        try:
+            _raw(self.core.create_namespaced_secret, namespace, manifest)
+            return
+        except ApiException as err:
+            name = manifest["metadata"]["name"]
+            if err.status in _PERMANENT_CREATE_ERRORS:
+                raise ChildRejected("Secret", name, _api_message(err)) from err
+            if err.status != 409:
+                raise
+        found = self.read_secret(namespace, name)
+        uid = manifest["metadata"]["ownerReferences"][0]["uid"]
+        if found is None or finalizers.owner_uid(found) != uid:
+            raise KeysSecretTaken(f"Secret {namespace}/{name} exists and is not the job's")
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret of that name as plain JSON, or None. A get by name: the operator has no
+        list or watch on Secrets, which would hand it every Secret of the namespace."""
+        try:
+            return dict(_raw(self.core.read_namespaced_secret, name, namespace))
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(self.custom.get_namespaced_custom_object(

@@ -23,6 +23,12 @@ def service_name(job: str) -> str:
     return job
 
 
+def keys_secret_name(job: str) -> str:
+    """The Secret with the job's keys (keys.py). A job name is a DNS label (at most 63
+    characters), so this stays well inside a Secret name's 253."""
+    return f"{job}-tardigrade-keys"
+
+
 def pod_name(job: str, attempt: int, rank: int) -> str:
     # The attempt is part of the name so a new gang never collides with the old one's
     # terminating pods; the name doubles as the pod's hostname.

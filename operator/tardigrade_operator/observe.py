@@ -82,10 +82,11 @@ class PodView:
     # the same name has a new uid, and the old one's pods carry the same labels.
     owner_uid: str | None = None
     # Restart in place (restart_in_place.py): the API server kept the trainer's restart rule;
-    # the key rank 0 accepts a restart request with; the container's restarts, and the
-    # termination message and exit code of its previous run in this pod.
+    # its trainer holds the job's restart key (from the job's Secret, keys.py), without which
+    # it takes no restart request; the container's restarts, and the termination message and
+    # exit code of its previous run in this pod.
     restart_rule: bool = False
-    restart_key: str | None = None
+    restart_keyed: bool = False
     # Its trainer restarts in process (contract.ENV_RESTART_IN_PROCESS): it needs no kubelet.
     restart_in_process: bool = False
     restart_count: int = 0
@@ -167,7 +168,9 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         waiting=_waiting(state.get("waiting") or {}),
         owner_uid=owner_uid(pod),
         restart_rule=inplace.rule_survived(pod),
-        restart_key=_trainer_env(pod, contract.ENV_RESTART_KEY),
+        restart_keyed=_secret_ref(pod, contract.ENV_RESTART_KEY) == (
+            naming.keys_secret_name(str(labels.get(naming.LABEL_JOB) or "")),
+            contract.SECRET_RESTART_KEY),
         restart_in_process=_trainer_env(pod, contract.ENV_RESTART_IN_PROCESS) == "true",
         restart_count=int((container or {}).get("restartCount") or 0),
         last_exit_code=last.get("exitCode"),
@@ -182,6 +185,17 @@ def _trainer_env(pod: Mapping[str, Any], name: str) -> str | None:
         if container.get("name") == naming.TRAINER_CONTAINER:
             return next((e.get("value") for e in container.get("env") or []
                          if e.get("name") == name), None)
+    return None
+
+
+def _secret_ref(pod: Mapping[str, Any], name: str) -> tuple[str, str] | None:
+    """(Secret, key) the trainer's variable `name` comes from, if a Secret."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == naming.TRAINER_CONTAINER:
+            ref = next((((e.get("valueFrom") or {}).get("secretKeyRef") or {})
+                        for e in container.get("env") or [] if e.get("name") == name), {})
+            return (str(ref["name"]), str(ref["key"])) if "name" in ref and "key" in ref \
+                else None
     return None
 
 
@@ -361,7 +375,8 @@ def owned(pods: Iterable[PodView], uid: str) -> list[PodView]:
 
 @dataclasses.dataclass(frozen=True)
 class ServiceView:
-    """The Service that has the job's name, whoever made it."""
+    """A child the job needs under a fixed name (its Service, its keys Secret), whoever made
+    it."""
 
     name: str
     owner_uid: str | None  # the TrainingJob in its ownerReferences, if any
@@ -369,6 +384,7 @@ class ServiceView:
 
 
 def parse_service(service: Mapping[str, Any]) -> ServiceView:
+    """Who owns a Service, or any other child object (API JSON)."""
     meta = service.get("metadata") or {}
     refs = meta.get("ownerReferences") or []
     owners = ", ".join(f"{r.get('kind')} {r.get('name')} (uid {r.get('uid')})" for r in refs)

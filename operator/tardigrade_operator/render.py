@@ -56,9 +56,10 @@ class GangLaunch:
     avoid_maintenance_until: int | None = None
     avoid_pools: tuple[str, ...] = ()
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
-    # Restart in place is on: the key rank 0 accepts restart requests with (restart_in_place.py).
-    restart_key: str | None = None
-    # With a restart key: kept trainers restart in process (contract.ENV_RESTART_IN_PROCESS).
+    # Restart in place is on: the pods get the job's restart key, which rank 0 accepts restart
+    # requests with (restart_in_place.py).
+    restart_in_place: bool = False
+    # With restart in place: kept trainers restart in process (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
 
 
@@ -120,9 +121,12 @@ def trainer_environment(
         # podManager.killPods); a stop by the operator gives the whole pod grace.
         shutdown_window_seconds=min(spec.preemption.shutdown_window_seconds,
                                     spec.pod_template.termination_grace_period_seconds),
-        restart_in_place_dir=IN_PLACE_DIR if launch.restart_key else None,
-        restart_key=launch.restart_key,
-        restart_in_process=launch.restart_in_process and launch.restart_key is not None,
+        restart_in_place_dir=IN_PLACE_DIR if launch.restart_in_place else None,
+        # The job's keys come from its Secret (`key_env`), never as literal values.
+        restart_key=None,
+        progress_token=None,
+        cache_key=None,
+        restart_in_process=launch.restart_in_process and launch.restart_in_place,
         # The trainer refuses to run on another backend than the one asked for (a GPU or TPU
         # job never trains on the CPU).
         accelerator=spec.accelerator.kind,
@@ -161,7 +165,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     env.append({"name": contract.ENV_POD_IP,
                 "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}})
     env += _tpu_worker_env(job, spec, launch, rank)
-    if launch.restart_key:
+    env += key_env(job, launch.restart_in_place)
+    if launch.restart_in_place:
         # Resolved again at every container start from the kubelet's copy of the pod: a
         # trainer restarted in place reads the world the operator annotated it with.
         env.append({"name": contract.ENV_WORLD, "valueFrom": {"fieldRef": {
@@ -185,7 +190,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security(spec),
     }
-    if launch.restart_key:
+    if launch.restart_in_place:
         container.update(inplace.restart_rule())
     if spec.command is not None:
         container["command"] = list(spec.command)
@@ -198,7 +203,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         *(m.model_dump(by_alias=True, exclude_none=True) for m in template.volume_mounts), {
             "name": RENDEZVOUS_TOKEN_VOLUME, "mountPath": contract.RENDEZVOUS_TOKEN_DIR,
             "readOnly": True}]
-    if launch.restart_key:
+    if launch.restart_in_place:
         container["volumeMounts"].append({"name": IN_PLACE_VOLUME, "mountPath": IN_PLACE_DIR})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -219,7 +224,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                 "audience": contract.RENDEZVOUS_AUDIENCE,
                 "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
                 "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
-        }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_key else [])],
+        }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_in_place else [])],
         "affinity": (avoid_affinity(launch.avoid_maintenance_until, launch.avoid_pools)
                      if launch.avoid_maintenance_until is not None else None),
     }
@@ -240,6 +245,19 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     if template.annotations:
         metadata["annotations"] = dict(template.annotations)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def key_env(job: JobRef, restart_in_place: bool) -> list[dict[str, Any]]:
+    """The job's keys, from its Secret (keys.py): the kubelet resolves them at each container
+    start, and the pod itself carries only the Secret's name. The restart key only where the
+    trainer takes restart requests."""
+    refs = [(contract.ENV_PROGRESS_TOKEN, contract.SECRET_PROGRESS_TOKEN),
+            (contract.ENV_CACHE_KEY, contract.SECRET_CACHE_KEY)]
+    if restart_in_place:
+        refs.append((contract.ENV_RESTART_KEY, contract.SECRET_RESTART_KEY))
+    secret = naming.keys_secret_name(job.name)
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for name, key in refs]
 
 
 def build_gang(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch) -> list[dict[str, Any]]:

@@ -66,11 +66,11 @@ ASK_AGAIN_FOR = timedelta(seconds=PEER_NOTICE_RELEASE_WAIT_SECONDS)
 @dataclasses.dataclass(frozen=True)
 class Trigger:
     """Ask a kept rank to save and restart into the new attempt (trainer
-    inplace.RestartRequests)."""
+    inplace.RestartRequests). It carries no key: the handlers send the job's restart key,
+    read from the job's Secret (keys.py), with it."""
 
     pod: str
     url: str
-    key: str
     world: str | None = None  # the rank's new world (`world`); None: its pod goes away
 
 
@@ -104,7 +104,7 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
             outcome is Outcome.PENDING and p.exit_code == contract.EXIT_RESTART_IN_PLACE)
 
     def can_restart(p: PodView) -> bool:
-        if p.restart_key is None or backed_off(p):
+        if not p.restart_keyed or backed_off(p):
             return False
         if p.restart_in_process:
             # Its trainer restarts itself in process: no kubelet takes part, so any node's does. A
@@ -145,8 +145,8 @@ def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
 def _triggers(pods: Iterable[PodView], attempt: int) -> tuple[Trigger, ...]:
     return tuple(
         Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
-                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}", p.restart_key)
-        for p in pods if p.pod_ip and p.restart_key)
+                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}")
+        for p in pods if p.pod_ip and p.restart_keyed)
 
 
 def release_on_recreate(gang: Sequence[PodView], attempt: int) -> list[Trigger]:

@@ -102,7 +102,23 @@ GRANTS: list[Grant] = [
           "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
           "an ownerReference (\"cannot set an ownerRef on a resource you can't delete\")"),
     Grant("networking.k8s.io", "networkpolicies", "create", JOBS, EVERY,
-          "kube.Writer.apply: the job's NetworkPolicy (netpolicy.py), created with the Service"),
+          "kube.Writer.apply: the job's NetworkPolicy (netpolicy.py), created with the Service "
+          "and again whenever it went missing"),
+    Grant("networking.k8s.io", "networkpolicies", "list", JOBS, EVERY,
+          "kopf NetworkPolicy index and event handler (handlers.py `gang_policies`, "
+          "`isolation_changed`): a job's policy that went missing is made again"),
+    Grant("networking.k8s.io", "networkpolicies", "watch", JOBS, EVERY,
+          "kopf NetworkPolicy index and event handler (handlers.py `gang_policies`)"),
+    Grant("", "secrets", "create", JOBS, EVERY,
+          "kube.Writer.apply: the job's keys Secret (keys.py), before its pods, and again "
+          "whenever it went missing"),
+    Grant("", "secrets", "get", JOBS, EVERY,
+          "kube.Writer.read_secret: the job's keys Secret by name (handlers._job_keys: its "
+          "owner, the restart key for restart requests, the progress token for polls); no list "
+          "or watch, which would expose every Secret of the namespace to the operator"),
+    Grant("", "secrets", "delete", JOBS, EVERY,
+          "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
+          "an ownerReference (the Secret is owned by its TrainingJob)"),
     Grant("networking.k8s.io", "networkpolicies", "delete", JOBS, EVERY,
           "never called: OwnerReferencesPermissionEnforcement asks it of a creator that sets "
           "an ownerReference (the policy is owned by its TrainingJob)"),

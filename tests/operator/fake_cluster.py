@@ -10,6 +10,7 @@ from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.autoscaling import newest_signals
 from tardigrade_operator.decide import DecisionSettings, Observed, Plan, decide
+from tardigrade_operator.keys import JobKeys
 from tardigrade_operator.observe import parse_pod, parse_service
 from tardigrade_operator.queueing import QueueGate
 from tardigrade_operator.render import JobRef
@@ -17,6 +18,8 @@ from tardigrade_trainer import contract
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 JOB = JobRef(name="tiny", namespace="ml", uid="uid-1")
+# What the handlers would make the job's Secret with (keys.JobKeys.fresh in the operator).
+KEYS = JobKeys(restart_key="r" * 43, progress_token="p" * 43, cache_key="c" * 43)
 
 
 def spec(**overrides: Any) -> dict[str, Any]:
@@ -45,6 +48,8 @@ class FakeCluster:
     status: TrainingJobStatus = dataclasses.field(default_factory=TrainingJobStatus)
     pods: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     service: dict[str, Any] | None = None
+    keys_secret: dict[str, Any] | None = None  # the job's keys Secret, whoever made it
+    network_policy: dict[str, Any] | None = None
     now: datetime = T0
     generation: int = 1
     progress: contract.ProgressReport | None = None
@@ -62,9 +67,8 @@ class FakeCluster:
     nodes_maintenance: dict[str, datetime] = dataclasses.field(default_factory=dict)
     # Node -> its GKE node pool, as the operator's node watch sees it; None: nodes not watched.
     node_pools: dict[str, str] | None = None
-    # Node -> status.nodeInfo.kubeletVersion; the key pods launched now get (restart in place).
+    # Node -> status.nodeInfo.kubeletVersion (restart in place).
     kubelet_versions: dict[str, str] = dataclasses.field(default_factory=dict)
-    restart_key: str | None = None
     # Kept pods whose trainers did not take the operator's restart request.
     refused_restarts: frozenset[str] = frozenset()
     # Kueue's hold on the job (queueing.QueueGate); None: not labelled for a queue.
@@ -87,7 +91,12 @@ class FakeCluster:
             settings=self.settings, rejected=self.rejected,
             scale_up=newest_signals(self.events), nodes_maintenance=self.nodes_maintenance,
             node_pools=self.node_pools,
-            kubelet_versions=self.kubelet_versions, restart_key=self.restart_key,
+            kubelet_versions=self.kubelet_versions,
+            keys_secret=None if self.keys_secret is None else parse_service(self.keys_secret),
+            new_keys=KEYS if self.keys_secret is None else None,
+            network_policy=self.network_policy is not None and any(
+                r.get("uid") == self.job.uid
+                for r in self.network_policy["metadata"].get("ownerReferences") or []),
             refused_restarts=self.refused_restarts, queue=self.queue,
         )
 
@@ -95,8 +104,13 @@ class FakeCluster:
         plan = decide(self.observe())
         self.plans.append(plan)
         self.status = plan.status  # written first, as the applier does
-        if plan.create_service is not None:
+        # Created only where none exists: a create of a taken name answers AlreadyExists.
+        if plan.create_keys_secret is not None and self.keys_secret is None:
+            self.keys_secret = plan.create_keys_secret
+        if plan.create_service is not None and self.service is None:
             self.service = plan.create_service
+        if plan.create_network_policy is not None and self.network_policy is None:
+            self.network_policy = plan.create_network_policy
         for name in plan.release_pods:
             self.pods[name]["metadata"]["finalizers"].remove("tardigrade.dev/gang-tracking")
         for name, patch in plan.patch_pods:  # a merge patch of labels and annotations

@@ -16,7 +16,6 @@ from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 
-KEY = "key-1"
 NEW = "v1.36.0"
 ON = DecisionSettings(restart_in_place=True)
 IN_PLACE = contract.EXIT_RESTART_IN_PLACE
@@ -25,7 +24,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 def running_gang(replicas: int = 3, versions: tuple[str, ...] = (NEW, NEW, NEW),
                  settings: DecisionSettings = ON) -> FakeCluster:
-    cluster = FakeCluster(spec(replicas=replicas), settings=settings, restart_key=KEY,
+    cluster = FakeCluster(spec(replicas=replicas), settings=settings,
                           kubelet_versions={f"node-{i}": v for i, v in enumerate(versions)})
     cluster.reconcile()
     cluster.run_all()
@@ -73,11 +72,15 @@ def test_pods_carry_the_rule_world_and_key_only_when_switched_on():
     env = {e["name"]: e for e in container["env"]}
     assert env[contract.ENV_WORLD]["valueFrom"]["fieldRef"]["fieldPath"] == \
         f"metadata.annotations['{contract.ANNOTATION_WORLD}']"
-    assert env[contract.ENV_RESTART_KEY]["value"] == KEY
+    # From the job's Secret, never a literal value (keys.py).
+    assert env[contract.ENV_RESTART_KEY] == {"name": contract.ENV_RESTART_KEY, "valueFrom": {
+        "secretKeyRef": {"name": "tiny-tardigrade-keys", "key": contract.SECRET_RESTART_KEY}}}
+    assert parse_pod(on).restart_keyed
     assert contract.ENV_RESTART_IN_PLACE_DIR in env
     off = running_gang(settings=DecisionSettings()).pods["tiny-a1-0"]
     assert not inplace.rule_survived(off)
     assert contract.ENV_RESTART_KEY not in {e["name"] for e in off["spec"]["containers"][0]["env"]}
+    assert not parse_pod(off).restart_keyed
 
 
 def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
@@ -94,10 +97,10 @@ def test_preemption_of_one_rank_keeps_the_others_and_recreates_only_it():
     assert world_of(plan.create_pods[0])["coordinatorAddress"] == "tiny-a1-0.tiny:8476"
     # Each kept rank is asked to restart into attempt 2; the lost one too,
     # so that it leaves once saved instead of waiting for a word that would never come.
-    assert [(t.pod, t.url, t.key) for t in plan.restart_in_place] == [
-        ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2", KEY),
-        ("tiny-a1-2", "http://127.0.1.3:8477/restart-in-place?attempt=2", KEY),
-        ("tiny-a1-1", "http://127.0.1.2:8477/restart-in-place?attempt=2", KEY)]
+    assert [(t.pod, t.url) for t in plan.restart_in_place] == [
+        ("tiny-a1-0", "http://127.0.1.1:8477/restart-in-place?attempt=2"),
+        ("tiny-a1-2", "http://127.0.1.3:8477/restart-in-place?attempt=2"),
+        ("tiny-a1-1", "http://127.0.1.2:8477/restart-in-place?attempt=2")]
     # Each kept rank's request carries its new world; the one that goes gets none.
     worlds = {t.pod: t.world for t in plan.restart_in_place}
     for name in ("tiny-a1-0", "tiny-a1-2"):
@@ -207,8 +210,8 @@ def test_a_gang_recreated_whole_tells_its_waiting_trainers_to_exit_at_once():
     plan = cluster.reconcile()
     assert not kept(plan) and sorted(n for n, _ in plan.delete_pods) == [
         "tiny-a1-0", "tiny-a1-1"]
-    assert [(t.pod, t.url.rpartition("?")[2], t.key) for t in plan.restart_in_place] == [
-        ("tiny-a1-0", "attempt=2", KEY), ("tiny-a1-1", "attempt=2", KEY)]
+    assert [(t.pod, t.url.rpartition("?")[2]) for t in plan.restart_in_place] == [
+        ("tiny-a1-0", "attempt=2"), ("tiny-a1-1", "attempt=2")]
 
 
 def test_grow_keeps_every_pod_and_asks_rank_0_to_restart():

@@ -18,11 +18,18 @@ from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.restart_in_place import Trigger
 from tardigrade_trainer import contract
 
+KEY = "the-job-s-restart-key"
+
 
 @contextlib.asynccontextmanager
-async def rank(status: int) -> AsyncIterator[str]:
-    """A trainer's restart endpoint on a loopback address of its own, answering `status`."""
-    async def restart(_: web.Request) -> web.Response:
+async def rank(status: int, seen: list[str] | None = None) -> AsyncIterator[str]:
+    """A trainer's restart endpoint on a loopback address of its own, answering `status` to
+    the job's key; each request's query goes to `seen`."""
+    async def restart(request: web.Request) -> web.Response:
+        if seen is not None:
+            seen.append(request.query_string)
+        if request.headers.get("Authorization") != f"Bearer {KEY}":
+            return web.Response(status=401, text="wrong key")
         return web.Response(status=status, text={202: "", 200: "already"}.get(status, "no"))
 
     app = web.Application()
@@ -41,15 +48,15 @@ async def test_kept_ranks_that_refuse_their_request_are_remembered_for_the_next_
     async with rank(202) as taker, rank(200) as restarted, rank(401) as refuser, \
             rank(401) as leaver, aiohttp.ClientSession() as session:
         plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
-            Trigger("j-a1-0", taker, "k", world='{"attempt": 2}'),
+            Trigger("j-a1-0", taker, world='{"attempt": 2}'),
             # Runs attempt 2 already: it took an earlier try whose answer was lost.
-            Trigger("j-a1-3", restarted, "k", world='{"attempt": 2}'),
-            Trigger("j-a1-2", refuser, "k", world='{"attempt": 2}'),
+            Trigger("j-a1-3", restarted, world='{"attempt": 2}'),
+            Trigger("j-a1-2", refuser, world='{"attempt": 2}'),
             # A rank that goes gets no world: its refusal needs no follow-up.
-            Trigger("j-a1-1", leaver, "k")])
+            Trigger("j-a1-1", leaver)])
         memo = kopf.Memo(session=session)
         state = JobState()
-        ask = handlers._asker(memo, plan, state)
+        ask = handlers._asker(memo, plan, state, KEY)
         assert ask is not None
         await asyncio.to_thread(ask)  # as the writer calls it, from its thread
     assert state.refused_in(2) == {"j-a1-2"}
@@ -59,9 +66,24 @@ async def test_kept_ranks_that_refuse_their_request_are_remembered_for_the_next_
 async def test_nothing_is_remembered_when_every_kept_rank_takes_its_request():
     async with rank(202) as taker, aiohttp.ClientSession() as session:
         plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
-            Trigger("j-a1-0", taker, "k", world='{"attempt": 2}')])
+            Trigger("j-a1-0", taker, world='{"attempt": 2}')])
         state = JobState()
-        ask = handlers._asker(kopf.Memo(session=session), plan, state)
+        ask = handlers._asker(kopf.Memo(session=session), plan, state, KEY)
         assert ask is not None
         await asyncio.to_thread(ask)
     assert state.refused_in(2) == frozenset() and not state.wake.is_set()
+
+
+async def test_without_the_job_s_key_no_request_is_sent_and_the_kept_ranks_count_as_refused():
+    """The job's Secret is missing or someone else's: nothing to send, and the next pass
+    recreates the kept ranks rather than wait for them."""
+    asked: list[str] = []
+    async with rank(202, asked) as taker, aiohttp.ClientSession() as session:
+        plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
+            Trigger("j-a1-2", taker, world='{"attempt": 2}')])
+        state = JobState()
+        ask = handlers._asker(kopf.Memo(session=session), plan, state, None)
+        assert ask is not None
+        await asyncio.to_thread(ask)
+    assert asked == []
+    assert state.refused_in(2) == {"j-a1-2"} and state.wake.is_set()

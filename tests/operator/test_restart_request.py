@@ -25,7 +25,7 @@ async def _serve(handler) -> tuple[web.AppRunner, web.TCPSite, int]:
 
 
 def _trigger(port: int) -> Trigger:
-    return Trigger(pod="job-a1-3", url=f"http://127.0.0.1:{port}{PATH}?attempt=2", key="k",
+    return Trigger(pod="job-a1-3", url=f"http://127.0.0.1:{port}{PATH}?attempt=2",
                    world='{"attempt": 2}')
 
 
@@ -43,7 +43,7 @@ async def _ask(handler, answer_lost: asyncio.Event | None = None,
         sites.append(site)
     try:
         async with aiohttp.ClientSession() as session:
-            return await request_restart(session, _trigger(port), timeout=0.5)
+            return await request_restart(session, _trigger(port), "k", timeout=0.5)
     finally:
         if answer_lost is not None:
             answer_lost.set()
@@ -84,7 +84,7 @@ async def test_a_rank_that_dropped_the_retry_after_a_lost_answer_counts_as_taken
 
 async def test_a_rank_not_listening_from_the_first_try_did_not_take_it(caplog):
     async with aiohttp.ClientSession() as session:
-        assert not await request_restart(session, _trigger(_closed_port()), timeout=0.5)
+        assert not await request_restart(session, _trigger(_closed_port()), "k", timeout=0.5)
     assert "did not take the request" in caplog.text
 
 
