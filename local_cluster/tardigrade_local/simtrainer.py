@@ -66,7 +66,8 @@ def run(env: contract.TrainerEnvironment) -> int:
     server = None
     if env.process_id == 0 and env.progress_port is not None:
         host = os.environ.get(contract.ENV_POD_IP, "")
-        server = ProgressServer(metrics, env.progress_port, host).start()
+        server = ProgressServer(metrics, env.progress_port, host,
+                                progress_token=env.progress_token).start()
     step = saved or 0
     metrics.report(step=step, total_steps=steps, checkpoint_step=saved,
                    checkpoint_path=ckpt.path(saved) if saved is not None else None)

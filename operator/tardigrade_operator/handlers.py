@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 import kopf
 import prometheus_client
 from kubernetes.client.exceptions import ApiException
@@ -67,6 +66,7 @@ from tardigrade_operator.observe import (
     parse_pod,
     parse_service,
 )
+from tardigrade_operator.podhttp import pod_session
 from tardigrade_operator.progress import Progress, fetch_progress
 from tardigrade_operator.render import JobRef
 from tardigrade_operator.restart_request import request_restart
@@ -109,7 +109,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.nodes_seen = {}
     # uids of deleted jobs whose daemon has yet to notice and stop.
     memo.gone = set()
-    memo.session = aiohttp.ClientSession()
+    memo.session = pod_session()
     load_client_config()
     memo.writer = ClusterWriter()
     if config.metrics_port:

@@ -8,7 +8,12 @@ Ingress to the trainer pods is limited to
   (rank 0 serves /metrics there).
 Egress is left open (checkpoint storage, the API server, DNS). A policy only takes effect where
 the network plugin enforces NetworkPolicy (on GKE: Dataplane V2, or network policy enforcement
-turned on); the rendezvous checks tokens either way (trainer distributed.py).
+turned on). Without that, any pod of the cluster reaches all of the above. Only two of them
+check who calls: the rendezvous on 8476 (the hello carries a reviewed service-account token,
+trainer distributed.py) and POST /restart-in-place (the pod's restart key); GET /progress does
+when the job has a progress token. Once the gang has met, 8476 is JAX's coordination service,
+which checks nothing: any caller can read and write its key-value store and barriers, and so
+disturb or stop the gang. /metrics and the collectives' ports are open as well.
 """
 
 from __future__ import annotations

@@ -17,12 +17,16 @@ import logging
 
 import aiohttp
 
+from tardigrade_operator.podhttp import read_at_most, redirect_reason
 from tardigrade_operator.restart_in_place import Trigger
 
 ATTEMPTS = 3
 RETRY_SECONDS = 0.5
 # A trainer answers at once, but a rank's host may be busy saving: more than a progress poll.
+# It bounds each try's whole exchange (connect, headers, body).
 REQUEST_SECONDS = 5.0
+# A refusal's text is kept for the log only.
+REFUSAL_BYTES = 200
 
 
 async def request_restart(session: aiohttp.ClientSession, trigger: Trigger, key: str,
@@ -42,10 +46,17 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger, key:
             await asyncio.sleep(RETRY_SECONDS)
         try:
             async with session.post(trigger.url, headers=headers, data=world,
+                                    allow_redirects=False,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as answer:
                 if answer.status in (200, 202):
                     return True
-                tries.append(f"HTTP {answer.status} {(await answer.text())[:200]}".strip())
+                redirected = redirect_reason(answer)
+                if redirected:
+                    # Not taken: only the rank itself can take its request.
+                    tries.append(redirected)
+                    break
+                said = (await read_at_most(answer, REFUSAL_BYTES)).decode(errors="replace")
+                tries.append(f"HTTP {answer.status} {said}".strip())
                 if answer.status in (400, 401, 404, 413):
                     break  # wrong key, or restart in place off in that pod: no retry helps
         except (TimeoutError, aiohttp.ClientError) as err:

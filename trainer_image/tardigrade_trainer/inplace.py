@@ -23,7 +23,6 @@ only once the whole gang runs again.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tardigrade_trainer import contract
+from tardigrade_trainer import bearer, contract
 
 LAST_ATTEMPT_FILE = "last-attempt"
 # The termination message of the last save this pod's trainer stopped after: a stale restart
@@ -188,9 +187,7 @@ class RestartRequests:
         process by default)."""
         if not self._key:
             return 404, "restart in place is off for this pod"
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                  self._key.encode()):
+        if not bearer.matches(authorization, self._key):
             return 401, "the bearer token is not this pod's restart key"
         wanted = urllib.parse.parse_qs(query).get("attempt", [""])[0]
         if wanted.isdigit() and int(wanted) == self._attempt:

@@ -223,7 +223,8 @@ class TrainingSession:
         # Rank 0 serves progress; with restart in place every rank takes the operator's word.
         if env.progress_port is not None and (jax.process_index() == 0 or env.restart_key):
             self._server = ProgressServer(self.metrics, env.progress_port,
-                                          on_restart=self._restarts.answer).start()
+                                          on_restart=self._restarts.answer,
+                                          progress_token=env.progress_token).start()
 
     @property
     def checkpoints(self) -> Checkpoints:
