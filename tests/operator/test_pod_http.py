@@ -105,10 +105,10 @@ async def test_a_rank_that_redirects_the_restart_request_did_not_take_it(status:
 
         async with serving({("POST", contract.RESTART_IN_PLACE_PATH): counted}) as attacker, \
                 pod_session() as s:
-            trigger = Trigger(pod="attacker-a1-3", key="k", world='{"attempt": 2}',
+            trigger = Trigger(pod="attacker-a1-3", world='{"attempt": 2}',
                               url=f"http://{attacker}:{PORT}{contract.RESTART_IN_PLACE_PATH}"
                                   f"?attempt=2")
-            taken = await request_restart(s, trigger, timeout=2)
+            taken = await request_restart(s, trigger, "k", timeout=2)
     assert not taken
     assert asked == []
     assert tries == 1  # a redirect is no rank's answer a retry could change
@@ -167,10 +167,10 @@ async def test_a_rank_that_trickles_its_refusal_is_cut_off_at_each_try_s_deadlin
     refusal = b"x" * 1000
     async with trickling(_head("503 Busy", len(refusal)), refusal, every=0.1) as address, \
             pod_session() as s:
-        trigger = Trigger(pod="slow-a1-3", key="k", world=None,
+        trigger = Trigger(pod="slow-a1-3", world=None,
                           url=f"http://{address}:{PORT}{contract.RESTART_IN_PLACE_PATH}?attempt=2")
         started = time.monotonic()
-        taken = await request_restart(s, trigger, timeout=0.5)
+        taken = await request_restart(s, trigger, "k", timeout=0.5)
         took = time.monotonic() - started
     assert not taken
     assert took <= ATTEMPTS * 0.5 + (ATTEMPTS - 1) * RETRY_SECONDS + SLACK_SECONDS
