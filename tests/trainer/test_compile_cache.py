@@ -8,11 +8,12 @@ import signal
 
 import pytest
 from tardigrade_local.gcs import GcsEmulator, client_env
-from tardigrade_trainer import compile_cache, contract
+from tardigrade_trainer import cache_seal, compile_cache, contract
 from tardigrade_trainer.compile_cache import Location, RootMirror, location
-from trainer_harness import launch, wait_for
+from trainer_harness import CACHE_KEY, launch, wait_for
 
 BUCKET = "tardigrade-cache"
+KEY = cache_seal.job_key(CACHE_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,9 @@ def test_the_cache_lives_beside_the_checkpoints_unless_told_otherwise(tmp_path):
     on_disk = location(None, "/data/ckpt/")
     assert on_disk is not None and on_disk.remote == "/data/ckpt/compilation-cache"
     assert on_disk.local != on_disk.remote
-    # A path of the user's (a volume) is used in place.
-    assert location("/cache", "gs://b/job") == Location("/cache")
+    # A path of the user's (a volume) is shared as a bucket is: mirrored, not used in place.
+    volume = location("/cache", "gs://b/job")
+    assert volume is not None and volume.remote == "/cache" and volume.local != "/cache"
     assert location(None, "/data/ckpt", in_root=False) is None
     remote = location(None, "gs://b/jobs/x")
     assert remote is not None and remote.remote == "gs://b/jobs/x/compilation-cache"
@@ -56,22 +58,22 @@ def test_each_rank_pulls_jaxs_entries_and_its_own_folder_and_pushes_what_it_owns
     (first / "tardigrade-step-cache" / "rank-0" / "k0.step").write_bytes(b"rank 0 step")
     (first / "tardigrade-step-cache" / "rank-1" / "k1.step").write_bytes(b"rank 1 step")
     # Rank 1 uploads only its own folder (JAX's entries are process 0's to write)...
-    assert RootMirror(Location(str(first), remote), rank=1).push().files == 1
+    assert RootMirror(Location(str(first), remote), 1, KEY).push().files == 1
     # ...rank 0 its folder and JAX's entries; nothing twice.
-    assert RootMirror(Location(str(first), remote), rank=0).push().files == 2
-    assert RootMirror(Location(str(first), remote), rank=0).push().files == 0
+    assert RootMirror(Location(str(first), remote), 0, KEY).push().files == 2
+    assert RootMirror(Location(str(first), remote), 0, KEY).push().files == 0
     assert sorted(gcs.list_objects(BUCKET, "mirror/")) == [
         f"mirror/{compile_cache.FOLDER}/jit_step-abc-cache",
         f"mirror/{compile_cache.FOLDER}/tardigrade-step-cache/rank-0/k0.step",
         f"mirror/{compile_cache.FOLDER}/tardigrade-step-cache/rank-1/k1.step"]
 
     fresh = tmp_path / "fresh-pod"
-    pulled = RootMirror(Location(str(fresh), remote), rank=1).pull()
+    pulled = RootMirror(Location(str(fresh), remote), 1, KEY).pull()
     assert (pulled.files, pulled.nbytes) == (2, len(b"jax entry") + len(b"rank 1 step"))
     assert (fresh / "jit_step-abc-cache").read_bytes() == b"jax entry"
     assert (fresh / "tardigrade-step-cache" / "rank-1" / "k1.step").read_bytes() == b"rank 1 step"
     assert not (fresh / "tardigrade-step-cache" / "rank-0").exists()
-    assert RootMirror(Location(str(fresh), remote), rank=1).pull().files == 0
+    assert RootMirror(Location(str(fresh), remote), 1, KEY).pull().files == 0
 
 
 def _preempted_after(gang, steps: int) -> None:
