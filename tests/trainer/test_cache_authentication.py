@@ -227,14 +227,15 @@ def test_an_unsafe_name_is_logged_and_a_safe_one_beside_it_is_taken(memory_root,
     for name in ("../../escaped", f"{step_cache.FOLDER}/rank-0/../../../escaped",
                  f"{tmp_path}/escaped", JAX_ENTRY):
         store.write(name, cache_seal.seal(KEY, name, b"payload")).result()
+    store.write(b"jit_\xff-cache", b"payload").result()
     local = tmp_path / "pod" / "copy"
     with caplog.at_level(logging.WARNING, logger=compile_cache.__name__):
         pulled = RootMirror(Location(str(local), "shared"), 0, KEY).pull()
-    assert (pulled.files, pulled.refused) == (1, 3)
+    assert (pulled.files, pulled.refused) == (1, 4)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) \
         == [f"pod/copy/{JAX_ENTRY}"]
     assert "'../../escaped'" in caplog.text and "'..' path segment" in caplog.text
-    assert "an absolute path" in caplog.text
+    assert "an absolute path" in caplog.text and "not UTF-8" in caplog.text
 
 
 def test_a_name_through_a_link_out_of_the_local_copy_is_refused(tmp_path):

@@ -4,12 +4,15 @@ relaunched pod with an empty disk that compiles nothing because the bucket held 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+from pathlib import Path
 
 import pytest
 from tardigrade_local.gcs import GcsEmulator, client_env
 from tardigrade_trainer import cache_seal, compile_cache, contract
 from tardigrade_trainer.compile_cache import Location, RootMirror, location
+from tardigrade_trainer.step_cache import StepCache
 from trainer_harness import CACHE_KEY, launch, wait_for
 
 BUCKET = "tardigrade-cache"
@@ -108,3 +111,77 @@ def test_a_relaunched_pod_with_an_empty_disk_loads_its_step_from_the_bucket(gcs,
     assert compiled["step_cache"] == "hit", compiled
     # The step's entry came from the bucket: this pod's copy had nothing before the pull.
     assert list((tmp_path / "second-tmp").rglob("*.step"))
+
+
+class _Touch:
+    """Unpickling this runs `Path.touch(marker)`, in whichever process unpickles it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _root_store(url: str):
+    import tensorstore as ts
+    from tardigrade_trainer.checkpoint.layout import kvstore_spec
+
+    return ts.KvStore.open(kvstore_spec(url)).result()
+
+
+@pytest.mark.slow
+def test_a_relaunch_refuses_what_a_bucket_writer_forged_and_compiles(gcs, tmp_path):
+    url = f"gs://{BUCKET}/forged"
+    config = {"steps": 100000}
+
+    def pod(name: str) -> dict[str, str]:
+        scratch = tmp_path / f"{name}-tmp"
+        scratch.mkdir()
+        return {**client_env(gcs.url), "TMPDIR": str(scratch)}
+
+    first = launch(tmp_path / "first", processes=1, checkpoint_path=url, config=config,
+                   extra_env=pod("first"))
+    _preempted_after(first, 3)
+    # Someone who may write the bucket replaces every entry the job left: its step with a
+    # step-cache file whose digest checks out and whose unpickling would run their code, JAX's
+    # entries with bytes of theirs.
+    marker = tmp_path / "code-ran"
+    store = _root_store(f"{url}/{compile_cache.FOLDER}")
+    names = [k.decode() for k in store.list().result()]
+    steps = [n for n in names if n.endswith(".step")]
+    assert steps and len(names) > len(steps), names
+    weapon = StepCache(tmp_path / "scratch", rank=0)
+    weapon.write("forged", pickle.dumps(_Touch(marker)))
+    for name in names:
+        forged = weapon.path("forged").read_bytes() if name in steps else b"attacker's code"
+        store.write(name, forged).result()
+
+    second = launch(tmp_path / "second", processes=1, checkpoint_path=url, config=config,
+                    extra_env=pod("second"))
+    _preempted_after(second, 2)
+    compiled = second.events("compiled")[0]
+    assert compiled["step_cache"] == "miss", compiled
+    assert compiled["cache_pulled_files"] == 0 and compiled["cache_pulled_refused"] == len(names)
+    assert not marker.exists()
+    assert "refused" in second.stderr(0).read_text()
+    # The relaunch put its own sealed step back in place of the forged one (and JAX's entries
+    # for what it compiled: not the initialisation's, which a restore does not run).
+    for name in steps:
+        cache_seal.unseal(KEY, name, store.read(name).result().value)
+
+    # A trainer without the job's key neither reads nor writes the root's cache.
+    def root_entries() -> dict[bytes, bytes]:
+        return {k: store.read(k).result().value for k in store.list().result()}
+
+    before = root_entries()
+    keyless = launch(tmp_path / "keyless", processes=1, checkpoint_path=url, config=config,
+                     extra_env=pod("keyless"), cache_key=None)
+    wait_for(lambda: len(keyless.events("step")) >= 2, 180, "2 training steps")
+    keyless.signal(signal.SIGTERM)
+    assert keyless.wait() == [contract.EXIT_PREEMPTED_SAVED], keyless.describe()
+    compiled = keyless.events("compiled")[0]
+    assert compiled["step_cache"] == "miss" and "cache_pulled_files" not in compiled, compiled
+    assert not keyless.events("compilation_cache_pushed")
+    assert "needs the job's cache key" in keyless.stderr(0).read_text()
+    assert root_entries() == before

@@ -172,7 +172,7 @@ class RootMirror:
         wanted, refused = [], 0
         for raw in store.list().result():
             key = raw.decode(errors="replace")
-            why = unsafe_name(key, local)
+            why = unsafe_name(key, local) if key.encode() == raw else "a name that is not UTF-8"
             if why is not None:
                 refused += 1
                 self._refuse(key, why)
