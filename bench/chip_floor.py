@@ -5,7 +5,8 @@ and load the training step that a relaunch loads.
 
 Prints one JSON line: seconds from the process's start (as the kernel records it, the clock of
 the trainer's `startup` event) to `import jax` done and to the devices open; with
-`--step-cache` (a compilation cache directory holding the trainer's step cache, rank 0), the
+`--step-cache` (a pod's local copy of the compilation cache holding the trainer's step cache,
+rank 0: the shared folder's entries are sealed, compile_cache.py), the
 seconds its newest entry takes to read and to load onto the devices, and its size. No relaunch
 can reach its first step before both: whatever `bench/chip.py` measures above their sum is the
 trainer's own start-up (imports, the restore, tracing the step, waiting on each other).
@@ -54,7 +55,7 @@ def load_step(folder: Path) -> dict[str, float | int | str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--step-cache", type=Path,
-                        help="a compilation cache directory with the trainer's step cache")
+                        help="a local copy of the compilation cache, with the trainer's step cache")
     args = parser.parse_args()
     zero = phases.process_started() or time.time()
     import jax

@@ -4,7 +4,10 @@ the losses of a gang without any cache."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from tardigrade_trainer import compile_cache
 from trainer_harness import launch
 
 pytestmark = pytest.mark.slow
@@ -32,7 +35,11 @@ def test_a_relaunched_rank_1_loads_its_step_and_trains_to_the_same_losses(tmp_pa
     # Rank 0 tells how every rank got its step: the bench reads rank 0's log only.
     (told,) = second.events("compiled", 0)
     assert [r.split()[0] for r in told["step_cache_ranks"]] == ["hit", "hit"]
-    assert sorted(p.name for p in (tmp_path / "jax-cache" / "tardigrade-step-cache").iterdir()) \
+    # Each rank's folder, in the pods' own copy of the shared path (compile_cache.py): these
+    # ranks share this host's temporary directory, as a relaunch on the same node would.
+    copy = compile_cache.location(cache["compilation_cache_dir"], "")
+    assert copy is not None
+    assert sorted(p.name for p in (Path(copy.local) / "tardigrade-step-cache").iterdir()) \
         == ["rank-0", "rank-1"]
 
     reference = without.losses()

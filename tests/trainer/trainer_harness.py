@@ -20,6 +20,9 @@ from tests.polling import wait_for  # noqa: F401  (re-exported for the test modu
 
 REPO = Path(__file__).resolve().parents[2]
 # The reference trainer with faults injected (`hooks`): a test-only entry point.
+# What the operator puts in each job's Secret: the key that seals the job's compilation cache
+# in its checkpoint root (compile_cache.py). One for every launch, as a job has one.
+CACHE_KEY = "harness-job-cache-key-0123456789abcdef"
 FAULTY_TRAINER = Path(__file__).with_name("faulty_trainer.py")
 SOURCE_PATHS = [str(REPO / "trainer_image"), str(REPO / "local_cluster")]
 
@@ -120,9 +123,11 @@ def launch(
     ranks: list[int] | None = None,
     rank_env: dict[int, dict[str, str]] | None = None,
     argv: list[str] | None = None,
+    cache_key: str | None = CACHE_KEY,
 ) -> Gang:
     """`argv`: what each rank runs (default: the reference trainer). `hooks`: faults the
-    reference trainer injects (injected_faults.py), through the test-only entry point."""
+    reference trainer injects (injected_faults.py), through the test-only entry point.
+    `cache_key`: the job's compilation-cache key (None: a trainer without one)."""
     if hooks and argv is not None:
         raise ValueError("hooks run the reference trainer (faulty_trainer.py): drop argv")
     if hooks:
@@ -142,6 +147,7 @@ def launch(
             progress_port=progress_port if rank == 0 else None,
             # No API server here to review tokens: the documented opt-out for such runs.
             rendezvous_insecure=True,
+            cache_key=cache_key,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("TARDIGRADE_")}
         env.pop("XLA_FLAGS", None)

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import attempts, compile_cache, contract, inplace, phases
+from tardigrade_trainer import attempts, cache_seal, compile_cache, contract, inplace, phases
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
@@ -46,19 +46,19 @@ preempted, {contract.EXIT_CONFIG_ERROR} config error, {contract.EXIT_FAILED} fai
 termination message goes to ${contract.ENV_TERMINATION_LOG}."""
 
 
-def _pull_compilation_cache(cache: compile_cache.Location | None,
+def _pull_compilation_cache(cache: compile_cache.Location | None, key: bytes | None,
                             env: contract.TrainerEnvironment, config: TrainerConfig
                             ) -> tuple[compile_cache.RootMirror | None, dict[str, Any]]:
-    """A cache in the checkpoint root (or a bucket): this pod's local copy, filled before
-    anything compiles. Storage that does not answer costs this start its cache, never the
-    start itself."""
-    if cache is None or cache.remote is None:
+    """A cache in the checkpoint root (or another shared folder): this pod's local copy,
+    filled before anything compiles with the entries sealed with the job's `key`. Storage that
+    does not answer costs this start its cache, never the start itself."""
+    if cache is None or cache.remote is None or key is None:
         return None, {}
     from tardigrade_trainer.checkpoint.storage import StorageRetries
 
     retries = StorageRetries(max_retries=config.checkpoint_storage_retries,
                              stall_seconds=config.checkpoint_storage_stall_seconds)
-    mirror = compile_cache.RootMirror(cache, env.process_id, retries.context_spec())
+    mirror = compile_cache.RootMirror(cache, env.process_id, key, retries.context_spec())
     try:
         pulled = mirror.pull().fields("cache_pulled")
     except Exception as err:
@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
         return env
     try:
         config = TrainerConfig.from_mapping(env.trainer_config)
-    except ConfigError as err:
+        # The key that seals the entries of a shared compilation cache (compile_cache.py).
+        cache_key = cache_seal.job_key(env.cache_key) if env.cache_key else None
+    except (ConfigError, cache_seal.CacheKeyError) as err:
         return _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
 
     from tardigrade_trainer import distributed
@@ -91,9 +93,10 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
         # pull, which opening the devices does not need (nothing compiles before the cache is
         # configured below): the chip opens while the cache is copied.
         distributed.open_devices_early()
-    cache = compile_cache.location(config.compilation_cache_dir, env.checkpoint_path,
-                                   config.compilation_cache_in_root)
-    mirror, pulled = _pull_compilation_cache(cache, env, config)
+    cache = compile_cache.for_key(
+        compile_cache.location(config.compilation_cache_dir, env.checkpoint_path,
+                               config.compilation_cache_in_root), cache_key)
+    mirror, pulled = _pull_compilation_cache(cache, cache_key, env, config)
     distributed.configure_compilation_cache(cache.local if cache else None)
 
     from tardigrade_trainer.session import TrainingSession

@@ -8,13 +8,20 @@ step, serialized with JAX's public `jax.experimental.serialize_executable`, in a
 own under the compilation cache's directory, keyed by everything that makes the executable
 valid for this process (`program_facts`, `entry_key`).
 
-An entry is never trusted blindly: its digest is checked before it is loaded, and an entry that
-does not load falls back to compiling, with the reason in the outcome. Only a step compiled here
-is stored: one that JAX loaded from its own cache (rank 0's, mostly) serializes without its
-CPU object code and would fail when run ("NOT_FOUND: Function ... not found"; reproduced with
-jax 0.10.2), and JAX's cache serves that rank anyway. Loading unpickles the
-entry (as `deserialize_and_load` warns), so the folder must be as trusted as JAX's own cache
-directory (the pod's volume): nothing else writes there.
+Its digest (a SHA-256 with no key) is checked before an entry is loaded: that catches a torn or
+truncated file, not a forged one. An entry that does not load falls back to compiling, with the
+reason in the outcome. Only a step compiled here is stored: one that JAX loaded from its own
+cache (rank 0's, mostly) serializes without its CPU object code and would fail when run
+("NOT_FOUND: Function ... not found"; reproduced with jax 0.10.2), and JAX's cache serves that
+rank anyway.
+
+Loading unpickles the entry (as `deserialize_and_load` warns: a crafted entry runs any code),
+so the folder is trusted, and must be one only this pod writes: the trainer keeps it in the
+pod's local copy of the cache (compile_cache.py), never in a shared folder. What comes from a
+shared folder (the checkpoint root, a bucket, a shared volume) reaches this folder only through
+`compile_cache.RootMirror.pull`, which writes an entry only once its HMAC seal with the job's
+cache key checks out (cache_seal.py); the entry's name, which the seal covers, is its
+`entry_key`, so a valid entry cannot be served for another program or another rank.
 """
 
 from __future__ import annotations
