@@ -8,7 +8,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from tardigrade_operator import checkpoint_scope
+from tardigrade_operator import checkpoint_scope, grants
 from tardigrade_operator.admission import AdmissionPolicy
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.netpolicy import NetworkPeers
@@ -152,7 +152,8 @@ def _admission_from_env() -> AdmissionPolicy:
     try:
         return AdmissionPolicy.parse(
             os.environ.get("TARDIGRADE_POD_SECURITY") or "baseline",
-            os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false")
+            os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false",
+            {env: os.environ.get(env) for env, _ in grants.SETTINGS.values()})
     except ValueError as err:
         raise SystemExit(str(err)) from None
 
