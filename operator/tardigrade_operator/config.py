@@ -56,6 +56,10 @@ class OperatorConfig:
     # process instead of exiting for its kubelet to restart the container
     # (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
+    # Cluster-wide installs: the ClusterRoleBinding giving trainers TokenReview, to which the
+    # operator adds each job's (namespace, ServiceAccount) (tokenreview_access.py); None: the
+    # chart rendered its subjects (namespaced mode) or the admin manages it.
+    token_review_binding: str | None = None
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -95,6 +99,7 @@ class OperatorConfig:
             network_peers=_network_peers_from_env(),
             restart_in_place=_flag("TARDIGRADE_RESTART_IN_PLACE"),
             restart_in_process=_flag("TARDIGRADE_RESTART_IN_PROCESS"),
+            token_review_binding=os.environ.get("TARDIGRADE_TOKEN_REVIEW_BINDING") or None,
         )
 
     def pacing_settings(self) -> PacingSettings:
