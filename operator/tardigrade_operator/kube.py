@@ -69,14 +69,16 @@ class ClusterWriter:
     """Applies plans in a fixed order: status first (it records what is about to happen),
     then finalizer releases, deletions and creations. Every step tolerates being repeated."""
 
+    # Cluster-wide installs: the ClusterRoleBinding that gives the trainers' accounts
+    # TokenReview, which the operator fills in before a job's pods (tokenreview_access.py).
+    token_review_binding: str | None = None
+
     def __init__(self, api_client: kubernetes.client.ApiClient | None = None,
                  token_review_binding: str | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
-        # Cluster-wide installs: the ClusterRoleBinding that gives the trainers' accounts
-        # TokenReview, which the operator fills in (tokenreview_access.py).
         self.token_review_binding = token_review_binding
         # (when it was asked, whether Kueue's Workload API is served)
         self._kueue_served: tuple[float, bool] | None = None
