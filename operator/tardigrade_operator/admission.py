@@ -2,7 +2,8 @@
 
 The operator creates pods with its own (broad) rights, so without this a TrainingJob would be a
 way around Pod Security Admission: `podTemplate` could carry hostPath volumes, AppArmor or
-seccomp "unconfined", or schedule onto control-plane nodes with system priority. Two rules:
+seccomp "unconfined", or schedule onto control-plane nodes with system priority, or use
+whatever ServiceAccount, Secret or storage the namespace holds. Three rules:
 
 - Pod Security (`podSecurity`: restricted, baseline or privileged): the rendered pod must pass
   that Pod Security Standard (tardigrade_operator.podsecurity, upstream's checks).
@@ -10,6 +11,8 @@ seccomp "unconfined", or schedule onto control-plane nodes with system priority.
   node selectors or priority classes, so the operator refuses, unless allowed, a toleration of
   every taint, control-plane node selectors and tolerations, and the system-node-critical and
   system-cluster-critical priority classes.
+- Grants (`serviceAccounts`, `secrets`, `volumeTypes`, `csiDrivers`, `priorityClasses`): what
+  of the namespace the pods may use, allow lists (grants.py).
 
 Errors name the TrainingJob field that put the setting into the pod.
 """
@@ -18,15 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from tardigrade_operator import grants
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
+from tardigrade_operator.grants import SYSTEM_PRIORITY_CLASSES, Grants
 from tardigrade_operator.podsecurity import LEVELS, Level, check_pod
 from tardigrade_operator.render import GangLaunch, JobRef, build_pod, runs_as_root
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
-SYSTEM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 _POD_VOLUME = re.compile(r"^spec\.volumes\[(\d+)\](.*)$")
 
 
@@ -38,9 +43,14 @@ class AdmissionPolicy:
     # samples do; CPU and GPU pods meet restricted, which an admin without TPU jobs can choose.
     pod_security: Level = "baseline"
     allow_system_scheduling: bool = False
+    # What of the namespace the pods may use: service accounts, Secrets, volumes, CSI
+    # drivers, priority classes (grants.py).
+    grants: Grants = dataclasses.field(default_factory=Grants)
 
     @classmethod
-    def parse(cls, pod_security: str, allow_system_scheduling: str) -> AdmissionPolicy:
+    def parse(cls, pod_security: str, allow_system_scheduling: str,
+              lists: Mapping[str, str | None] | None = None) -> AdmissionPolicy:
+        """From the operator's settings; `lists` holds grants.SETTINGS' variables."""
         if pod_security not in LEVELS:
             raise ValueError(f"TARDIGRADE_POD_SECURITY={pod_security!r}: expected one of "
                              f"{', '.join(LEVELS)} (chart value admission.podSecurity)")
@@ -49,7 +59,8 @@ class AdmissionPolicy:
             raise ValueError(f"TARDIGRADE_ALLOW_SYSTEM_SCHEDULING={allow_system_scheduling!r}: "
                              "expected true or false (chart value "
                              "admission.allowSystemScheduling)")
-        return cls(pod_security, flag == "true")  # type: ignore[arg-type]
+        return cls(pod_security, flag == "true",  # type: ignore[arg-type]
+                   Grants.from_settings(lists or {}))
 
 
 # What the operator itself sets for TPU pods (render.runs_as_root) and restricted forbids.
@@ -59,8 +70,11 @@ ROOT_CHECKS = frozenset({"runAsNonRoot", "runAsUser", "capabilities"})
 def review(job: JobRef, spec: TrainingJobSpec, policy: AdmissionPolicy) -> list[FieldError]:
     """Everything in `spec` that `policy` forbids, one error per offending field."""
     errors = _scheduling_errors(spec) if not policy.allow_system_scheduling else []
+    # With every optional addition of the operator's (a restart key adds a volume), so that
+    # those are reviewed too.
     pod = build_pod(job, spec, GangLaunch(attempt=0, replicas=spec.replicas,
-                                          restore_step="latest"), rank=0)
+                                          restore_step="latest", restart_key="review"), rank=0)
+    errors += grants.review(spec, pod, policy.grants)
     violations = check_pod(pod, policy.pod_security)
     if runs_as_root(spec) and any(v.check in ROOT_CHECKS for v in violations):
         violations = [v for v in violations if v.check not in ROOT_CHECKS]

@@ -8,7 +8,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from tardigrade_operator import checkpoint_scope
+from tardigrade_operator import checkpoint_scope, grants
 from tardigrade_operator.admission import AdmissionPolicy
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.netpolicy import NetworkPeers
@@ -56,6 +56,10 @@ class OperatorConfig:
     # process instead of exiting for its kubelet to restart the container
     # (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
+    # Cluster-wide installs: the ClusterRoleBinding giving trainers TokenReview, to which the
+    # operator adds each job's (namespace, ServiceAccount) (tokenreview_access.py); None: the
+    # chart rendered its subjects (namespaced mode) or the admin manages it.
+    token_review_binding: str | None = None
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -95,6 +99,7 @@ class OperatorConfig:
             network_peers=_network_peers_from_env(),
             restart_in_place=_flag("TARDIGRADE_RESTART_IN_PLACE"),
             restart_in_process=_flag("TARDIGRADE_RESTART_IN_PROCESS"),
+            token_review_binding=os.environ.get("TARDIGRADE_TOKEN_REVIEW_BINDING") or None,
         )
 
     def pacing_settings(self) -> PacingSettings:
@@ -152,7 +157,8 @@ def _admission_from_env() -> AdmissionPolicy:
     try:
         return AdmissionPolicy.parse(
             os.environ.get("TARDIGRADE_POD_SECURITY") or "baseline",
-            os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false")
+            os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false",
+            {env: os.environ.get(env) for env, _ in grants.SETTINGS.values()})
     except ValueError as err:
         raise SystemExit(str(err)) from None
 

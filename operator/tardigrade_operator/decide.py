@@ -251,9 +251,10 @@ def _decide(obs: Observed) -> Plan:
                 "the job")
         return plan
     spec = obs.spec
-    outside = checkpoint_scope.refusal(spec.checkpoint.path, obs.job.namespace,
-                                       obs.settings.checkpoint_path_prefix)
-    if outside is not None:
+    outside_paths = checkpoint_scope.refusals(spec, obs.job.namespace,
+                                              obs.settings.checkpoint_path_prefix)
+    if outside_paths:
+        outside = "; ".join(outside_paths)
         _stop_all(plan, obs, obs.pods, grace=None)
         _set_condition(status, obs, "InvalidSpec", "True", "CheckpointPathNotAllowed", outside)
         _finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)

@@ -111,7 +111,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.gone = set()
     memo.session = pod_session()
     load_client_config()
-    memo.writer = ClusterWriter()
+    memo.writer = ClusterWriter(token_review_binding=config.token_review_binding)
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
 

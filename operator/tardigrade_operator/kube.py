@@ -11,7 +11,14 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import apidecode, autoscaling, finalizers, naming, queueing
+from tardigrade_operator import (
+    apidecode,
+    autoscaling,
+    finalizers,
+    naming,
+    queueing,
+    tokenreview_access,
+)
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Plan
@@ -67,10 +74,17 @@ class ClusterWriter:
     """Applies plans in a fixed order: status first (it records what is about to happen),
     then finalizer releases, deletions and creations. Every step tolerates being repeated."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient | None = None) -> None:
+    # Cluster-wide installs: the ClusterRoleBinding that gives the trainers' accounts
+    # TokenReview, which the operator fills in before a job's pods (tokenreview_access.py).
+    token_review_binding: str | None = None
+
+    def __init__(self, api_client: kubernetes.client.ApiClient | None = None,
+                 token_review_binding: str | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
+        self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
+        self.token_review_binding = token_review_binding
         # (when it was asked, whether Kueue's Workload API is served)
         self._kueue_served: tuple[float, bool] | None = None
 
@@ -117,6 +131,10 @@ class ClusterWriter:
         if plan.create_network_policy is not None:
             self._create(self.networking.create_namespaced_network_policy, namespace,
                          plan.create_network_policy)
+        if plan.create_pods and self.token_review_binding:
+            # Before the pods: rank 0 reviews its peers' tokens as soon as it starts.
+            self.grant_token_review(namespace, plan.create_pods[0]["spec"].get(
+                "serviceAccountName") or "default")
         for pod in plan.create_pods:
             self._create(self.core.create_namespaced_pod, namespace, pod)
         # Last (a plan with patches is a later pass's, once the gang runs again: the kept
@@ -126,6 +144,15 @@ class ClusterWriter:
             with ThreadPoolExecutor(min(PATCH_CONCURRENCY, len(plan.patch_pods))) as pool:
                 list(pool.map(lambda item: self.patch_pod(namespace, *item), plan.patch_pods))
         return written
+
+    def grant_token_review(self, namespace: str, account: str) -> bool:
+        """Add the account to the trainers' TokenReview binding unless it is there."""
+        name = self.token_review_binding
+        assert name is not None
+        return tokenreview_access.ensure(
+            lambda: _raw(self.rbac.read_cluster_role_binding, name),
+            lambda body: _raw(self.rbac.replace_cluster_role_binding, name, body),
+            namespace, account)
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         try:

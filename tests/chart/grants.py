@@ -53,6 +53,10 @@ NODES = ("node readiness, host maintenance and node pool indexes (handlers.py `n
          "TARDIGRADE_WATCH_NODES); a ClusterRole of its own in namespaced "
          "mode, as kopf watches the cluster-scoped kind cluster-wide")
 PEERING = "kopf peering: watches the peering object and patches its keepalive into it"
+TOKEN_REVIEW_SUBJECTS = ("kube.Writer.grant_token_review (tokenreview_access.py): a job's "
+                         "namespace and ServiceAccount added to the trainers' TokenReview "
+                         "binding before its pods, cluster-wide only (resourceNames: that "
+                         "binding)")
 TJ = "tardigrade.dev"
 KUEUE = "kueue.x-k8s.io"
 
@@ -147,7 +151,16 @@ GRANTS: list[Grant] = [
           "kopf ResourceFlavor index: an admitted flavor's node labels (handlers.py)"),
     Grant(KUEUE, "workloadpriorityclasses", "get", CLUSTER, EVERY,
           "kube.Writer.priority_value: a queued job's kueue.x-k8s.io/priority-class"),
+    # Only the trainers' TokenReview binding and its role (resourceNames), cluster-wide only.
+    Grant("rbac.authorization.k8s.io", "clusterrolebindings", "get", CLUSTER, CLUSTER_WIDE,
+          TOKEN_REVIEW_SUBJECTS),
+    Grant("rbac.authorization.k8s.io", "clusterrolebindings", "update", CLUSTER, CLUSTER_WIDE,
+          TOKEN_REVIEW_SUBJECTS),
+    Grant("rbac.authorization.k8s.io", "clusterroles", "bind", CLUSTER, CLUSTER_WIDE,
+          "RBAC's escalation check on kube.Writer.grant_token_review's update: whoever updates "
+          "a binding needs bind on its role (the trainers' TokenReview role, by resourceName)"),
 ]
+
 
 
 def expected_grants(config: str, namespaces: tuple[str, ...] = ("ml", "lab")

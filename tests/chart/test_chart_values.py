@@ -150,3 +150,51 @@ def test_tenant_isolation_values_reach_the_operator():
     assert json.loads(env["TARDIGRADE_OPERATOR_POD_LABELS"]["value"]) == selector
     assert env["TARDIGRADE_OPERATOR_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def _operator_env(docs: list[dict]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod_spec(docs)["containers"][0]["env"]}
+
+
+def test_admission_lists_reach_the_operator_as_the_grants_it_enforces():
+    from tardigrade_operator.grants import SETTINGS, Grants
+
+    names = [env for env, _ in SETTINGS.values()]
+    default = _operator_env(render())
+    assert Grants.from_settings({n: default[n] for n in names}) == Grants()
+    chosen = _operator_env(render("admission.serviceAccounts={default,trainer}",
+                                  "admission.secrets={hf-token}",
+                                  "admission.volumeTypes={emptyDir,nfs}",
+                                  "admission.csiDrivers=null", "admission.priorityClasses={low}"))
+    assert Grants.from_settings({n: chosen[n] for n in names}) == Grants(
+        service_accounts=("default", "trainer"), secrets=("hf-token",),
+        volume_types=("emptyDir", "nfs"), csi_drivers=(), priority_classes=("low",))
+
+
+def test_values_schema_refuses_a_volume_type_core_v1_lacks_and_secret():
+    for value in ("admission.volumeTypes={NFS}", "admission.volumeTypes={secret}",
+                  "admission.serviceAccounts={../admin}"):
+        result = subprocess.run([_helm(), "template", "t", str(CHART), "--set", value],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and "admission" in result.stderr, value
+
+
+def test_cluster_wide_token_review_binding_is_filled_by_the_operator_alone():
+    docs = render()
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
+                   and d["metadata"]["name"] == "tardigrade-trainer-tokenreview")
+    # No group of every ServiceAccount: the operator adds each job's account.
+    assert "subjects" not in binding
+    assert _operator_env(docs)["TARDIGRADE_TOKEN_REVIEW_BINDING"] == binding["metadata"]["name"]
+    role = next(d for d in docs if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"] == "tardigrade-tokenreview-subjects")
+    assert all(rule["resourceNames"] == ["tardigrade-trainer-tokenreview"]
+               for rule in role["rules"])
+    assert sorted((r["resources"][0], v) for r in role["rules"] for v in r["verbs"]) == [
+        ("clusterrolebindings", "get"), ("clusterrolebindings", "update"),
+        ("clusterroles", "bind")]
+    namespaced = render("watch.allNamespaces=false", "watch.namespaces={ml}")
+    assert "TARDIGRADE_TOKEN_REVIEW_BINDING" not in _operator_env(namespaced)
+    off = render("trainerTokenReview.enabled=false")
+    assert "TARDIGRADE_TOKEN_REVIEW_BINDING" not in _operator_env(off)
+    assert not [d for d in off if "tokenreview" in d["metadata"]["name"]]

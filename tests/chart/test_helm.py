@@ -70,15 +70,16 @@ def test_namespaced_mode_grants_only_namespaced_roles_and_reading_nodes():
     cluster_roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     assert sorted(cluster_roles) == ["tardigrade-discovery", "tardigrade-nodes",
                                      "tardigrade-trainer-tokenreview"]
-    # TokenReview is cluster-scoped: the trainers' one grant, bound to the watched namespaces'
-    # ServiceAccounts only.
+    # TokenReview is cluster-scoped: the trainers' one grant, bound to the ServiceAccounts
+    # trainers may run as (admission.serviceAccounts) in the watched namespaces only.
     assert cluster_roles["tardigrade-trainer-tokenreview"]["rules"] == [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
          "verbs": ["create"]}]
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
                    and d["metadata"]["name"] == "tardigrade-trainer-tokenreview")
-    assert [s["name"] for s in binding["subjects"]] == ["system:serviceaccounts:ml",
-                                                        "system:serviceaccounts:lab"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "default", "namespace": ns}
+                                   for ns in ("ml", "lab")]
+    assert not any(d["metadata"]["name"] == "tardigrade-tokenreview-subjects" for d in docs)
     assert all("pods" not in rule["resources"] and "nodes" not in rule["resources"]
                for rule in cluster_roles["tardigrade-discovery"]["rules"])
     # Nodes are cluster-scoped: read-only, through a ClusterRole bound to the operator.

@@ -97,8 +97,10 @@ TOKEN_REVIEW = "tardigrade-trainer-tokenreview"
 
 
 def grant_trainer_token_review(rbac: kubernetes.client.RbacAuthorizationV1Api) -> None:
-    """What the chart grants trainers (values trainerTokenReview): rank 0 reviews its peers'
-    rendezvous tokens. Tests that run the operator outside the chart need it too."""
+    """Rank 0 reviews its peers' rendezvous tokens, so tests that run the operator outside
+    the chart grant trainers TokenReview too: here every ServiceAccount, for the test
+    cluster's convenience; the chart grants only the allowed ones (values
+    trainerTokenReview, admission.serviceAccounts)."""
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": TOKEN_REVIEW},
             "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],

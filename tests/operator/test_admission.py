@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from tardigrade_operator.admission import AdmissionPolicy, review
 from tardigrade_operator.api.parse import parse_trainingjob
+from tardigrade_operator.grants import SETTINGS
 from tardigrade_operator.render import JobRef
 
 from tests.conftest import EXAMPLES, corpus_cases, load_yaml
@@ -15,12 +19,17 @@ JOB = JobRef("tiny-gpt", "team-a", "uid-1")
 # root, as GKE's TPU samples do.
 STRICT = AdmissionPolicy(pod_security="restricted")
 DEFAULT = AdmissionPolicy()
-# The most permissive setting that still forbids each case's neighbours.
-ALLOWED_AT = {
-    "privileged": AdmissionPolicy(pod_security="privileged"),
-    "baseline": AdmissionPolicy(pod_security="baseline"),
-    "system-scheduling": AdmissionPolicy(allow_system_scheduling=True),
-}
+# Chart value (under admission.) -> the operator setting the chart's deployment sets from it.
+LISTS = {value.removeprefix("admission."): env for env, value in SETTINGS.values()}
+
+
+def policy_from_chart_values(values: dict[str, Any]) -> AdmissionPolicy:
+    """The policy an operator installed with these admission.* chart values runs under, read
+    the way the operator reads its environment."""
+    return AdmissionPolicy.parse(
+        values.get("podSecurity", "baseline"),
+        str(values.get("allowSystemScheduling", False)).lower(),
+        {LISTS[k]: json.dumps(v) for k, v in values.items() if k in LISTS})
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -37,19 +46,23 @@ def test_the_strict_policy_refuses_naming_the_field(case):
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_admin_can_allow_it(case):
     spec = parse_trainingjob(case["document"]).spec
-    assert review(JOB, spec, ALLOWED_AT[case["allowed_at"]]) == []
+    assert review(JOB, spec, policy_from_chart_values(case["allowed_at"])) == []
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
-def test_examples_pass_the_default_policy(path):
+def test_examples_pass_the_default_policy_with_the_trainer_account_docs_gke_sets_up(path):
     assert DEFAULT.pod_security == "baseline"
-    assert review(JOB, parse_trainingjob(load_yaml(path)).spec, DEFAULT) == []
+    # The GKE examples run as the Workload Identity account `trainer` (docs/gke.md), which the
+    # admin allows; nothing else in them needs more than the defaults.
+    gke = policy_from_chart_values({"serviceAccounts": ["default", "trainer"]})
+    assert review(JOB, parse_trainingjob(load_yaml(path)).spec, gke) == []
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_restricted_admits_cpu_and_gpu_pods_and_says_why_not_tpu(path):
     spec = parse_trainingjob(load_yaml(path)).spec
-    errors = review(JOB, spec, STRICT)
+    errors = review(JOB, spec, policy_from_chart_values(
+        {"podSecurity": "restricted", "serviceAccounts": ["default", "trainer"]}))
     if spec.accelerator.kind != "tpu":
         assert errors == []
         return
@@ -82,8 +95,8 @@ def test_the_operator_fails_a_forbidden_job_as_an_invalid_spec():
                                         JobState())
     assert spec is None
     assert error is not None and "spec.podTemplate.volumes[0].hostPath" in error
-    permissive = SimpleNamespace(config=OperatorConfig(
-        admission=AdmissionPolicy(pod_security="privileged")))
+    permissive = SimpleNamespace(config=OperatorConfig(admission=policy_from_chart_values(
+        case["allowed_at"])))
     spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
                                         permissive, JobState())
     assert spec is not None and error is None

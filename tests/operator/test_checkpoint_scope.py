@@ -36,9 +36,21 @@ def test_ordinary_paths_pass(path):
     assert parse_spec(spec(checkpoint={"path": path})).checkpoint.path == path
 
 
-def scoped(path: str, namespace_prefix: str | None = PREFIX) -> FakeCluster:
-    return FakeCluster(spec(checkpoint={"path": path}),
+def scoped(path: str, namespace_prefix: str | None = PREFIX, **overrides: object
+           ) -> FakeCluster:
+    checkpoint = {"path": path, **overrides.pop("checkpoint", {})}  # type: ignore[dict-item]
+    return FakeCluster(spec(checkpoint=checkpoint, **overrides),
                        settings=DecisionSettings(checkpoint_path_prefix=namespace_prefix))
+
+
+def refused_before_any_pod(cluster: FakeCluster) -> str:
+    """The InvalidSpec message of a job that failed for its paths without a pod."""
+    plan = cluster.reconcile()
+    assert plan.create_pods == [] and plan.create_service is None
+    assert cluster.status.phase == "Failed"
+    condition = {c.type: c for c in cluster.status.conditions}["InvalidSpec"]
+    assert (condition.status, condition.reason) == ("True", "CheckpointPathNotAllowed")
+    return condition.message
 
 
 @pytest.mark.parametrize("path", ["gs://ml-checkpoints/other-team/tiny",
@@ -62,6 +74,58 @@ def test_a_path_inside_the_namespace_prefix_runs():
     plan = cluster.reconcile()
     assert len(plan.create_pods) == 2 and cluster.status.phase == "Pending"
     assert scoped("gs://anywhere/tiny", None).reconcile().create_pods
+
+
+OWN = "gs://ml-checkpoints/ml/tiny"
+
+
+@pytest.mark.parametrize("path", ["gs://ml-checkpoints/other-team/tiny",  # another namespace's
+                                  "gs://ml-checkpoints/mlx/tiny",
+                                  "gs://elsewhere/tiny", "/mnt/ckpt/ml/tiny"])
+def test_a_job_cannot_start_from_another_namespaces_checkpoint(path):
+    message = refused_before_any_pod(scoped(OWN, checkpoint={"initFrom": {"path": path}}))
+    assert message.startswith(f"spec.checkpoint.initFrom.path {path!r} is outside")
+    assert "change spec.checkpoint.initFrom.path" in message
+
+
+def test_a_job_may_start_from_its_own_namespaces_checkpoints():
+    cluster = scoped(OWN, checkpoint={"initFrom": {"path": "gs://ml-checkpoints/ml/base"}})
+    assert len(cluster.reconcile().create_pods) == 2
+
+
+@pytest.mark.parametrize("cache", ["gs://ml-checkpoints/other-team/cache",
+                                   "gs://shared-cache/jax",
+                                   "/tmp/jax-cache",  # a path, not under the prefix
+                                   "relative/cache",
+                                   "gs://ml-checkpoints/ml/../other-team/cache",
+                                   "gs://ml-checkpoints/ml/./x"])
+def test_the_compilation_cache_must_lie_under_the_prefix_too(cache):
+    message = refused_before_any_pod(scoped(OWN, trainer={"compilation_cache_dir": cache}))
+    assert message.startswith(f"spec.trainer.compilation_cache_dir {cache!r} is outside")
+    assert "only paths under gs://ml-checkpoints/ml/" in message
+
+
+@pytest.mark.parametrize("trainer", [{"compilation_cache_dir": "gs://ml-checkpoints/ml/cache"},
+                                     {"compilation_cache_dir": None},  # the trainer's default
+                                     {"compilation_cache_dir": 7},  # the trainer refuses it
+                                     {}])
+def test_a_cache_under_the_prefix_or_none_at_all_runs(trainer):
+    assert len(scoped(OWN, trainer=trainer).reconcile().create_pods) == 2
+
+
+def test_every_path_outside_is_named_at_once():
+    cluster = scoped("gs://elsewhere/tiny", checkpoint={"initFrom": {"path": "gs://bkt/base"}},
+                     trainer={"compilation_cache_dir": "gs://bkt/cache"})
+    message = refused_before_any_pod(cluster)
+    for field in ("spec.checkpoint.path", "spec.checkpoint.initFrom.path",
+                  "spec.trainer.compilation_cache_dir"):
+        assert f"change {field}" in message
+
+
+def test_without_the_rule_any_path_runs():
+    cluster = scoped("gs://anywhere/tiny", None, checkpoint={"initFrom": {"path": "/mnt/b"}},
+                     trainer={"compilation_cache_dir": "/tmp/cache"})
+    assert len(cluster.reconcile().create_pods) == 2
 
 
 def test_the_rule_applies_to_running_jobs_too():
