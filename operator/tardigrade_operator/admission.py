@@ -70,10 +70,10 @@ ROOT_CHECKS = frozenset({"runAsNonRoot", "runAsUser", "capabilities"})
 def review(job: JobRef, spec: TrainingJobSpec, policy: AdmissionPolicy) -> list[FieldError]:
     """Everything in `spec` that `policy` forbids, one error per offending field."""
     errors = _scheduling_errors(spec) if not policy.allow_system_scheduling else []
-    # With every optional addition of the operator's (a restart key adds a volume), so that
+    # With every optional addition of the operator's (restart in place adds a volume), so that
     # those are reviewed too.
     pod = build_pod(job, spec, GangLaunch(attempt=0, replicas=spec.replicas,
-                                          restore_step="latest", restart_key="review"), rank=0)
+                                          restore_step="latest", restart_in_place=True), rank=0)
     errors += grants.review(spec, pod, policy.grants)
     violations = check_pod(pod, policy.pod_security)
     if runs_as_root(spec) and any(v.check in ROOT_CHECKS for v in violations):

@@ -90,7 +90,7 @@ def test_an_empty_volume_type_list_refuses_even_scratch_space():
 def test_the_operators_own_volumes_pass_and_are_exempt_by_name_only():
     spec = job_with()
     pod = build_pod(JOB, spec, GangLaunch(attempt=0, replicas=2, restore_step="latest",
-                                          restart_key="k"), 0)
+                                          restart_in_place=True), 0)
     names = {v["name"] for v in pod["spec"]["volumes"]}
     assert {RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME} <= names
     strict = Grants(volume_types=())  # not even the kinds the operator's own volumes are
