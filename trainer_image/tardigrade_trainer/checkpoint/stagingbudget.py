@@ -121,18 +121,21 @@ def headroom_bytes(figures: DeviceFigures, program_extra: int | None) -> int:
                - margin_bytes(figures.limit))
 
 
-def free_now_bytes(figures: DeviceFigures, program_extra: int | None) -> int:
-    """What a save may take at this moment: capacity less what is in use now and what the
-    next step needs (reserved, or planned), less the margin."""
-    needs = figures.in_use + max(figures.reserved, program_extra or 0)
-    return max(0, figures.limit - needs - margin_bytes(figures.limit))
+def free_now_bytes(figures: DeviceFigures) -> int:
+    """What a save may take at this moment: capacity less what is in use and reserved now,
+    less the margin. Not less the step's planned needs: where the runtime allocates them per
+    run (a GPU), a step still running when the save starts has them in use already, and they
+    would count twice; the headroom, measured once, leaves them to the step."""
+    return max(0, figures.limit - figures.in_use - figures.reserved
+               - margin_bytes(figures.limit))
 
 
 class DeviceBudget:
     """Bytes of device memory a snapshot may stage, per device.
 
     `limit_bytes`: None (automatic, the default): the headroom (`headroom_bytes`) measured at
-    the first save, and at each save no more than is free at that moment (`free_now_bytes`).
+    the first save (or when the compiled step is noted), and at each save no more than is
+    free at that moment (`free_now_bytes`).
     The first save's headroom holds for later ones: their own staging raises the device's
     peak, which must not shrink the budget save after save. 0: never stage. A number: at most
     that many bytes, within the automatic budget.
@@ -181,7 +184,7 @@ class DeviceBudget:
             return 0
         if device not in self._headroom:
             self._headroom[device] = headroom_bytes(figures, self.program_extra)
-        budget = min(self._headroom[device], free_now_bytes(figures, self.program_extra))
+        budget = min(self._headroom[device], free_now_bytes(figures))
         if device in self._after_failure:
             budget = min(budget, self._after_failure[device])
         return budget if self.limit_bytes is None else min(budget, self.limit_bytes)
