@@ -3,7 +3,7 @@ MFU, save stall and start-up times.
 
     python bench/chip.py --dir DIR [--model 184m|tiny] [--batch N] [--steps 30]
         [--interval 10] [--checkpoint-gib 2] [--skip-checkpoint-bench]
-        [--relaunches cold,cache-first,warm]
+        [--relaunches cold,cache-first,warm] [--staging-mib N]
 
 First `bench/checkpoint_bandwidth.py` on the chip (one device, `--checkpoint-gib` GiB of state,
 Tardigrade and Orbax in the same run, the staging trade-off), in a process of its own (one
@@ -17,9 +17,12 @@ runs where no socket can be opened) as the operator would, and reads its JSON lo
      windows after the first steps), the model FLOPs utilisation against the chip's peak
      (`--peak-tflops`, v5e bf16 197), and for every interval save the loop time lost over the
      steps the save overlapped, as the trainer logs it (`checkpoint_loop_time_lost`), against
-     the save's own duration; and the step's working memory. With `--compare-recompute N`,
-     a run of N steps that keeps attention's probabilities for the backward pass instead of
-     recomputing them (the trainer's default): the throughput and memory it is judged against;
+     the save's own duration, with what the save staged in device memory, its budget and
+     where the budget came from (the trainer's automatic budget unless `--staging-mib` sets
+     one; `--staging-mib 0` is the unstaged arm); and the step's working memory. With
+     `--compare-recompute N`, a run of N steps that keeps attention's probabilities for the
+     backward pass instead of recomputing them (the trainer's default): the throughput and
+     memory it is judged against;
   2. relaunches: the same job started again (it restores the save on notice), killed once
      its first step is logged: without JAX's persistent compilation cache (`cold`), with an
      empty cache (`cache-first`: it fills it, and is killed only once it has copied the
@@ -91,10 +94,11 @@ def parse_args() -> argparse.Namespace:
                              "device memory to stage saves in)")
     parser.add_argument("--headroom-interval", type=int, default=0,
                         help="the headroom run saves every N steps (default: --interval)")
-    parser.add_argument("--staging-mib", type=int, default=0,
-                        help="the trainer's checkpoint_snapshot_device_mib in every run: "
-                             "device memory a save may stage its snapshot in, within what "
-                             "the training leaves free (0: never)")
+    parser.add_argument("--staging-mib", type=int, default=None,
+                        help="the trainer's checkpoint_snapshot_device_mib in every run: at "
+                             "most this much device memory a save may stage its snapshot in, "
+                             "within what the training leaves free; 0: never (the unstaged "
+                             "arm). Default: unset, the trainer's automatic budget")
     parser.add_argument("--staging", default="0.25,0.5,1",
                         help="the checkpoint bench's --staging fractions")
     parser.add_argument("--compare-recompute", type=int, default=0, metavar="STEPS",
@@ -232,11 +236,19 @@ def seed_run(args: argparse.Namespace, workdir: Path, checkpoint: Path,
         print(f"    save at step {event['step']} ({event.get('reason', '')}): loop time lost "
               f"{event['lost_s'] * 1e3:.0f} ms over {event['steps']} steps, {share} the "
               f"save's {seconds or 0:.2f} s; save call blocked {event['blocked_s'] * 1e3:.0f} "
-              f"ms; staged in HBM {event.get('staged_bytes', 0) / 2**20:.0f} MiB: "
+              f"ms; staged in HBM {mib(event.get('staged_bytes', 0))} of a budget of "
+              f"{mib(event.get('staging_budget_bytes'))} ({event.get('staging_budget', '?')}): "
               f"< 10%: {verdict}")
+    for event in run.of("checkpoint_staging_failed"):
+        print(f"    save at step {event['step']}: staging {mib(event['failed_bytes'])} in HBM "
+              f"failed, copied to the host instead: {event.get('error', '')}")
     notice = run.of("preempted")
     print(f"    save on notice: {'step ' + str(notice[0]['step']) if notice else 'none'}")
     return {"tokens_per_second": tokens, "mfu": mfu, "working_bytes": working}
+
+
+def mib(nbytes: int | None) -> str:
+    return "? MiB" if nbytes is None else f"{nbytes / 2**20:.0f} MiB"
 
 
 def gib(nbytes: int | None) -> str:
@@ -289,7 +301,8 @@ def main() -> int:
     cache = checkpoint / "compilation-cache"  # the trainer's default place
     model = {**MODELS[args.model], **({"global_batch_size": args.batch} if args.batch else {})}
     base = {**model, "steps": 100000, "log_every": 1,
-            "checkpoint_snapshot_device_mib": args.staging_mib}
+            **({} if args.staging_mib is None
+               else {"checkpoint_snapshot_device_mib": args.staging_mib})}
     if not args.skip_checkpoint_bench:
         checkpoint_bench(args, workdir)
     print(f"model {args.model}: {json.dumps(model)}; "

@@ -27,6 +27,9 @@ class Budget:
     def for_device(self, device: object) -> int:
         return self.nbytes
 
+    def staging_failed(self, device: object, nbytes: int) -> None:
+        raise AssertionError("no staging copy fails here")
+
 
 class FakeDevice:
     def __init__(self, **stats: int) -> None:
@@ -184,18 +187,21 @@ def test_a_saves_loop_time_lost_is_the_excess_of_the_steps_it_overlapped():
     for _ in range(6):  # steady 100 ms steps
         clock += 0.1
         assert stall.step_ended(clock, saving=False) is None
-    stall.save_started(step=6, reason="interval", blocked_s=0.03, staged_bytes=123)
+    stall.save_started(step=6, reason="interval", blocked_s=0.03,
+                       staging={"staged_bytes": 123, "staging_budget_bytes": 456,
+                                "staging_budget": "auto"})
     for duration, saving in [(0.13, True), (0.12, True), (0.1, False)]:
         clock += duration
         record = stall.step_ended(clock, saving=saving)
     assert record is not None
     assert record["lost_s"] == pytest.approx(0.05)
     assert (record["steps"], record["step_s"], record["staged_bytes"]) == (3, 0.1, 123)
+    assert (record["staging_budget_bytes"], record["staging_budget"]) == (456, "auto")
     assert record["blocked_s"] == 0.03 and record["step"] == 6
     # A save right after the start, with no steady steps to compare with, is not judged.
     fresh = SaveStall()
     fresh.step_ended(0.0, saving=False)
-    fresh.save_started(step=1, reason="interval", blocked_s=0.0, staged_bytes=0)
+    fresh.save_started(step=1, reason="interval", blocked_s=0.0)
     assert fresh.step_ended(5.0, saving=False) is None
 
 
@@ -203,10 +209,10 @@ def test_a_save_still_open_when_the_next_starts_is_closed_with_its_steps():
     stall = SaveStall()
     for clock in (0.0, 0.1, 0.2, 0.3, 0.4):
         stall.step_ended(clock, saving=False)
-    assert stall.save_started(step=4, reason="interval", blocked_s=0.0, staged_bytes=0) is None
+    assert stall.save_started(step=4, reason="interval", blocked_s=0.0) is None
     stall.step_ended(0.6, saving=True)
     stall.step_ended(0.7, saving=True)
     # The next save waited for this one: it has ended, after two steps, 0.1 s lost.
-    record = stall.save_started(step=6, reason="interval", blocked_s=0.0, staged_bytes=0)
+    record = stall.save_started(step=6, reason="interval", blocked_s=0.0)
     assert record is not None and record["step"] == 4 and record["steps"] == 2
     assert record["lost_s"] == pytest.approx(0.1)

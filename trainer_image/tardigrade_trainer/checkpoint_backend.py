@@ -73,9 +73,10 @@ class Checkpoints(Protocol):
         fails (CheckpointIOError) instead of running on."""
         ...
 
-    def prepare_save(self, state: Any) -> None:
+    def prepare_save(self, state: Any, step_program: Any = None) -> None:
         """Once a step has run: get ready to save states like `state`, so that the first save
-        stalls the loop no longer than the next ones."""
+        stalls the loop no longer than the next ones. `step_program`: the compiled training
+        step (or its `memory_analysis()`), if the loop has it."""
         ...
 
     def wait(self, deadline: Deadline | None = None) -> None:
@@ -198,8 +199,8 @@ class TardigradeCheckpoints:
             self.manager.wait(deadline)
         return self.manager.save(step, state, extra=extra, mesh=mesh, deadline=deadline)
 
-    def prepare_save(self, state: Any) -> None:
-        self.manager.prepare_save(state)
+    def prepare_save(self, state: Any, step_program: Any = None) -> None:
+        self.manager.prepare_save(state, step_program)
 
     def wait(self, deadline: Deadline | None = None) -> None:
         self.manager.wait(deadline)
@@ -211,6 +212,12 @@ class TardigradeCheckpoints:
     def staged_bytes(self) -> int:
         """Device memory the last save staged (an accelerator's snapshot, staging.py)."""
         return self.manager.last_staged_bytes
+
+    @property
+    def staging(self) -> dict[str, Any]:
+        """What the last save staged: `staged_bytes`, `staging_budget_bytes` and
+        `staging_budget` (auto, setting or off; CheckpointManager.last_staging)."""
+        return self.manager.last_staging
 
     def committed(self) -> Committed | None:
         with self._lock:

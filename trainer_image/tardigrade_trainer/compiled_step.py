@@ -72,14 +72,19 @@ def lower_abstract(fn: Callable[..., Any], donate_args: tuple[bool, ...],
         return jitted.lower(donated, kept, (static_fun, static_args))
 
 
-def working_memory_bytes(compiled: Any) -> int | None:
-    """The device memory the program needs beyond its inputs and outputs (XLA's buffer
-    assignment: activations kept for the backward pass, scratch), or None where the backend
-    does not say. What is left of a device after it and the state is what a save may stage
-    its snapshot in (checkpoint/staging.py)."""
+def memory_analysis(compiled: Any) -> Any:
+    """XLA's memory analysis of a compiled program (per device: temp, argument, output,
+    alias and generated code sizes), or None where the backend does not say."""
     try:
-        analysis = compiled.memory_analysis()
+        return compiled.memory_analysis()
     except Exception:  # backends and deserialized executables without the analysis
         return None
+
+
+def working_memory_bytes(analysis: Any) -> int | None:
+    """From `memory_analysis`: the device memory the program needs beyond its inputs and
+    outputs (XLA's buffer assignment: activations kept for the backward pass, scratch), or
+    None where the backend does not say. What is left of a device after it and the state is
+    what a save may stage its snapshot in (checkpoint/stagingbudget.py)."""
     temp = getattr(analysis, "temp_size_in_bytes", None)
     return int(temp) if temp is not None else None

@@ -15,6 +15,9 @@ class ConfigError(ValueError):
 
 # Keys whose default is None, so their type cannot be read off the default.
 _STRING_KEYS = frozenset({"compilation_cache_dir"})
+# Integer keys whose unset value (None) means "automatic", also written "auto".
+_AUTO_INT_KEYS = frozenset({"checkpoint_snapshot_device_mib"})
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +58,12 @@ class TrainerConfig:
     checkpoint_verify_restore: bool = True
     # Host memory a restore may fill with reads not yet checked and put on their devices.
     checkpoint_restore_inflight_mib: int = contract.DEFAULT_RESTORE_INFLIGHT_MIB
-    # On an accelerator, device memory (MiB per device, taken only from what the training has
-    # not used) a save may fill with a copy of the state, so that `save` returns before the
-    # device->host copy, which then overlaps the steps. 0: never (the default: a copy of the
-    # state costs as much device memory as the state; checkpoint/staging.py).
-    checkpoint_snapshot_device_mib: int = 0
+    # On an accelerator, device memory (MiB per device) a save may fill with a copy of the
+    # state, so that `save` returns before the device->host copy, which then overlaps the
+    # steps. Unset, null or "auto" (the default): as much as the compiled step leaves free,
+    # less a margin (checkpoint/stagingbudget.py); a number caps that; 0 turns staging off.
+    # 0 meant "never" before there was an automatic budget, and still does.
+    checkpoint_snapshot_device_mib: int | None = None
     # JAX's persistent compilation cache: a relaunched gang that finds its compiled programs
     # here starts training seconds sooner. A path (a volume the relaunched pods share) or a
     # gs:// URL. Unset: `<checkpoint root>/compilation-cache` (compile_cache.py), unless
@@ -76,6 +80,8 @@ class TrainerConfig:
         values: dict[str, Any] = {}
         for name, value in raw.items():
             default = getattr(cls, name)
+            if name in _AUTO_INT_KEYS and value == AUTO:
+                value = None
             if value is None:
                 values[name] = None
                 continue
@@ -89,7 +95,9 @@ class TrainerConfig:
             if want is bool and not isinstance(value, bool):
                 raise ConfigError(f"trainer config {name!r} must be true or false, got {value!r}")
             if want is int and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(f"trainer config {name!r} must be an integer, got {value!r}")
+                also = f' or "{AUTO}"' if name in _AUTO_INT_KEYS else ""
+                raise ConfigError(f"trainer config {name!r} must be an integer{also}, "
+                                  f"got {value!r}")
             if want is str and not (isinstance(value, str) and value):
                 raise ConfigError(f"trainer config {name!r} must be a non-empty string, "
                                   f"got {value!r}")
@@ -114,9 +122,11 @@ class TrainerConfig:
             raise ConfigError("trainer config 'checkpoint_restore_inflight_mib' must be >= 1 "
                               f"(MiB of reads a restore may have in flight), got "
                               f"{self.checkpoint_restore_inflight_mib}")
-        if self.checkpoint_snapshot_device_mib < 0:
+        if self.checkpoint_snapshot_device_mib is not None and \
+                self.checkpoint_snapshot_device_mib < 0:
             raise ConfigError("trainer config 'checkpoint_snapshot_device_mib' must be >= 0 "
-                              "(MiB of device memory a save may stage; 0: never), got "
+                              "(MiB of device memory a save may stage; 0: never; "
+                              f'"{AUTO}" or unset: as much as the training leaves free), got '
                               f"{self.checkpoint_snapshot_device_mib}")
         if self.devices_per_process is not None and self.devices_per_process < 1:
             raise ConfigError("trainer config 'devices_per_process' must be >= 1")

@@ -116,7 +116,7 @@ class OrbaxCheckpoints:
     def started(self) -> None:
         pass  # Orbax applies max_to_keep / keep_period itself
 
-    def prepare_save(self, state: Any) -> None:
+    def prepare_save(self, state: Any, step_program: Any = None) -> None:
         pass  # nothing of Orbax's save is prepared ahead
 
     def committed_steps(self) -> list[int]:

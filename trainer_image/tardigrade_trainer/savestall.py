@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 # Steps without a save in flight that make the baseline, and how many it needs.
@@ -26,7 +27,8 @@ class _Open:
     step: int
     reason: str
     blocked_s: float
-    staged_bytes: int
+    # What the save staged on the device (staged_bytes, staging_budget_bytes, staging_budget).
+    staging: dict[str, Any]
     durations: list[float] = dataclasses.field(default_factory=list)
 
 
@@ -39,10 +41,12 @@ class SaveStall:
         self._open: _Open | None = None
 
     def save_started(self, step: int, reason: str, blocked_s: float,
-                     staged_bytes: int) -> dict[str, Any] | None:
+                     staging: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """Returns the record of the previous save when it was still open: a save waits for
-        the one before it, so that one has ended, and its steps are all counted."""
-        previous, self._open = self._close(), _Open(step, reason, blocked_s, staged_bytes)
+        the one before it, so that one has ended, and its steps are all counted. `staging`:
+        what the save staged, carried into its record."""
+        previous, self._open = self._close(), _Open(step, reason, blocked_s,
+                                                    {"staged_bytes": 0, **(staging or {})})
         return previous
 
     def step_ended(self, now: float, saving: bool) -> dict[str, Any] | None:
@@ -68,4 +72,4 @@ class SaveStall:
         lost = sum(done.durations) - median * len(done.durations)
         return {"step": done.step, "reason": done.reason, "lost_s": round(lost, 6),
                 "steps": len(done.durations), "step_s": round(median, 6),
-                "blocked_s": round(done.blocked_s, 6), "staged_bytes": done.staged_bytes}
+                "blocked_s": round(done.blocked_s, 6), **done.staging}

@@ -335,14 +335,23 @@ class TrainingSession:
         if reason is not None:
             self.save(step, state, reason)
 
-    def prepare_save(self, state: Any) -> None:
+    def prepare_save(self, state: Any, step_program: Any = None) -> None:
         """Once a step has run (later calls do nothing): get the checkpoints ready to save
         states like `state`, so that the first save stalls the loop no longer than the next
-        ones (the staged snapshot's copy program compiles in the background)."""
+        ones (the staged snapshot's copy program compiles in the background).
+
+        `step_program` (optional): the compiled training step (`jax.jit(step).lower(...)
+        .compile()`) or its `memory_analysis()`. On an accelerator a save stages its snapshot
+        in the device memory the training leaves free; with the step's own figures that is
+        known before the step's peak has been seen, without them the device's peaks decide
+        (checkpoint/stagingbudget.py)."""
         if self._save_prepared:
             return
         self._save_prepared = True
-        self.checkpoints.prepare_save(state)
+        if step_program is None:
+            self.checkpoints.prepare_save(state)
+        else:  # a backend of the loop's own may predate the argument
+            self.checkpoints.prepare_save(state, step_program=step_program)
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""
@@ -375,8 +384,11 @@ class TrainingSession:
     def _saved(self, step: int, reason: str, blocked: float | None) -> None:
         if blocked is not None:
             self.metrics.checkpoint_blocked.observe(blocked)
-        staged = getattr(self._checkpoints, "staged_bytes", 0)
-        previous = self._stall.save_started(step, reason, blocked or 0.0, int(staged or 0))
+        # What the save staged (our backend; others stage nothing, or do not say).
+        staging = getattr(self._checkpoints, "staging", None)
+        if not isinstance(staging, dict):
+            staging = {"staged_bytes": int(getattr(self._checkpoints, "staged_bytes", 0) or 0)}
+        previous = self._stall.save_started(step, reason, blocked or 0.0, staging)
         if previous is not None:
             self.log({"event": "checkpoint_loop_time_lost", **previous})
 

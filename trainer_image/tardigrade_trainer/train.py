@@ -64,7 +64,9 @@ def checkpoint_options(config: TrainerConfig) -> dict[str, Any]:
                                   stall_seconds=config.checkpoint_storage_stall_seconds),
         "verify_restore": config.checkpoint_verify_restore,
         "restore_inflight_bytes": config.checkpoint_restore_inflight_mib << 20,
-        "snapshot_device_bytes": config.checkpoint_snapshot_device_mib << 20,
+        # None: the automatic budget (stagingbudget.py); 0: never stage.
+        "snapshot_device_bytes": (None if config.checkpoint_snapshot_device_mib is None
+                                  else config.checkpoint_snapshot_device_mib << 20),
     }
 
 
@@ -81,14 +83,17 @@ class StepCompile:
         self._traced = threading.Event()
         self._result: tuple[Any, step_cache.Outcome] | None = None
         self._error: BaseException | None = None
-        # The program's working memory (compiled_step.working_memory_bytes): asked here, since
-        # the analysis took 0.4 s of the loop's start on a CPU.
+        # The program's memory analysis (its working memory is logged; the save's staging
+        # budget leaves its needs to it): asked here, since it took 0.4 s of the loop's start
+        # on a CPU.
+        self.memory: Any = None
         self.working_bytes: int | None = None
 
         def run() -> None:
             try:
                 self._result = compile_step(self._traced)
-                self.working_bytes = compiled_step.working_memory_bytes(self._result[0])
+                self.memory = compiled_step.memory_analysis(self._result[0])
+                self.working_bytes = compiled_step.working_memory_bytes(self.memory)
             except BaseException as err:  # handed to the caller of result()
                 self._error = err
             finally:
@@ -267,10 +272,12 @@ class Trainer:
         # hiccup shorter than a step (a save's threads holding the GIL) costs the device
         # nothing. A step to be saved is reported before its save, as progress must be.
         unreported: tuple[int, jax.Array] | None = None
+        # The step's needs, which the save's staging budget leaves to it.
+        step_memory = self._compiling.memory if self._compiling is not None else None
         for step in session.steps(config.steps):
             x, y = data.sharded_batch(config, step, batch_sharding)
             state, loss = step_fn(state, x, y)
-            session.prepare_save(state)
+            session.prepare_save(state, step_program=step_memory)
             if unreported is not None:
                 report(*unreported)
             unreported = (step, loss)

@@ -79,8 +79,8 @@ class CheckpointManager:
     `chunk_files`: on a local disk, read and write whole unencoded chunks with O_DIRECT
     (chunkfiles.py) instead of through TensorStore. `snapshot_device_bytes`: on an
     accelerator, the device memory per device a snapshot may stage so that `save` need not
-    wait for the device->host copy (staging.py): 0 (the default) never stages, N stages at
-    most N bytes of the memory the training has not used, None all of it. `faults`:
+    wait for the device->host copy (staging.py): None (the default) as much as the training
+    leaves free (stagingbudget.py), N at most N bytes of that, 0 never. `faults`:
     test-only fault injection at the save's stages (faults.py); the default does nothing.
     """
 
@@ -96,7 +96,7 @@ class CheckpointManager:
         verify_restore: bool = True,
         restore_inflight_bytes: int = restoreplan.DEFAULT_INFLIGHT_BYTES,
         chunk_files: bool = True,
-        snapshot_device_bytes: int | None = 0,
+        snapshot_device_bytes: int | None = None,
         faults: SaveFaults = NO_FAULTS,
     ) -> None:
         if restore_inflight_bytes < 1:
@@ -214,6 +214,16 @@ class CheckpointManager:
         """Device memory the last save staged on this host (accelerators; 0 on the CPU)."""
         return self._snapshots.last_staged_bytes
 
+    @property
+    def last_staging(self) -> dict[str, Any]:
+        """What the last save staged on this host, as its `checkpoint_started` event says:
+        `staged_bytes`, `staging_budget_bytes` (this host's devices' budgets, summed) and
+        `staging_budget` (where the budget came from: "auto", "setting" or "off")."""
+        report = self._snapshots.last_staging
+        return {"staged_bytes": report.staged_bytes,
+                "staging_budget_bytes": report.budget_bytes,
+                "staging_budget": self._snapshots.budget.source}
+
     def save(
         self,
         step: int,
@@ -240,19 +250,29 @@ class CheckpointManager:
         except leafkinds.LeafError as err:
             raise CheckpointUsageError(f"cannot save step {step}: {err}") from None
         blocked = time.perf_counter() - started
+        failed = self._snapshots.last_staging
+        if failed.failed_bytes:
+            # The device could not hold the staged copy after all: those shards went to the
+            # host (the save is whole), and the budget stages less from now on.
+            self._emit({"event": "checkpoint_staging_failed", "level": "warning", "step": step,
+                        "failed_bytes": failed.failed_bytes, "error": "; ".join(failed.errors),
+                        "message": f"staging {failed.failed_bytes} bytes of the snapshot in "
+                                   "device memory failed: copied to host memory instead"})
         self._emit({"event": "checkpoint_started", "step": step, "blocked_s": round(blocked, 6),
-                    "staged_bytes": self._snapshots.last_staged_bytes})
+                    **self.last_staging})
         self._saves += 1
         self._pending = self._executor.submit(
             self._write_and_commit, step, host_leaves, checked_extra, dict(mesh or {}),
             self._saves, deadline)
         return blocked
 
-    def prepare_save(self, state: Any) -> None:
+    def prepare_save(self, state: Any, step_program: Any = None) -> None:
         """Optional, once the loop has run a step: get ready to save states of `state`'s
-        layout, so the first save blocks no longer than the ones after it (snapshot.py)."""
+        layout, so the first save blocks no longer than the ones after it (snapshot.py).
+        `step_program`: the compiled training step, or its `memory_analysis()`: the staging
+        budget leaves its needs to it (stagingbudget.py)."""
         try:
-            self._snapshots.prepare(state)
+            self._snapshots.prepare(state, step_program)
         except leafkinds.LeafError as err:
             raise CheckpointUsageError(f"cannot save this state: {err}") from None
 

@@ -48,8 +48,13 @@ class Snapshotter:
         self.process_count = process_count
         self.budget = budget or staging.DeviceBudget()
         self._write_plan: tuple[Any, dict[str, writers.LeafPlan]] | None = None
-        # Device memory the last snapshot staged (0 on the CPU, or with nothing staged).
-        self.last_staged_bytes = 0
+        # What the last snapshot staged (nothing on the CPU).
+        self.last_staging = staging.StagingReport()
+
+    @property
+    def last_staged_bytes(self) -> int:
+        """Device memory the last snapshot staged (0 on the CPU, or with nothing staged)."""
+        return self.last_staging.staged_bytes
 
     def copy_to_host(self, state: Any) -> list[HostLeaf]:
         """This host's part of `state`; LeafError for a leaf a checkpoint cannot hold."""
@@ -67,15 +72,15 @@ class Snapshotter:
                                     [leaves[i].sharding for i in arrays], may_alias=False)
             for i, copy in zip(arrays, copies, strict=True):
                 leaves[i] = copy
-        self.last_staged_bytes = 0
+        self.last_staging = staging.StagingReport()
         copies_of = _my_shards(names, leaves, mine)
         if not on_cpu:
             # Off the CPU the next step, which may donate these buffers, must not start before
             # they are copied: to spare device memory (read later) or to the host (now).
             flat = [(name, device, data) for name, by_device in copies_of.items()
                     for device, data in by_device.items()]
-            got = staging.stage([(device, data) for _, device, data in flat], self.budget)
-            self.last_staged_bytes = staging.staged_bytes(list(got.values()))
+            got = staging.stage([(device, data) for _, device, data in flat], self.budget,
+                                self.last_staging)
             for i, (name, device, _) in enumerate(flat):
                 copies_of[name][device] = got[i]
         host = []
@@ -99,9 +104,13 @@ class Snapshotter:
             host.append(HostLeaf(name, shape, dtype, chunk, shards, impls.get(name)))
         return host
 
-    def prepare(self, state: Any) -> None:
+    def prepare(self, state: Any, step_program: Any = None) -> None:
         """Get ready to snapshot states of `state`'s layout: the write plan, and (on an
-        accelerator that stages) the staged copy's program, compiled in the background."""
+        accelerator that stages) the staged copy's program, compiled in the background.
+        `step_program`: the compiled training step (or its memory analysis), whose needs the
+        staging budget leaves to it (stagingbudget.py)."""
+        if step_program is not None:
+            self.budget.note_program(step_program)
         names, leaves, _ = self._leaves(state)
         _, mine = self._plans(names, leaves)
         if _on_cpu(mine) or self.budget.limit_bytes == 0:

@@ -1,5 +1,5 @@
 """Accelerator snapshots: the state's copy off the devices before the next step reuses them,
-to host memory now, or (opt-in) to spare device memory first, read to the host afterwards.
+to host memory now, or to spare device memory first, read to the host afterwards.
 
 A training step donates its state: the next step reuses the state's device buffers, so
 every byte of the saved step must be off them before that step starts. Off the CPU that
@@ -11,12 +11,13 @@ leaves two places for it:
   read to host memory from the save thread while the loop trains on.
 
 Device memory is the scarce resource: a second copy of the whole state halves the model a
-user can train. So a staged copy takes only device memory the training has not used (the
-device's limit less the peak in use and the programs' reserved memory seen at the first
-save, less a margin: `DeviceBudget`), and at most what the user allows. The shards that fit
-are staged on the device, the rest are copied to host memory before `save` returns.
+user can train. So a staged copy takes only device memory the training does not need (the
+device's capacity less the compiled step's needs and what the runtime saw it use, less a
+margin: stagingbudget.py), and at most what the user allows. The shards that fit are staged
+on the device, the rest are copied to host memory before `save` returns. A staged copy the
+device cannot allocate after all is copied to host memory instead, for that save: a save
+never stops the training for want of device memory.
 
-Staging is off by default (budget 0), because it costs device memory equal to what it stages.
 Where there is room it pays: the 184M reference trainer on a TPU v5e (batch 32, 2.1 GiB
 staged) lost 3-6% of each save's duration, against about 30% waiting for a host copy. The
 device overlaps a device->host read with the steps only while one read is in flight: a loop
@@ -28,74 +29,25 @@ in order, from the moment they are staged (docs/benchmarks/tpu-chip.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tardigrade_trainer.checkpoint.background import SaveThread
+from tardigrade_trainer.checkpoint.stagingbudget import (  # noqa: F401  (re-exported)
+    MARGIN_FRACTION,
+    MIN_MARGIN_BYTES,
+    DeviceBudget,
+    device_memory,
+)
 
 log = logging.getLogger(__name__)
-
-# Device memory left free whatever the budget: fragmentation, and the runtime's own.
-MARGIN_FRACTION = 0.1
-MIN_MARGIN_BYTES = 512 << 20
-
-
-def device_memory(device: Any) -> dict[str, int] | None:
-    """JAX's memory statistics of `device` (bytes_limit, bytes_in_use, peak_bytes_in_use),
-    or None where the platform keeps none."""
-    try:
-        stats = device.memory_stats()
-    except Exception:  # platforms without the call (the CPU) raise or return None
-        return None
-    if not stats or "bytes_limit" not in stats or "bytes_in_use" not in stats:
-        return None
-    return stats
-
-
-class DeviceBudget:
-    """Bytes of device memory a snapshot may stage, per device.
-
-    `limit_bytes`: None (automatic): the device memory the training has never used, measured
-    at the first save: bytes_limit - peak_bytes_in_use - peak_bytes_reserved - margin (a
-    tenth of the device, at least 512 MiB). The reserved bytes are the compiled programs'
-    working memory, which the runtime reserves at load and does not count as in use: the
-    reference model's step reserves 13.3 of a v5e's 15.7 GiB, and a staged copy that took
-    part of it failed the next step's load ("RuntimeProgramAllocationFailure"). The first
-    save's headroom holds for later ones (their own staging raises the device's peak, which
-    must not shrink the budget save after save); each save also stays within what is free
-    at that moment. 0: never stage (the loop waits for every
-    byte). A number: at most that many bytes, within what is free."""
-
-    def __init__(self, limit_bytes: int | None = None) -> None:
-        if limit_bytes is not None and limit_bytes < 0:
-            raise ValueError(f"a staging budget must be >= 0 bytes, got {limit_bytes}")
-        self.limit_bytes = limit_bytes
-        self._headroom: dict[Any, int] = {}
-
-    def for_device(self, device: Any) -> int:
-        if self.limit_bytes == 0:
-            return 0
-        stats = device_memory(device)
-        if stats is None:
-            return 0
-        limit = int(stats["bytes_limit"])
-        margin = max(MIN_MARGIN_BYTES, int(limit * MARGIN_FRACTION))
-        in_use = int(stats["bytes_in_use"])
-        reserved = int(stats.get("bytes_reserved", 0))
-        if device not in self._headroom:
-            peak = max(in_use, int(stats.get("peak_bytes_in_use", in_use)))
-            peak_reserved = max(reserved, int(stats.get("peak_bytes_reserved", reserved)))
-            self._headroom[device] = max(0, limit - peak - peak_reserved - margin)
-        free_now = max(0, limit - in_use - reserved - margin)
-        budget = min(self._headroom[device], free_now)
-        return budget if self.limit_bytes is None else min(budget, self.limit_bytes)
-
 
 def _copy_all(xs: list[jax.Array]) -> list[jax.Array]:
     # `copy_p` (jnp.array(copy=True)), which jit does not forward to its input: the copies
@@ -222,8 +174,37 @@ class StagedShard:
             self._copy = None
 
 
-def stage(shards: Sequence[tuple[Any, jax.Array]],
-          budget: DeviceBudget) -> dict[int, StagedShard | np.ndarray]:
+class Budget(Protocol):
+    """What `stage` spends (stagingbudget.DeviceBudget)."""
+
+    def for_device(self, device: Any) -> int: ...
+
+    def staging_failed(self, device: Any, nbytes: int) -> None: ...
+
+
+@dataclasses.dataclass
+class StagingReport:
+    """What one `stage` did on this host: its devices' budgets (summed), the bytes staged,
+    and the bytes whose staged copy the device could not allocate (copied to the host)."""
+
+    budget_bytes: int = 0
+    staged_bytes: int = 0
+    failed_bytes: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def is_allocation_failure(err: BaseException) -> bool:
+    """The runtime's error for a device allocation it could not make (XLA's
+    RESOURCE_EXHAUSTED; a TPU's program allocation failure)."""
+    if not isinstance(err, jax.errors.JaxRuntimeError):
+        return False
+    text = str(err).lower()
+    return any(sign in text for sign in ("resource_exhausted", "out of memory",
+                                         "allocationfailure", "failed to allocate"))
+
+
+def stage(shards: Sequence[tuple[Any, jax.Array]], budget: Budget,
+          report: StagingReport | None = None) -> dict[int, StagedShard | np.ndarray]:
     """Host data for each (device, single-device array), by position: staged on the device
     (a StagedShard) while the device's budget lasts, largest shards first (they hold the loop
     longest), else copied to host memory here (the caller waits for those).
@@ -232,13 +213,35 @@ def stage(shards: Sequence[tuple[Any, jax.Array]],
     returns to a loop that donates them (the device orders the copy before the next step's
     writes): one program rather than one per shard, since every program launched between
     two steps delays the next step (while hundreds of 8 MiB slices were staged one program
-    each, the reference trainer's steps took 0.5-0.65 s instead of 0.1 s on a v5e)."""
-    to_stage, direct = _choose(shards, budget)
+    each, the reference trainer's steps took 0.5-0.65 s instead of 0.1 s on a v5e).
+
+    A device that cannot allocate its staged copies (the budget misjudged it) has those
+    shards copied to host memory instead, the failure told to the budget (it stages less
+    next time) and to `report`, or logged as a warning without one."""
+    told = report is not None  # the caller logs the failures it is told of
+    report = report if report is not None else StagingReport()
+    to_stage, direct, budgets = _choose(shards, budget)
+    report.budget_bytes += sum(budgets.values())
     staged: dict[int, StagedShard | np.ndarray] = {}
-    for positions in to_stage:
-        copies = _programs.copy([shards[i][1] for i in positions])
+    for device, positions in to_stage.items():
+        xs = [shards[i][1] for i in positions]
+        try:
+            copies = _programs.copy(xs)
+        except Exception as err:
+            if not is_allocation_failure(err):
+                raise
+            nbytes = sum(int(x.nbytes) for x in xs)
+            budget.staging_failed(device, nbytes)
+            report.failed_bytes += nbytes
+            report.errors.append(f"{device}: {(str(err) or type(err).__name__).splitlines()[0]}")
+            if not told:
+                log.warning("staging %d bytes of a snapshot on %s failed, copied to host memory "
+                            "instead: %s", nbytes, device, report.errors[-1])
+            direct.extend(positions)
+            continue
         for i, copy in zip(positions, copies, strict=True):
             staged[i] = StagedShard(copy)
+            report.staged_bytes += int(copy.nbytes)
     # Every direct copy in flight before the first wait: the device's DMA engines overlap.
     for i in direct:
         shards[i][1].copy_to_host_async()
@@ -247,19 +250,21 @@ def stage(shards: Sequence[tuple[Any, jax.Array]],
     return staged
 
 
-def prepare(shards: Sequence[tuple[Any, jax.Array]], budget: DeviceBudget) -> None:
+def prepare(shards: Sequence[tuple[Any, jax.Array]], budget: Budget) -> None:
     """Start compiling the copy programs a `stage` of `shards` (of the same layout) would
     run, so that the first save need not copy by `device_put`: on a v5e the reference
     trainer's first staged save lost 0.6 s of steps (16% of the save) that way, the saves
     after it 0.06-0.2 s. The budget's headroom is measured here (call it after a step)."""
-    to_stage, _ = _choose(shards, budget)
-    for positions in to_stage:
+    to_stage, _, _ = _choose(shards, budget)
+    for positions in to_stage.values():
         _programs.compile_ahead([shards[i][1] for i in positions])
 
 
-def _choose(shards: Sequence[tuple[Any, jax.Array]],
-            budget: DeviceBudget) -> tuple[list[list[int]], list[int]]:
-    """(positions to stage, one list per device; positions to copy to the host now)."""
+def _choose(shards: Sequence[tuple[Any, jax.Array]], budget: Budget
+            ) -> tuple[dict[Any, list[int]], list[int], dict[Any, int]]:
+    """(positions to stage, by device; positions to copy to the host now; each device's
+    budget)."""
+    budgets: dict[Any, int] = {}
     remaining: dict[Any, int] = {}
     to_stage: dict[Any, list[int]] = {}
     direct: list[int] = []
@@ -267,14 +272,14 @@ def _choose(shards: Sequence[tuple[Any, jax.Array]],
     for i in order:
         device, data = shards[i]
         if device not in remaining:
-            remaining[device] = budget.for_device(device)
+            budgets[device] = remaining[device] = budget.for_device(device)
         size = int(data.nbytes)
         if 0 < size <= remaining[device]:
             to_stage.setdefault(device, []).append(i)
             remaining[device] -= size
         else:
             direct.append(i)
-    return list(to_stage.values()), direct
+    return to_stage, direct, budgets
 
 
 def staged_bytes(values: Sequence[Any]) -> int:
