@@ -180,6 +180,24 @@ def parse_flavor(body: Mapping[str, Any]) -> Flavor:
     return Flavor(dict(spec.get("nodeLabels") or {}), list(spec.get("tolerations") or []))
 
 
+# The oldest Kueue Tardigrade is tested against (the Workload API it uses, v1beta2, came in
+# v0.15; v1beta1 went in v0.17).
+MINIMUM_KUEUE = "v0.17"
+
+
+@dataclasses.dataclass(frozen=True)
+class KueueApi:
+    """What discovery says of Kueue: whether Workloads are served at VERSION, and, where they
+    are not, the versions of Kueue's group that are (a Kueue too old for us serves some)."""
+
+    workloads: bool = True
+    other_versions: tuple[str, ...] = ()
+
+    @property
+    def too_old(self) -> bool:
+        return not self.workloads and bool(self.other_versions)
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueGate:
     """How Kueue holds a labelled job: the input `decide` reads."""
@@ -193,9 +211,13 @@ class QueueGate:
     replicas: int | None = None
     # The Workload asking for a grow's extra replicas, if one exists.
     grow: WorkloadView | None = None
-    # Kueue's Workload API is served. Without it the label cannot be honoured: the job is
-    # held, not run outside the quota its owner asked to be held to.
-    installed: bool = True
+    # What is served of Kueue. Without its Workload API the label cannot be honoured: the
+    # job is held, not run outside the quota its owner asked to be held to.
+    kueue: KueueApi = KueueApi()
+
+    @property
+    def installed(self) -> bool:
+        return self.kueue.workloads
 
     @property
     def held(self) -> int | None:
@@ -279,6 +301,13 @@ class QueueGate:
     def waiting_message(self) -> str:
         """Why the job waits, in Kueue's words where Kueue has said something."""
         workload = self.workload
+        if self.kueue.too_old:
+            served = ", ".join(f"{GROUP}/{v}" for v in self.kueue.other_versions)
+            return (f"the label {QUEUE_LABEL}: {self.queue} asks for Kueue, and the Kueue "
+                    f"installed is older than v0.15 (it serves {served}, no "
+                    f"{WORKLOADS}.{GROUP}/{VERSION}): Tardigrade needs Kueue >= "
+                    f"{MINIMUM_KUEUE}; upgrade Kueue, or remove the label to run without a "
+                    "queue")
         if not self.installed:
             return (f"the label {QUEUE_LABEL}: {self.queue} asks for Kueue, which is not "
                     f"installed (the API server serves no {WORKLOADS}.{GROUP}/{VERSION}): "
@@ -312,6 +341,8 @@ class QueueGate:
                 f"{self.queue} ({why}); the gang trains at {self.held} meanwhile")
 
     def reason(self) -> str:
+        if self.kueue.too_old:
+            return "KueueTooOld"
         if not self.installed:
             return "KueueNotInstalled"
         return "Evicted" if self.evicted else "Resizing" if self.resizing else "Queued"
@@ -319,7 +350,7 @@ class QueueGate:
 
 def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Flavor],
              replicas: int | None = None, grow: WorkloadView | None = None,
-             installed: bool = True) -> QueueGate:
+             kueue: KueueApi = KueueApi()) -> QueueGate:
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
     if workload is not None:
@@ -329,7 +360,7 @@ def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Fl
                 continue
             selector.update(flavor.node_labels)
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
-    return QueueGate(queue, workload, selector, tolerations, replicas, grow, installed)
+    return QueueGate(queue, workload, selector, tolerations, replicas, grow, kueue)
 
 
 def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec:

@@ -132,13 +132,28 @@ def _spec(**overrides: Any) -> Any:
 
 
 def test_with_kueue_not_installed_a_labelled_job_is_held_and_writes_no_workload():
-    missing = gate_for("team-queue", None, {}, 2, installed=False)
+    missing = gate_for("team-queue", None, {}, 2, kueue=queueing.KueueApi(workloads=False))
     cluster = FakeCluster(spec(), queue=missing)
     plan = cluster.reconcile()
     assert plan.create_pods == [] and cluster.status.phase == "Queued"
     assert cluster.status.conditions[-1].reason == "KueueNotInstalled"
     assert "install Kueue, or remove the label" in cluster.status.message
     assert queueing.workload_actions(IDENTITY, _spec(), cluster.status, missing, False, None,
+                                     NOW) == []
+
+
+def test_with_a_kueue_too_old_a_labelled_job_is_held_and_told_which_kueue_it_needs():
+    """A Kueue before v0.15 serves kueue.x-k8s.io/v1beta1 only: named as too old, with the
+    version needed, not as missing."""
+    old = gate_for("team-queue", None, {}, 2,
+                   kueue=queueing.KueueApi(workloads=False, other_versions=("v1beta1",)))
+    cluster = FakeCluster(spec(), queue=old)
+    plan = cluster.reconcile()
+    assert plan.create_pods == [] and cluster.status.phase == "Queued"
+    assert cluster.status.conditions[-1].reason == "KueueTooOld"
+    assert "serves kueue.x-k8s.io/v1beta1" in cluster.status.message
+    assert "Tardigrade needs Kueue >= v0.17" in cluster.status.message
+    assert queueing.workload_actions(IDENTITY, _spec(), cluster.status, old, False, None,
                                      NOW) == []
 
 
