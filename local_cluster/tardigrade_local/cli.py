@@ -25,6 +25,7 @@ from tardigrade_local.disruptions import (
 from tardigrade_local.kubelet import ImageRule, NodeConfig, tpuslices
 from tardigrade_local.kubelet.autoscaler import NodePool
 from tardigrade_local.kubelet.config import DEFAULT_POOL
+from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.paths import StateLayout
 
 app = typer.Typer(help="Run a local Kubernetes (API server + process kubelet + GCS emulator).")
@@ -88,8 +89,12 @@ def up(
         "hosts are reclaimed and recreated together."),
     kueue: bool = typer.Option(
         False, "--kueue/--no-kueue",
-        help="Build (first time: minutes) and run Kueue v0.17.0's manager, with its CRDs and "
-        "webhooks, configured for TrainingJobs (local_cluster/README.md, \"Kueue\")."),
+        help="Build (first time: minutes) and run Kueue's manager (the pinned v0.19.2, or "
+        "$TARDIGRADE_KUEUE_MODULE=kueue-v0.17), with its CRDs and webhooks, configured for "
+        "TrainingJobs (local_cluster/README.md, \"Kueue\")."),
+    kueue_pods_ready_timeout: float = typer.Option(
+        0.0, min=0, help="Kueue's waitForPodsReady timeout in seconds (recovery timeout the "
+        "same); 0: Kueue's default (30 min from v0.19, off before)."),
     tpu_slice_shape: str = typer.Option(
         "tpu-v5-lite-podslice:2x4:4", help="ACCELERATOR:TOPOLOGY:CHIPS_PER_HOST of each TPU "
         "slice (2x4 with 4 chips a host: 2 hosts)."),
@@ -119,7 +124,9 @@ def up(
                            operator_command=_operator_command(operator, operator_command),
                            image_rules=rules,
                            replace_after_seconds=replace_after if replace else None,
-                           node_pools=pools if autoscale_max else [], kueue=kueue)
+                           node_pools=pools if autoscale_max else [], kueue=kueue,
+                           kueue_wait_for_pods_ready=WaitForPodsReady(kueue_pods_ready_timeout)
+                           if kueue_pods_ready_timeout else None)
     try:
         cluster.start()
     except ClusterError as err:

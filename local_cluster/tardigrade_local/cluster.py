@@ -54,6 +54,7 @@ from tardigrade_local.kubelet.config import (
     PODSITE_DIR,
     project_python_path,
 )
+from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.paths import StateLayout
 
@@ -180,6 +181,9 @@ class ClusterConfig:
     component_burst: int | None = None
     # Start Kueue's manager (`kueue.py`), built from its pinned module on first use.
     kueue: bool = False
+    # Kueue's waitForPodsReady (`kueue.WaitForPodsReady`); None: Kueue's default (on, 30 min,
+    # from v0.19).
+    kueue_wait_for_pods_ready: WaitForPodsReady | None = None
 
     def control_plane_settings(self) -> ControlPlaneSettings:
         return ControlPlaneSettings(
@@ -206,6 +210,8 @@ class ClusterConfig:
         fields["crd_files"] = [Path(p) for p in data.get("crd_files") or []]
         fields["image_rules"] = [ImageRule.from_dict(r) for r in data.get("image_rules") or []]
         fields["node_pools"] = [NodePool.from_dict(p) for p in data.get("node_pools") or []]
+        fields["kueue_wait_for_pods_ready"] = WaitForPodsReady.from_dict(
+            data.get("kueue_wait_for_pods_ready"))
         return cls(**fields)
 
 
@@ -336,7 +342,8 @@ async def serve(config: ClusterConfig) -> None:
         crds = crd_files(config)
         plane = await stack.enter_async_context(
             ControlPlane(layout.root, config.control_plane_settings(), crds,
-                         kueue=config.kueue))
+                         kueue=config.kueue,
+                         kueue_wait_for_pods_ready=config.kueue_wait_for_pods_ready))
         if config.kueue:
             await plane.start_kueue()
         proxy = None
@@ -521,7 +528,7 @@ class LocalCluster:
         if self.config.kueue:
             # Built only for a cluster that asks for it (minutes cold, with progress).
             try:
-                gobuild.ensure(gobuild.KUEUE)
+                gobuild.ensure(gobuild.kueue_module())
             except gobuild.BuildError as err:
                 raise ClusterError(f"cannot build Kueue: {err}") from err
         env = {**os.environ,

@@ -157,12 +157,14 @@ class ControlPlane:
     `root` holds the PKI, etcd's data, the kubeconfigs and each component's log."""
 
     def __init__(self, root: Path, settings: ControlPlaneSettings | None = None,
-                 crd_files: Sequence[Path] = (), kueue: bool = False) -> None:
+                 crd_files: Sequence[Path] = (), kueue: bool = False,
+                 kueue_wait_for_pods_ready: kueue.WaitForPodsReady | None = None) -> None:
         self.root = root
         # Kueue's CRDs and webhooks go in with ours, before the controller manager starts
         # (its garbage collector must know Workloads from its first discovery); its manager
         # starts after (`start_kueue`).
         self.kueue = kueue
+        self.kueue_wait_for_pods_ready = kueue_wait_for_pods_ready
         self._kueue_ports: kueue.KueuePorts | None = None
         self.settings = settings or ControlPlaneSettings()
         self.crd_files = list(crd_files)
@@ -308,8 +310,9 @@ class ControlPlane:
         kubeconfig = self.kubeconfig_for(kueue.IDENTITY.name, directory / "kubeconfig",
                                          user=kueue.IDENTITY.common_name)
         config = directory / "config.yaml"
-        config.write_text(yaml.safe_dump(kueue.manager_config(ports.webhook, ports.health,
-                                                              cert_dir)))
+        config.write_text(yaml.safe_dump(kueue.manager_config(
+            ports.webhook, ports.health, cert_dir,
+            wait_for_pods_ready=self.kueue_wait_for_pods_ready)))
         component = Component("kueue", [str(gobuild.binary("kueue")), f"--config={config}",
                                         f"--kubeconfig={kubeconfig}"],
                               self.logs_dir / "kueue.log")

@@ -69,12 +69,32 @@ KUBERNETES = Module("kubernetes", (
 ETCD = Module("etcd", (("etcd", "go.etcd.io/etcd/server/v3"),))
 FAKE_GCS = Module("fakegcs", (("fake-gcs-server", "github.com/fsouza/fake-gcs-server"),))
 # Kueue's manager, for `tardigrade local up --kueue` only: built when asked for (by name, or
-# by a cluster that starts it), never by a plain set-up.
-KUEUE = Module("kueue", (("kueue", "sigs.k8s.io/kueue/cmd/kueue"),))
+# by a cluster that starts it), never by a plain set-up. `kueue` pins the version the local
+# cluster runs; `kueue-v0.17` the oldest Tardigrade supports, for a run that checks it
+# (KUEUE_MODULE_ENV).
+KUEUE_PACKAGE = "sigs.k8s.io/kueue/cmd/kueue"
+KUEUE = Module("kueue", (("kueue", KUEUE_PACKAGE),))
+KUEUE_OLDEST = Module("kueue-v0.17", (("kueue", KUEUE_PACKAGE),))
+KUEUE_MODULE_ENV = "TARDIGRADE_KUEUE_MODULE"
 MODULES = (KUBERNETES, ETCD, FAKE_GCS)
-OPTIONAL_MODULES = (KUEUE,)
-PROGRAMS = {program: module for module in (*MODULES, *OPTIONAL_MODULES)
-            for program, _ in module.programs}
+OPTIONAL_MODULES = (KUEUE, KUEUE_OLDEST)
+PROGRAMS = {program: module for module in (*MODULES, KUEUE) for program, _ in module.programs}
+
+
+def kueue_module() -> Module:
+    """The Kueue module a cluster builds and runs: `builds/kueue` unless
+    $TARDIGRADE_KUEUE_MODULE names another of the Kueue modules (`kueue-v0.17`)."""
+    name = os.environ.get(KUEUE_MODULE_ENV) or KUEUE.name
+    kueues = {m.name: m for m in OPTIONAL_MODULES if m.programs == KUEUE.programs}
+    if name not in kueues:
+        raise BuildError(f"${KUEUE_MODULE_ENV}={name!r} names no Kueue module; one of "
+                         f"{sorted(kueues)} (folders of {BUILDS_DIR})")
+    return kueues[name]
+
+
+def kueue_version() -> str:
+    """The Kueue version the chosen module pins (e.g. v0.19.2)."""
+    return kueue_module().requirement("sigs.k8s.io/kueue")
 
 
 def kubernetes_version() -> str:
@@ -144,7 +164,8 @@ def module_dir(module: Module) -> Path:
 
 def binary(program: str) -> Path:
     """The built program; BuildError naming the fix if it is not built yet."""
-    path = module_dir(PROGRAMS[program]) / program
+    module = kueue_module() if PROGRAMS[program] is KUEUE else PROGRAMS[program]
+    path = module_dir(module) / program
     if not path.is_file():
         raise BuildError(f"{program} is not built for the pinned modules (looked in "
                          f"{path.parent}): run scripts/setup, or "

@@ -1,7 +1,9 @@
 """Kueue's manager in the local cluster (`tardigrade local up --kueue`, `ClusterConfig.kueue`).
 
-Kueue v0.17.0 is built from its pinned module (`builds/kueue`, `gobuild.KUEUE`) and runs as a
-child process of the cluster's supervisor, like the control plane's components. What a
+Kueue is built from its pinned module (`builds/kueue`, v0.19.2; `builds/kueue-v0.17`, the
+oldest version Tardigrade supports, when $TARDIGRADE_KUEUE_MODULE=kueue-v0.17:
+`gobuild.kueue_module`) and runs as a child process of the cluster's supervisor, like the
+control plane's components. What a
 release install (`kubectl apply` of Kueue's manifests) puts in a cluster comes from the
 module's own files in the Go module cache, never from copies of ours:
 - the CRDs, `config/components/crd/bases/`, with the conversion webhooks its kustomization
@@ -17,6 +19,8 @@ Every webhook's `clientConfig.service` becomes a URL on 127.0.0.1 with the clust
 The manager's configuration (`config/components/manager/controller_manager_config.yaml` is
 the upstream example) lists TrainingJob as an external framework
 (`integrations.externalFrameworks`), so Kueue knows our kind as the owner of its Workloads.
+Everything else is Kueue's default, `waitForPodsReady` included (on, 30 min, from v0.19;
+off before), unless the cluster sets it (`WaitForPodsReady`: a test shortens the timeout).
 Cross-checked notes: `local_cluster/README.md`, "Kueue".
 """
 
@@ -26,7 +30,9 @@ import asyncio
 import base64
 import contextlib
 import copy
+import dataclasses
 import logging
+import re
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -67,7 +73,7 @@ class KueueError(RuntimeError):
 def module_source() -> Path:
     """The directory of the pinned Kueue module in the Go module cache (downloaded if
     missing; `go build` of the module has fetched it already)."""
-    cwd = gobuild.KUEUE.directory
+    cwd = gobuild.kueue_module().directory
     command = ["go", "list", "-m", "-f", "{{.Dir}}", MODULE_PATH]
     done = subprocess.run(command, cwd=cwd, env=gobuild.go_env(), capture_output=True,
                           text=True)
@@ -126,6 +132,36 @@ def _merge_webhook_patches(configs: list[dict[str, Any]], patches: Iterable[Any]
                 hooks[change["name"]].update({k: v for k, v in change.items() if k != "name"})
 
 
+def _webhook_in(configs: list[dict[str, Any]], select: Mapping[str, Any], field_path: str
+                ) -> tuple[dict[str, Any], str] | None:
+    """(webhook, field) that a kustomize replacement's `webhooks.[name=N].field` names in
+    the configuration `select` ({kind, name}) picks; None if there is none."""
+    found = re.fullmatch(r"webhooks\.\[name=([^\]]+)\]\.(\w+)", field_path)
+    if found is None:
+        raise KueueError(f"unsupported kustomize field path {field_path!r} in Kueue's webhook "
+                         "kustomization")
+    for config in configs:
+        if (config["kind"], config["metadata"]["name"]) == (select["kind"], select["name"]):
+            hook = next((h for h in config["webhooks"] if h["name"] == found.group(1)), None)
+            return None if hook is None else (hook, found.group(2))
+    return None
+
+
+def _apply_replacements(configs: list[dict[str, Any]], replacements: Iterable[Any]) -> None:
+    """The kustomization's `replacements` (Kueue v0.19 copies the pod webhook's
+    namespaceSelector to every job webhook this way; v0.17 patched each one)."""
+    for replacement in replacements:
+        source = _webhook_in(configs, replacement["source"], replacement["source"]["fieldPath"])
+        if source is None or source[1] not in source[0]:
+            continue
+        value = source[0][source[1]]
+        for target in replacement.get("targets") or []:
+            for path in target.get("fieldPaths") or []:
+                found = _webhook_in(configs, target["select"], path)
+                if found is not None:
+                    found[0][found[1]] = copy.deepcopy(value)
+
+
 def webhook_configurations(source: Path, webhook_url: str, ca_pem: bytes
                            ) -> list[dict[str, Any]]:
     """Kueue's mutating and validating webhook configurations, named as a release names them
@@ -134,6 +170,7 @@ def webhook_configurations(source: Path, webhook_url: str, ca_pem: bytes
     configs = _documents(webhook_dir / "manifests.yaml")
     kustomization = yaml.safe_load((webhook_dir / "kustomization.yaml").read_text())
     _merge_webhook_patches(configs, kustomization.get("patches") or [])
+    _apply_replacements(configs, kustomization.get("replacements") or [])
     for config in configs:
         config["metadata"]["name"] = "kueue-" + config["metadata"]["name"]
         for hook in config["webhooks"]:
@@ -175,10 +212,56 @@ def rbac_objects(source: Path, user: str) -> list[tuple[str, dict[str, Any]]]:
     return objects
 
 
+@dataclasses.dataclass(frozen=True)
+class WaitForPodsReady:
+    """Kueue's `waitForPodsReady` setting (config.kueue.x-k8s.io/v1beta2,
+    `apis/config/v1beta2/configuration_types.go`; the same fields in v0.17 and v0.19). Set
+    at all, it is on; Kueue defaults what is left out (`defaults.go`): recoveryTimeout to
+    the timeout, blockAdmission false, requeuing from the eviction's time with a back-off of
+    60 s doubling up to 3600 s, no limit on requeues."""
+
+    timeout_seconds: float
+    recovery_timeout_seconds: float | None = None
+    block_admission: bool | None = None
+    backoff_base_seconds: int | None = None
+    backoff_max_seconds: int | None = None
+    backoff_limit_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds <= 0:
+            raise ValueError(f"waitForPodsReady timeout_seconds must be > 0 (Kueue reads 0 as "
+                             f"its 30 min default), got {self.timeout_seconds}")
+
+    def to_config(self) -> dict[str, Any]:
+        requeuing = {k: v for k, v in (("backoffBaseSeconds", self.backoff_base_seconds),
+                                       ("backoffMaxSeconds", self.backoff_max_seconds),
+                                       ("backoffLimitCount", self.backoff_limit_count))
+                     if v is not None}
+        config: dict[str, Any] = {"timeout": _duration(self.timeout_seconds)}
+        if self.recovery_timeout_seconds is not None:
+            config["recoveryTimeout"] = _duration(self.recovery_timeout_seconds)
+        if self.block_admission is not None:
+            config["blockAdmission"] = self.block_admission
+        if requeuing:
+            config["requeuingStrategy"] = requeuing
+        return config
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> WaitForPodsReady | None:
+        return None if data is None else cls(**data)
+
+
+def _duration(seconds: float) -> str:
+    """A metav1.Duration (Go's time.ParseDuration)."""
+    return f"{seconds:g}s"
+
+
 def manager_config(webhook_port: int, health_port: int, cert_dir: Path,
-                   frameworks: Iterable[str] = ("batch/job",)) -> dict[str, Any]:
-    """Kueue's `Configuration` (config.kueue.x-k8s.io/v1beta2) for a process on loopback."""
-    return {
+                   frameworks: Iterable[str] = ("batch/job",),
+                   wait_for_pods_ready: WaitForPodsReady | None = None) -> dict[str, Any]:
+    """Kueue's `Configuration` (config.kueue.x-k8s.io/v1beta2) for a process on loopback;
+    `wait_for_pods_ready` None leaves Kueue's default."""
+    config = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
         "namespace": NAMESPACE,
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
@@ -194,6 +277,9 @@ def manager_config(webhook_port: int, health_port: int, cert_dir: Path,
         # do not install); off, as the notes on running Kueue out of cluster advise.
         "featureGates": {"VisibilityOnDemand": False},
     }
+    if wait_for_pods_ready is not None:
+        config["waitForPodsReady"] = wait_for_pods_ready.to_config()
+    return config
 
 
 def ensure_metrics_certificate(ca: pki.Authority, directory: Path = METRICS_CERT_DIR) -> None:

@@ -236,7 +236,8 @@ def live_jobs(namespace: str, name: str, uid: str, meta: kopf.Meta,
 
 # Kueue's objects, for jobs labelled kueue.x-k8s.io/queue-name (queueing.py). Where Kueue's CRDs
 # are absent kopf serves none of these (it warns "Unresolved resources"): jobs without the
-# label run as ever, a labelled one is held and says Kueue is missing (ClusterWriter.kueue_served).
+# label run as ever, a labelled one is held and says Kueue is missing or too old
+# (ClusterWriter.kueue_api).
 @kopf.index(queueing.GROUP, queueing.VERSION, queueing.WORKLOADS,
             labels={naming.LABEL_JOB: kopf.PRESENT})
 def job_workloads(namespace: str, labels: kopf.Labels, body: kopf.Body,
@@ -419,7 +420,7 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
         flavors = {n: f for n, store in (flavors_index or {}).items() for f in store}
         gate = queueing.gate_for(queue, workload[0] if workload else None, flavors,
                                  spec.replicas if spec is not None else None, grow,
-                                 installed=await asyncio.to_thread(memo.writer.kueue_served))
+                                 kueue=await asyncio.to_thread(memo.writer.kueue_api))
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,

@@ -85,8 +85,9 @@ class ClusterWriter:
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
         self.token_review_binding = token_review_binding
-        # (when it was asked, whether Kueue's Workload API is served)
-        self._kueue_served: tuple[float, bool] | None = None
+        self.apis = kubernetes.client.ApisApi(api_client)
+        # (when it was asked, what discovery said of Kueue)
+        self._kueue_api: tuple[float, queueing.KueueApi] | None = None
 
     def apply(self, namespace: str, name: str, old_status: TrainingJobStatus,
               plan: Plan, resource_version: str | None = None,
@@ -284,13 +285,12 @@ class ClusterWriter:
 
 
     # --- Kueue (queueing.py): the job side of the Workload protocol ---------------------
-    def kueue_served(self) -> bool:
-        """Whether the API server serves Kueue's Workloads (its CRDs are installed), from
-        discovery, asked again at most every KUEUE_DISCOVERY_SECONDS."""
+    def kueue_api(self) -> queueing.KueueApi:
+        """What the API server serves of Kueue (queueing.KueueApi), from discovery, asked
+        again at most every KUEUE_DISCOVERY_SECONDS."""
         now = time.monotonic()
-        if self._kueue_served is not None and now - self._kueue_served[0] < (
-                KUEUE_DISCOVERY_SECONDS):
-            return self._kueue_served[1]
+        if self._kueue_api is not None and now - self._kueue_api[0] < KUEUE_DISCOVERY_SECONDS:
+            return self._kueue_api[1]
         try:
             listed = self.custom.get_api_resources(queueing.GROUP, queueing.VERSION)
             served = any(r.name == queueing.WORKLOADS for r in listed.resources or [])
@@ -298,8 +298,15 @@ class ClusterWriter:
             if err.status != 404:
                 raise
             served = False
-        self._kueue_served = (now, served)
-        return served
+        versions: tuple[str, ...] = ()
+        if not served:
+            # Which Kueue, if any: an older one serves its group at other versions only.
+            groups = self.apis.get_api_versions().groups or []
+            versions = tuple(v.version for g in groups if g.name == queueing.GROUP
+                             for v in g.versions or [])
+        api = queueing.KueueApi(served, versions)
+        self._kueue_api = (now, api)
+        return api
 
     def priority_value(self, name: str) -> int | None:
         """A WorkloadPriorityClass's value; None if it does not exist."""

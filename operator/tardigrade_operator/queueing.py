@@ -27,6 +27,10 @@ operator does the job side:
   Workload (role `grow`, held to the admitted flavor's node labels) while the gang trains on
   at the admitted count; only once Kueue reserves that quota does the gang stop after a save,
   both Workloads go and the one at the new count is made (docs/kueue.md, "Growing");
+- `PodsReady` (what Kueue's `waitForPodsReady` times out on, on by default since v0.19):
+  True once every rank of the admitted gang runs, False with Kueue's reasons while the gang
+  starts (`WaitForStart`) or relaunches after it ran (`WaitForRecovery`), as jobframework's
+  `generatePodsReadyCondition` writes it for Kueue's own jobs (`pods_ready`);
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label. The handlers read the Workload and the flavors
@@ -64,6 +68,13 @@ FLAVORS = "resourceflavors"
 PRIORITY_CLASSES = "workloadpriorityclasses"
 PODSET = "trainers"
 PODSET_LABEL = "kueue.x-k8s.io/podset"
+PODS_READY = "PodsReady"
+# PodsReady's reasons (Kueue's `apis/kueue/v1beta2/workload_types.go`): False while the gang
+# starts, or relaunches after it ran; True once it runs, first or again.
+WAIT_FOR_START = "WaitForStart"
+WAIT_FOR_RECOVERY = "WaitForRecovery"
+STARTED = "Started"
+RECOVERED = "Recovered"
 # The Workload's name, as Kueue's jobframework names one for an owner
 # (`GetWorkloadNameForOwnerWithGVK`: "<kind>-<name>" truncated, "-", 5 hex of a sha1).
 MAX_PREFIX = 253 - 6
@@ -169,6 +180,24 @@ def parse_flavor(body: Mapping[str, Any]) -> Flavor:
     return Flavor(dict(spec.get("nodeLabels") or {}), list(spec.get("tolerations") or []))
 
 
+# The oldest Kueue Tardigrade is tested against (the Workload API it uses, v1beta2, came in
+# v0.15; v1beta1 went in v0.17).
+MINIMUM_KUEUE = "v0.17"
+
+
+@dataclasses.dataclass(frozen=True)
+class KueueApi:
+    """What discovery says of Kueue: whether Workloads are served at VERSION, and, where they
+    are not, the versions of Kueue's group that are (a Kueue too old for us serves some)."""
+
+    workloads: bool = True
+    other_versions: tuple[str, ...] = ()
+
+    @property
+    def too_old(self) -> bool:
+        return not self.workloads and bool(self.other_versions)
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueGate:
     """How Kueue holds a labelled job: the input `decide` reads."""
@@ -182,9 +211,13 @@ class QueueGate:
     replicas: int | None = None
     # The Workload asking for a grow's extra replicas, if one exists.
     grow: WorkloadView | None = None
-    # Kueue's Workload API is served. Without it the label cannot be honoured: the job is
-    # held, not run outside the quota its owner asked to be held to.
-    installed: bool = True
+    # What is served of Kueue. Without its Workload API the label cannot be honoured: the
+    # job is held, not run outside the quota its owner asked to be held to.
+    kueue: KueueApi = KueueApi()
+
+    @property
+    def installed(self) -> bool:
+        return self.kueue.workloads
 
     @property
     def held(self) -> int | None:
@@ -268,6 +301,13 @@ class QueueGate:
     def waiting_message(self) -> str:
         """Why the job waits, in Kueue's words where Kueue has said something."""
         workload = self.workload
+        if self.kueue.too_old:
+            served = ", ".join(f"{GROUP}/{v}" for v in self.kueue.other_versions)
+            return (f"the label {QUEUE_LABEL}: {self.queue} asks for Kueue, and the Kueue "
+                    f"installed is older than v0.15 (it serves {served}, no "
+                    f"{WORKLOADS}.{GROUP}/{VERSION}): Tardigrade needs Kueue >= "
+                    f"{MINIMUM_KUEUE}; upgrade Kueue, or remove the label to run without a "
+                    "queue")
         if not self.installed:
             return (f"the label {QUEUE_LABEL}: {self.queue} asks for Kueue, which is not "
                     f"installed (the API server serves no {WORKLOADS}.{GROUP}/{VERSION}): "
@@ -301,6 +341,8 @@ class QueueGate:
                 f"{self.queue} ({why}); the gang trains at {self.held} meanwhile")
 
     def reason(self) -> str:
+        if self.kueue.too_old:
+            return "KueueTooOld"
         if not self.installed:
             return "KueueNotInstalled"
         return "Evicted" if self.evicted else "Resizing" if self.resizing else "Queued"
@@ -308,7 +350,7 @@ class QueueGate:
 
 def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Flavor],
              replicas: int | None = None, grow: WorkloadView | None = None,
-             installed: bool = True) -> QueueGate:
+             kueue: KueueApi = KueueApi()) -> QueueGate:
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
     if workload is not None:
@@ -318,7 +360,7 @@ def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Fl
                 continue
             selector.update(flavor.node_labels)
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
-    return QueueGate(queue, workload, selector, tolerations, replicas, grow, installed)
+    return QueueGate(queue, workload, selector, tolerations, replicas, grow, kueue)
 
 
 def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec:
@@ -481,8 +523,48 @@ class FinishWorkload:
     conditions: list[dict[str, Any]]
 
 
+@dataclasses.dataclass(frozen=True)
+class SetPodsReady:
+    """The Workload's PodsReady condition moved (`pods_ready`): the conditions to store."""
+
+    name: str
+    resource_version: str
+    conditions: list[dict[str, Any]]
+
+
 WorkloadAction = (CreateWorkload | ResizeWorkload | ReleaseQuota | DeleteWorkload
-                  | FinishWorkload | ReclaimPods)
+                  | FinishWorkload | ReclaimPods | SetPodsReady)
+
+
+def pods_ready(workload: WorkloadView, gang_running: bool) -> WorkloadCondition:
+    """The PodsReady condition Kueue's job framework would write for this gang
+    (`pkg/controller/jobframework/reconciler.go`, `generatePodsReadyCondition`).
+
+    With `waitForPodsReady` (on by default since Kueue v0.19) Kueue evicts an admitted
+    Workload whose PodsReady is not True within `timeout` of its admission (reason
+    `WaitForStart`, or no condition at all), or within `recoveryTimeout` of turning False
+    after it was True (`WaitForRecovery`): a gang that cannot start is evicted and requeued,
+    one that trains for days is not. `gang_running`: every rank of the current attempt runs
+    (the job's phase `Running`); the trainers have no readiness probe, so a started
+    container is a ready rank."""
+    current = workload.conditions.get(PODS_READY)
+    if not workload.true("Admitted"):
+        return WorkloadCondition("False", WAIT_FOR_START, "Not all pods are ready or succeeded")
+    if gang_running:
+        again = current is not None and current.reason in (WAIT_FOR_RECOVERY, RECOVERED)
+        return WorkloadCondition("True", RECOVERED if again else STARTED,
+                                 "All pods reached readiness and the workload is running")
+    if current is not None and (current.status == "True" or current.reason == WAIT_FOR_RECOVERY):
+        return WorkloadCondition("False", WAIT_FOR_RECOVERY,
+                                 "At least one pod has failed, waiting for recovery")
+    return WorkloadCondition("False", WAIT_FOR_START, "Not all pods are ready or succeeded")
+
+
+def _pods_ready_changed(workload: WorkloadView, wanted: WorkloadCondition) -> bool:
+    """Written only when its status or reason moves (jobframework's
+    `HasConditionWithTypeAndReason`): a pass that changes nothing writes nothing."""
+    current = workload.conditions.get(PODS_READY)
+    return current is None or (current.status, current.reason) != (wanted.status, wanted.reason)
 
 
 def _condition(kind: str, status: str, reason: str, message: str, now: datetime
@@ -555,7 +637,11 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
                        now),
             _condition("Requeued", "True" if requeue else "False",
                        "Requeued" if requeue else evicted.reason,
-                       "Requeued after eviction" if requeue else evicted.message, now)]))]
+                       "Requeued after eviction" if requeue else evicted.message, now),
+            # Admitted again, the gang starts anew: Kueue times that start from the new
+            # admission, which a PodsReady left True from before would hide from it.
+            _condition(PODS_READY, "False", WAIT_FOR_START,
+                       "Not all pods are ready or succeeded", now)]))]
     if gate.resizing and not gang_active:
         return [DeleteWorkload(workload.name, workload.resource_version)]
     if spec is not None and not workload.true("QuotaReserved") and (
@@ -567,6 +653,13 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
     # Once every rank of the smaller gang runs: until then the quota still backs its launch.
     if reclaim is not None and status.phase == "Running" and status.replicas == gate.runs:
         return [ReclaimPods(workload.name, workload.resource_version, reclaim)]
+    # Evicted, the release above carries PodsReady (Kueue times no evicted Workload out).
+    if workload.true("Evicted"):
+        return []
+    ready = pods_ready(workload, status.phase == "Running")
+    if _pods_ready_changed(workload, ready):
+        return [SetPodsReady(workload.name, workload.resource_version, _replace(current, [
+            _condition(PODS_READY, ready.status, ready.reason, ready.message, now)]))]
     return []
 
 

@@ -1,12 +1,15 @@
-"""TrainingJobs under real Kueue (v0.17.0, `LocalCluster(kueue=True)`) on the real control
-plane, with the real operator: a ClusterQueue's quota admits whole gangs, a job that does not
+"""TrainingJobs under real Kueue (v0.19.2, or the oldest supported v0.17.0 with
+TARDIGRADE_KUEUE_MODULE=kueue-v0.17; `LocalCluster(kueue=True)`) on the real control plane,
+with Kueue's waitForPodsReady on with a short timeout (on by default from v0.19, 30 min) and
+the real operator: a ClusterQueue's quota admits whole gangs, a job that does not
 fit waits in phase Queued with Kueue's reason and runs when quota frees, and a job Kueue
 preempts for a higher-priority one saves at one step, is requeued and resumes from that step,
 with no step lost and its restart budget untouched; a queued job resized is admitted at its
 new size, a running one grows only once the quota allows and trains on meanwhile, a running
 one shrunk hands quota back once the smaller gang runs, and deleted
-jobs leave no Workload, pod or quota. Ranks run on simulated nodes (one cpu each), so a gang
-costs no trainer processes."""
+jobs leave no Workload, pod or quota; a gang training past the PodsReady timeout is never
+evicted for it, and one that cannot start within it is evicted and requeued. Ranks run on
+simulated nodes (one cpu each), so a gang costs no trainer processes."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tardigrade_local import gobuild
 from tardigrade_local.cluster import LocalCluster, simulated_nodes
+from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_operator import queueing
 
 from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, wait_for
@@ -28,6 +33,10 @@ pytestmark = pytest.mark.slow
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 QUEUE = "team-queue"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
+# Every test of the module runs under it: no gang here may be evicted for PodsReady but the
+# one that cannot start. Requeued after a PodsReady eviction in seconds, not Kueue's minutes.
+PODS_READY = WaitForPodsReady(timeout_seconds=45, backoff_base_seconds=5,
+                              backoff_max_seconds=10)
 
 
 def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
@@ -54,7 +63,9 @@ def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("kueue")
     nodes = simulated_nodes(7, capacity={"cpu": "1"})
-    with LocalCluster(root / "cluster", nodes=nodes, with_gcs=False, kueue=True) as local:
+    print(f"Kueue {gobuild.kueue_version()} ({gobuild.kueue_module().name})")
+    with LocalCluster(root / "cluster", nodes=nodes, with_gcs=False, kueue=True,
+                      kueue_wait_for_pods_ready=PODS_READY) as local:
         cluster = Cluster(local)
         for plural, body in kueue_objects():
             cluster.custom.create_cluster_custom_object(*KUEUE, plural, body)
@@ -358,4 +369,82 @@ def test_a_job_without_the_label_runs_as_before(cluster: Cluster, operator: Oper
     cluster.apply(body)
     cluster.wait_phase("plain", {"Succeeded"}, 120)
     assert workload_of(cluster, "plain") is None and cluster.status("plain").get("queue") is None
+    clear(cluster)
+
+
+def test_a_gang_training_past_the_pods_ready_timeout_is_never_evicted_for_it(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """waitForPodsReady evicts an admitted Workload whose PodsReady is not True within the
+    timeout: the operator says True once every rank runs, so a job that trains for longer
+    keeps its gang, its pods and its admission."""
+    cluster.apply(job("long", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("long", {"Running"}, 120)
+    ready = wait_for(lambda: (c := condition(workload_of(cluster, "long"), "PodsReady"))
+                     and c["status"] == "True" and c, 60, "PodsReady True")
+    assert ready["reason"] == "Started", ready
+    first = {p.metadata.name for p in cluster.pods("long")}
+    admitted = condition(workload_of(cluster, "long"), "Admitted")
+    assert admitted is not None and admitted["status"] == "True"
+    # Well past the timeout, counted from the admission Kueue times it from.
+    deadline = _time(admitted["lastTransitionTime"]).timestamp() + PODS_READY.timeout_seconds
+    step = int(cluster.status("long").get("step") or 0)
+    wait_for(lambda: time.time() > deadline + 20 and int(
+        cluster.status("long").get("step") or 0) > step, PODS_READY.timeout_seconds + 60,
+        "training past the PodsReady timeout")
+    after = workload_of(cluster, "long")
+    assert after is not None
+    evicted = condition(after, "Evicted")
+    assert evicted is None or evicted["status"] == "False", evicted
+    # Kueue records a PodsReady eviction's requeue here; none happened.
+    assert not (after.get("status") or {}).get("requeueState"), after["status"]
+    assert condition(after, "PodsReady") == ready
+    assert condition(after, "Admitted") == admitted
+    status = cluster.status("long")
+    assert status["phase"] == "Running" and {p.metadata.name for p in cluster.pods("long")} == first
+    assert status["restarts"]["total"] == 0 and "Evicted" not in events(cluster, "long")
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_gang_that_cannot_start_within_the_timeout_is_evicted_and_requeued(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """Admitted, but its pods ask for a node label no node has: PodsReady stays False
+    (WaitForStart), Kueue evicts it (PodsReadyTimeout), the operator stops the gang and
+    releases the quota, and Kueue requeues it after its back-off and admits it again. The
+    failure budget is untouched: a queue's eviction is not a failure."""
+    body = job("stuck", tmp_path, steps=1_000_000, replicas=2)
+    body["spec"]["podTemplate"] = {"nodeSelector": {"example.com/no-such-node": "true"}}
+    cluster.apply(body)
+    admitted = wait_for(lambda: (c := condition(workload_of(cluster, "stuck"), "Admitted"))
+                        and c["status"] == "True" and c, 60, "the stuck job admitted")
+    waiting = wait_for(lambda: condition(workload_of(cluster, "stuck"), "PodsReady"), 60,
+                       "PodsReady written")
+    assert (waiting["status"], waiting["reason"]) == ("False", "WaitForStart"), waiting
+    evicted = wait_for(lambda: (c := condition(workload_of(cluster, "stuck"), "Evicted"))
+                       and c["status"] == "True" and c, PODS_READY.timeout_seconds + 60,
+                       "Kueue evicting it for PodsReady")
+    assert evicted["reason"] == "PodsReadyTimeout", evicted
+    waited = (_time(evicted["lastTransitionTime"]) - _time(admitted["lastTransitionTime"])
+              ).total_seconds()
+    assert waited >= PODS_READY.timeout_seconds - 1, waited
+    # The job side's answer: the gang stopped, the quota released.
+    released = wait_for(lambda: (w := workload_of(cluster, "stuck"))
+                        and (condition(w, "QuotaReserved") or {}).get("status") == "False"
+                        and w, 60, "the quota released")
+    requeued = condition(released, "Requeued")
+    assert requeued is not None and requeued["reason"] in ("PodsReadyTimeout",
+                                                           "BackoffFinished"), requeued
+    assert (released.get("status") or {}).get("requeueState", {}).get("count") == 1
+    wait_for(lambda: not cluster.pods("stuck"), 60, "the stuck gang stopped")
+    assert cluster.status("stuck")["phase"] == "Queued"
+    # Back-off over, Kueue admits it again (and the gang is launched again).
+    wait_for(lambda: (c := condition(workload_of(cluster, "stuck"), "QuotaReserved"))
+             and c["status"] == "True"
+             and _time(c["lastTransitionTime"]) > _time(evicted["lastTransitionTime"]), 60,
+             "admitted again after the back-off")
+    wait_for(lambda: cluster.pods("stuck"), 60, "the gang launched again")
+    status = cluster.status("stuck")
+    assert status["restarts"]["failures"] == 0, status["restarts"]
+    assert "Evicted" in events(cluster, "stuck")
+    operator.assert_alive()
     clear(cluster)

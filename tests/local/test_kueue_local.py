@@ -14,7 +14,7 @@ import psutil
 import pytest
 from kubernetes.client.exceptions import ApiException
 from tardigrade_local import gobuild, kueue
-from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.cluster import ClusterConfig, LocalCluster
 
 from tests.e2e.harness import Cluster
 from tests.polling import wait_for
@@ -24,10 +24,19 @@ CA = b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"
 URL = "https://127.0.0.1:9443"
 
 
-def test_kueue_is_built_only_when_asked():
-    assert gobuild.KUEUE not in gobuild.MODULES
+def test_kueue_is_built_only_when_asked(monkeypatch: pytest.MonkeyPatch):
+    assert gobuild.KUEUE not in gobuild.MODULES and gobuild.KUEUE_OLDEST not in gobuild.MODULES
     assert gobuild.PROGRAMS["kueue"] is gobuild.KUEUE
-    assert gobuild.KUEUE.requirement("sigs.k8s.io/kueue") == "v0.17.0"
+    monkeypatch.delenv(gobuild.KUEUE_MODULE_ENV, raising=False)
+    assert gobuild.kueue_module() is gobuild.KUEUE
+    assert gobuild.kueue_version() == "v0.19.2"
+    # One run checks the oldest Kueue Tardigrade supports.
+    monkeypatch.setenv(gobuild.KUEUE_MODULE_ENV, "kueue-v0.17")
+    assert gobuild.kueue_module() is gobuild.KUEUE_OLDEST
+    assert gobuild.kueue_version() == "v0.17.0"
+    monkeypatch.setenv(gobuild.KUEUE_MODULE_ENV, "kubernetes")
+    with pytest.raises(gobuild.BuildError, match="TARDIGRADE_KUEUE_MODULE='kubernetes'"):
+        gobuild.kueue_module()
 
 
 def test_manifests_come_from_the_module_with_webhooks_by_url():
@@ -50,6 +59,8 @@ def test_manifests_come_from_the_module_with_webhooks_by_url():
     # The kustomization's patch: Kueue's pod webhook never sees kube-system's pods.
     expression = hooks["mpod.kb.io"]["namespaceSelector"]["matchExpressions"][0]
     assert expression["operator"] == "NotIn" and "kube-system" in expression["values"]
+    # ... nor its job webhooks (v0.19 copies the selector by a kustomize replacement).
+    assert hooks["mjob.kb.io"]["namespaceSelector"] == hooks["mpod.kb.io"]["namespaceSelector"]
 
 
 def test_the_configuration_names_trainingjob_an_external_framework(tmp_path):
@@ -57,6 +68,28 @@ def test_the_configuration_names_trainingjob_an_external_framework(tmp_path):
     assert config["integrations"]["externalFrameworks"] == ["TrainingJob.v1alpha1.tardigrade.dev"]
     assert config["internalCertManagement"] == {"enable": False}
     assert config["webhook"] == {"host": "127.0.0.1", "port": 9443, "certDir": str(tmp_path)}
+    # Kueue's own default for waitForPodsReady unless the cluster sets it.
+    assert "waitForPodsReady" not in config
+
+
+def test_wait_for_pods_ready_is_written_in_kueues_field_names(tmp_path):
+    short = kueue.WaitForPodsReady(timeout_seconds=45, backoff_base_seconds=5,
+                                   backoff_max_seconds=20)
+    config = kueue.manager_config(9443, 8081, tmp_path, wait_for_pods_ready=short)
+    assert config["waitForPodsReady"] == {
+        "timeout": "45s",
+        "requeuingStrategy": {"backoffBaseSeconds": 5, "backoffMaxSeconds": 20}}
+    full = kueue.WaitForPodsReady(timeout_seconds=1.5, recovery_timeout_seconds=90,
+                                  block_admission=True, backoff_limit_count=3)
+    assert full.to_config() == {"timeout": "1.5s", "recoveryTimeout": "90s",
+                                "blockAdmission": True,
+                                "requeuingStrategy": {"backoffLimitCount": 3}}
+    with pytest.raises(ValueError, match="timeout_seconds must be > 0"):
+        kueue.WaitForPodsReady(timeout_seconds=0)
+    # The cluster's config file carries it to the supervisor and back.
+    config_back = ClusterConfig.from_json(ClusterConfig(
+        state_dir=tmp_path, kueue=True, kueue_wait_for_pods_ready=short).to_json())
+    assert config_back.kueue_wait_for_pods_ready == short
 
 
 @pytest.fixture(scope="module")

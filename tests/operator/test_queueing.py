@@ -18,6 +18,7 @@ from tardigrade_operator.queueing import (
     JobIdentity,
     ReleaseQuota,
     ResizeWorkload,
+    SetPodsReady,
     WorkloadCondition,
     WorkloadView,
     gate_for,
@@ -37,6 +38,8 @@ PENDING = {"QuotaReserved": WorkloadCondition(
     "quota for cpu in flavor spot, 2 more needed")}
 ADMITTED = {"QuotaReserved": WorkloadCondition("True", "QuotaReserved", ""),
             "Admitted": WorkloadCondition("True", "Admitted", "")}
+# Admitted, and the job side has said the gang runs (what a running gang's Workload holds).
+READY = {**ADMITTED, "PodsReady": WorkloadCondition("True", "Started", "")}
 EVICTED = {**ADMITTED, "Evicted": WorkloadCondition(
     "True", "Preempted", "Preempted to accommodate a workload (UID: x) due to prioritization")}
 
@@ -129,13 +132,28 @@ def _spec(**overrides: Any) -> Any:
 
 
 def test_with_kueue_not_installed_a_labelled_job_is_held_and_writes_no_workload():
-    missing = gate_for("team-queue", None, {}, 2, installed=False)
+    missing = gate_for("team-queue", None, {}, 2, kueue=queueing.KueueApi(workloads=False))
     cluster = FakeCluster(spec(), queue=missing)
     plan = cluster.reconcile()
     assert plan.create_pods == [] and cluster.status.phase == "Queued"
     assert cluster.status.conditions[-1].reason == "KueueNotInstalled"
     assert "install Kueue, or remove the label" in cluster.status.message
     assert queueing.workload_actions(IDENTITY, _spec(), cluster.status, missing, False, None,
+                                     NOW) == []
+
+
+def test_with_a_kueue_too_old_a_labelled_job_is_held_and_told_which_kueue_it_needs():
+    """A Kueue before v0.15 serves kueue.x-k8s.io/v1beta1 only: named as too old, with the
+    version needed, not as missing."""
+    old = gate_for("team-queue", None, {}, 2,
+                   kueue=queueing.KueueApi(workloads=False, other_versions=("v1beta1",)))
+    cluster = FakeCluster(spec(), queue=old)
+    plan = cluster.reconcile()
+    assert plan.create_pods == [] and cluster.status.phase == "Queued"
+    assert cluster.status.conditions[-1].reason == "KueueTooOld"
+    assert "serves kueue.x-k8s.io/v1beta1" in cluster.status.message
+    assert "Tardigrade needs Kueue >= v0.17" in cluster.status.message
+    assert queueing.workload_actions(IDENTITY, _spec(), cluster.status, old, False, None,
                                      NOW) == []
 
 
@@ -177,7 +195,7 @@ def test_a_queued_job_resized_asks_kueue_for_the_new_count():
     # Never while Kueue holds quota for it (its webhook refuses podSet changes then).
     assert queueing.workload_actions(IDENTITY, _spec(replicas=3),
                                      TrainingJobStatus(phase="Running"),
-                                     gate(ADMITTED, admitted=2), True, None, NOW) == []
+                                     gate(READY, admitted=2), True, None, NOW) == []
 
 
 def test_workload_names_follow_kueues_scheme():
@@ -203,7 +221,7 @@ def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas()
     cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
     cluster.reconcile()
     cluster.spec["replicas"] = 3
-    asked = gate(ADMITTED, admitted=2, replicas=3)
+    asked = gate(READY, admitted=2, replicas=3)
     assert asked.growing and asked.admitted and not asked.resizing
     cluster.queue = asked
     plan = cluster.reconcile()
@@ -222,7 +240,7 @@ def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas()
     template = body["spec"]["podSets"][0]["template"]["spec"]
     assert template["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
     # Waiting, in Kueue's words, and the gang untouched.
-    waiting = gate_for("team-queue", workload(ADMITTED, 2, 2), {"spot": SPOT}, 3,
+    waiting = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3,
                        grow_view(PENDING))
     cluster.queue = waiting
     plan = cluster.reconcile()
@@ -234,11 +252,11 @@ def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas()
     # Asked for 4 instead: the waiting request takes the new count.
     assert queueing.workload_actions(
         IDENTITY, _spec(replicas=4), running,
-        gate_for("team-queue", workload(ADMITTED, 2, 2), {"spot": SPOT}, 4, grow_view(PENDING)),
+        gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 4, grow_view(PENDING)),
         True, None, NOW) == [ResizeWorkload(queueing.grow_workload_name(JOB.name, JOB.uid),
                                             "9", 2)]
     # Reserved: now the gang stops after a save.
-    reserved = gate_for("team-queue", workload(ADMITTED, 2, 2), {"spot": SPOT}, 3,
+    reserved = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3,
                         grow_view(ADMITTED))
     assert reserved.resizing and not reserved.admitted
     cluster.queue = reserved
@@ -247,10 +265,12 @@ def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas()
     assert plan.create_pods == []
     assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Resizing")
     assert "reserved quota for 1 more replicas" in cluster.status.message
-    # While ranks still save, both Workloads keep their quota; once none is active, both go.
+    # While ranks still save, both Workloads keep their quota (the gang's says it recovers);
+    # once none is active, both go.
     status = TrainingJobStatus(phase="Queued")
-    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved, True,
-                                     None, NOW) == []
+    [recovering] = queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved,
+                                             True, None, NOW)
+    assert _pods_ready(recovering) == ("False", "WaitForRecovery")
     assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved, False,
                                      None, NOW) == [
         DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7"),
@@ -277,17 +297,17 @@ def test_a_grow_request_goes_when_it_is_no_longer_wanted_or_kueue_evicts_it():
     name = queueing.grow_workload_name(JOB.name, JOB.uid)
     running = TrainingJobStatus(phase="Running")
     # Scaled back to what runs: the request goes.
-    back = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 2, grow_view(PENDING))
+    back = gate_for("team-queue", workload(READY, 2, 2), {}, 2, grow_view(PENDING))
     assert not back.growing
     assert queueing.workload_actions(IDENTITY, _spec(replicas=2), running, back, True, None,
                                      NOW) == [DeleteWorkload(name, "9")]
     # Evicted by Kueue (a higher priority needs the quota): dropped, then asked for again.
-    evicted = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 3, grow_view(EVICTED))
+    evicted = gate_for("team-queue", workload(READY, 2, 2), {}, 3, grow_view(EVICTED))
     assert evicted.growing and not evicted.grow_reserved and evicted.admitted
     assert queueing.workload_actions(IDENTITY, _spec(replicas=3), running, evicted, True, None,
                                      NOW) == [DeleteWorkload(name, "9")]
     # Reserved for another count than now asked for: dropped, then asked for again.
-    other = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 4, grow_view(ADMITTED, 1))
+    other = gate_for("team-queue", workload(READY, 2, 2), {}, 4, grow_view(ADMITTED, 1))
     assert not other.resizing and other.admitted
     assert queueing.workload_actions(IDENTITY, _spec(replicas=4), running, other, True, None,
                                      NOW) == [DeleteWorkload(name, "9")]
@@ -298,7 +318,7 @@ def test_a_grow_request_goes_when_it_is_no_longer_wanted_or_kueue_evicts_it():
         IDENTITY, _spec(replicas=3), running, gone, True, None, NOW)
     # Finished: nothing more to ask for.
     done = TrainingJobStatus(phase="Succeeded")
-    asked = gate_for("team-queue", workload(ADMITTED, 2, 2), {}, 3, grow_view(PENDING))
+    asked = gate_for("team-queue", workload(READY, 2, 2), {}, 3, grow_view(PENDING))
     assert DeleteWorkload(name, "9") in queueing.workload_actions(
         IDENTITY, _spec(replicas=3), done, asked, False, None, NOW)
 
@@ -316,16 +336,21 @@ def test_a_running_job_shrunk_relaunches_inside_its_admission_then_hands_the_res
     cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
     cluster.reconcile()
     cluster.spec["replicas"] = 2
-    shrunk = gate(ADMITTED, admitted=3, count=3, replicas=2)
+    shrunk = gate(READY, admitted=3, count=3, replicas=2)
     assert shrunk.admitted and not shrunk.resizing and not shrunk.growing
     assert (shrunk.runs, shrunk.reclaim) == (2, 1)
     cluster.queue = shrunk
     plan = cluster.reconcile()
     assert len(plan.delete_pods) == 3 and plan.create_pods == []
     assert cluster.status.phase == "Resizing"
-    # While the gang stops and while the smaller one starts, the quota still backs it.
-    assert queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status, shrunk,
-                                     True, None, NOW) == []
+    # While the gang stops and while the smaller one starts, the quota still backs it: only
+    # PodsReady moves (the gang recovers), nothing is handed back.
+    [recovering] = queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status,
+                                             shrunk, True, None, NOW)
+    assert _pods_ready(recovering) == ("False", "WaitForRecovery")
+    shrunk = gate({**ADMITTED, "PodsReady": WorkloadCondition("False", "WaitForRecovery", "")},
+                  admitted=3, count=3, replicas=2)
+    cluster.queue = shrunk
     cluster.terminate_all(SAVED, step=31, checkpoint=31)
     plan = cluster.reconcile()
     assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
@@ -339,7 +364,7 @@ def test_a_running_job_shrunk_relaunches_inside_its_admission_then_hands_the_res
     assert queueing.workload_actions(IDENTITY, _spec(replicas=2), cluster.status, shrunk,
                                      True, None, NOW) == [queueing.ReclaimPods(name, "7", 1)]
     # Handed back: Kueue counts 2, the job holds 2, nothing more to write.
-    handed = gate_for("team-queue", dataclasses.replace(workload(ADMITTED, 3, 3), reclaimable=1),
+    handed = gate_for("team-queue", dataclasses.replace(workload(READY, 3, 3), reclaimable=1),
                       {"spot": SPOT}, 2)
     assert (handed.held, handed.runs, handed.reclaim) == (2, 2, None) and handed.admitted
     cluster.queue = handed
@@ -360,6 +385,12 @@ def test_a_running_job_shrunk_relaunches_inside_its_admission_then_hands_the_res
     assert queueing.workload_actions(IDENTITY, _spec(replicas=2),
                                      TrainingJobStatus(phase="Queued"), requeued, False, None,
                                      NOW) == [ResizeWorkload(name, "7", 2, None, True)]
+
+
+def _pods_ready(action: queueing.WorkloadAction) -> tuple[str, str]:
+    assert isinstance(action, SetPodsReady)
+    [condition] = [c for c in action.conditions if c["type"] == "PodsReady"]
+    return condition["status"], condition["reason"]
 
 
 def test_reclaimable_pods_are_read_from_the_workloads_status():
@@ -387,7 +418,8 @@ def test_min_replicas_lets_kueue_admit_part_of_the_gang_which_asks_for_the_rest(
     assert cluster.status.queue.admitted_replicas == 3 and cluster.status.queue.growing_to == 4
     running = TrainingJobStatus(phase="Running")
     [create] = queueing.workload_actions(IDENTITY, _spec(replicas=4, minReplicas=2), running,
-                                         partial, True, None, NOW)
+                                         gate(READY, admitted=3, count=4, replicas=4), True,
+                                         None, NOW)
     assert isinstance(create, CreateWorkload)
     assert create.body["spec"]["podSets"][0]["count"] == 1
     # Scaled down to what runs: nothing stops.
@@ -417,3 +449,156 @@ def test_a_partial_admission_hands_nothing_back_until_the_job_asks_for_less_than
     handed = gate_for("team-queue", dataclasses.replace(
         workload(ADMITTED, count=4, admitted=2), reclaimable=3), {"spot": SPOT}, 1)
     assert (handed.held, handed.reclaim) == (1, None)
+
+
+def _conditions(view: dict[str, WorkloadCondition]) -> list[dict[str, Any]]:
+    """The Workload's stored conditions for a view's (what the index hands the writer)."""
+    return [{"type": kind, "status": c.status, "reason": c.reason, "message": c.message,
+             "lastTransitionTime": "2025-12-31T00:00:00Z"} for kind, c in view.items()]
+
+
+def _with_pods_ready(conditions: dict[str, WorkloadCondition], action: queueing.WorkloadAction
+                     ) -> dict[str, WorkloadCondition]:
+    """The conditions once the writer carried `action` out."""
+    status, reason = _pods_ready(action)
+    return {**conditions, "PodsReady": WorkloadCondition(status, reason, "")}
+
+
+def _pods_ready_writes(conditions: dict[str, WorkloadCondition], phase: str
+                       ) -> list[queueing.WorkloadAction]:
+    return queueing.workload_actions(
+        IDENTITY, _spec(), TrainingJobStatus(phase=phase), gate(conditions, admitted=2),
+        phase != "Queued", None, NOW, _conditions(conditions))
+
+
+def test_pods_ready_follows_the_gang_as_kueues_job_framework_writes_it():
+    """Kueue's waitForPodsReady (on by default since v0.19) evicts an admitted Workload whose
+    PodsReady is not True in time: the job side says WaitForStart until every rank runs,
+    Started once they do, WaitForRecovery while the gang relaunches after a disruption
+    (Kueue's recoveryTimeout), Recovered once it runs again; each written once."""
+    cluster = FakeCluster(spec(), queue=gate(ADMITTED, admitted=2))
+    conditions = dict(ADMITTED)
+    cluster.reconcile()
+    assert cluster.status.phase != "Running"
+    [write] = _pods_ready_writes(conditions, cluster.status.phase)
+    assert _pods_ready(write) == ("False", "WaitForStart")
+    conditions = _with_pods_ready(conditions, write)
+    assert _pods_ready_writes(conditions, cluster.status.phase) == []  # said once
+    cluster.run_all()
+    cluster.reconcile()
+    assert cluster.status.phase == "Running"
+    [write] = _pods_ready_writes(conditions, cluster.status.phase)
+    assert _pods_ready(write) == ("True", "Started")
+    conditions = _with_pods_ready(conditions, write)
+    # Training for days writes nothing more: Kueue has its True.
+    for _ in range(3):
+        cluster.reconcile()
+        assert _pods_ready_writes(conditions, cluster.status.phase) == []
+    # A rank's node is reclaimed: the gang saves and relaunches under the same admission.
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    assert cluster.status.phase != "Running"
+    [write] = _pods_ready_writes(conditions, cluster.status.phase)
+    assert _pods_ready(write) == ("False", "WaitForRecovery")
+    conditions = _with_pods_ready(conditions, write)
+    cluster.terminate_all(SAVED, step=12, checkpoint=12)
+    cluster.reconcile()
+    assert _pods_ready_writes(conditions, cluster.status.phase) == []
+    cluster.run_all()
+    cluster.reconcile()
+    assert cluster.status.phase == "Running" and cluster.status.attempt == 2
+    [write] = _pods_ready_writes(conditions, cluster.status.phase)
+    assert _pods_ready(write) == ("True", "Recovered")
+    conditions = _with_pods_ready(conditions, write)
+    assert _pods_ready_writes(conditions, cluster.status.phase) == []
+
+
+def test_pods_ready_is_decided_from_the_admission_and_what_it_said_before():
+    view = workload(ADMITTED, admitted=2)
+    reasons = {
+        "not admitted": queueing.pods_ready(workload(PENDING), gang_running=True),
+        "admitted, starting": queueing.pods_ready(view, gang_running=False),
+        "admitted, running": queueing.pods_ready(view, gang_running=True),
+    }
+    assert {k: (c.status, c.reason) for k, c in reasons.items()} == {
+        "not admitted": ("False", "WaitForStart"),
+        "admitted, starting": ("False", "WaitForStart"),
+        "admitted, running": ("True", "Started")}
+    for before, running, after in [
+            (("True", "Started"), False, ("False", "WaitForRecovery")),
+            (("True", "Recovered"), False, ("False", "WaitForRecovery")),
+            (("False", "WaitForRecovery"), False, ("False", "WaitForRecovery")),
+            (("False", "WaitForRecovery"), True, ("True", "Recovered")),
+            (("True", "Recovered"), True, ("True", "Recovered")),
+            (("False", "WaitForStart"), True, ("True", "Started")),
+            # Kueue before v0.16 said reason PodsReady for a start: still a start.
+            (("False", "PodsReady"), False, ("False", "WaitForStart"))]:
+        said = workload({**ADMITTED, "PodsReady": WorkloadCondition(*before, "")}, admitted=2)
+        got = queueing.pods_ready(said, running)
+        assert (got.status, got.reason) == after, (before, running)
+
+
+def test_pods_ready_keeps_its_transition_time_and_the_other_conditions():
+    """Kueue times a recovery from PodsReady's lastTransitionTime: a write that keeps the
+    status keeps the time; Kueue's own conditions are written back as stored."""
+    recovering = {**ADMITTED, "PodsReady": WorkloadCondition("False", "WaitForRecovery", "")}
+    stored = _conditions(recovering)
+    [write] = queueing.workload_actions(
+        IDENTITY, _spec(), TrainingJobStatus(phase="Running"), gate(recovering, admitted=2),
+        True, None, NOW, stored)
+    assert isinstance(write, SetPodsReady)
+    written = {c["type"]: c for c in write.conditions}
+    assert written["PodsReady"]["lastTransitionTime"] == NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert written["QuotaReserved"] == stored[0] and written["Admitted"] == stored[1]
+    # Not admitted yet: said once while it waits, and not again.
+    [waiting] = queueing.workload_actions(IDENTITY, _spec(), TrainingJobStatus(phase="Queued"),
+                                          gate(PENDING), False, None, NOW, _conditions(PENDING))
+    assert _pods_ready(waiting) == ("False", "WaitForStart")
+    said = {**PENDING, "PodsReady": WorkloadCondition("False", "WaitForStart", "")}
+    assert queueing.workload_actions(IDENTITY, _spec(), TrainingJobStatus(phase="Queued"),
+                                     gate(said), False, None, NOW, _conditions(said)) == []
+
+
+def test_a_gang_that_cannot_start_in_time_is_stopped_released_and_requeued_with_its_save():
+    """Kueue evicts with PodsReadyTimeout a Workload whose gang did not start within the
+    timeout: the job side stops the gang, releases the quota with Requeued=False (Kueue flips
+    it once its back-off ends) and PodsReady back to WaitForStart, and the next admission
+    resumes from the saved step, without touching the failure budget."""
+    cluster = FakeCluster(spec(), queue=gate(ADMITTED, admitted=2))
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    cluster.reconcile()  # relaunching, and (as a node selector nothing matches) stuck there
+    timed_out = {**ADMITTED,
+                 "PodsReady": WorkloadCondition("False", "WaitForRecovery", ""),
+                 "Evicted": WorkloadCondition("True", "PodsReadyTimeout",
+                                              "Exceeded the PodsReady timeout ml/x")}
+    cluster.queue = gate(timed_out, admitted=2)
+    plan = cluster.reconcile()
+    assert sorted(n for n, _ in plan.delete_pods) == ["tiny-a2-0", "tiny-a2-1"]
+    assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Evicting")
+    # Evicted: no PodsReady of its own while the gang stops (Kueue times out no evicted one).
+    assert queueing.workload_actions(IDENTITY, _spec(), cluster.status, cluster.queue, True,
+                                     None, NOW, _conditions(timed_out)) == []
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    cluster.reconcile()
+    [release] = queueing.workload_actions(IDENTITY, _spec(), cluster.status, cluster.queue,
+                                          False, None, NOW, _conditions(timed_out))
+    assert isinstance(release, ReleaseQuota)
+    values = {c["type"]: (c["status"], c["reason"]) for c in release.conditions}
+    assert values["Requeued"] == ("False", "PodsReadyTimeout")
+    assert values["PodsReady"] == ("False", "WaitForStart")
+    assert values["QuotaReserved"] == ("False", "Pending")
+    assert values["Admitted"] == ("False", "NoReservation")
+    cluster.queue = gate(PENDING)
+    cluster.reconcile()
+    cluster.queue = gate(ADMITTED, admitted=2)
+    plan = cluster.reconcile()
+    env = {e["name"]: e.get("value") for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RESTORE_STEP] == "31"
+    assert cluster.status.restarts.failures == 0
