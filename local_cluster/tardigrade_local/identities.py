@@ -70,6 +70,10 @@ ROLES: dict[Identity, list[dict[str, Any]]] = {
         _rule([""], ["nodes/status", "pods/status"], ["patch", "update"]),
         _rule([""], ["pods"], [*READ, "delete", "patch"]),
         _rule([""], ["services"], READ),
+        # A simulated rank reads its env as a kubelet does (the job's keys come from a Secret
+        # through secretKeyRef); one identity for every simulated node cannot be held to the
+        # node authorizer's "only what a pod bound here references", so it may get any.
+        _rule([""], ["secrets", "configmaps"], ["get"]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"]),
         _rule(["coordination.k8s.io"], ["leases"], [*READ, "create", "update", "patch"]),
     ],
