@@ -17,6 +17,7 @@ import pytest
 import tensorstore as ts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jax._src import compilation_cache
 from tardigrade_trainer import __main__ as entry
 from tardigrade_trainer import cache_seal, compile_cache, contract, step_cache
 from tardigrade_trainer.compile_cache import Location, RootMirror
@@ -34,8 +35,12 @@ def _without_jax_persistent_cache():
     trainer earlier in the worker may have turned on, would serve these toy programs."""
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    # JAX decides once per process whether its cache is in use (compilation_cache.is_cache_used
+    # memoizes it): without a reset, a cache an earlier test turned on stays on.
+    compilation_cache.reset_cache()
     yield
     jax.config.update("jax_enable_compilation_cache", before)
+    compilation_cache.reset_cache()
 
 
 class _Touch:

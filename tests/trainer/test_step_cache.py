@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import compilation_cache
 from tardigrade_trainer import step_cache
 from tardigrade_trainer.compiled_step import CompiledStep
 from tardigrade_trainer.step_cache import CorruptEntryError, StepCache, compile_or_load, entry_key
@@ -32,8 +33,12 @@ def _without_jax_persistent_cache():
     compiled and stored in the step cache. Off here, restored after."""
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    # JAX decides once per process whether its cache is in use (compilation_cache.is_cache_used
+    # memoizes it): without a reset, a cache an earlier test turned on stays on.
+    compilation_cache.reset_cache()
     yield
     jax.config.update("jax_enable_compilation_cache", before)
+    compilation_cache.reset_cache()
 
 
 def test_the_key_is_the_same_for_the_same_program_and_process():

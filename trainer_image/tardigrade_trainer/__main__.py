@@ -96,19 +96,24 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     cache = compile_cache.for_key(
         compile_cache.location(config.compilation_cache_dir, env.checkpoint_path,
                                config.compilation_cache_in_root), cache_key)
-    mirror, pulled = _pull_compilation_cache(cache, cache_key, env, config)
+    in_children = attempts.wanted(os.environ)
+    # A keeper that forks its attempts must not start TensorStore's threads first (TensorStore
+    # aborts a process that forks after them): each attempt pulls in its own child.
+    mirror, pulled = ((None, {}) if in_children
+                      else _pull_compilation_cache(cache, cache_key, env, config))
     distributed.configure_compilation_cache(cache.local if cache else None)
 
     from tardigrade_trainer.session import TrainingSession
     from tardigrade_trainer.train import Trainer, checkpoint_options
 
     phases.mark("imports_done")
-    if attempts.wanted(os.environ):
+    if in_children:
         # Every attempt runs in a child of this process, with its own world (attempts.py).
         attempts.run_attempts()
         env = _environment()
         if isinstance(env, int):
             return env
+        mirror, pulled = _pull_compilation_cache(cache, cache_key, env, config)
 
     # The session turns every outcome into the contract's exit code and termination message.
     with TrainingSession(env=env, checkpoint_options=checkpoint_options(config),
