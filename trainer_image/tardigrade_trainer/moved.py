@@ -44,12 +44,17 @@ def new_name(old: str) -> str | None:
 
 
 def _caller_stacklevel() -> int:
-    """The stacklevel of the frame whose import named the old module, past the import system's
-    own frames and this module's, so that the warning points at the user's import line."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
-                                 or frame.f_code.co_filename in (__file__, importlib.__file__)):
-        frame, level = frame.f_back, level + 1
+    """The stacklevel, as `warnings` counts it from `create_module`, of the code whose import
+    named the old module: `warnings` itself skips the import system's frozen frames, so only
+    `importlib.import_module`'s own frame is stepped over here."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename == importlib.__file__:
+            level += 1
+        elif not ("importlib" in filename and "_bootstrap" in filename):
+            break
+        frame = frame.f_back
     return level
 
 
