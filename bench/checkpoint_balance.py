@@ -58,8 +58,8 @@ def crc32_plan(name: str, leaf: Any, process_of: Any) -> list[tuple[int, Any]]:
 def reference_state(hosts: int, model_axis: int, seq_len: int) -> tuple[list[str], list[Any]]:
     import equinox as eqx
     import jax
+    from tardigrade_checkpoint.manager import leaf_names
     from tardigrade_trainer import mesh, model, train
-    from tardigrade_trainer.checkpoint.manager import leaf_names
     from tardigrade_trainer.config import TrainerConfig
 
     config = TrainerConfig(seq_len=seq_len, model_axis_size=model_axis,
@@ -77,7 +77,7 @@ def reference_state(hosts: int, model_axis: int, seq_len: int) -> tuple[list[str
 
 def measure(hosts: int, model_axis: int, seq_len: int) -> dict[str, Any]:
     import jax
-    from tardigrade_trainer.checkpoint import writers
+    from tardigrade_checkpoint import writers
 
     per_host = len(jax.devices()) // hosts
 

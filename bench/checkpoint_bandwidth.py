@@ -240,7 +240,7 @@ class GcsStorage:
 class Tardigrade:
     def __init__(self, storage: DiskStorage | GcsStorage, root: str, checksum: bool,
                  chunk_files: bool = True, snapshot_device_bytes: int | None = None) -> None:
-        from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
+        from tardigrade_checkpoint import CheckpointManager, KeepLast
 
         self.storage = storage
         self.root = root

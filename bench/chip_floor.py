@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "trainer_image"))
 
-from tardigrade_trainer import phases  # noqa: E402  (dependency-free: no jax yet)
+from tardigrade_sdk import phases  # noqa: E402  (dependency-free: no jax yet)
 
 
 def load_step(folder: Path) -> dict[str, float | int | str]:

@@ -39,11 +39,11 @@ for sub in ("", "trainer_image", "local_cluster"):
     sys.path.insert(0, str(REPO / sub))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from tardigrade_contract import contract  # noqa: E402
 from tardigrade_local.gcs import GcsEmulator, client_env  # noqa: E402
 from tardigrade_local.gcs_faults import FaultProxy, FaultRule  # noqa: E402
-from tardigrade_trainer import contract  # noqa: E402
+from tardigrade_sdk.preemption import save_deadline  # noqa: E402
 from tardigrade_trainer.config import TrainerConfig  # noqa: E402
-from tardigrade_trainer.preemption import save_deadline  # noqa: E402
 
 from tests.trainer.trainer_harness import launch, wait_for  # noqa: E402
 

@@ -83,9 +83,9 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
 
+from tardigrade_contract import contract  # noqa: E402
 from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
 from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes  # noqa: E402
-from tardigrade_trainer import contract  # noqa: E402
 
 NS = "default"
 JOB = "scale"

@@ -44,7 +44,7 @@ def parse_args() -> argparse.Namespace:
 def meet(n: int, review_seconds: float) -> float:
     """Seconds from the first hello to the last rank's "go", for a gang of `n`."""
     from tardigrade_local.ports import free_port
-    from tardigrade_trainer import distributed
+    from tardigrade_sdk import distributed
 
     def check(hello: dict, rank: int) -> str | None:
         time.sleep(review_seconds)
@@ -97,7 +97,7 @@ def api_reviews(count: int = 300) -> tuple[float, float]:
     import tempfile
 
     from tardigrade_local.cluster import LocalCluster
-    from tardigrade_trainer import peerauth
+    from tardigrade_sdk import peerauth
 
     with tempfile.TemporaryDirectory() as state, \
             LocalCluster(Path(state) / "cluster", nodes=1, with_gcs=False,
@@ -119,7 +119,7 @@ def main() -> int:
     args = parse_args()
     for path in ("trainer_image", "local_cluster"):
         sys.path.insert(0, str(ROOT / path))
-    from tardigrade_trainer import distributed
+    from tardigrade_sdk import distributed
 
     # Both ends of every connection live in this process.
     sizes = [int(n) for n in args.ranks.split(",")]

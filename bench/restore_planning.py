@@ -43,7 +43,7 @@ def grid_regions(shape: tuple[int, int], grid: tuple[int, int]) -> list[tuple[sl
 def main() -> int:
     args = parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer_image"))
-    from tardigrade_trainer.checkpoint import digest, restoreplan
+    from tardigrade_checkpoint import digest, restoreplan
 
     grid = tuple(int(x) for x in args.grid.split("x"))
     target = tuple(int(x) for x in args.target.split("x"))

@@ -20,7 +20,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from tardigrade_trainer.boundedjson import MARKER, nesting_depth
+from tardigrade_contract.boundedjson import MARKER, nesting_depth
 
 # kube-apiserver's JSON decoder (sigs.k8s.io/json, from Go's encoding/json scanner).
 API_SERVER_MAX_NESTING_DEPTH = 10_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tardigrade_trainer import distributed
+from tardigrade_sdk import distributed
 
 
 def coordinator_in_thread(port: int, n: int, timeout: float, attempt: int = 0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 
 def _environment(**overrides):
@@ -78,7 +78,7 @@ def test_contract_module_imports_without_jax():
 
     trainer_dir = Path(contract.__file__).resolve().parent.parent
     code = (
-        "import sys; import tardigrade_trainer.contract; "
+        "import sys; import tardigrade_contract.contract; "
         "assert 'jax' not in sys.modules, 'contract pulled in jax'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(trainer_dir)})

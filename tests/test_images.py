@@ -16,7 +16,13 @@ import tomllib
 
 import pytest
 from tardigrade_local import imagevenv
-from tardigrade_local.dockerfile import DockerfileError, ImageRecipe, parse_stages, read_recipe
+from tardigrade_local.dockerfile import (
+    DockerfileError,
+    ImageRecipe,
+    context_files,
+    parse_stages,
+    read_recipe,
+)
 from tardigrade_local.kubelet.images import ImageMap
 
 from tests.conftest import REPO_ROOT
@@ -76,16 +82,32 @@ def test_the_gpu_image_loads_the_driver_gke_mounts():
             _recipe(REPO_ROOT / "trainer_image" / f"Dockerfile.{other}").env)
 
 
+def _source_folder(package: str) -> str:
+    """Where a package of ours lives in the checkout (pyproject's package-dir)."""
+    return "operator" if package == "tardigrade_operator" else "trainer_image"
+
+
 def test_each_image_states_modules_that_exist_in_its_sources():
     for recipe in SHIPPED:
         copied = {src.rstrip("/") for sources, _ in recipe.sources for src in sources}
         for module in recipe.modules:
             package = module.split(".")[0]
-            folder = {"tardigrade_operator": "operator",
-                      "tardigrade_trainer": "trainer_image"}[package]
-            assert folder in copied, f"{recipe.name} runs {module} but does not copy {folder}/"
-            path = REPO_ROOT / folder / module.replace(".", "/")
+            folder = f"{_source_folder(package)}/{package}"
+            assert any(folder == c or folder.startswith(f"{c}/") for c in copied), (
+                f"{recipe.name} runs {module} but does not copy {folder}/")
+            path = REPO_ROOT / _source_folder(package) / module.replace(".", "/")
             assert path.with_suffix(".py").exists() or (path / "__init__.py").exists(), module
+
+
+# The operator's image holds the contract and none of the trainer's other packages.
+TRAINER_ONLY = ("tardigrade_trainer", "tardigrade_sdk", "tardigrade_checkpoint")
+
+
+def test_the_operator_image_copies_the_contract_and_no_other_trainer_package():
+    recipe = next(r for r in SHIPPED if r.name == "operator")
+    staged = {target.split("/")[1] for _, target in context_files(recipe)
+              if target.startswith("trainer_image/")}
+    assert staged == {"tardigrade_contract"}, staged
 
 
 @pytest.mark.parametrize(("text", "error"), [
@@ -176,6 +198,18 @@ def operator_image() -> imagevenv.ImageVenv:
     venv = imagevenv.shipped_image("operator")
     imagevenv.ensure(venv)
     return venv
+
+
+@pytest.mark.slow
+def test_the_operator_image_cannot_import_the_trainer_sdk_or_checkpoint_library(
+        operator_image, tmp_path):
+    probe = ("import importlib.util, json\n"
+             f"print(json.dumps({{m: importlib.util.find_spec(m) is not None "
+             f"for m in {[*TRAINER_ONLY, 'tardigrade_contract']!r}}}))\n")
+    result = _run(operator_image, [str(operator_image.python), "-c", probe], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {**dict.fromkeys(TRAINER_ONLY, False),
+                                         "tardigrade_contract": True}
 
 
 @pytest.mark.slow

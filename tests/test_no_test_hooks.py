@@ -37,4 +37,4 @@ def test_no_product_module_imports_a_test_hook() -> None:
     assert len(files) > 50  # the walk found the packages
     problems = [problem for path in files for problem in _problems(path)]
     assert not problems, "test hooks in product modules:\n" + "\n".join(problems)
-    assert not (REPO / "trainer_image/tardigrade_trainer/testhooks.py").exists()
+    assert not list((REPO / "trainer_image").glob("*/testhooks.py"))

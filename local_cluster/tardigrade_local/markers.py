@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 CHECKPOINT_PREFIX = "step_"
 

@@ -2,7 +2,7 @@
 
 The hit gang's side: its notice (`preempted`: `seconds_since_notice` before the line), the save
 committed (that line) and the last line before it exited. The next gang's side: its trainer's
-`startup` line (tardigrade_trainer/phases.py: process start, imports, rendezvous begun and met,
+`startup` line (tardigrade_sdk/phases.py: process start, imports, rendezvous begun and met,
 `jax.distributed` initialized), `restore_done`, `compiled` and its first `step`. Each phase is
 given in seconds since the disruption; a phase the log does not show is left out (a rank
 killed without notice never logs `preempted`). Pure, over `StepLog.records`.

@@ -27,8 +27,8 @@ import threading
 import time
 from types import FrameType
 
-from tardigrade_trainer import contract
-from tardigrade_trainer.metrics import Metrics, ProgressServer
+from tardigrade_contract import contract
+from tardigrade_sdk.metrics import Metrics, ProgressServer
 
 from tardigrade_local.markers import MarkerCheckpoints, choose_restore
 

@@ -1,7 +1,7 @@
 """Every API object the operator and the CLI read is decoded with its nesting bounded.
 
 The API server stores JSON nested up to 10,000 levels; Python's `json` and the code that
-reads its results recurse per level (tardigrade_trainer.boundedjson says why raising limits
+reads its results recurse per level (tardigrade_contract.boundedjson says why raising limits
 is no fix). Three clients read API objects here, and each decodes through `boundedjson`:
 
 - kopf (the watch streams, their initial lists, and the answers to its patches): kopf
@@ -35,7 +35,7 @@ from typing import Any
 
 import kopf
 import kubernetes
-from tardigrade_trainer import boundedjson
+from tardigrade_contract import boundedjson
 
 log = logging.getLogger(__name__)
 

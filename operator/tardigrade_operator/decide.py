@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Literal
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator import (
     checkpoint_scope,

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kubernetes.client import models as k8s
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec

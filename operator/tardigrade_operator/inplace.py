@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 # The first release whose kubelet restarts on rules by default (ContainerRestartRules beta,
 # pkg/features/kube_features.go).

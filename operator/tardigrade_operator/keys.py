@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator import naming
 from tardigrade_operator.observe import ServiceView

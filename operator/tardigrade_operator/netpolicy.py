@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator import naming
 from tardigrade_operator.render import JobRef

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator import inplace, naming
 from tardigrade_operator.finalizers import owner_uid

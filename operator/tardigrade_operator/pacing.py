@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Observed, Plan

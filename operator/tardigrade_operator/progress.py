@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import aiohttp
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator.observe import PodView
 from tardigrade_operator.podhttp import read_at_most, redirect_reason

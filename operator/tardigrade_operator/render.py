@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tardigrade_operator import inplace, multislice, naming, slices
 from tardigrade_operator.api import types

@@ -39,8 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from tardigrade_trainer import contract
-from tardigrade_trainer.inplace import PEER_NOTICE_RELEASE_WAIT_SECONDS
+from tardigrade_contract import contract
+from tardigrade_contract.contract import PEER_NOTICE_RELEASE_WAIT_SECONDS
 
 from tardigrade_operator import inplace, naming
 from tardigrade_operator.api.types import RecoveryCause, TrainingJobSpec, TrainingJobStatus
@@ -186,8 +186,8 @@ def recreate_refused(gang: Sequence[PodView], refused_pods: frozenset[str],
 def ask_again(gang: Sequence[PodView], refused_pods: frozenset[str], status: TrainingJobStatus,
               job: JobRef, restore_step: str, now: datetime) -> list[Trigger]:
     """Kept rank 0's request once more when it did not take it, for as long as its trainer
-    may still wait for the word after the gang's save (trainer
-    inplace.PEER_NOTICE_RELEASE_WAIT_SECONDS, counted here from the recovery's record, which
+    may still wait for the word after the gang's save (contract
+    PEER_NOTICE_RELEASE_WAIT_SECONDS, counted here from the recovery's record, which
     comes no later than the save it follows by more than the operator's reaction)."""
     last = launched_by(status)
     if last is None or now - last.time > ASK_AGAIN_FOR:

@@ -20,16 +20,16 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_local.gcs import GcsEmulator, client_env
-from tardigrade_local.gcs_faults import FaultProxy, FaultRule
-from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointIOError, CheckpointManager, JobIdentity
-from tardigrade_trainer.checkpoint.rootrecord import ROOT_FILE
-from tardigrade_trainer.checkpoint.storage import (
+from tardigrade_checkpoint import CheckpointIOError, CheckpointManager, JobIdentity
+from tardigrade_checkpoint.rootrecord import ROOT_FILE
+from tardigrade_checkpoint.storage import (
     ENV_LOW_SPEED_LIMIT,
     ENV_LOW_SPEED_TIME,
     StorageRetries,
 )
+from tardigrade_contract import contract
+from tardigrade_local.gcs import GcsEmulator, client_env
+from tardigrade_local.gcs_faults import FaultProxy, FaultRule
 
 from tests.polling import wait_for
 

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointManager
-from tardigrade_trainer.checkpoint.digest import parse_region
+from tardigrade_checkpoint import CheckpointManager
+from tardigrade_checkpoint.digest import parse_region
+from tardigrade_contract import contract
 
 from tests.polling import wait_for
 from tests.trainer.trainer_harness import Gang, launch

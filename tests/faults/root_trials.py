@@ -24,8 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from tardigrade_trainer import contract, restore_choice
-from tardigrade_trainer.checkpoint import (
+from tardigrade_checkpoint import (
     CheckpointError,
     CheckpointManager,
     FencedError,
@@ -33,6 +32,8 @@ from tardigrade_trainer.checkpoint import (
     JobIdentity,
     KeepLast,
 )
+from tardigrade_contract import contract
+from tardigrade_sdk import restore_choice
 
 
 @dataclasses.dataclass

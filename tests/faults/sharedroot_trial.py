@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tests.trainer.trainer_harness import launch, step_dirs
 

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import CheckpointCorruptError, CheckpointManager
-from tardigrade_trainer.checkpoint.digest import digest_array, region_key
+from tardigrade_checkpoint import CheckpointCorruptError, CheckpointManager
+from tardigrade_checkpoint.digest import digest_array, region_key
 
 from tests.faults.gcs_scenarios import (
     Scenarios,

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_local.kubelet import projected, volumes
 from tardigrade_local.kubelet.env import EnvError
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.render import GangLaunch, JobRef, build_pod
-from tardigrade_trainer import contract
 
 from tests.conftest import EXAMPLES, load_yaml
 

@@ -16,8 +16,9 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from tardigrade_contract import contract
 from tardigrade_local.ports import free_port
-from tardigrade_trainer import contract, distributed, peerauth
+from tardigrade_sdk import distributed, peerauth
 
 from tests.apiserver import SharedApi
 from tests.polling import wait_for

@@ -7,10 +7,10 @@ import json
 
 import pytest
 from kube_helpers import Kube, condition, container_status, wait_for
+from tardigrade_contract import contract
 from tardigrade_local import disruptions as d
 from tardigrade_local.cluster import LocalCluster, simulated_nodes
 from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
-from tardigrade_trainer import contract
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from tardigrade_contract import contract
 from tardigrade_local.kubelet import network
 from tardigrade_local.kubelet.simulated import PID_BASE, SimulatedRuntime
-from tardigrade_trainer import contract
 
 STEP_SECONDS = 0.02
 
@@ -226,7 +226,7 @@ async def test_a_simulated_rank_told_by_a_peer_outwaits_the_one_whose_pod_goes(t
     """As the real trainer (inplace.release_deadline): after the save the rank that got the
     SIGTERM leaves when a going pod's wait ends; its peer, whose pod is not being stopped,
     waits longer for the operator's word, until its own SIGTERM shortens the wait."""
-    from tardigrade_trainer import inplace
+    from tardigrade_sdk import inplace
 
     monkeypatch.setattr(inplace, "RELEASE_WAIT_SECONDS", 0.2)
     monkeypatch.setattr(inplace, "RELEASE_WAIT_PER_RANK_SECONDS", 0.0)

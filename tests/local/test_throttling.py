@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 from tardigrade_local.kubelet import client as kubelet_client
-from tardigrade_trainer import peerauth
+from tardigrade_sdk import peerauth
 
 
 class Throttling:

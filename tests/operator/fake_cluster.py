@@ -6,6 +6,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tardigrade_contract import contract
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.autoscaling import newest_signals
@@ -14,7 +15,6 @@ from tardigrade_operator.keys import JobKeys
 from tardigrade_operator.observe import parse_pod, parse_service
 from tardigrade_operator.queueing import QueueGate
 from tardigrade_operator.render import JobRef
-from tardigrade_trainer import contract
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 JOB = JobRef(name="tiny", namespace="ml", uid="uid-1")

@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kopf._cogs.clients import auth, watching
 from kopf._cogs.structs import credentials, references
+from tardigrade_contract.boundedjson import API_OBJECT_LIMIT, max_depth, nesting_depth
 from tardigrade_local.ports import free_port
 from tardigrade_operator import apidecode
-from tardigrade_trainer.boundedjson import API_OBJECT_LIMIT, max_depth, nesting_depth
 
 from tests.fuzz import CHEAP, THROUGH_THE_API, deep_json, json_values
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from lupa import lua51
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tests.conftest import REPO_ROOT
 from tests.operator.fake_cluster import FakeCluster, spec

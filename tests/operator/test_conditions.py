@@ -7,6 +7,7 @@ import typing
 
 import pytest
 from pydantic import ValidationError
+from tardigrade_contract import contract
 from tardigrade_operator.api.conditions import CATALOG, SUSPENDING, summary_conditions
 from tardigrade_operator.api.types import (
     CONDITION_REASON_PATTERN,
@@ -14,7 +15,6 @@ from tardigrade_operator.api.types import (
     Phase,
     TrainingJobStatus,
 )
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import T0, FakeCluster, spec
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.decide import DecisionSettings, decide
 from tardigrade_operator.observe import nodes_shutting_down
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
 

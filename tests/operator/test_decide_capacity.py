@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.autoscaling import (
     FAILED_SCALE_UP,
     NOT_TRIGGER_SCALE_UP,
@@ -20,7 +21,6 @@ from tardigrade_operator.autoscaling import (
     parse_event,
 )
 from tardigrade_operator.decide import DecisionSettings
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 from pydantic import ValidationError
+from tardigrade_contract import contract
 from tardigrade_operator.api.types import TrainingJob
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.maintenance import (
     SCHEDULED_MAINTENANCE_LABEL,
     MaintenanceWatch,
@@ -16,7 +17,6 @@ from tardigrade_operator.maintenance import (
     scheduled_start,
 )
 from tardigrade_operator.observe import parse_pod
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import T0, FakeCluster, spec
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.observe import not_ready_since
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import T0, FakeCluster, iso, spec
 

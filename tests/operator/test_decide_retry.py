@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.api.parse import parse_spec
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

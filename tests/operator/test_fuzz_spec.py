@@ -13,10 +13,10 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from tardigrade_contract import boundedjson
 from tardigrade_operator import admission, multislice
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.render import JobRef
-from tardigrade_trainer import boundedjson
 
 from tests.conftest import EXAMPLES
 from tests.fuzz import CHEAP, deep_json, json_values

@@ -7,10 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.gangprogress import ranks_running, running_range
 from tardigrade_operator.kube import status_json
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator import grants
 from tardigrade_operator.admission import AdmissionPolicy, review
 from tardigrade_operator.api.parse import parse_trainingjob
@@ -18,7 +19,6 @@ from tardigrade_operator.render import (
     JobRef,
     build_pod,
 )
-from tardigrade_trainer import contract
 
 from tests.conftest import EXAMPLES, load_yaml
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator import inplace
 from tardigrade_operator.inplace import InPlacePlan, Keep, Member, plan
-from tardigrade_trainer import contract
 
 
 def m(rank: int, healthy: bool = True, can: bool = True) -> Member:

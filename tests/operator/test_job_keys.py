@@ -12,6 +12,7 @@ import kopf
 import pytest
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
+from tardigrade_contract import contract
 from tardigrade_operator import handlers, keys
 from tardigrade_operator.decide import DecisionSettings, decide
 from tardigrade_operator.jobstate import JobState
@@ -20,7 +21,6 @@ from tardigrade_operator.netpolicy import NetworkPeers
 from tardigrade_operator.observe import PodView, parse_pod
 from tardigrade_operator.progress import fetch_progress
 from tardigrade_operator.render import JobRef
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import JOB, KEYS, FakeCluster, spec
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from tardigrade_contract import contract
 from tardigrade_operator.observe import PodView
 from tardigrade_operator.progress import fetch_progress
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

@@ -7,9 +7,9 @@ import sys
 import kopf
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
+from tardigrade_contract import contract
 from tardigrade_operator import metrics
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

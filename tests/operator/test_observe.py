@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.observe import Outcome, classify, newest_readiness, parse_pod
-from tardigrade_trainer import contract
 
 
 def test_a_deleted_node_seen_last_as_not_ready_does_not_shadow_its_replacement():

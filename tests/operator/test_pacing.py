@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decide import decide
 from tardigrade_operator.pacing import (
@@ -17,7 +18,6 @@ from tardigrade_operator.pacing import (
     seconds_to_next_pass,
     settled,
 )
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

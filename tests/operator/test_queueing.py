@@ -8,6 +8,7 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+from tardigrade_contract import contract
 from tardigrade_operator import queueing
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
@@ -23,7 +24,6 @@ from tardigrade_operator.queueing import (
     WorkloadView,
     gate_for,
 )
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import JOB, FakeCluster, spec
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+from tardigrade_contract import contract
 from tardigrade_operator import inplace, restart_in_place
 from tardigrade_operator.api.types import Recovery, TrainingJobStatus
 from tardigrade_operator.decide import DecisionSettings, Plan
 from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.kube import ClusterWriter
 from tardigrade_operator.observe import Outcome, PodView, classify, parse_pod
-from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import aiohttp
 import kopf
 from aiohttp import web
+from tardigrade_contract import contract
 from tardigrade_operator import handlers
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decide import Plan
 from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.restart_in_place import Trigger
-from tardigrade_trainer import contract
 
 KEY = "the-job-s-restart-key"
 

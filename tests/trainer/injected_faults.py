@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tardigrade_trainer.checkpoint.faults import POINTS
+from tardigrade_checkpoint.faults import POINTS
 
 
 class ScriptedFaults:

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import snapshot, staging, stagingbudget
+from tardigrade_checkpoint import snapshot, staging, stagingbudget
 
 GIB = 1 << 30
 # What the fake accelerator reports of each device: room for any snapshot of these tests.
@@ -70,8 +70,8 @@ def step(state: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def main(checkpoint: str, termination_log: str, steps: int, interval: int) -> None:
-    from tardigrade_trainer import contract
-    from tardigrade_trainer.session import TrainingSession
+    from tardigrade_contract import contract
+    from tardigrade_sdk.session import TrainingSession
 
     take_cpu_for_accelerator(setattr, fail=2)  # both devices of the first save
     env = contract.TrainerEnvironment(

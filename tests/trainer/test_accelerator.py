@@ -4,8 +4,8 @@ the config-error exit code, instead of training on the CPU (this machine has nei
 from __future__ import annotations
 
 import pytest
-from tardigrade_trainer import contract
-from tardigrade_trainer.accelerator import AcceleratorUnavailable, check, verify
+from tardigrade_contract import contract
+from tardigrade_sdk.accelerator import AcceleratorUnavailable, check, verify
 
 from tests.trainer.trainer_harness import launch
 

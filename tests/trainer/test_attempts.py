@@ -14,7 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tardigrade_trainer import attempts, contract
+from tardigrade_contract import contract
+from tardigrade_sdk import attempts
 
 from tests.polling import wait_for
 
@@ -22,7 +23,8 @@ from tests.polling import wait_for
 # leaves the world in the pod); attempt 2 ends as argv[2] says.
 ATTEMPTS = """
 import json, os, signal, sys, time
-from tardigrade_trainer import attempts, contract, inplace, phases
+from tardigrade_contract import contract
+from tardigrade_sdk import attempts, inplace, phases
 phases.mark("imports_done")
 attempts.run_attempts()
 env = contract.TrainerEnvironment.from_env(inplace.newest_world(os.environ))

@@ -1,4 +1,4 @@
-"""JSON decoded with bounded nesting (tardigrade_trainer.boundedjson), held to json itself.
+"""JSON decoded with bounded nesting (tardigrade_contract.boundedjson), held to json itself.
 
 Property: for any JSON text, however deep (up to the API server's 10,000 levels and beyond),
 `loads` never recurses past its limit, agrees with `json.loads` wherever that is within the
@@ -13,8 +13,8 @@ import sys
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tardigrade_trainer import boundedjson
-from tardigrade_trainer.boundedjson import MARKER, bound, loads, max_depth, nesting_depth
+from tardigrade_contract import boundedjson
+from tardigrade_contract.boundedjson import MARKER, bound, loads, max_depth, nesting_depth
 
 from tests.fuzz import API_SERVER_MAX_NESTING_DEPTH, CHEAP, deep_json, json_values
 

@@ -18,8 +18,9 @@ import tensorstore as ts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax._src import compilation_cache
+from tardigrade_contract import contract
 from tardigrade_trainer import __main__ as entry
-from tardigrade_trainer import cache_seal, compile_cache, contract, step_cache
+from tardigrade_trainer import cache_seal, compile_cache, step_cache
 from tardigrade_trainer.compile_cache import Location, RootMirror
 from tardigrade_trainer.config import TrainerConfig
 from tardigrade_trainer.step_cache import StepCache, compile_or_load, entry_key

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import (
+from tardigrade_checkpoint import (
     CheckpointCorruptError,
     CheckpointIOError,
     CheckpointManager,
@@ -18,7 +18,7 @@ from tardigrade_trainer.checkpoint import (
     KeepLast,
     keep_union,
 )
-from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, gathered_state_hash, step_dir
+from tardigrade_checkpoint.manager import COMMIT_FILE, gathered_state_hash, step_dir
 
 
 def _mesh(data: int, model: int) -> Mesh:
@@ -226,7 +226,7 @@ def test_digests_of_a_commit_marker_must_cover_the_array(tmp_path):
 
 def test_checkpoints_with_sha256_digests_still_restore_and_verify(tmp_path):
     # Commit markers written before the algorithm was recorded hold SHA-256 digests.
-    from tardigrade_trainer.checkpoint import digest
+    from tardigrade_checkpoint import digest
 
     manager = CheckpointManager(str(tmp_path))
     mesh = _mesh(4, 1)

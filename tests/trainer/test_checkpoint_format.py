@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import tensorstore as ts
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import (
+from tardigrade_checkpoint import (
     CheckpointCorruptError,
     CheckpointManager,
     CheckpointUsageError,
 )
-from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, step_dir
+from tardigrade_checkpoint.manager import COMMIT_FILE, step_dir
 
 # Written by the checkpoint code before steps were zarr groups (tests/trainer/fixtures/README.md).
 FORMAT2_WITHOUT_GROUPS = Path(__file__).parent / "fixtures" / "checkpoint_format2_nogroups"

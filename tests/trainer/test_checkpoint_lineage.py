@@ -11,17 +11,18 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer import contract, restore_choice
-from tardigrade_trainer.checkpoint import (
+from tardigrade_checkpoint import (
     CheckpointManager,
     CheckpointMissingError,
     FencedError,
     ForeignRootError,
     KeepLast,
 )
-from tardigrade_trainer.checkpoint.lineage import Branch, Fence, MarkerLine, admitted, on_line
-from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, step_dir
-from tardigrade_trainer.checkpoint.rootrecord import ROOT_FILE
+from tardigrade_checkpoint.lineage import Branch, Fence, MarkerLine, admitted, on_line
+from tardigrade_checkpoint.manager import COMMIT_FILE, step_dir
+from tardigrade_checkpoint.rootrecord import ROOT_FILE
+from tardigrade_contract import contract
+from tardigrade_sdk import restore_choice
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint_format1"
 

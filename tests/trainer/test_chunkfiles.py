@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import CheckpointManager, chunkfiles, digest
-from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, gathered_state_hash
+from tardigrade_checkpoint import CheckpointManager, chunkfiles, digest
+from tardigrade_checkpoint.manager import COMMIT_FILE, gathered_state_hash
 
 PLAIN = [{"name": "bytes", "configuration": {"endian": "little"}}]
 

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointManager
-from tardigrade_trainer.checkpoint.manager import CheckpointUsageError, step_dir
+from tardigrade_checkpoint import CheckpointManager
+from tardigrade_checkpoint.manager import CheckpointUsageError, step_dir
+from tardigrade_contract import contract
 from trainer_harness import committed_steps, launch
 
 

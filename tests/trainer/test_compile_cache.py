@@ -9,8 +9,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_local.gcs import GcsEmulator, client_env
-from tardigrade_trainer import cache_seal, compile_cache, contract
+from tardigrade_trainer import cache_seal, compile_cache
 from tardigrade_trainer.compile_cache import Location, RootMirror, location
 from tardigrade_trainer.step_cache import StepCache
 from trainer_harness import CACHE_KEY, launch, wait_for
@@ -125,7 +126,7 @@ class _Touch:
 
 def _root_store(url: str):
     import tensorstore as ts
-    from tardigrade_trainer.checkpoint.layout import kvstore_spec
+    from tardigrade_checkpoint.layout import kvstore_spec
 
     return ts.KvStore.open(kvstore_spec(url)).result()
 

@@ -1,5 +1,5 @@
 """The coordination service's collectives and the shared-root check cost O(N) requests for a
-gang of N hosts (tardigrade_trainer/coordination.py, checkpoint/sharedprobe.py), checked on a
+gang of N hosts (tardigrade_checkpoint/coordination.py, checkpoint/sharedprobe.py), checked on a
 gang of threads around an in-memory stand-in for JAX's coordination service."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tardigrade_trainer.checkpoint import sharedprobe
-from tardigrade_trainer.checkpoint.errors import CheckpointIOError
-from tardigrade_trainer.checkpoint.sharedprobe import (
+from tardigrade_checkpoint import sharedprobe
+from tardigrade_checkpoint.coordination import Coordination
+from tardigrade_checkpoint.errors import CheckpointIOError
+from tardigrade_checkpoint.sharedprobe import (
     CheckpointPathNotSharedError,
     check_shared,
     peers_to_read,
 )
-from tardigrade_trainer.coordination import Coordination
 
 
 class Service:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import socket
 
 import pytest
-from tardigrade_trainer import contract, distributed
+from tardigrade_contract import contract
+from tardigrade_contract.contract import TrainerEnvironment
+from tardigrade_sdk import distributed
 from tardigrade_trainer.config import ConfigError
-from tardigrade_trainer.contract import TrainerEnvironment
 from trainer_harness import committed_steps, launch
 
 # TEST-NET-1 (RFC 5737): never an address of this host, so nothing can bind it.

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from tardigrade_trainer import distributed
+from tardigrade_sdk import distributed
 from trainer_harness import free_port
 
 from tests.polling import wait_for

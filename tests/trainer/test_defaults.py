@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+from tardigrade_checkpoint import CheckpointManager, restoreplan
+from tardigrade_checkpoint.storage import StorageRetries
+from tardigrade_contract import contract
 from tardigrade_operator.api.types import KeepPolicy as ApiKeepPolicy
-from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointManager, restoreplan
-from tardigrade_trainer.checkpoint.storage import StorageRetries
-from tardigrade_trainer.checkpoint_backend import keep_policy
+from tardigrade_sdk.checkpoint_backend import keep_policy
 from tardigrade_trainer.config import TrainerConfig
 
 ENV = {contract.ENV_NUM_PROCESSES: "1", contract.ENV_PROCESS_ID: "0",

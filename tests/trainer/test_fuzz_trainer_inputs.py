@@ -15,7 +15,8 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tardigrade_trainer import contract, distributed, peerauth
+from tardigrade_contract import contract
+from tardigrade_sdk import distributed, peerauth
 
 from tests.fuzz import CHEAP, deep_json, json_values
 

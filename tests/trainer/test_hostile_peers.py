@@ -10,8 +10,9 @@ import time
 import urllib.request
 
 import pytest
-from tardigrade_trainer import contract, distributed, peerauth
-from tardigrade_trainer.metrics import Metrics, ProgressServer
+from tardigrade_contract import contract
+from tardigrade_sdk import distributed, peerauth
+from tardigrade_sdk.metrics import Metrics, ProgressServer
 from trainer_harness import free_port
 
 from tests.polling import wait_for
@@ -136,7 +137,7 @@ def test_a_kept_pod_of_an_older_attempt_may_hold_its_rank():
 
 
 def test_progress_server_bounds_threads_and_times_out_idle_callers(monkeypatch):
-    from tardigrade_trainer import metrics as metrics_module
+    from tardigrade_sdk import metrics as metrics_module
 
     monkeypatch.setattr(metrics_module, "REQUEST_TIMEOUT_SECONDS", 0.5, raising=False)
     metrics = Metrics()

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import CheckpointCorruptError, CheckpointManager
-from tardigrade_trainer.checkpoint.manager import COMMIT_FILE, CheckpointUsageError, step_dir
+from tardigrade_checkpoint import CheckpointCorruptError, CheckpointManager
+from tardigrade_checkpoint.manager import COMMIT_FILE, CheckpointUsageError, step_dir
 from trainer_harness import SOURCE_PATHS, free_port
 
 
@@ -123,8 +123,8 @@ _HOST_LOCAL = textwrap.dedent("""
     import jax, numpy as np
     jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
                                process_id=int(sys.argv[2]), initialization_timeout=150)
-    from tardigrade_trainer.checkpoint import CheckpointManager
-    from tardigrade_trainer.checkpoint.manager import CheckpointUsageError
+    from tardigrade_checkpoint import CheckpointManager
+    from tardigrade_checkpoint.manager import CheckpointUsageError
     manager = CheckpointManager(sys.argv[3])
     local = jax.device_put(np.full(4, jax.process_index(), np.float32), jax.local_devices()[0])
     try:

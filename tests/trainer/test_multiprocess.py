@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 from trainer_harness import committed_steps, free_port, launch, step_dirs, wait_for
 
 from tests.faults.sharedroot_trial import unshared_root_is_refused

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tardigrade_trainer import phases
+from tardigrade_sdk import phases
 
 
 def test_the_process_start_comes_before_its_marks_and_a_mark_keeps_its_first_time():
@@ -25,7 +25,7 @@ def test_the_process_start_is_the_processes_own():
     # A child started now: its start is after this moment, not this process's.
     parent_asked = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", "from tardigrade_trainer import phases; "
+        [sys.executable, "-c", "from tardigrade_sdk import phases; "
          "print(phases.process_started())"],
         capture_output=True, text=True, check=True).stdout
     assert parent_asked - 0.05 <= float(out) <= time.time()

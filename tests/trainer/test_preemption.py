@@ -6,8 +6,8 @@ import os
 import signal
 import time
 
-from tardigrade_trainer.checkpoint.storage import StorageRetries
-from tardigrade_trainer.preemption import PreemptionWatcher, save_deadline, window_overrun
+from tardigrade_checkpoint.storage import StorageRetries
+from tardigrade_sdk.preemption import PreemptionWatcher, save_deadline, window_overrun
 
 
 def test_the_watcher_times_the_notice_from_the_sigterm():
@@ -64,7 +64,7 @@ def test_a_sigterm_is_announced_to_the_gang_at_once_by_a_thread_of_its_own():
     import signal
     import threading
 
-    from tardigrade_trainer.preemption import NOTICE_KEY, NoticeAnnouncer
+    from tardigrade_sdk.preemption import NOTICE_KEY, NoticeAnnouncer
 
     written: list[tuple[str, str, bool]] = []
     done = threading.Event()

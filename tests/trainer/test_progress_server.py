@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from tardigrade_trainer import contract
-from tardigrade_trainer import metrics as metrics_module
-from tardigrade_trainer.metrics import (
+from tardigrade_contract import contract
+from tardigrade_sdk import metrics as metrics_module
+from tardigrade_sdk.metrics import (
     MAX_CONCURRENT_REQUESTS,
     MAX_REQUESTS_PER_CLIENT,
     Metrics,

@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from tardigrade_trainer import contract, distributed, peerauth
+from tardigrade_contract import contract
+from tardigrade_sdk import distributed, peerauth
 from trainer_harness import free_port
 
 from tests.rendezvous import coordinator_in_thread

@@ -11,8 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tardigrade_trainer import contract, inplace
-from tardigrade_trainer.metrics import Metrics, ProgressServer
+from tardigrade_contract import contract
+from tardigrade_sdk import inplace
+from tardigrade_sdk.metrics import Metrics, ProgressServer
 
 
 def _env(tmp_path: Path | None, attempt: int = 1) -> contract.TrainerEnvironment:
@@ -193,8 +194,8 @@ def test_a_big_gang_waits_longer_for_its_word_but_not_past_the_shutdown_window()
 def test_the_trainer_s_entry_point_starts_on_the_world_its_request_left(tmp_path, monkeypatch):
     # The kept pod's annotation (its env's world) is patched only once the gang runs again:
     # the restarted container must start on the world file, or it exits 77 as stale.
+    from tardigrade_sdk import session as session_module
     from tardigrade_trainer import __main__ as entry
-    from tardigrade_trainer import session as session_module
 
     (tmp_path / inplace.WORLD_FILE).write_text(json.dumps(_world(attempt=2)))
     for name, value in _environ(tmp_path, 1, None).items():

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer.checkpoint import CheckpointManager, digest, restoreplan
-from tardigrade_trainer.checkpoint.manager import gathered_state_hash
+from tardigrade_checkpoint import CheckpointManager, digest, restoreplan
+from tardigrade_checkpoint.manager import gathered_state_hash
 
 
 def _grid(shape: tuple[int, int], grid: tuple[int, int]) -> dict[str, str]:

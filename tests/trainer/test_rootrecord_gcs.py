@@ -16,16 +16,16 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from tardigrade_local.gcs import GcsEmulator, client_env
-from tardigrade_local.gcs_faults import FaultProxy, FaultRule
-from tardigrade_trainer.checkpoint import CheckpointManager, rootrecord
-from tardigrade_trainer.checkpoint.rootrecord import ROOT_FILE, JobIdentity
-from tardigrade_trainer.checkpoint.rootstore import RootStore
-from tardigrade_trainer.checkpoint.storage import (
+from tardigrade_checkpoint import CheckpointManager, rootrecord
+from tardigrade_checkpoint.rootrecord import ROOT_FILE, JobIdentity
+from tardigrade_checkpoint.rootstore import RootStore
+from tardigrade_checkpoint.storage import (
     ENV_LOW_SPEED_LIMIT,
     ENV_LOW_SPEED_TIME,
     StorageRetries,
 )
+from tardigrade_local.gcs import GcsEmulator, client_env
+from tardigrade_local.gcs_faults import FaultProxy, FaultRule
 
 BUCKET = "tardigrade-rootrecord"
 RETRIES = StorageRetries(max_retries=4, initial_delay_seconds=0.05, max_delay_seconds=0.4,

@@ -13,14 +13,14 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tardigrade_checkpoint import CheckpointManager, KeepLast
+from tardigrade_checkpoint import deadline as deadlines
+from tardigrade_checkpoint.deadline import Deadline, DeadlineExceeded
+from tardigrade_checkpoint.manager import CheckpointDeadlineError
+from tardigrade_checkpoint.storage import ENV_LOW_SPEED_TIME, StorageRetries
+from tardigrade_contract import contract
 from tardigrade_local.gcs import client_env
 from tardigrade_local.gcs_faults import FaultRule
-from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointManager, KeepLast
-from tardigrade_trainer.checkpoint import deadline as deadlines
-from tardigrade_trainer.checkpoint.deadline import Deadline, DeadlineExceeded
-from tardigrade_trainer.checkpoint.manager import CheckpointDeadlineError
-from tardigrade_trainer.checkpoint.storage import ENV_LOW_SPEED_TIME, StorageRetries
 from trainer_harness import launch, wait_for
 
 from tests.faults.gcs_scenarios import BUCKET, faulty_gcs
@@ -248,7 +248,7 @@ class _SilentPeers:
 
 
 def test_a_silent_peer_at_the_deadline_is_the_deadline_not_a_peer_timeout():
-    from tardigrade_trainer.checkpoint.agreement import Channel
+    from tardigrade_checkpoint.agreement import Channel
 
     clock = _Clock()
     # What is left of the deadline is not a whole number of milliseconds.

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 from tests.trainer.trainer_harness import REPO, SOURCE_PATHS, launch, wait_for
 
@@ -113,8 +113,8 @@ def test_the_orbax_backend_imports_without_orbax_and_says_what_to_install(tmp_pa
     probe = (
         "import sys\n"
         "sys.modules['orbax'] = sys.modules['orbax.checkpoint'] = None\n"
-        "from tardigrade_trainer import orbax_backend, session\n"
-        "from tardigrade_trainer.contract import TrainerEnvironment\n"
+        "from tardigrade_sdk import orbax_backend, session\n"
+        "from tardigrade_contract.contract import TrainerEnvironment\n"
         "env = TrainerEnvironment(job_name='j', namespace='n', attempt=0,\n"
         "    coordinator_address='127.0.0.1:1', num_processes=1, process_id=0,\n"
         f"    checkpoint_path={str(tmp_path)!r})\n"
@@ -131,7 +131,7 @@ def test_the_orbax_backend_imports_without_orbax_and_says_what_to_install(tmp_pa
 
 
 def test_an_unknown_backend_name_is_refused_with_the_choices():
-    from tardigrade_trainer.session import TrainingSession
+    from tardigrade_sdk.session import TrainingSession
 
     with pytest.raises(ValueError, match="use one of tardigrade, orbax"):
         TrainingSession("zarr")

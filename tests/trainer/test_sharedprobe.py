@@ -15,8 +15,8 @@ from trainer_harness import SOURCE_PATHS, free_port
 RANK = """
 import json, sys
 import jax
-from tardigrade_trainer.checkpoint import CheckpointIOError
-from tardigrade_trainer.checkpoint.sharedprobe import (
+from tardigrade_checkpoint import CheckpointIOError
+from tardigrade_checkpoint.sharedprobe import (
     CheckpointPathNotSharedError, check_shared)
 
 port, pid, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]

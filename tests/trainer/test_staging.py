@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tardigrade_trainer.checkpoint import staging
-from tardigrade_trainer.checkpoint.background import SaveThread
-from tardigrade_trainer.checkpoint.staging import DeviceBudget, StagedShard, stage
-from tardigrade_trainer.savestall import SaveStall
+from tardigrade_checkpoint import staging
+from tardigrade_checkpoint.background import SaveThread
+from tardigrade_checkpoint.staging import DeviceBudget, StagedShard, stage
+from tardigrade_sdk.savestall import SaveStall
 
 MIB = 1 << 20
 

@@ -22,9 +22,8 @@ import staging_loop
 from hypothesis import given
 from hypothesis import strategies as st
 from staging_loop import sharded_state, take_cpu_for_accelerator
-from tardigrade_trainer import contract
-from tardigrade_trainer.checkpoint import CheckpointManager, staging, stagingbudget
-from tardigrade_trainer.checkpoint.stagingbudget import (
+from tardigrade_checkpoint import CheckpointManager, staging, stagingbudget
+from tardigrade_checkpoint.stagingbudget import (
     DeviceBudget,
     DeviceFigures,
     free_now_bytes,
@@ -32,6 +31,7 @@ from tardigrade_trainer.checkpoint.stagingbudget import (
     margin_bytes,
     program_extra_bytes,
 )
+from tardigrade_contract import contract
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 from tardigrade_trainer.train import checkpoint_options
 

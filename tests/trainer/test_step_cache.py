@@ -221,7 +221,7 @@ def test_the_compiled_step_is_called_like_the_named_jit_step(tmp_path):
 _ONE_PROCESS = """
 import sys
 import jax, jax.numpy as jnp
-from tardigrade_trainer import distributed
+from tardigrade_sdk import distributed
 from tardigrade_trainer.step_cache import StepCache, compile_or_load
 
 distributed.configure_compilation_cache(sys.argv[1])

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 from tardigrade_trainer.compiled_step import CompiledStep, lower_abstract
 from trainer_harness import launch, wait_for
 

@@ -7,14 +7,15 @@ import threading
 import urllib.request
 
 import pytest
-from tardigrade_trainer import contract, distributed
-from tardigrade_trainer.checkpoint.policy import (
+from tardigrade_checkpoint.policy import (
     KeepEvery,
     KeepLast,
     SaveInterval,
     deletable,
     keep_union,
 )
+from tardigrade_contract import contract
+from tardigrade_sdk import distributed
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 from trainer_harness import free_port
 
@@ -124,7 +125,7 @@ def test_rendezvous_turns_away_a_stale_attempt():
 
 
 def test_progress_server_serves_report_and_metrics():
-    from tardigrade_trainer.metrics import Metrics, ProgressServer
+    from tardigrade_sdk.metrics import Metrics, ProgressServer
 
     metrics = Metrics()
     metrics.step.set(7)

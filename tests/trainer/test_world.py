@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 
 def _launched() -> dict[str, str]:

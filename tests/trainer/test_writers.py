@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tardigrade_trainer.checkpoint import writers
+from tardigrade_checkpoint import writers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ def test_the_plan_is_computed_once_per_layout_not_per_save(tmp_path, monkeypatch
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    from tardigrade_trainer.checkpoint import CheckpointManager
+    from tardigrade_checkpoint import CheckpointManager
 
     calls = []
     real_plan = writers.plan

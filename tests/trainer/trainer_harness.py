@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tardigrade_contract import contract
 from tardigrade_local.ports import free_port
-from tardigrade_trainer import contract
 
 from tests.polling import wait_for  # noqa: F401  (re-exported for the test modules)
 

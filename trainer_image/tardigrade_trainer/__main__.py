@@ -7,15 +7,18 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_trainer import attempts, cache_seal, compile_cache, contract, inplace, phases
+from tardigrade_contract import contract
+from tardigrade_sdk import attempts, inplace, phases
+
+from tardigrade_trainer import cache_seal, compile_cache
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
-    from tardigrade_trainer.checkpoint.faults import SaveFaults
+    from tardigrade_checkpoint.faults import SaveFaults
 
 
 def _fail(path: str, code: int, reason: str, err: BaseException) -> int:
-    from tardigrade_trainer.session import write_termination
+    from tardigrade_sdk.session import write_termination
 
     print(f"tardigrade-trainer: {reason}: {err}", file=sys.stderr, flush=True)
     write_termination(path, contract.TerminationMessage(reason=reason, message=str(err)))
@@ -37,7 +40,7 @@ def _environment() -> contract.TrainerEnvironment | int:
 USAGE = f"""usage: python -m tardigrade_trainer
 
 The reference trainer of a Tardigrade TrainingJob. The operator configures it through the
-environment (the contract in tardigrade_trainer.contract), not through arguments:
+environment (the contract in tardigrade_contract.contract), not through arguments:
   {contract.ENV_JOB_NAME}, {contract.ENV_NUM_PROCESSES}, {contract.ENV_PROCESS_ID},
   {contract.ENV_COORDINATOR_ADDRESS}, {contract.ENV_CHECKPOINT_PATH},
   {contract.ENV_TRAINER_CONFIG}, ...
@@ -54,7 +57,7 @@ def _pull_compilation_cache(cache: compile_cache.Location | None, key: bytes | N
     does not answer costs this start its cache, never the start itself."""
     if cache is None or cache.remote is None or key is None:
         return None, {}
-    from tardigrade_trainer.checkpoint.storage import StorageRetries
+    from tardigrade_checkpoint.storage import StorageRetries
 
     retries = StorageRetries(max_retries=config.checkpoint_storage_retries,
                              stall_seconds=config.checkpoint_storage_stall_seconds)
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     except (ConfigError, cache_seal.CacheKeyError) as err:
         return _fail(env.termination_log, contract.EXIT_CONFIG_ERROR, "ConfigError", err)
 
-    from tardigrade_trainer import distributed
+    from tardigrade_sdk import distributed
 
     distributed.configure_host_devices(config.devices_per_process)
     if env.num_processes == 1 and not attempts.wanted(os.environ):
@@ -103,7 +106,8 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
                       else _pull_compilation_cache(cache, cache_key, env, config))
     distributed.configure_compilation_cache(cache.local if cache else None)
 
-    from tardigrade_trainer.session import TrainingSession
+    from tardigrade_sdk.session import TrainingSession
+
     from tardigrade_trainer.train import Trainer, checkpoint_options
 
     phases.mark("imports_done")

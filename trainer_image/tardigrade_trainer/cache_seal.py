@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from tardigrade_trainer import contract
+from tardigrade_contract import contract
 
 MAGIC = b"tardigrade-sealed-cache-entry 1\n"
 DOMAIN = b"tardigrade compilation-cache entry\x00"

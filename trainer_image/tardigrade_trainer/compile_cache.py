@@ -55,7 +55,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tardigrade_trainer import cache_seal, contract, step_cache
+from tardigrade_contract import contract
+
+from tardigrade_trainer import cache_seal, step_cache
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +150,7 @@ class RootMirror:
 
     def _store(self) -> Any:
         import tensorstore as ts
-
-        from tardigrade_trainer.checkpoint.layout import kvstore_spec
+        from tardigrade_checkpoint.layout import kvstore_spec
 
         assert self.where.remote is not None
         return ts.KvStore.open(kvstore_spec(self.where.remote),

@@ -6,12 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tardigrade_trainer import contract
-
-
-class ConfigError(ValueError):
-    """The trainer config cannot run as written (exit code EXIT_CONFIG_ERROR)."""
-
+from tardigrade_contract import contract
+from tardigrade_contract.contract import ConfigError
 
 # Keys whose default is None, so their type cannot be read off the default.
 _STRING_KEYS = frozenset({"compilation_cache_dir"})

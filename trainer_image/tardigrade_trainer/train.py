@@ -13,21 +13,21 @@ import haliax as hax
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
+from tardigrade_checkpoint.manager import gathered_state_hash
+from tardigrade_checkpoint.storage import StorageRetries
+from tardigrade_sdk import distributed
+from tardigrade_sdk.session import TrainingSession
 
 from tardigrade_trainer import (
     compile_cache,
     compile_stats,
     compiled_step,
     data,
-    distributed,
     mesh,
     model,
     step_cache,
 )
-from tardigrade_trainer.checkpoint.manager import gathered_state_hash
-from tardigrade_trainer.checkpoint.storage import StorageRetries
 from tardigrade_trainer.config import TrainerConfig
-from tardigrade_trainer.session import TrainingSession
 
 
 def make_optimizer(config: TrainerConfig) -> optax.GradientTransformation:

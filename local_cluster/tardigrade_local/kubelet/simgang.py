@@ -1,7 +1,7 @@
 """Simulated trainer ranks: what a gang of real trainers tells the operator, without JAX.
 
 A container of a simulated node (`simulated.py`) whose environment carries the operator
-contract (`tardigrade_trainer.contract`) runs as one `TrainerRank` of a `Gang`, keyed by job,
+contract (`tardigrade_contract.contract`) runs as one `TrainerRank` of a `Gang`, keyed by job,
 attempt and world size. The gang keeps the promises the real trainer makes (`train.py`,
 `__main__.py`) and that the operator's decisions read:
 - start-up: ranks wait for each other (`jax.distributed.initialize`); a peer that does not join
@@ -38,7 +38,8 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 
-from tardigrade_trainer import contract, inplace
+from tardigrade_contract import contract
+from tardigrade_sdk import inplace
 
 from tardigrade_local.markers import MarkerCheckpoints, choose_restore
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from aiohttp import web
-from tardigrade_trainer import contract, inplace
+from tardigrade_contract import contract
+from tardigrade_sdk import inplace
 
 from tardigrade_local.kubelet import simgang
 from tardigrade_local.kubelet.runtime import Container

@@ -23,8 +23,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
-from tardigrade_trainer import contract
-from tardigrade_trainer.boundedjson import nesting_depth
+from tardigrade_contract import contract
+from tardigrade_contract.boundedjson import nesting_depth
 
 from tardigrade_operator.api import corev1, tpu_shapes
 from tardigrade_operator.api.cel import CelRule, CelValidated
@@ -734,7 +734,7 @@ class TrainingJobSpec(ApiModel):
     @classmethod
     def _trainer_fits_the_environment(cls, value: dict[str, Any]) -> dict[str, Any]:
         # Measured first, without recursion (a value cut out while decoding counts as the
-        # levels it had: tardigrade_trainer.boundedjson), before the size check recurses.
+        # levels it had: tardigrade_contract.boundedjson), before the size check recurses.
         depth = nesting_depth(value)
         if depth > MAX_TRAINER_CONFIG_DEPTH:
             raise PydanticCustomError(

@@ -1,0 +1,162 @@
+"""Preemption notice: all hosts agree on one step at which to save, then stop.
+
+Kubernetes sends SIGTERM to each pod of a preempted gang, possibly not all at once. In a
+distributed run JAX's preemption sync manager (installed by `jax.distributed.initialize`)
+makes `reached_preemption_sync_point` return True on every host at the same step once any
+host's notice is in the coordination service; the trainer writes that notice itself the
+moment SIGTERM arrives (`NoticeAnnouncer`). Without JAX's manager (plain single-process use) a
+Python handler stands in.
+
+The save must commit inside the window a node shutdown gives (`TARDIGRADE_SHUTDOWN_WINDOW_SECONDS`:
+the kubelet's grace for regular pods, 15 s on a GKE spot reclaim). It gets a deadline: the
+window, measured from the notice, less a margin for what comes after the save (the
+termination message, leaving the gang) and for the notice itself being seen late (with JAX's
+sync manager the notice time is the agreed step, not the SIGTERM). A save that cannot
+commit by then fails cleanly, naming the deadline, instead of being killed half way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from jax._src import distributed as jax_distributed
+from jax.experimental import multihost_utils
+from tardigrade_checkpoint.deadline import Deadline
+
+log = logging.getLogger(__name__)
+
+# The margin: a fifth of the window, at most 2 s (15 s window: the save has 13 s).
+MARGIN_FRACTION = 0.2
+MAX_MARGIN_SECONDS = 2.0
+# What JAX's sync manager listens for in the coordination service's key-value store: the
+# preempted task's death time, RFC 3339 (xla/tsl preemption_sync_manager.cc,
+# kPreemptionNoticeKey, parsed with absl::RFC3339_full).
+NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
+
+
+class NoticeAnnouncer:
+    """Tell the gang of a SIGTERM at once. XLA's own SIGTERM notifier sets a flag that a thread
+    of its reads once a second (preemption_notifier.cc, SigtermNotifier, kListenInterval), so
+    every notice reached the other ranks 0-1 s late. Here the signal wakes a thread of ours
+    (signal.set_wakeup_fd: Python's C-level handler writes the signal's number, whichever thread
+    it lands on and whatever the main thread is doing) which writes the notice key itself, as
+    XLA's notifier would. Replacing the handler silences XLA's notifier; the first writer wins
+    and a second write of the key is refused, which is harmless."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.installed = False
+        # time.monotonic() of this process's first SIGTERM (a peer's notice reaches it through
+        # the coordination service instead, and sets nothing here).
+        self.received_at: float | None = None
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals are the main thread's to set up: the notice stays XLA's
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if previous != -1:
+            # Someone (an event loop) has the wakeup fd: leave it to them, and the notice to
+            # XLA's notifier.
+            signal.set_wakeup_fd(previous)
+            os.close(self._read)
+            os.close(write)
+            return
+        self.installed = True
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        threading.Thread(target=self._listen, daemon=True, name="preemption-notice").start()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        pass  # the work is done by the thread the wakeup fd woke
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                woke = os.read(self._read, 64)
+            except OSError:
+                return
+            if not woke:
+                return
+            if signal.SIGTERM in woke:
+                if self.received_at is None:
+                    self.received_at = time.monotonic()
+                self.announce()
+
+    def announce(self) -> None:
+        death_time = datetime.datetime.now(datetime.UTC).isoformat()
+        try:
+            self._client.key_value_set(NOTICE_KEY, death_time)
+        except Exception as err:  # already announced by a peer, or the service is gone
+            log.info("preemption notice not written (%s): a peer's notice stands", err)
+
+
+class PreemptionWatcher:
+    def __init__(self) -> None:
+        self._local = threading.Event()
+        self._calls = 0
+        # time.monotonic() of the notice: the SIGTERM itself with the Python handler; with
+        # JAX's (which gives no time) the agreed step, so the measured time is a lower bound.
+        self.noticed_at: float | None = None
+        self._uses_jax = (
+            jax_distributed.global_state.client is not None
+            and jax_distributed.global_state.preemption_sync_manager is not None
+        )
+        if self._uses_jax:
+            self.announcer = NoticeAnnouncer(jax_distributed.global_state.client)
+        else:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self.noticed_at is None:
+            self.noticed_at = time.monotonic()
+        self._local.set()
+
+    def seconds_since_notice(self) -> float:
+        return 0.0 if self.noticed_at is None else time.monotonic() - self.noticed_at
+
+    @property
+    def own_notice_at(self) -> float | None:
+        """When this process got a SIGTERM of its own (its pod is being stopped); None while
+        its notice is only a peer's. Where that cannot be told apart (XLA's own notifier), the
+        notice counts as its own: the shorter wait."""
+        if self._uses_jax and self.announcer.installed:
+            return self.announcer.received_at
+        return self.noticed_at
+
+    def should_stop(self, step: int) -> bool:
+        """Call at every step on every host; True at the one agreed step to save and stop."""
+        self._calls += 1
+        if self._uses_jax:
+            # Count calls, not steps (every host starts at the same step and calls once per
+            # step, so the counts agree). JAX's counter starts at 0: with step numbers, a
+            # notice that arrives before the first call (during a restore or compilation)
+            # would set a sync point of 1, which a resumed run never reaches.
+            reached = bool(multihost_utils.reached_preemption_sync_point(self._calls))
+            if reached and self.noticed_at is None:
+                self.noticed_at = time.monotonic()
+            return reached
+        return self._local.is_set()
+
+
+def window_overrun(seconds_used: float, window_seconds: float) -> str | None:
+    """A warning when the save on notice took longer than a node shutdown allows, else None."""
+    if seconds_used <= window_seconds:
+        return None
+    return (f"the save on notice took {seconds_used:.1f}s, more than the {window_seconds:g}s a "
+            "node shutdown gives (spec.preemption.shutdownWindowSeconds): on a spot reclaim the "
+            "rank is killed before it commits and the job resumes from the previous checkpoint; "
+            "checkpoint more often (spec.checkpoint.interval) or save less state")
+
+
+def save_deadline(noticed_at: float, window_seconds: float) -> Deadline:
+    """When a save on notice must have committed, on this host's monotonic clock."""
+    budget = window_seconds - min(MAX_MARGIN_SECONDS, MARGIN_FRACTION * window_seconds)
+    return Deadline(noticed_at + budget,
+                    f"the save-on-notice deadline ({budget:.1f}s after the notice, of the "
+                    f"{window_seconds:g}s shutdown window)")
