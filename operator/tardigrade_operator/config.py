@@ -10,8 +10,8 @@ from typing import Any
 
 from tardigrade_operator import checkpoint_scope, grants
 from tardigrade_operator.admission import AdmissionPolicy
-from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.netpolicy import NetworkPeers
+from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_operator.pacing import PacingSettings
 
 PACING_MODES = ("adaptive", "fixed")

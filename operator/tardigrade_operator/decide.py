@@ -9,7 +9,6 @@ replays the same decision from the same observations, so nothing is counted or c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -46,20 +45,18 @@ from tardigrade_operator.api.types import (
 )
 from tardigrade_operator.autoscaling import ScaleUpSignal
 from tardigrade_operator.gangprogress import quarter, ranks_running
-from tardigrade_operator.keys import JobKeys, build_keys_secret
+from tardigrade_operator.keys import build_keys_secret
 from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until, pools_due
-from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
+from tardigrade_operator.netpolicy import build_network_policy
 from tardigrade_operator.nodeloss import NodeWatch
+from tardigrade_operator.observation.observed import Observed
 from tardigrade_operator.observe import (
     Outcome,
     PodView,
     RankOutcome,
-    ServiceView,
     classify,
-    owned,
-    with_shutdown_notice,
 )
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
+from tardigrade_operator.render import GangLaunch, build_gang, build_service
 from tardigrade_operator.stage import (
     LAUNCHING,
     TERMINAL_PHASES,
@@ -71,82 +68,6 @@ from tardigrade_operator.stage import (
 
 # A pod stuck terminating this long past its deadline (node gone, kubelet dead) is forced.
 FORCE_DELETE_AFTER = timedelta(seconds=30)
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionSettings:
-    unschedulable_timeout: timedelta = timedelta(seconds=60)
-    grow_back_after: timedelta = timedelta(minutes=5)
-    # A rank whose node has not been Ready this long (from the Ready condition's last
-    # transition, itself the node monitor grace period after the last heartbeat) while the
-    # gang made no progress for as long is lost; shorter outages (kubelet restart, partition)
-    # are ridden out. See nodeloss.py.
-    node_lost_after: timedelta = timedelta(seconds=60)
-    # How long a scale-up the autoscaler announced (TriggeredScaleUp) holds off shrinking: the
-    # cluster autoscaler itself gives a node group --max-node-provision-time (15 min) to deliver.
-    scale_up_wait: timedelta = timedelta(minutes=15)
-    # How long a new job waits for the garbage collector to delete the Service of a previous
-    # job of the same name before it reports the name as taken.
-    previous_service_wait: timedelta = timedelta(seconds=120)
-    # Admin rule: jobs may only checkpoint below this prefix, "{namespace}" filled in
-    # (checkpoint_scope.py); None allows any path the CRD accepts.
-    checkpoint_path_prefix: str | None = None
-    # Who besides the gang may reach its pods; None: the operator renders no NetworkPolicy.
-    network_peers: NetworkPeers | None = None
-    # Keep healthy pods on a recovery and restart their trainers in place
-    # (restart_in_place.py); off: every recovery recreates the whole gang.
-    restart_in_place: bool = False
-    # A kept trainer restarts by replacing its own process, not through its kubelet
-    # (contract.ENV_RESTART_IN_PROCESS).
-    restart_in_process: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Observed:
-    """Everything the decision may look at. Built by the handlers from the cluster."""
-
-    job: JobRef
-    generation: int
-    spec: TrainingJobSpec | None
-    spec_error: str | None
-    status: TrainingJobStatus
-    # Pods labelled with the job's name; `decide` keeps those whose owner is this job's uid.
-    pods: list[PodView]
-    service: ServiceView | None  # the Service with the job's name, if one exists
-    now: datetime
-    progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
-    # Why rank 0's answer was not a report: it broke the contract (contract.MalformedReport).
-    progress_error: str | None = None
-    nodes_ready: Mapping[str, bool] | None = None
-    # Node name -> when its Ready condition left True (lastTransitionTime), for nodes not Ready.
-    nodes_not_ready_since: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
-    # Nodes whose kubelet is shutting them down (observe.nodes_shutting_down).
-    nodes_shutting_down: frozenset[str] = frozenset()
-    settings: DecisionSettings = DecisionSettings()
-    # Why the API server refused a pod or service rendered from this generation of the spec.
-    rejected: str | None = None
-    # Pod name -> the node autoscaler's newest verdict on it (autoscaling.newest_signals), for
-    # the current gang's unschedulable pods.
-    scale_up: Mapping[str, ScaleUpSignal] = dataclasses.field(default_factory=dict)
-    # Node name -> when GKE scheduled host maintenance on it (maintenance.scheduled_nodes).
-    nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
-    # Node name -> its GKE node pool (slices.NODE_POOL_LABEL); None when nodes are not watched.
-    node_pools: Mapping[str, str] | None = None
-    # Node name -> status.nodeInfo.kubeletVersion (restart in place needs 1.35 or later).
-    kubelet_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # The Secret with the job's keys' name (naming.keys_secret_name), whoever made it; None:
-    # there is none.
-    keys_secret: ServiceView | None = None
-    # The values to make that Secret with when there is none (keys.py: those the operator
-    # knows for this job, else fresh ones); None: make none.
-    new_keys: JobKeys | None = None
-    # Whether the job's NetworkPolicy exists; None: not watched, so it is made with the Service.
-    network_policy: bool | None = None
-    # Kept pods of the current attempt whose trainers did not take the operator's restart
-    # request (restart_in_place.refused): their ranks are recreated.
-    refused_restarts: frozenset[str] = frozenset()
-    # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py); None: no label.
-    queue: queueing.QueueGate | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,9 +149,7 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
 def _decide(obs: Observed) -> Plan:
     # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
     # never adopt, stop, release or count them; the garbage collector deletes them.
-    previous = [p for p in obs.pods if p.owner_uid != obs.job.uid]
-    mine = restart_in_place.carried(owned(obs.pods, obs.job.uid), obs.status)
-    obs = dataclasses.replace(obs, pods=with_shutdown_notice(mine, obs.nodes_shutting_down))
+    previous = obs.gang.previous
     status = obs.status.model_copy(deep=True)
     plan = Plan(status=status)
     status.observed_generation = obs.generation
@@ -239,13 +158,13 @@ def _decide(obs: Observed) -> Plan:
         status.start_time = obs.now
 
     if obs.spec is None:
-        _stop_all(plan, obs, obs.pods, grace=None)
+        _stop_all(plan, obs, obs.gang.pods, grace=None)
         _set_condition(status, obs, "InvalidSpec", "True", "SpecInvalid",
                        obs.spec_error or "invalid spec")
         _finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
         return plan
     if obs.rejected is not None and status.phase not in TERMINAL_PHASES:
-        _stop_all(plan, obs, obs.pods, grace=None)
+        _stop_all(plan, obs, obs.gang.pods, grace=None)
         _finish(plan, obs, "Failed", "PodRejected",
                 f"{obs.rejected}; fix the TrainingJob field it names, then delete and re-apply "
                 "the job")
@@ -255,7 +174,7 @@ def _decide(obs: Observed) -> Plan:
                                               obs.settings.checkpoint_path_prefix)
     if outside_paths:
         outside = "; ".join(outside_paths)
-        _stop_all(plan, obs, obs.pods, grace=None)
+        _stop_all(plan, obs, obs.gang.pods, grace=None)
         _set_condition(status, obs, "InvalidSpec", "True", "CheckpointPathNotAllowed", outside)
         _finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)
         return plan
@@ -265,9 +184,9 @@ def _decide(obs: Observed) -> Plan:
     obs = dataclasses.replace(obs, spec=spec)
 
     # Pods of an attempt newer than the status knows: a status write was lost; adopt them.
-    current = max([status.attempt, *(p.attempt for p in obs.pods)])
+    current = obs.gang.attempt
     status.attempt = current
-    gang = sorted((p for p in obs.pods if p.attempt == current), key=lambda p: p.rank)
+    gang = obs.gang.current
     _delete_old_attempts(plan, obs, current)
     restart_in_place.note_gang_formed(status, obs.progress, obs.now)
     _record_progress(status, obs, gang)
@@ -689,7 +608,7 @@ def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
                        f"{kind} {ns}/{name} belongs to a previous TrainingJob of this name "
                        f"({child.owner}); waiting for the garbage collector to delete it")
             return True
-        _stop_all(plan, obs, obs.pods, grace=None)
+        _stop_all(plan, obs, obs.gang.pods, grace=None)
         _finish(plan, obs, "Failed", reason,
                 f"{kind} {ns}/{name} exists and is not owned by this TrainingJob (owner: "
                 f"{child.owner}); {why}. Delete it (kubectl delete {noun} -n {ns} {name}) or "
@@ -972,7 +891,7 @@ def _note_checkpoint(status: TrainingJobStatus, step: int | None, path: str | No
 def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
     """Pods of older attempts are garbage once a newer attempt exists (their reports are
     already folded into the status)."""
-    for pod in obs.pods:
+    for pod in obs.gang.pods:
         if pod.attempt >= current:
             continue
         if not pod.deleting:
@@ -984,7 +903,7 @@ def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
 def _release_recorded(plan: Plan, obs: Observed, current: int) -> None:
     terminal_job = plan.status.phase in TERMINAL_PHASES
     nodes = node_watch(obs)
-    for pod in obs.pods:
+    for pod in obs.gang.pods:
         final = pod.terminal or pod.abandoned or (pod.attempt < current and nodes.given_up(pod))
         if pod.tracked and final and (pod.deleting or pod.attempt < current or terminal_job):
             plan.release_pods.append(pod.name)

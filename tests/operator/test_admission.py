@@ -84,19 +84,19 @@ def test_bad_settings_name_the_setting(level, flag, says):
 def test_the_operator_fails_a_forbidden_job_as_an_invalid_spec():
     from types import SimpleNamespace
 
-    from tardigrade_operator import handlers
     from tardigrade_operator.config import OperatorConfig
     from tardigrade_operator.jobstate import JobState
+    from tardigrade_operator.observation import observe
 
     case = next(c for c in CASES if c["name"] == "hostPath volume")
     memo = SimpleNamespace(config=OperatorConfig())
     meta = {"generation": 1, "uid": "uid-1"}
-    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo,
+    spec, error = observe.parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo.config,
                                         JobState())
     assert spec is None
     assert error is not None and "spec.podTemplate.volumes[0].hostPath" in error
     permissive = SimpleNamespace(config=OperatorConfig(admission=policy_from_chart_values(
         case["allowed_at"])))
-    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
-                                        permissive, JobState())
+    spec, error = observe.parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
+                                        permissive.config, JobState())
     assert spec is not None and error is None

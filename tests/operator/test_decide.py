@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from tardigrade_operator.decide import DecisionSettings, decide
+from tardigrade_operator.decide import decide
+from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_operator.observe import nodes_shutting_down
 from tardigrade_trainer import contract
 

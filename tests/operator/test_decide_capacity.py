@@ -19,7 +19,7 @@ from tardigrade_operator.autoscaling import (
     newest_signals,
     parse_event,
 )
-from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec

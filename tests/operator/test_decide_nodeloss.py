@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_operator.observe import not_ready_since
 from tardigrade_trainer import contract
 

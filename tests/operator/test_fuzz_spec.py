@@ -43,7 +43,7 @@ PATHS = _paths(BASE) + [("podTemplate", k) for k in (
 
 
 def read(spec: dict[str, Any]) -> None:
-    """What handlers._parsed_spec does with a job's spec."""
+    """What observation.observe.parsed_spec does with a job's spec."""
     try:
         parsed = parse_spec(spec)
     except InvalidTrainingJob as err:

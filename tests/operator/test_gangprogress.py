@@ -7,9 +7,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tardigrade_operator.decide import DecisionSettings
 from tardigrade_operator.gangprogress import ranks_running, running_range
 from tardigrade_operator.kube import status_json
+from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 from tardigrade_operator import inplace, restart_in_place
 from tardigrade_operator.api.types import Recovery, TrainingJobStatus
-from tardigrade_operator.decide import DecisionSettings, Plan
+from tardigrade_operator.decide import Plan
 from tardigrade_operator.jobstate import JobState
 from tardigrade_operator.kube import ClusterWriter
+from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_operator.observe import Outcome, PodView, classify, parse_pod
 from tardigrade_trainer import contract
 
