@@ -8,11 +8,11 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from tardigrade_operator import checkpoint_scope, grants
-from tardigrade_operator.admission import AdmissionPolicy
-from tardigrade_operator.netpolicy import NetworkPeers
+from tardigrade_operator.decision import checkpoint_scope, grants
+from tardigrade_operator.decision.admission import AdmissionPolicy
+from tardigrade_operator.decision.pacing import PacingSettings
 from tardigrade_operator.observation.observed import DecisionSettings
-from tardigrade_operator.pacing import PacingSettings
+from tardigrade_operator.rendering.netpolicy import NetworkPeers
 
 PACING_MODES = ("adaptive", "fixed")
 # The decisions' and the loop's own defaults: one place for each number.

@@ -24,29 +24,27 @@ import prometheus_client
 from tardigrade_operator import (
     apidecode,
     finalizers,
-    indexlag,
-    keys,
-    maintenance,
     metrics,
     naming,
-    pacing,
-    queueing,
-    restart_in_place,
-    slices,
     watchdog,
 )
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import Plan, decide
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.kube import (
+from tardigrade_operator.apply.kube import (
     ChildRejected,
     ClusterWriter,
     KeysSecretTaken,
     StaleStatus,
     load_client_config,
 )
+from tardigrade_operator.apply.restart_requests import request_restart
+from tardigrade_operator.config import OperatorConfig
+from tardigrade_operator.decision import maintenance, pacing, queueing
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.recovery import in_place
+from tardigrade_operator.observation import indexlag
+from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_operator.observation.observe import (
     Indexes,
     Observation,
@@ -56,8 +54,7 @@ from tardigrade_operator.observation.observe import (
     resource_version,
 )
 from tardigrade_operator.observation.observed import Observed
-from tardigrade_operator.observation.reader import KubeReader
-from tardigrade_operator.observe import (
+from tardigrade_operator.observation.pods import (
     NODE_SHUTTING_DOWN_MESSAGE,
     NodeReadiness,
     PodView,
@@ -65,9 +62,10 @@ from tardigrade_operator.observe import (
     parse_pod,
     parse_service,
 )
+from tardigrade_operator.observation.progress import Progress
+from tardigrade_operator.observation.reader import KubeReader
 from tardigrade_operator.podhttp import pod_session
-from tardigrade_operator.progress import Progress
-from tardigrade_operator.restart_request import request_restart
+from tardigrade_operator.rendering import keys, slice_placement
 
 # kopf's finalizer name. No TrainingJob carries it any more (see `_needs_no_finalizer`); kopf
 # removes it from jobs that an older operator version gave it.
@@ -184,7 +182,7 @@ def node_maintenance(name: str, labels: kopf.Labels, meta: kopf.Meta,
 
 
 def node_pool(name: str, labels: kopf.Labels, **_: Any) -> dict[str, str]:
-    return {name: str(labels[slices.NODE_POOL_LABEL])}
+    return {name: str(labels[slice_placement.NODE_POOL_LABEL])}
 
 
 def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
@@ -206,7 +204,7 @@ def node_changed(type: str | None, name: str, status: kopf.Status, labels: kopf.
         return
     memo.nodes_seen[name] = seen
     nodes = {name}
-    pool = labels.get(slices.NODE_POOL_LABEL)
+    pool = labels.get(slice_placement.NODE_POOL_LABEL)
     if pool and node_pool is not None and (before or (None, None))[1] != scheduled:
         nodes |= {node for node, store in node_pool.items() if pool in store}
     for key, pods in gang_pods.items():
@@ -218,7 +216,7 @@ if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
     # Where a TPU slice's leader landed: its followers are pinned to that pool.
     kopf.index("nodes", id="node_pool",
-               labels={slices.NODE_POOL_LABEL: kopf.PRESENT})(node_pool)
+               labels={slice_placement.NODE_POOL_LABEL: kopf.PRESENT})(node_pool)
     kopf.index("nodes", id="node_kubelet")(node_kubelet)
     # Only nodes that carry the label: kopf drops a node from the index once it is removed.
     kopf.index("nodes", id="node_maintenance",
@@ -373,7 +371,8 @@ async def _apply(key: JobKey, body: kopf.Body, memo: kopf.Memo, seen: Observatio
     uid, status = observed.job.uid, observed.status
     mine = observed.gang.pods
     job_keys = seen.job_keys
-    plan.patch_pods = state.unsent(plan.patch_pods, plan.status.attempt, {p.name for p in mine})
+    plan.patch_pods = state.in_place.unsent(plan.patch_pods, plan.status.attempt,
+                                            {p.name for p in mine})
     if plan.restart_in_place:
         # A recovery is rare, and a stale key would have the kept ranks recreated: read anew.
         state.keys = None
@@ -408,7 +407,7 @@ async def _apply(key: JobKey, body: kopf.Body, memo: kopf.Memo, seen: Observatio
             naming.keys_secret_name(name), uid, "this TrainingJob"), observed.new_keys)
     if written is not None:
         state.written = (written, plan.status)
-    state.sent(plan.patch_pods, plan.status.attempt)
+    state.in_place.sent(plan.patch_pods, plan.status.attempt)
     if plan.create_pods:
         # The grace counts from the last answer, not from the pass's start: at a thousand
         # ranks a pass's writes alone can take longer than the grace.
@@ -448,7 +447,7 @@ def _asker(memo: kopf.Memo, plan: Plan, state: JobState,
     to send from its thread between its deletes and its creates (kube.py: the requests carry
     the worlds).
     The kept ranks that did not take theirs are remembered: the next pass, at once, recreates
-    them, or asks rank 0 again (restart_in_place.recreate_refused, ask_again)."""
+    them, or asks rank 0 again (in_place.recreate_refused, ask_again)."""
     if not plan.restart_in_place:
         return None
     loop = asyncio.get_running_loop()
@@ -460,7 +459,7 @@ def _asker(memo: kopf.Memo, plan: Plan, state: JobState,
                                            for trigger in triggers))
                     if key is not None else [False] * len(triggers))
         asked = frozenset(t.pod for t in triggers if t.world is not None)
-        if state.answered(attempt, asked, restart_in_place.refused(triggers, accepted)):
+        if state.in_place.answered(attempt, asked, in_place.refused(triggers, accepted)):
             state.wake.set()
 
     return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()

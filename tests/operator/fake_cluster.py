@@ -8,14 +8,15 @@ from typing import Any
 
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.autoscaling import newest_signals
-from tardigrade_operator.decide import Plan, decide
-from tardigrade_operator.keys import JobKeys
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.queueing import QueueGate
+from tardigrade_operator.observation.autoscaling import newest_signals
 from tardigrade_operator.observation.gang import gang_of
 from tardigrade_operator.observation.observed import DecisionSettings, Observed
-from tardigrade_operator.observe import parse_pod, parse_service
-from tardigrade_operator.queueing import QueueGate
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.pods import parse_pod, parse_service
+from tardigrade_operator.rendering.keys import JobKeys
+from tardigrade_operator.rendering.manifests import JobRef
 from tardigrade_trainer import contract
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from tardigrade_operator.admission import AdmissionPolicy, review
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.grants import SETTINGS
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.decision.admission import AdmissionPolicy, review
+from tardigrade_operator.decision.grants import SETTINGS
+from tardigrade_operator.rendering.manifests import JobRef
 
 from tests.conftest import EXAMPLES, corpus_cases, load_yaml
 
@@ -85,8 +85,8 @@ def test_the_operator_fails_a_forbidden_job_as_an_invalid_spec():
     from types import SimpleNamespace
 
     from tardigrade_operator.config import OperatorConfig
-    from tardigrade_operator.jobstate import JobState
     from tardigrade_operator.observation import observe
+    from tardigrade_operator.observation.job_memory import JobState
 
     case = next(c for c in CASES if c["name"] == "hostPath volume")
     memo = SimpleNamespace(config=OperatorConfig())

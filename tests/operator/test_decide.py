@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from tardigrade_operator.decide import decide
+from tardigrade_operator.decision.decide import decide
 from tardigrade_operator.observation.observed import DecisionSettings
-from tardigrade_operator.observe import nodes_shutting_down
+from tardigrade_operator.observation.pods import nodes_shutting_down
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from tardigrade_operator.autoscaling import (
+from tardigrade_operator.observation.autoscaling import (
     FAILED_SCALE_UP,
     NOT_TRIGGER_SCALE_UP,
     TRIGGERED_SCALE_UP,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from tardigrade_operator.maintenance import (
+from tardigrade_operator.decision.maintenance import (
     SCHEDULED_MAINTENANCE_LABEL,
     MaintenanceWatch,
     avoid_affinity,
@@ -15,7 +15,7 @@ from tardigrade_operator.maintenance import (
     scheduled_nodes,
     scheduled_start,
 )
-from tardigrade_operator.observe import parse_pod
+from tardigrade_operator.observation.pods import parse_pod
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import T0, FakeCluster, spec

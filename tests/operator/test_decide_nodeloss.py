@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from tardigrade_operator.observation.observed import DecisionSettings
-from tardigrade_operator.observe import not_ready_since
+from tardigrade_operator.observation.pods import not_ready_since
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import T0, FakeCluster, iso, spec

@@ -13,9 +13,10 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from tardigrade_operator import admission, multislice
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.decision import admission
+from tardigrade_operator.rendering import tpu_layout
+from tardigrade_operator.rendering.manifests import JobRef
 from tardigrade_trainer import boundedjson
 
 from tests.conftest import EXAMPLES
@@ -51,7 +52,7 @@ def read(spec: dict[str, Any]) -> None:
         return
     for error in admission.review(JOB, parsed, admission.AdmissionPolicy()):
         assert str(error)
-    multislice.job_name_error(JOB.name, parsed)
+    tpu_layout.job_name_error(JOB.name, parsed)
 
 
 @CHEAP

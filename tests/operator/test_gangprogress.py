@@ -7,8 +7,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tardigrade_operator.gangprogress import ranks_running, running_range
-from tardigrade_operator.kube import status_json
+from tardigrade_operator.apply.kube import status_json
+from tardigrade_operator.decision.gang_messages import ranks_running, running_range
 from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_trainer import contract
 

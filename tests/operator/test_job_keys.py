@@ -11,16 +11,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
-from tardigrade_operator import handlers, keys
-from tardigrade_operator.decide import decide
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.kube import ClusterWriter, KeysSecretTaken
-from tardigrade_operator.netpolicy import NetworkPeers
+from tardigrade_operator import handlers
+from tardigrade_operator.apply.kube import ClusterWriter, KeysSecretTaken
+from tardigrade_operator.decision.decide import decide
 from tardigrade_operator.observation import observe
+from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_operator.observation.observed import DecisionSettings
-from tardigrade_operator.observe import PodView, parse_pod
-from tardigrade_operator.progress import fetch_progress
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.pods import PodView, parse_pod
+from tardigrade_operator.observation.progress import fetch_progress
+from tardigrade_operator.rendering import keys
+from tardigrade_operator.rendering.manifests import JobRef
+from tardigrade_operator.rendering.netpolicy import NetworkPeers
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import JOB, KEYS, FakeCluster, spec

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
-from tardigrade_operator.observe import PodView
-from tardigrade_operator.progress import fetch_progress
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.observation.progress import fetch_progress
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import FakeCluster, spec

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from tardigrade_operator import naming
-from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.rendering.manifests import JobRef
+from tardigrade_operator.rendering.netpolicy import NetworkPeers, build_network_policy
 
 from tests.operator.netpolicy_eval import Pod, allowed, validate
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tardigrade_operator import indexlag, naming
+from tardigrade_operator import naming
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import decide
-from tardigrade_operator.jobstate import JobState
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.observation import indexlag
+from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_operator.observation.observe import Indexes, observe
-from tardigrade_operator.observe import PodView, parse_pod, parse_service
-from tardigrade_operator.progress import Progress
+from tardigrade_operator.observation.pods import PodView, parse_pod, parse_service
+from tardigrade_operator.observation.progress import Progress
 from tardigrade_trainer import contract
 
 from tests.operator.fake_cluster import JOB, KEYS, FakeCluster, spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tardigrade_operator.observe import Outcome, classify, newest_readiness, parse_pod
+from tardigrade_operator.observation.pods import Outcome, classify, newest_readiness, parse_pod
 from tardigrade_trainer import contract
 
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import decide
-from tardigrade_operator.pacing import (
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.decision.pacing import (
     READ_GAP_SECONDS,
     PacingSettings,
     ProgressPoll,

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
-from tardigrade_operator.observe import PodView
+from tardigrade_operator.apply.restart_requests import ATTEMPTS, RETRY_SECONDS, request_restart
+from tardigrade_operator.decision.recovery.in_place import Trigger
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.observation.progress import fetch_progress
 from tardigrade_operator.podhttp import pod_session
-from tardigrade_operator.progress import fetch_progress
-from tardigrade_operator.restart_in_place import Trigger
-from tardigrade_operator.restart_request import ATTEMPTS, RETRY_SECONDS, request_restart
 from tardigrade_trainer import contract
 
 PORT = contract.DEFAULT_PROGRESS_PORT

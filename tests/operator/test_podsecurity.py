@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tardigrade_operator.podsecurity import check_pod
-from tardigrade_operator.render import GangLaunch, JobRef, build_pod
+from tardigrade_operator.decision.podsecurity import check_pod
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_pod
 
 from tests.conftest import EXAMPLES, load_yaml
 

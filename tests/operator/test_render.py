@@ -5,7 +5,13 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_pod, build_service
+from tardigrade_operator.rendering.manifests import (
+    GangLaunch,
+    JobRef,
+    build_gang,
+    build_pod,
+    build_service,
+)
 from tardigrade_trainer import contract
 
 from tests.conftest import EXAMPLES, load_yaml

@@ -13,9 +13,9 @@ import kopf
 from aiohttp import web
 from tardigrade_operator import handlers
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.restart_in_place import Trigger
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.recovery.in_place import Trigger
+from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_trainer import contract
 
 KEY = "the-job-s-restart-key"
@@ -59,7 +59,7 @@ async def test_kept_ranks_that_refuse_their_request_are_remembered_for_the_next_
         ask = handlers._asker(memo, plan, state, KEY)
         assert ask is not None
         await asyncio.to_thread(ask)  # as the writer calls it, from its thread
-    assert state.refused_in(2) == {"j-a1-2"}
+    assert state.in_place.refused_in(2) == {"j-a1-2"}
     assert state.wake.is_set()  # the next pass comes at once
 
 
@@ -71,7 +71,7 @@ async def test_nothing_is_remembered_when_every_kept_rank_takes_its_request():
         ask = handlers._asker(kopf.Memo(session=session), plan, state, KEY)
         assert ask is not None
         await asyncio.to_thread(ask)
-    assert state.refused_in(2) == frozenset() and not state.wake.is_set()
+    assert state.in_place.refused_in(2) == frozenset() and not state.wake.is_set()
 
 
 async def test_without_the_job_s_key_no_request_is_sent_and_the_kept_ranks_count_as_refused():
@@ -86,4 +86,4 @@ async def test_without_the_job_s_key_no_request_is_sent_and_the_kept_ranks_count
         assert ask is not None
         await asyncio.to_thread(ask)
     assert asked == []
-    assert state.refused_in(2) == {"j-a1-2"} and state.wake.is_set()
+    assert state.in_place.refused_in(2) == {"j-a1-2"} and state.wake.is_set()

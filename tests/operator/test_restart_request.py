@@ -7,8 +7,8 @@ import socket
 
 import aiohttp
 from aiohttp import web
-from tardigrade_operator.restart_in_place import Trigger
-from tardigrade_operator.restart_request import request_restart
+from tardigrade_operator.apply.restart_requests import request_restart
+from tardigrade_operator.decision.recovery.in_place import Trigger
 
 PATH = "/restart-in-place"
 

@@ -2,7 +2,7 @@
 
 The observation builds it (observe.py) and the decision reads it as it is: the pods of a
 previous job of the same name are set aside, a pod kept by a restart in place counts in the
-attempt it runs in (restart_in_place.carried), and a rank on a node that is shutting down is
+attempt it runs in (carry.carried), and a rank on a node that is shutting down is
 seen as preempted now (pods.with_shutdown_notice).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from tardigrade_operator import restart_in_place
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.observe import PodView, owned, with_shutdown_notice
+from tardigrade_operator.decision.recovery.carry import CarryMemo, carried
+from tardigrade_operator.observation.pods import PodView, owned, with_shutdown_notice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +31,11 @@ class Gang:
 
 def gang_of(pods: Sequence[PodView], uid: str, status: TrainingJobStatus,
             shutting_down: frozenset[str] = frozenset(),
-            memo: restart_in_place.CarryMemo | None = None) -> Gang:
+            memo: CarryMemo | None = None) -> Gang:
     """The job's gang from every pod labelled with its name. `memo` keeps the carried views
-    between passes (restart_in_place.carried)."""
+    between passes (carry.carried)."""
     previous = [p for p in pods if p.owner_uid != uid]
-    mine = with_shutdown_notice(restart_in_place.carried(owned(pods, uid), status, memo),
+    mine = with_shutdown_notice(carried(owned(pods, uid), status, memo),
                                 shutting_down)
     attempt = max([status.attempt, *(p.attempt for p in mine)])
     current = sorted((p for p in mine if p.attempt == attempt), key=lambda p: p.rank)

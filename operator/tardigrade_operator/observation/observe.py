@@ -18,24 +18,16 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tardigrade_operator import (
-    admission,
-    autoscaling,
-    indexlag,
-    keys,
-    maintenance,
-    multislice,
-    naming,
-    netpolicy,
-    queueing,
-)
+from tardigrade_operator import naming
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.jobstate import JobState
+from tardigrade_operator.decision import admission, maintenance, queueing
+from tardigrade_operator.observation import autoscaling, indexlag
 from tardigrade_operator.observation.gang import Gang, gang_of
+from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_operator.observation.observed import Observed
-from tardigrade_operator.observe import (
+from tardigrade_operator.observation.pods import (
     PodView,
     ServiceView,
     newest_readiness,
@@ -44,8 +36,9 @@ from tardigrade_operator.observe import (
     parse_pod,
     parse_service,
 )
-from tardigrade_operator.progress import Progress
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.progress import Progress
+from tardigrade_operator.rendering import keys, netpolicy, tpu_layout
+from tardigrade_operator.rendering.manifests import JobRef
 
 JobKey = tuple[str, str]
 Workload = tuple[queueing.WorkloadView, list[dict[str, Any]]]
@@ -112,7 +105,7 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
         nodes_down = not_ready_since(nodes)
         shutting_down = nodes_shutting_down(nodes)
     pods: list[PodView] = _values(indexes.pods, key)
-    gang = gang_of(pods, uid, status, shutting_down, state.carried)
+    gang = gang_of(pods, uid, status, shutting_down, state.in_place.carried)
     if state.created is not None:
         state.created = state.created.saw(p.name for p in gang.pods)
     if status.attempt and len(gang.current) < status.replicas:
@@ -124,7 +117,7 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
         # lagging (just created, or rebuilt after a peering pause) by asking the API server.
         listed = await reader.list_job_pods(namespace, name)
         pods = [view for view in (parse_pod(p) for p in listed) if view]
-        gang = gang_of(pods, uid, status, shutting_down, state.carried)
+        gang = gang_of(pods, uid, status, shutting_down, state.in_place.carried)
     keys_secret, job_keys = await job_keys_of(key, uid, state, reader, clock)
     read = config.pacing_settings().fixed or state.progress.is_due(clock)
     polled = (await reader.fetch_progress(
@@ -162,7 +155,7 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
         keys_secret=keys_secret,
         new_keys=(job_keys or keys.JobKeys.fresh()) if keys_secret is None else None,
         network_policy=policy_present(key, uid, indexes.policies),
-        refused_restarts=state.refused_in(status.attempt),
+        refused_restarts=state.in_place.refused_in(status.attempt),
         queue=gate,
     )
     return Observation(observed, version, job_keys, polled, workload)
@@ -266,7 +259,7 @@ def parsed_spec(key: JobKey, meta: Mapping[str, Any], body: Mapping[str, Any],
         forbidden = admission.review(job, spec, config.admission)
         if forbidden:
             spec, error = None, "; ".join(str(e) for e in forbidden)
-    if spec is not None and (why := multislice.job_name_error(str(meta.get("name")), spec)):
+    if spec is not None and (why := tpu_layout.job_name_error(str(meta.get("name")), spec)):
         spec, error = None, why
     state.spec = (generation, spec, error)
     return spec, error

@@ -9,14 +9,14 @@ from datetime import datetime, timedelta
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import queueing
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
-from tardigrade_operator.autoscaling import ScaleUpSignal
-from tardigrade_operator.keys import JobKeys
-from tardigrade_operator.netpolicy import NetworkPeers
+from tardigrade_operator.decision import queueing
+from tardigrade_operator.observation.autoscaling import ScaleUpSignal
 from tardigrade_operator.observation.gang import Gang
-from tardigrade_operator.observe import ServiceView
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.pods import ServiceView
+from tardigrade_operator.rendering.keys import JobKeys
+from tardigrade_operator.rendering.manifests import JobRef
+from tardigrade_operator.rendering.netpolicy import NetworkPeers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import Any
 
 import aiohttp
 
-from tardigrade_operator import queueing
-from tardigrade_operator.kube import ClusterWriter
-from tardigrade_operator.observe import PodView
-from tardigrade_operator.progress import Progress, fetch_progress
+from tardigrade_operator.apply.kube import ClusterWriter
+from tardigrade_operator.decision import queueing
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.observation.progress import Progress, fetch_progress
 
 
 class KubeReader:

@@ -17,8 +17,8 @@ import logging
 
 import aiohttp
 
+from tardigrade_operator.decision.recovery.in_place import Trigger
 from tardigrade_operator.podhttp import read_at_most, redirect_reason
-from tardigrade_operator.restart_in_place import Trigger
 
 ATTEMPTS = 3
 RETRY_SECONDS = 0.5

@@ -10,7 +10,8 @@ from typing import Any
 
 from tardigrade_trainer import contract
 
-from tardigrade_operator import inplace, naming
+from tardigrade_operator import naming
+from tardigrade_operator.decision.recovery import keepers
 from tardigrade_operator.finalizers import owner_uid
 
 # pod.status.reason values that mean the node went away or the pod was pushed off it.
@@ -167,7 +168,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         tracked=naming.POD_FINALIZER in (meta.get("finalizers") or []),
         waiting=_waiting(state.get("waiting") or {}),
         owner_uid=owner_uid(pod),
-        restart_rule=inplace.rule_survived(pod),
+        restart_rule=keepers.rule_survived(pod),
         restart_keyed=_secret_ref(pod, contract.ENV_RESTART_KEY) == (
             naming.keys_secret_name(str(labels.get(naming.LABEL_JOB) or "")),
             contract.SECRET_RESTART_KEY),

@@ -36,7 +36,7 @@ from tardigrade_trainer import contract
 
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.render import IN_PLACE_VOLUME, RENDEZVOUS_TOKEN_VOLUME
+from tardigrade_operator.rendering.manifests import IN_PLACE_VOLUME, RENDEZVOUS_TOKEN_VOLUME
 
 # Every core/v1 volume source, as the kubernetes client names it on the wire.
 VOLUME_TYPES = tuple(sorted(v for v in k8s.V1Volume.attribute_map.values() if v != "name"))

@@ -34,9 +34,9 @@ from datetime import datetime, timedelta
 from tardigrade_trainer import contract
 
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.stage import Stage, launched_by, stage
 from tardigrade_operator.observation.observed import Observed
-from tardigrade_operator.stage import Stage, launched_by, stage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tardigrade_operator.observe import PodView
-from tardigrade_operator.slices import NODE_POOL_LABEL
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.rendering.slice_placement import NODE_POOL_LABEL
 
 SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
 

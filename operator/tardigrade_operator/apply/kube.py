@@ -13,15 +13,15 @@ from kubernetes.client.exceptions import ApiException
 
 from tardigrade_operator import (
     apidecode,
-    autoscaling,
     finalizers,
     naming,
-    queueing,
     tokenreview_access,
 )
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
+from tardigrade_operator.decision import queueing
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.observation import autoscaling
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 from tardigrade_trainer import contract
 
 from tardigrade_operator import naming
-from tardigrade_operator.observe import ServiceView
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.pods import ServiceView
+from tardigrade_operator.rendering.manifests import JobRef
 
 # How long the operator trusts what it last read of a job's Secret before it asks again
 # (whether it still exists, whether someone replaced its values). A refused request (401) asks
