@@ -15,7 +15,6 @@ from tardigrade_trainer import contract
 
 from tardigrade_operator import naming
 from tardigrade_operator.api.conditions import (
-    EVICTING,
     SUSPENDING,
     WAITING_FOR_CAPACITY,
 )
@@ -25,14 +24,13 @@ from tardigrade_operator.api.types import (
     MAX_RECOVERY_HISTORY,
     CheckpointRef,
     Phase,
-    QueueStatus,
     Recovery,
     RecoveryCause,
     RestoreRequest,
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from tardigrade_operator.decision import checkpoint_scope, queueing
+from tardigrade_operator.decision import checkpoint_scope, kueue_gate
 from tardigrade_operator.decision.gang_messages import quarter, ranks_running
 from tardigrade_operator.decision.maintenance import MaintenanceWatch, avoid_until, pools_due
 from tardigrade_operator.decision.nodeloss import NodeWatch, node_watch
@@ -74,91 +72,87 @@ from tardigrade_operator.rendering.netpolicy import build_network_policy
 
 
 def decide(obs: Observed) -> Plan:
-    plan = _decide(obs)
-    if obs.queue is not None:
-        _note_queue(plan, obs, obs.queue)
+    """The ladder, one rung per concern, top to bottom; a rung that settles the pass ends it.
+
+    1. Kueue's gate (kueue_gate.py): the rungs below see the spec Kueue lets run, and the
+       plan reports Kueue's hold (a job without the queue label skips it);
+    2. the spec: invalid, refused by the API server, or outside the admin's rules -> Failed;
+    3. what the pods report: a newer attempt adopted, progress and checkpoints recorded, old
+       attempts deleted, recorded pods released;
+    4. an ended job stays ended; a previous job's children hold the name;
+    5. the job's children that went missing are made again;
+    6. by the job's stage (stage.py): the first launch; a recovery's teardown and relaunch;
+       the running gang watched (recovery's return, disruptions, resizes, capacity,
+       maintenance, status), each through its own module.
+    """
+    if obs.queue is None:
+        return _ladder(obs)
+    return kueue_gate.under_gate(obs, _ladder)
+
+
+def _ladder(obs: Observed) -> Plan:
+    plan = _begin_pass(obs)
+    if _spec_refused(plan, obs):
+        return plan
+    spec = obs.spec
+    assert spec is not None
+    gang = _fold_in_reports(plan, obs)
+    job_stage = stage(plan.status)
+    if job_stage is Stage.FINISHED:
+        _stay_finished(plan, obs, gang)
+        return plan
+    first_launch = job_stage is Stage.NEW
+    if _held_by_another(plan, obs, obs.gang.previous, first_launch):
+        return plan
+    _make_missing_children(plan, obs, spec)
+    if first_launch:
+        _first_launch(plan, obs, spec)
+    elif job_stage in (Stage.RECOVERING, Stage.SUSPENDED):
+        _tear_down_then_launch(plan, obs, spec, gang, pending_recovery(plan.status))
+    else:
+        _watch_running_gang(plan, obs, spec, gang)
     return plan
 
 
-def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
-    """A job Kueue holds shows phase Queued with the LocalQueue and Kueue's reason, not the
-    Suspended that holding it amounts to; admission and eviction are events."""
-    status = plan.status
-    before = obs.status.queue
-    workload = gate.workload
-    status.queue = QueueStatus(
-        local_queue=gate.queue, workload=workload.name if workload else None,
-        cluster_queue=workload.cluster_queue if workload and gate.admitted else None,
-        admitted=gate.admitted,
-        admitted_replicas=gate.held if workload and gate.admitted else None,
-        growing_to=gate.replicas if gate.growing and not gate.resizing else None,
-        message=(gate.grow_message() if gate.growing and not gate.resizing
-                 else "" if gate.admitted else gate.waiting_message()))
-    if (status.queue.growing_to is not None
-            and (before is None or before.growing_to != status.queue.growing_to)):
-        plan.events.append(Event("Normal", "GrowQueued", gate.grow_message()))
-    user_suspended = obs.spec is not None and obs.spec.suspend
-    if not user_suspended:
-        # Stopping for Kueue is not the user's suspension: the Evicted event says why.
-        plan.events = [e for e in plan.events if e.reason != "Suspending"]
-    if status.phase == "Suspended" and not user_suspended:
-        stopping = condition(status, "Running")
-        reason = (EVICTING if stopping is not None and stopping.reason == SUSPENDING
-                  and not gate.resizing else gate.reason())
-        if obs.status.phase != "Queued" and not gate.evicted:
-            plan.events.append(Event("Normal", "Queued", gate.waiting_message()))
-        set_phase(plan, obs, "Queued", reason, gate.waiting_message())
-    was_admitted = before is not None and before.admitted
-    if gate.admitted and not was_admitted:
-        assert workload is not None
-        plan.events.append(Event("Normal", "Admitted", (
-            f"Kueue admitted {workload.admitted_count} replicas in ClusterQueue "
-            f"{workload.cluster_queue} (Workload {workload.name})")))
-    if gate.evicted and was_admitted:
-        evicted = workload.conditions["Evicted"] if workload else None
-        plan.events.append(Event("Normal", "Evicted", (
-            f"Kueue evicted Workload {workload.name if workload else ''}"
-            f" ({evicted.reason if evicted else ''}: {evicted.message if evicted else ''}): "
-            "the gang saves, stops and is requeued")))
-
-
-def _decide(obs: Observed) -> Plan:
-    # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
-    # never adopt, stop, release or count them; the garbage collector deletes them.
-    previous = obs.gang.previous
+def _begin_pass(obs: Observed) -> Plan:
     status = obs.status.model_copy(deep=True)
-    plan = Plan(status=status)
     status.observed_generation = obs.generation
     status.selector = naming.job_selector(obs.job.name)
     if status.start_time is None:
         status.start_time = obs.now
+    return Plan(status=status)
 
+
+def _spec_refused(plan: Plan, obs: Observed) -> bool:
+    """A spec that cannot run ends the job, its pods stopped; True when it did."""
+    status = plan.status
     if obs.spec is None:
         stop_all(plan, obs, obs.gang.pods, grace=None)
         set_condition(status, obs, "InvalidSpec", "True", "SpecInvalid",
-                       obs.spec_error or "invalid spec")
+                      obs.spec_error or "invalid spec")
         finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
-        return plan
+        return True
     if obs.rejected is not None and status.phase not in TERMINAL_PHASES:
         stop_all(plan, obs, obs.gang.pods, grace=None)
         finish(plan, obs, "Failed", "PodRejected",
-                f"{obs.rejected}; fix the TrainingJob field it names, then delete and re-apply "
-                "the job")
-        return plan
-    spec = obs.spec
-    outside_paths = checkpoint_scope.refusals(spec, obs.job.namespace,
+               f"{obs.rejected}; fix the TrainingJob field it names, then delete and re-apply "
+               "the job")
+        return True
+    outside_paths = checkpoint_scope.refusals(obs.spec, obs.job.namespace,
                                               obs.settings.checkpoint_path_prefix)
     if outside_paths:
         outside = "; ".join(outside_paths)
         stop_all(plan, obs, obs.gang.pods, grace=None)
         set_condition(status, obs, "InvalidSpec", "True", "CheckpointPathNotAllowed", outside)
         finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)
-        return plan
+        return True
     set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
-    # Kueue's hold: suspended until admitted, then the admitted count and flavors.
-    spec = queueing.gated_spec(spec, obs.queue)
-    obs = dataclasses.replace(obs, spec=spec)
+    return False
 
+
+def _fold_in_reports(plan: Plan, obs: Observed) -> list[PodView]:
+    """Fold what the pods and rank 0 report into the status; returns the current gang."""
+    status = plan.status
     # Pods of an attempt newer than the status knows: a status write was lost; adopt them.
     current = obs.gang.attempt
     status.attempt = current
@@ -168,21 +162,21 @@ def _decide(obs: Observed) -> Plan:
     _record_progress(status, obs, gang)
     _note_malformed_progress(plan, obs)
     _release_recorded(plan, obs, current)
+    return gang
 
-    job_stage = stage(status)
-    if job_stage is Stage.FINISHED:
-        stop_all(plan, obs, gang, grace=None)
-        # A job that ended before the summary conditions existed gets them too.
-        ended = condition(status, status.phase)
-        if ended is not None:
-            set_summary(status, obs, status.phase, ended.reason, ended.message)
-        return plan
-    pending = pending_recovery(status)
-    first_launch = job_stage is Stage.NEW
-    if _held_by_another(plan, obs, previous, first_launch):
-        return plan
-    # Level-triggered: whichever of the job's children went missing is made again, before any
-    # pod this pass creates.
+
+def _stay_finished(plan: Plan, obs: Observed, gang: list[PodView]) -> None:
+    status = plan.status
+    stop_all(plan, obs, gang, grace=None)
+    # A job that ended before the summary conditions existed gets them too.
+    ended = condition(status, status.phase)
+    if ended is not None:
+        set_summary(status, obs, status.phase, ended.reason, ended.message)
+
+
+def _make_missing_children(plan: Plan, obs: Observed, spec: TrainingJobSpec) -> None:
+    """Level-triggered: whichever of the job's children went missing is made again, before
+    any pod this pass creates."""
     if obs.keys_secret is None and obs.new_keys is not None:
         plan.create_keys_secret = build_keys_secret(obs.job, obs.new_keys)
     if obs.service is None:
@@ -192,19 +186,14 @@ def _decide(obs: Observed) -> Plan:
     if peers is not None and spec.network_policy.enabled and policy_missing:
         plan.create_network_policy = build_network_policy(obs.job, peers)
 
-    if first_launch:
-        if spec.suspend:
-            set_phase(plan, obs, "Suspended", "Suspended", "suspended before the first launch")
-            return plan
-        # Pod names carry the attempt: start past a previous job's, whose pods may linger.
-        attempt = 1 + max((p.attempt for p in previous), default=0)
-        _launch(plan, obs, spec, attempt=attempt, replicas=spec.replicas)
-        return plan
-    if job_stage in (Stage.RECOVERING, Stage.SUSPENDED):
-        _tear_down_then_launch(plan, obs, spec, gang, pending)
-        return plan
-    _watch_running_gang(plan, obs, spec, gang)
-    return plan
+
+def _first_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec) -> None:
+    if spec.suspend:
+        set_phase(plan, obs, "Suspended", "Suspended", "suspended before the first launch")
+        return
+    # Pod names carry the attempt: start past a previous job's, whose pods may linger.
+    attempt = 1 + max((p.attempt for p in obs.gang.previous), default=0)
+    _launch(plan, obs, spec, attempt=attempt, replicas=spec.replicas)
 
 
 # --------------------------------------------------------------------------- running gang ---
@@ -232,15 +221,15 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         o.outcome is Outcome.SUCCEEDED for o in outcomes.values()
     ):
         finish(plan, obs, "Succeeded", "Completed",
-                f"all {status.replicas} ranks finished at step {status.step}")
+               f"all {status.replicas} ranks finished at step {status.step}")
         return
     done = returning.finished_early(gang, outcomes, status)
     if done is not None:
         # The pass after the finish stops the new ranks (Stage.FINISHED).
         step = done.termination.step if done.termination is not None else None
         finish(plan, obs, "Succeeded", "Completed",
-                f"rank 0 ({done.name}) finished the training at step {step or status.step} "
-                "before the ranks restarted in place")
+               f"rank 0 ({done.name}) finished the training at step {step or status.step} "
+               "before the ranks restarted in place")
         return
 
     missing = [r for r in range(status.replicas) if r not in outcomes]
@@ -300,7 +289,7 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                                      f"attempt {status.attempt}: all {running} ranks running"))
         _capacity_found(status, obs)
         set_phase(plan, obs, "Running", "GangRunning",
-                   ranks_running(status.attempt, running, status.replicas))
+                  ranks_running(status.attempt, running, status.replicas))
         returning.settle(plan, obs, gang)
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
@@ -499,8 +488,8 @@ def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phas
         # No clock in the message: it would change the status on every pass.
         since = signal.time.strftime("%Y-%m-%dT%H:%M:%SZ")
         set_phase(plan, obs, phase, "WaitingForScaleUp",
-                   f"{message}; {pod.name} waits for a node scale-up triggered at {since} "
-                   f"(for at most {limit}s): {signal.message}")
+                  f"{message}; {pod.name} waits for a node scale-up triggered at {since} "
+                  f"(for at most {limit}s): {signal.message}")
         return True
     if not view.unavailable:
         return False
@@ -529,7 +518,7 @@ def _capacity_found(status: TrainingJobStatus, obs: Observed) -> None:
             limited.reason == WAITING_FOR_CAPACITY and status.replicas >= (
                 obs.spec.replicas if obs.spec else 0):
         set_condition(status, obs, "CapacityLimited", "False", "CapacityAvailable",
-                       f"all {status.replicas} ranks placed and running")
+                      f"all {status.replicas} ranks placed and running")
 
 
 def _grow_back(plan: Plan, obs: Observed, spec: TrainingJobSpec, gang: list[PodView]) -> bool:
@@ -568,14 +557,14 @@ def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
                 and obs.now - since < obs.settings.previous_service_wait):
             # Owned by a deleted job of this name: the garbage collector removes it shortly.
             set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
-                       f"{kind} {ns}/{name} belongs to a previous TrainingJob of this name "
-                       f"({child.owner}); waiting for the garbage collector to delete it")
+                      f"{kind} {ns}/{name} belongs to a previous TrainingJob of this name "
+                      f"({child.owner}); waiting for the garbage collector to delete it")
             return True
         stop_all(plan, obs, obs.gang.pods, grace=None)
         finish(plan, obs, "Failed", reason,
-                f"{kind} {ns}/{name} exists and is not owned by this TrainingJob (owner: "
-                f"{child.owner}); {why}. Delete it (kubectl delete {noun} -n {ns} {name}) or "
-                "rename the job, then delete and re-apply the TrainingJob")
+               f"{kind} {ns}/{name} exists and is not owned by this TrainingJob (owner: "
+               f"{child.owner}); {why}. Delete it (kubectl delete {noun} -n {ns} {name}) or "
+               "rename the job, then delete and re-apply the TrainingJob")
         return True
     running = [p for p in previous if p.active and (
         p.deletion_timestamp is None or obs.now < p.deletion_timestamp)]
@@ -584,9 +573,9 @@ def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
         # write it. Bounded by their grace period once the garbage collector deletes them.
         names = ", ".join(p.name for p in running[:5])
         set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
-                   f"pods of a previous TrainingJob of this name are still running ({names}); "
-                   "waiting for them to stop (delete them if they are not being deleted: "
-                   f"kubectl delete pod -n {ns} {running[0].name})")
+                  f"pods of a previous TrainingJob of this name are still running ({names}); "
+                  "waiting for them to stop (delete them if they are not being deleted: "
+                  f"kubectl delete pod -n {ns} {running[0].name})")
         return True
     return False
 
@@ -662,8 +651,8 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         after = {"Failure": "a failure", "Retry": "a retryable exit",
                  "NodeRejected": "an admission rejection"}[pending.cause]
         set_phase(plan, obs, "Restarting", "BackOff",
-                   f"restarting after {after} in {(ready_at - obs.now).total_seconds():.0f}s"
-                   f" (backoff {wait:.0f}s): {pending.reason}")
+                  f"restarting after {after} in {(ready_at - obs.now).total_seconds():.0f}s"
+                  f" (backoff {wait:.0f}s): {pending.reason}")
         return
     limited = condition(status, "CapacityLimited")
     # The newest spec.replicas wins (a scale during a restart is folded in), unless the gang

@@ -105,17 +105,17 @@ def set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str
     status.phase = phase
     status.message = message[:MAX_MESSAGE_LENGTH]
     set_condition(status, obs, "Running", "True" if phase == "Running" else "False", reason,
-                   message)
+                  message)
     set_condition(status, obs, "Suspended",
-                   "True" if phase in ("Suspended", "Queued") else "False", reason, message)
+                  "True" if phase in ("Suspended", "Queued") else "False", reason, message)
     set_summary(status, obs, phase, reason, message)
 
 
 def set_summary(status: TrainingJobStatus, obs: Observed, phase: Phase, reason: str,
-                 message: str) -> None:
+                message: str) -> None:
     for summary in summary_conditions(phase, reason, message):
         set_condition(status, obs, summary.type, summary.status, summary.reason,
-                       summary.message)
+                      summary.message)
 
 
 def condition(status: TrainingJobStatus, kind: str) -> Condition | None:
@@ -123,7 +123,7 @@ def condition(status: TrainingJobStatus, kind: str) -> Condition | None:
 
 
 def set_condition(status: TrainingJobStatus, obs: Observed, kind: str,
-                   value: Literal["True", "False", "Unknown"], reason: str, message: str) -> None:
+                  value: Literal["True", "False", "Unknown"], reason: str, message: str) -> None:
     existing = condition(status, kind)
     # metav1.Condition: lastTransitionTime moves only when status does. Built anew each time
     # so the model checks the reason (CamelCase) here, not the API server at the write.
