@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,6 +29,7 @@ from tardigrade_operator import (
 )
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
+from tardigrade_operator.apply import restart_requests
 from tardigrade_operator.apply.kube import (
     ChildRejected,
     ClusterWriter,
@@ -37,12 +37,10 @@ from tardigrade_operator.apply.kube import (
     StaleStatus,
     load_client_config,
 )
-from tardigrade_operator.apply.restart_requests import request_restart
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decision import maintenance, pacing, queueing
 from tardigrade_operator.decision.decide import decide
 from tardigrade_operator.decision.plan import Plan
-from tardigrade_operator.decision.recovery import in_place
 from tardigrade_operator.observation import indexlag
 from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_operator.observation.observe import (
@@ -380,7 +378,8 @@ async def _apply(key: JobKey, body: kopf.Body, memo: kopf.Memo, seen: Observatio
     try:
         written = await asyncio.to_thread(
             memo.writer.apply, namespace, name, status, plan, seen.version,
-            _asker(memo, plan, state, job_keys.restart_key if job_keys else None))
+            restart_requests.sender(memo.session, plan, state.in_place, state.wake,
+                                    job_keys.restart_key if job_keys else None))
     except StaleStatus:
         # Decide again at once, on the job as the API server has it now.
         fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
@@ -438,31 +437,6 @@ async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpe
         workload[1] if workload else ())
     for action in actions:
         await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
-
-
-def _asker(memo: kopf.Memo, plan: Plan, state: JobState,
-           key: str | None) -> Callable[[], None] | None:
-    """The plan's restart-in-place requests, all at once, with the job's restart key `key`
-    (None: the job's Secret is missing or not the job's, so none can be taken), for the writer
-    to send from its thread between its deletes and its creates (kube.py: the requests carry
-    the worlds).
-    The kept ranks that did not take theirs are remembered: the next pass, at once, recreates
-    them, or asks rank 0 again (in_place.recreate_refused, ask_again)."""
-    if not plan.restart_in_place:
-        return None
-    loop = asyncio.get_running_loop()
-    triggers = plan.restart_in_place
-    attempt = plan.status.attempt
-
-    async def ask() -> None:
-        accepted = (await asyncio.gather(*(request_restart(memo.session, trigger, key)
-                                           for trigger in triggers))
-                    if key is not None else [False] * len(triggers))
-        asked = frozenset(t.pod for t in triggers if t.world is not None)
-        if state.in_place.answered(attempt, asked, in_place.refused(triggers, accepted)):
-            state.wake.set()
-
-    return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()
 
 
 def _next_pass(observed: Observed, plan: Plan, state: JobState, polled: Progress | None,

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
-from tardigrade_operator.decision.recovery.in_place import Trigger
+from tardigrade_operator.decision.plan import Plan, Trigger
+from tardigrade_operator.decision.recovery.in_place import InPlaceMemory, refused
 from tardigrade_operator.podhttp import read_at_most, redirect_reason
 
 ATTEMPTS = 3
@@ -90,3 +92,29 @@ def _gone(err: BaseException) -> bool:
     if isinstance(err, aiohttp.ClientConnectorError):
         return getattr(err.os_error, "errno", None) == errno.ECONNREFUSED
     return isinstance(err, aiohttp.ClientOSError) and err.errno == errno.ECONNRESET
+
+
+def sender(session: aiohttp.ClientSession, plan: Plan, memory: InPlaceMemory,
+           wake: asyncio.Event, key: str | None) -> Callable[[], None] | None:
+    """The plan's restart requests, all at once, with the job's restart key `key` (None: the
+    job's Secret is missing or not the job's, so none can be taken), for the writer to send
+    from its thread between its deletes and its creates (kube.py: the requests carry the
+    worlds). None when the plan has none.
+    The kept ranks that did not take theirs are remembered in `memory`, and `wake` set: the
+    next pass, at once, recreates them, or asks rank 0 again (in_place.recreate_refused,
+    ask_again)."""
+    if not plan.restart_in_place:
+        return None
+    loop = asyncio.get_running_loop()
+    triggers = plan.restart_in_place
+    attempt = plan.status.attempt
+
+    async def ask() -> None:
+        accepted = (await asyncio.gather(*(request_restart(session, trigger, key)
+                                           for trigger in triggers))
+                    if key is not None else [False] * len(triggers))
+        asked = frozenset(t.pod for t in triggers if t.world is not None)
+        if memory.answered(attempt, asked, refused(triggers, accepted)):
+            wake.set()
+
+    return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()
