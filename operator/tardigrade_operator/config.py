@@ -50,7 +50,7 @@ class OperatorConfig:
     # A NetworkPolicy per job (netpolicy.py), unless a job opts out; None: none at all.
     network_peers: NetworkPeers | None = dataclasses.field(default_factory=NetworkPeers)
     # Keep healthy pods on a preemption or resize and restart their trainers in place
-    # (restart_in_place.py); off by default: every recovery recreates the gang.
+    # (decision/recovery/in_place.py); off by default: every recovery recreates the gang.
     restart_in_place: bool = False
     # With restart in place: a kept trainer restarts in a new child of its container's main
     # process instead of exiting for its kubelet to restart the container

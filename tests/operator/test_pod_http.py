@@ -1,6 +1,6 @@
 """The operator talks to pods on its own terms: it follows no redirect a rank answers, ends
 each exchange at its deadline however slowly a rank answers, and sends the job's progress
-token (podhttp.py, progress.py, restart_request.py)."""
+token (podhttp.py, progress.py, apply/restart_requests.py)."""
 
 from __future__ import annotations
 

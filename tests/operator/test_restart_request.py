@@ -1,4 +1,5 @@
-"""The operator's restart request to a kept rank (restart_request.py): what counts as taken."""
+"""The operator's restart request to a kept rank (apply/restart_requests.py): what counts as
+taken."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Sent right after the status write and the deletes (kube.py): the request's body is the
 rank's new world, which its trainer keeps for its restarted container; the kept pod's label
-and annotation are patched only once the gang runs again (restart_in_place.late_labels). The
+and annotation are patched only once the gang runs again (in_place.late_labels). The
 request carries the job's restart key (contract.ENV_RESTART_KEY), from the job's Secret
 (keys.py): only the operator, the job's pods and whoever may read Secrets in the job's
 namespace know it; a peer that may only read pods, or one in another namespace, cannot make a
@@ -35,7 +35,7 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger, key:
                           timeout: float = REQUEST_SECONDS) -> bool:
     """True once the rank accepted (202), or already runs the attempt (200: a retry whose
     first try it took); a refusal or silence is logged. A kept rank that
-    missed it is recreated by the next pass (restart_in_place.recreate_refused); its old
+    missed it is recreated by the next pass (in_place.recreate_refused); its old
     trainer still saves with the gang and leaves on its pod's SIGTERM."""
     headers = {"Authorization": f"Bearer {key}"}
     world = trigger.world.encode() if trigger.world is not None else None

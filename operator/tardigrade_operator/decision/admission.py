@@ -39,7 +39,7 @@ _POD_VOLUME = re.compile(r"^spec\.volumes\[(\d+)\](.*)$")
 class AdmissionPolicy:
     """The admin's rules (operator settings; chart values admission.*)."""
 
-    # baseline, not restricted: TPU pods run as root (render.runs_as_root), as GKE's own TPU
+    # baseline, not restricted: TPU pods run as root (manifests.runs_as_root), as GKE's own TPU
     # samples do; CPU and GPU pods meet restricted, which an admin without TPU jobs can choose.
     pod_security: Level = "baseline"
     allow_system_scheduling: bool = False
@@ -63,7 +63,7 @@ class AdmissionPolicy:
                    Grants.from_settings(lists or {}))
 
 
-# What the operator itself sets for TPU pods (render.runs_as_root) and restricted forbids.
+# What the operator itself sets for TPU pods (manifests.runs_as_root) and restricted forbids.
 ROOT_CHECKS = frozenset({"runAsNonRoot", "runAsUser", "capabilities"})
 
 

@@ -57,7 +57,7 @@ SYSTEM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 # follow the secrets list, and a source kind not listed here is refused.
 HARMLESS_PROJECTIONS = frozenset({"configMap", "downwardAPI", "serviceAccountToken",
                                   "clusterTrustBundle", "podCertificate"})
-# The operator's own pod additions (render.py), exempt by name.
+# The operator's own pod additions (rendering/manifests.py), exempt by name.
 OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME})
 OPERATOR_SECRET_ENV = frozenset({contract.ENV_RESTART_KEY, contract.ENV_PROGRESS_TOKEN,
                                  contract.ENV_CACHE_KEY})

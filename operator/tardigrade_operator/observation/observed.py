@@ -40,7 +40,7 @@ class DecisionSettings:
     # Who besides the gang may reach its pods; None: the operator renders no NetworkPolicy.
     network_peers: NetworkPeers | None = None
     # Keep healthy pods on a recovery and restart their trainers in place
-    # (restart_in_place.py); off: every recovery recreates the whole gang.
+    # (decision/recovery/in_place.py); off: every recovery recreates the whole gang.
     restart_in_place: bool = False
     # A kept trainer restarts by replacing its own process, not through its kubelet
     # (contract.ENV_RESTART_IN_PROCESS).
@@ -66,7 +66,7 @@ class Observed:
     nodes_ready: Mapping[str, bool] | None = None
     # Node name -> when its Ready condition left True (lastTransitionTime), for nodes not Ready.
     nodes_not_ready_since: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
-    # Nodes whose kubelet is shutting them down (observe.nodes_shutting_down).
+    # Nodes whose kubelet is shutting them down (pods.nodes_shutting_down).
     nodes_shutting_down: frozenset[str] = frozenset()
     settings: DecisionSettings = DecisionSettings()
     # Why the API server refused a pod or service rendered from this generation of the spec.
@@ -89,7 +89,7 @@ class Observed:
     # Whether the job's NetworkPolicy exists; None: not watched, so it is made with the Service.
     network_policy: bool | None = None
     # Kept pods of the current attempt whose trainers did not take the operator's restart
-    # request (restart_in_place.refused): their ranks are recreated.
+    # request (in_place.refused): their ranks are recreated.
     refused_restarts: frozenset[str] = frozenset()
     # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py); None: no label.
     queue: queueing.QueueGate | None = None

@@ -82,7 +82,7 @@ class PodView:
     # uid of the TrainingJob in the pod's ownerReferences: a job deleted and re-created under
     # the same name has a new uid, and the old one's pods carry the same labels.
     owner_uid: str | None = None
-    # Restart in place (restart_in_place.py): the API server kept the trainer's restart rule;
+    # Restart in place (recovery/in_place.py): the API server kept the trainer's restart rule;
     # its trainer holds the job's restart key (from the job's Secret, keys.py), without which
     # it takes no restart request; the container's restarts, and the termination message and
     # exit code of its previous run in this pod.
@@ -95,7 +95,7 @@ class PodView:
     last_termination: contract.TerminationMessage | None = None
     last_finished_at: datetime | None = None
     # The attempt its label says, when it is not `attempt`: a pod kept by a restart in place
-    # counts in the new attempt before its label is patched (restart_in_place.carried).
+    # counts in the new attempt before its label is patched (carry.carried).
     label_attempt: int | None = None
 
     @property

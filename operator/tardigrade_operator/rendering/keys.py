@@ -2,7 +2,7 @@
 
 The Secret holds the restart key (rank 0 accepts restart requests with it), the progress token
 (rank 0 answers GET /progress to its bearer only) and the compilation-cache key (the trainer
-authenticates cache entries with it). Pods get them through `secretKeyRef` (render.py), never as
+authenticates cache entries with it). Pods get them through `secretKeyRef` (manifests.py), never as
 literal values that whoever may read pods could read. The Secret is owned by the job, so
 Kubernetes' garbage collector deletes it with the job.
 

@@ -59,7 +59,7 @@ class GangLaunch:
     avoid_pools: tuple[str, ...] = ()
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
     # Restart in place is on: the pods get the job's restart key, which rank 0 accepts restart
-    # requests with (restart_in_place.py).
+    # requests with (decision/recovery/in_place.py).
     restart_in_place: bool = False
     # With restart in place: kept trainers restart in process (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False

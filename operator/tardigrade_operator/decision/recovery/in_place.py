@@ -107,7 +107,7 @@ class InPlaceRecovery:
 
 
 def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
-    # TPU hosts get their slice's worker list at creation (render._tpu_worker_env), which
+    # TPU hosts get their slice's worker list at creation (manifests._tpu_worker_env), which
     # a restarted container could not update: TPU gangs recreate.
     return switched_on and spec.accelerator.kind != "tpu"
 
@@ -134,7 +134,7 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
         if p.restart_in_process:
             # Its trainer restarts itself in process: no kubelet takes part, so any node's does. A
             # rank that exits 77 anyway ends its pod where the rule is missing or ignored, and
-            # the next pass recreates it (observe.classify: a save, as exit 75).
+            # the next pass recreates it (pods.classify: a save, as exit 75).
             return True
         node = {"status": {"nodeInfo": {"kubeletVersion": kubelet_versions.get(
             p.node_name or "", "")}}}
