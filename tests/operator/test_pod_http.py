@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 from tardigrade_operator.apply.restart_requests import ATTEMPTS, RETRY_SECONDS, request_restart
-from tardigrade_operator.decision.recovery.in_place import Trigger
+from tardigrade_operator.decision.plan import Trigger
 from tardigrade_operator.observation.pods import PodView
 from tardigrade_operator.observation.progress import fetch_progress
 from tardigrade_operator.podhttp import pod_session

@@ -12,8 +12,7 @@ import aiohttp
 from aiohttp import web
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.apply import restart_requests
-from tardigrade_operator.decision.plan import Plan
-from tardigrade_operator.decision.recovery.in_place import Trigger
+from tardigrade_operator.decision.plan import Plan, Trigger
 from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_trainer import contract
 

@@ -9,7 +9,7 @@ import socket
 import aiohttp
 from aiohttp import web
 from tardigrade_operator.apply.restart_requests import request_restart
-from tardigrade_operator.decision.recovery.in_place import Trigger
+from tardigrade_operator.decision.plan import Trigger
 
 PATH = "/restart-in-place"
 
