@@ -91,3 +91,24 @@ def test_the_walk_notices_an_io_import():
     # nothing.
     graph = _closure("tardigrade_operator.handlers")
     assert any(name == "kopf" for names in graph.values() for name in names)
+
+
+def test_every_import_of_an_operator_module_names_one_in_this_tree():
+    """A module moved without its importers updated could still be found in another copy of
+    the package on the path (an editable install): every `from tardigrade_operator... import
+    name` must name a module here, or a name its module's own file defines."""
+    unresolved = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("tardigrade_operator")):
+                continue
+            source = _source(node.module)
+            if source is None:
+                unresolved.append(f"{path.name}: {node.module}")
+                continue
+            defined = source.read_text()
+            unresolved += [f"{path.name}: {node.module}.{alias.name}" for alias in node.names
+                           if _source(f"{node.module}.{alias.name}") is None
+                           and alias.name not in defined]
+    assert unresolved == []

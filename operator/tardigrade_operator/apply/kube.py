@@ -11,14 +11,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import (
-    apidecode,
-    finalizers,
-    naming,
-    tokenreview_access,
-)
+from tardigrade_operator import apidecode, finalizers, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.apply import tokenreview_access
 from tardigrade_operator.decision import queueing
 from tardigrade_operator.decision.plan import Plan
 from tardigrade_operator.observation import autoscaling
