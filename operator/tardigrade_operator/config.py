@@ -8,11 +8,11 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from tardigrade_operator import checkpoint_scope, grants
-from tardigrade_operator.admission import AdmissionPolicy
-from tardigrade_operator.decide import DecisionSettings
-from tardigrade_operator.netpolicy import NetworkPeers
-from tardigrade_operator.pacing import PacingSettings
+from tardigrade_operator.decision import checkpoint_scope, grants
+from tardigrade_operator.decision.admission import AdmissionPolicy
+from tardigrade_operator.decision.pacing import PacingSettings
+from tardigrade_operator.observation.observed import DecisionSettings
+from tardigrade_operator.rendering.netpolicy import NetworkPeers
 
 PACING_MODES = ("adaptive", "fixed")
 # The decisions' and the loop's own defaults: one place for each number.
@@ -50,7 +50,7 @@ class OperatorConfig:
     # A NetworkPolicy per job (netpolicy.py), unless a job opts out; None: none at all.
     network_peers: NetworkPeers | None = dataclasses.field(default_factory=NetworkPeers)
     # Keep healthy pods on a preemption or resize and restart their trainers in place
-    # (restart_in_place.py); off by default: every recovery recreates the gang.
+    # (decision/recovery/in_place.py); off by default: every recovery recreates the gang.
     restart_in_place: bool = False
     # With restart in place: a kept trainer restarts in a new child of its container's main
     # process instead of exiting for its kubelet to restart the container

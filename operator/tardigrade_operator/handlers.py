@@ -14,62 +14,56 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
 import prometheus_client
-from kubernetes.client.exceptions import ApiException
-from pydantic import ValidationError
 
 from tardigrade_operator import (
-    admission,
     apidecode,
-    autoscaling,
     finalizers,
-    indexlag,
-    keys,
-    maintenance,
     metrics,
-    multislice,
     naming,
-    netpolicy,
-    pacing,
-    queueing,
-    restart_in_place,
-    slices,
     watchdog,
 )
 from tardigrade_operator.api import types
-from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
-from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
-from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import Observed, Plan, decide
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.kube import (
+from tardigrade_operator.api.types import TrainingJobSpec
+from tardigrade_operator.apply import restart_requests
+from tardigrade_operator.apply.kube import (
     ChildRejected,
     ClusterWriter,
     KeysSecretTaken,
     StaleStatus,
     load_client_config,
 )
-from tardigrade_operator.observe import (
+from tardigrade_operator.config import OperatorConfig
+from tardigrade_operator.decision import maintenance, pacing, queueing
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.observation import indexlag
+from tardigrade_operator.observation.job_memory import JobState
+from tardigrade_operator.observation.observe import (
+    Indexes,
+    Observation,
+    job_keys_of,
+    observe,
+    parse_status,
+    resource_version,
+)
+from tardigrade_operator.observation.observed import Observed
+from tardigrade_operator.observation.pods import (
     NODE_SHUTTING_DOWN_MESSAGE,
     NodeReadiness,
     PodView,
     ServiceView,
-    newest_readiness,
-    nodes_shutting_down,
-    not_ready_since,
-    owned,
     parse_pod,
     parse_service,
 )
+from tardigrade_operator.observation.progress import Progress
+from tardigrade_operator.observation.reader import KubeReader
 from tardigrade_operator.podhttp import pod_session
-from tardigrade_operator.progress import Progress, fetch_progress
-from tardigrade_operator.render import JobRef
-from tardigrade_operator.restart_request import request_restart
+from tardigrade_operator.rendering import keys, slice_placement
 
 # kopf's finalizer name. No TrainingJob carries it any more (see `_needs_no_finalizer`); kopf
 # removes it from jobs that an older operator version gave it.
@@ -112,6 +106,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.session = pod_session()
     load_client_config()
     memo.writer = ClusterWriter(token_review_binding=config.token_review_binding)
+    memo.reader = KubeReader(memo.writer, memo.session, config.progress_timeout_seconds)
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
 
@@ -185,7 +180,7 @@ def node_maintenance(name: str, labels: kopf.Labels, meta: kopf.Meta,
 
 
 def node_pool(name: str, labels: kopf.Labels, **_: Any) -> dict[str, str]:
-    return {name: str(labels[slices.NODE_POOL_LABEL])}
+    return {name: str(labels[slice_placement.NODE_POOL_LABEL])}
 
 
 def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
@@ -207,7 +202,7 @@ def node_changed(type: str | None, name: str, status: kopf.Status, labels: kopf.
         return
     memo.nodes_seen[name] = seen
     nodes = {name}
-    pool = labels.get(slices.NODE_POOL_LABEL)
+    pool = labels.get(slice_placement.NODE_POOL_LABEL)
     if pool and node_pool is not None and (before or (None, None))[1] != scheduled:
         nodes |= {node for node, store in node_pool.items() if pool in store}
     for key, pods in gang_pods.items():
@@ -219,7 +214,7 @@ if os.environ.get("TARDIGRADE_WATCH_NODES", "true").lower() != "false":
     kopf.index("nodes", id="node_readiness")(node_readiness)
     # Where a TPU slice's leader landed: its followers are pinned to that pool.
     kopf.index("nodes", id="node_pool",
-               labels={slices.NODE_POOL_LABEL: kopf.PRESENT})(node_pool)
+               labels={slice_placement.NODE_POOL_LABEL: kopf.PRESENT})(node_pool)
     kopf.index("nodes", id="node_kubelet")(node_kubelet)
     # Only nodes that carry the label: kopf drops a node from the index once it is removed.
     kopf.index("nodes", id="node_maintenance",
@@ -284,7 +279,7 @@ def job_changed(type: str | None, namespace: str, name: str, uid: str, meta: kop
         memo.jobs.pop(key, None)
         return
     state = memo.jobs.get(key)
-    echo = state is not None and state.echoes_our_write(_resource_version(meta))
+    echo = state is not None and state.echoes_our_write(resource_version(meta))
     if echo and not memo.config.pacing_settings().fixed:
         return
     new_spec = state is not None and (state.spec is None
@@ -299,9 +294,11 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
                     gang_pods: kopf.Index, gang_services: kopf.Index, **kwargs: Any) -> None:
     key = (namespace, name)
     state: JobState = memo.jobs.setdefault(key, JobState())
-    nodes: kopf.Index | None = kwargs.get("node_readiness")
-    scheduled: kopf.Index | None = kwargs.get("node_maintenance")
-    pools: kopf.Index | None = kwargs.get("node_pool")
+    indexes = Indexes(
+        pods=gang_pods, services=gang_services, policies=kwargs.get("gang_policies"),
+        nodes=kwargs.get("node_readiness"), maintenance=kwargs.get("node_maintenance"),
+        pools=kwargs.get("node_pool"), kubelets=kwargs.get("node_kubelet"),
+        workloads=kwargs.get("job_workloads"), flavors=kwargs.get("resource_flavors"))
     settings: pacing.PacingSettings = memo.config.pacing_settings()
     clock = asyncio.get_running_loop().time
     failures = 0
@@ -314,11 +311,7 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
         started = time.perf_counter()
         sleep = settings.busy_seconds
         try:
-            sleep = await reconcile(key, uid, body, memo, gang_pods, gang_services, nodes,
-                                    scheduled, state, began, pools,
-                                    kwargs.get("node_kubelet"), kwargs.get("job_workloads"),
-                                    kwargs.get("resource_flavors"),
-                                    kwargs.get("gang_policies"))
+            sleep = await reconcile(key, uid, body, memo, indexes, state, began)
             failures = 0
         except Exception:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
@@ -356,123 +349,49 @@ apidecode.install_in_kopf()
 
 
 async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
-                    pods_index: kopf.Index, services_index: kopf.Index,
-                    nodes_index: kopf.Index | None,
-                    maintenance_index: kopf.Index | None, state: JobState,
-                    clock: float, pools_index: kopf.Index | None = None,
-                    kubelet_index: kopf.Index | None = None,
-                    workloads_index: kopf.Index | None = None,
-                    flavors_index: kopf.Index | None = None,
-                    policies_index: kopf.Index | None = None) -> float:
-    """One pass; returns the seconds the loop may sleep unless woken (pacing.py). `clock` is
-    the loop's monotonic time at the start of the pass."""
+                    indexes: Indexes, state: JobState, clock: float) -> float:
+    """One pass: observe, decide, apply. Returns the seconds the loop may sleep unless woken
+    (pacing.py). `clock` is the loop's monotonic time at the start of the pass."""
+    seen = await observe(key, uid, body, indexes, state, memo.config, memo.reader, clock)
+    if seen is None:
+        # Our own creates, not yet in the index: their events wake the job.
+        return memo.config.pacing_settings().busy_seconds
+    plan = decide(seen.observed)
+    return await _apply(key, body, memo, seen, plan, state, clock)
+
+
+async def _apply(key: JobKey, body: kopf.Body, memo: kopf.Memo, seen: Observation, plan: Plan,
+                 state: JobState, clock: float) -> float:
+    """Carry out the plan: the status first, then the children (kube.py), the Workload, the
+    events and the metrics; note what the next passes must remember."""
     namespace, name = key
-    meta = body.get("metadata") or {}
-    status, version = _known_status(key, meta, body.get("status") or {}, state)
-    spec, spec_error = _parsed_spec(key, meta, body, memo, state)
-    pods: list[PodView] = _values(pods_index, key)
-    mine = restart_in_place.carried(owned(pods, uid), status, state.carried)
-    attempt = max([status.attempt, *(p.attempt for p in mine)])
-    if state.created is not None:
-        state.created = state.created.saw(p.name for p in mine)
-    if status.attempt and sum(p.attempt == attempt for p in mine) < status.replicas:
-        if indexlag.awaiting_own_creates(state.created, attempt,
-                                         [p.name for p in mine if p.attempt == attempt],
-                                         status.replicas, clock):
-            # Our own creates, not yet in the index: their events wake the job.
-            return memo.config.pacing_settings().busy_seconds
-        # Fewer ranks than launched: before calling them gone, make sure it is not the index
-        # lagging (just created, or rebuilt after a peering pause) by asking the API server.
-        listed = await asyncio.to_thread(memo.writer.list_job_pods, namespace, name)
-        pods = [view for view in (parse_pod(p) for p in listed) if view]
-        mine = restart_in_place.carried(owned(pods, uid), status, state.carried)
-        attempt = max([status.attempt, *(p.attempt for p in mine)])
-    gang: list[PodView] = [p for p in mine if p.attempt == attempt]
-    settings: pacing.PacingSettings = memo.config.pacing_settings()
-    keys_secret, job_keys = await _job_keys(key, uid, state, memo, clock)
-    read = settings.fixed or state.progress.is_due(clock)
-    fetched = (await fetch_progress(memo.session, gang, memo.config.progress_timeout_seconds,
-                                    token=job_keys.progress_token if job_keys else None)
-               if read else Progress())
-    if fetched.refused and state.keys is not None:
-        state.keys.checked = float("-inf")  # the Secret may hold other values now
-    nodes_ready = None
-    nodes_down: dict[str, datetime] = {}
-    shutting_down: frozenset[str] = frozenset()
-    if nodes_index is not None and len(nodes_index) > 0:
-        nodes_ready = newest_readiness((node, list(store)) for node, store in nodes_index.items())
-        nodes_down = not_ready_since((node, list(store)) for node, store in nodes_index.items())
-        shutting_down = nodes_shutting_down(
-            (node, list(store)) for node, store in nodes_index.items())
-    scheduled = maintenance.scheduled_nodes(
-        (node, list(store)) for node, store in (maintenance_index or {}).items())
-    generation = int(meta.get("generation") or 0)
-    rejected = state.rejected
-    scale_up = await _scale_up_signals(namespace, gang, memo)
-    decision = memo.config.decision_settings()
-    queue = queueing.queue_name(meta.get("labels") or {})
-    workload: tuple[queueing.WorkloadView, list[dict[str, Any]]] | None = None
-    gate = None
-    if queue is not None:
-        ours = [w for w in _values(workloads_index or {}, key) if w[0].owner_uid == uid]
-        workload = next((w for w in ours if w[0].role != queueing.GROW_ROLE), None)
-        grow = next((w[0] for w in ours if w[0].role == queueing.GROW_ROLE), None)
-        flavors = {n: f for n, store in (flavors_index or {}).items() for f in store}
-        gate = queueing.gate_for(queue, workload[0] if workload else None, flavors,
-                                 spec.replicas if spec is not None else None, grow,
-                                 kueue=await asyncio.to_thread(memo.writer.kueue_api))
-    observed = Observed(
-        job=JobRef(name=name, namespace=namespace, uid=uid),
-        generation=generation,
-        spec=spec,
-        spec_error=spec_error,
-        status=status,
-        # Ours already carried (with the memo: decide's own carrying then changes nothing).
-        pods=[*mine, *(p for p in pods if p.owner_uid != uid)],
-        service=await _service(key, uid, status, services_index, memo),
-        now=datetime.now(UTC),
-        progress=fetched.report,
-        progress_error=fetched.malformed,
-        nodes_ready=nodes_ready,
-        nodes_not_ready_since=nodes_down,
-        nodes_shutting_down=shutting_down,
-        settings=decision,
-        rejected=rejected[1] if rejected is not None and rejected[0] == generation else None,
-        scale_up=scale_up,
-        nodes_maintenance=scheduled,
-        node_pools=None if pools_index is None else {
-            node: pool for node, store in pools_index.items() for pool in store},
-        # Only restart in place reads these: no per-pass walk over every node without it.
-        kubelet_versions={node: max(store) for node, store in (kubelet_index or {}).items()
-                          if store} if decision.restart_in_place else {},
-        keys_secret=keys_secret,
-        new_keys=(job_keys or keys.JobKeys.fresh()) if keys_secret is None else None,
-        network_policy=_policy_present(key, uid, policies_index),
-        refused_restarts=state.refused_in(status.attempt),
-        queue=gate,
-    )
-    plan = decide(observed)
-    plan.patch_pods = state.unsent(plan.patch_pods, plan.status.attempt, {p.name for p in mine})
+    observed = seen.observed
+    uid, status = observed.job.uid, observed.status
+    mine = observed.gang.pods
+    job_keys = seen.job_keys
+    plan.patch_pods = state.in_place.unsent(plan.patch_pods, plan.status.attempt,
+                                            {p.name for p in mine})
     if plan.restart_in_place:
         # A recovery is rare, and a stale key would have the kept ranks recreated: read anew.
         state.keys = None
-        _, job_keys = await _job_keys(key, uid, state, memo, clock)
+        _, job_keys = await job_keys_of(key, uid, state, memo.reader, clock)
     try:
         written = await asyncio.to_thread(
-            memo.writer.apply, namespace, name, status, plan, version,
-            _asker(memo, plan, state, job_keys.restart_key if job_keys else None))
+            memo.writer.apply, namespace, name, status, plan, seen.version,
+            restart_requests.sender(memo.session, plan, state.in_place, state.wake,
+                                    job_keys.restart_key if job_keys else None))
     except StaleStatus:
         # Decide again at once, on the job as the API server has it now.
         fresh = await asyncio.to_thread(memo.writer.read_job, namespace, name)
-        state.written = (_resource_version(fresh.get("metadata") or {}),
-                         _parse_status(key, fresh.get("status") or {}))
+        state.written = (resource_version(fresh.get("metadata") or {}),
+                         parse_status(key, fresh.get("status") or {}))
         state.wake.set()
         return 0.0
     except ChildRejected as err:
         # Retrying the same spec would be refused again (and hammer the API server); the next
         # pass records the refusal in status and stops there.
         logging.getLogger(__name__).warning("%s/%s: %s", namespace, name, err)
-        state.rejected = (generation, str(err))
+        state.rejected = (observed.generation, str(err))
         state.wake.set()
         return 0.0
     except KeysSecretTaken as err:
@@ -487,17 +406,18 @@ async def reconcile(key: JobKey, uid: str, body: kopf.Body, memo: kopf.Memo,
             naming.keys_secret_name(name), uid, "this TrainingJob"), observed.new_keys)
     if written is not None:
         state.written = (written, plan.status)
-    state.sent(plan.patch_pods, plan.status.attempt)
+    state.in_place.sent(plan.patch_pods, plan.status.attempt)
     if plan.create_pods:
         # The grace counts from the last answer, not from the pass's start: at a thousand
         # ranks a pass's writes alone can take longer than the grace.
         state.created = indexlag.created(plan.create_pods, asyncio.get_running_loop().time())
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    if gate is not None:
-        await _write_workload(key, uid, meta, spec, plan, gate, workload, mine, memo)
+    if observed.queue is not None:
+        await _write_workload(key, uid, body.get("metadata") or {}, observed.spec, plan,
+                              observed.queue, seen.workload, mine, memo)
     metrics.record_transition(key, status, plan.status)
-    return _next_pass(observed, plan, state, read, fetched, clock, memo, settings)
+    return _next_pass(observed, plan, state, seen.polled, clock, memo)
 
 
 async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpec | None,
@@ -519,162 +439,18 @@ async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpe
         await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
 
 
-def _asker(memo: kopf.Memo, plan: Plan, state: JobState,
-           key: str | None) -> Callable[[], None] | None:
-    """The plan's restart-in-place requests, all at once, with the job's restart key `key`
-    (None: the job's Secret is missing or not the job's, so none can be taken), for the writer
-    to send from its thread between its deletes and its creates (kube.py: the requests carry
-    the worlds).
-    The kept ranks that did not take theirs are remembered: the next pass, at once, recreates
-    them, or asks rank 0 again (restart_in_place.recreate_refused, ask_again)."""
-    if not plan.restart_in_place:
-        return None
-    loop = asyncio.get_running_loop()
-    triggers = plan.restart_in_place
-    attempt = plan.status.attempt
-
-    async def ask() -> None:
-        accepted = (await asyncio.gather(*(request_restart(memo.session, trigger, key)
-                                           for trigger in triggers))
-                    if key is not None else [False] * len(triggers))
-        asked = frozenset(t.pod for t in triggers if t.world is not None)
-        if state.answered(attempt, asked, restart_in_place.refused(triggers, accepted)):
-            state.wake.set()
-
-    return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()
-
-
-def _next_pass(observed: Observed, plan: Plan, state: JobState, read: bool, fetched: Progress,
-               clock: float, memo: kopf.Memo, settings: pacing.PacingSettings) -> float:
+def _next_pass(observed: Observed, plan: Plan, state: JobState, polled: Progress | None,
+               clock: float, memo: kopf.Memo) -> float:
+    settings = memo.config.pacing_settings()
     busy = not pacing.settled(observed, plan)
-    if read:
-        news = pacing.report_news(fetched.report, fetched.malformed)
+    if polled is not None:
+        news = pacing.report_news(polled.report, polled.malformed)
         state.progress = state.progress.after_read(clock, news, busy, settings, random.random())
     deadline = pacing.next_deadline(
         observed, plan, timedelta(seconds=memo.config.grow_back_after_seconds))
     deadline_in = (deadline - observed.now).total_seconds() if deadline is not None else None
     return pacing.seconds_to_next_pass(clock, state.progress, busy, deadline_in, settings,
                                        again=pacing.decided_anew(observed, plan))
-
-
-async def _scale_up_signals(namespace: str, gang: list[PodView], memo: kopf.Memo
-                            ) -> dict[str, autoscaling.ScaleUpSignal]:
-    """The autoscaler's newest verdict on each rank of the gang; read only while some rank is
-    unschedulable, so a training gang costs no event lists."""
-    if not any(p.unschedulable_since is not None and not p.node_name for p in gang):
-        return {}
-    names = {p.name for p in gang}
-    try:
-        events = await asyncio.to_thread(memo.writer.list_scale_up_events, namespace)
-    except ApiException as err:
-        # Without events the unschedulable timeout alone decides: still bounded, only slower.
-        logging.getLogger(__name__).warning("%s: cannot list autoscaler events: %s",
-                                            namespace, err.reason)
-        return {}
-    signals = autoscaling.newest_signals(events)
-    return {name: signal for name, signal in signals.items() if name in names}
-
-
-async def _service(key: JobKey, uid: str, status: TrainingJobStatus,
-                   services_index: kopf.Index, memo: kopf.Memo) -> ServiceView | None:
-    """The Service with the job's name. The index holds only Services with our job label; one
-    made by someone else lacks it, and a create would just answer AlreadyExists, so until the
-    index shows ours the API server is asked."""
-    name = naming.service_name(key[1])
-    seen = [s for s in _values(services_index, key) if s.name == name]
-    ours = next((s for s in seen if s.owner_uid == uid), None)
-    if ours is not None or status.phase in ("Succeeded", "Failed"):
-        return ours or (seen[0] if seen else None)
-    found = await asyncio.to_thread(memo.writer.read_service, key[0], name)
-    return parse_service(found) if found is not None else None
-
-
-async def _job_keys(key: JobKey, uid: str, state: JobState, memo: kopf.Memo, clock: float
-                   ) -> tuple[ServiceView | None, keys.JobKeys | None]:
-    """Who owns the Secret with the job's keys' name (None: there is none), and the job's keys:
-    those in its own Secret, else those this operator made for it before (a Secret deleted
-    under a running gang is made again with the values its trainers hold). Read with one GET
-    at most every keys.RECHECK_SECONDS (sooner after a refusal): the operator may not watch
-    Secrets."""
-    cached = state.keys
-    if cached is None or cached.due(uid, clock):
-        found = await asyncio.to_thread(memo.writer.read_secret, key[0],
-                                        naming.keys_secret_name(key[1]))
-        view = parse_service(found) if found is not None else None
-        known = cached.keys if cached is not None and cached.uid == uid else None
-        if view is not None and view.owner_uid == uid:
-            known = keys.read_keys(found or {}) or known
-        elif view is not None:
-            known = None  # someone else's: never read, never sent
-        cached = state.keys = keys.KeysCache(uid, clock, view, known)
-    return cached.found, cached.keys
-
-
-def _policy_present(key: JobKey, uid: str, policies_index: kopf.Index | None) -> bool | None:
-    """Whether the job's own NetworkPolicy exists; None when they are not watched."""
-    if policies_index is None:
-        return None
-    name = netpolicy.policy_name(key[1])
-    return any(p.name == name and p.owner_uid == uid for p in _values(policies_index, key))
-
-
-def _parsed_spec(key: JobKey, meta: Any, body: kopf.Body, memo: kopf.Memo, state: JobState
-                 ) -> tuple[TrainingJobSpec | None, str | None]:
-    """Parse (and CEL-check) the spec once per generation, not on every pass."""
-    generation = meta.get("generation")
-    cached = state.spec
-    if cached is not None and cached[0] == generation:
-        return cached[1], cached[2]
-    try:
-        spec, error = parse_spec(dict(body.get("spec") or {})), None
-    except InvalidTrainingJob as err:
-        spec, error = None, "; ".join(str(e) for e in err.errors)
-    if spec is not None:
-        # What the cluster admin does not let a job's pods do is as invalid as a typo.
-        job = JobRef(name=key[1], namespace=key[0], uid=str(meta.get("uid") or ""))
-        forbidden = admission.review(job, spec, memo.config.admission)
-        if forbidden:
-            spec, error = None, "; ".join(str(e) for e in forbidden)
-    if spec is not None and (why := multislice.job_name_error(str(meta.get("name")), spec)):
-        spec, error = None, why
-    state.spec = (generation, spec, error)
-    return spec, error
-
-
-def _known_status(key: JobKey, meta: Any, raw: dict[str, Any], state: JobState
-                  ) -> tuple[TrainingJobStatus, str]:
-    """The status to decide on, and the resourceVersion it is valid at: ours from the last
-    write (or fresh read) until the watch has caught up.
-
-    Deciding twice on a stale status would count one preemption twice.
-    """
-    written = state.written
-    if written is not None:
-        version, status = written
-        if _older(_resource_version(meta), version):
-            return status, version
-        state.written = None
-    return _parse_status(key, raw), _resource_version(meta)
-
-
-def _parse_status(key: JobKey, raw: dict[str, Any]) -> TrainingJobStatus:
-    try:
-        return TrainingJobStatus.model_validate(raw)
-    except ValidationError:
-        logging.getLogger(__name__).warning("%s/%s: unreadable status, rebuilding it", *key)
-        return TrainingJobStatus()
-
-
-def _resource_version(meta: Any) -> str:
-    return str(meta.get("resourceVersion") or "")
-
-
-def _older(seen: str, written: str) -> bool:
-    # resourceVersions are opaque, but every API server we target (etcd revisions, the local
-    # one's counter) issues increasing integers; anything else falls back to equality.
-    if seen.isdigit() and written.isdigit():
-        return int(seen) < int(written)
-    return False
 
 
 def _values(index: kopf.Index, key: JobKey) -> list[Any]:

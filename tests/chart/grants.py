@@ -85,7 +85,8 @@ GRANTS: list[Grant] = [
     Grant(TJ, "trainingjobs/status", "patch", JOBS, EVERY, "kube.Writer.apply: status patch"),
     Grant(TJ, "trainingjobs/finalizers", "update", JOBS, EVERY,
           "pods and the service carry a blockOwnerDeletion ownerReference to the job "
-          "(render.py); OwnerReferencesPermissionEnforcement (OpenShift) requires this"),
+          "(rendering/manifests.py); OwnerReferencesPermissionEnforcement (OpenShift) requires "
+          "this"),
     Grant("", "pods", "list", JOBS, EVERY, "kopf pod index and event handler; list_job_pods"),
     Grant("", "pods", "watch", JOBS, EVERY, "kopf pod index and event handler"),
     Grant("", "pods", "create", JOBS, EVERY, "kube.Writer.apply: the gang's pods"),
@@ -117,7 +118,7 @@ GRANTS: list[Grant] = [
           "kube.Writer.apply: the job's keys Secret (keys.py), before its pods, and again "
           "whenever it went missing"),
     Grant("", "secrets", "get", JOBS, EVERY,
-          "kube.Writer.read_secret: the job's keys Secret by name (handlers._job_keys: its "
+          "kube.Writer.read_secret: the job's keys Secret by name (observe.job_keys_of: its "
           "owner, the restart key for restart requests, the progress token for polls); no list "
           "or watch, which would expose every Secret of the namespace to the operator"),
     Grant("", "secrets", "delete", JOBS, EVERY,
@@ -129,7 +130,7 @@ GRANTS: list[Grant] = [
     Grant("", "events", "create", JOBS, EVERY, "kopf.event / kopf's event posting"),
     Grant("", "events", "list", JOBS, EVERY,
           "kube.Writer.list_scale_up_events: the autoscaler's TriggeredScaleUp / "
-          "NotTriggerScaleUp / FailedScaleUp on unschedulable ranks (handlers._scale_up_signals)"),
+          "NotTriggerScaleUp / FailedScaleUp on unschedulable ranks (observe._scale_up_signals)"),
     Grant(KUEUE, "workloads", "list", JOBS, EVERY, "kopf Workload index and event handler"),
     Grant(KUEUE, "workloads", "watch", JOBS, EVERY, "kopf Workload index and event handler"),
     Grant(KUEUE, "workloads", "create", JOBS, EVERY,

@@ -157,7 +157,7 @@ def _operator_env(docs: list[dict]) -> dict[str, str]:
 
 
 def test_admission_lists_reach_the_operator_as_the_grants_it_enforces():
-    from tardigrade_operator.grants import SETTINGS, Grants
+    from tardigrade_operator.decision.grants import SETTINGS, Grants
 
     names = [env for env, _ in SETTINGS.values()]
     default = _operator_env(render())

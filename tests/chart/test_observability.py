@@ -9,7 +9,7 @@ import kopf
 import pytest
 from tardigrade_operator import cli
 from tardigrade_operator.api.parse import parse_spec
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang
 from typer.testing import CliRunner
 
 from tests.chart.test_helm import render

@@ -24,7 +24,7 @@ import pytest
 from tardigrade_local import gobuild
 from tardigrade_local.cluster import LocalCluster, simulated_nodes
 from tardigrade_local.kueue import WaitForPodsReady
-from tardigrade_operator import queueing
+from tardigrade_operator.decision import queueing
 
 from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, wait_for
 

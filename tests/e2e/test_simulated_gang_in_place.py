@@ -1,7 +1,7 @@
 """End to end on simulated nodes with restart in place on: the real operator (its image's
 virtualenv) keeps 15 of 16 simulated ranks through a spot reclaim of one host. The kept pods
 are counted in the new attempt by the recovery's record and get their label only once the
-whole gang runs again (restart_in_place.carried, late_labels), so no pod write competes with
+whole gang runs again (carry.carried, in_place.late_labels), so no pod write competes with
 the kubelets' restarts."""
 
 from __future__ import annotations

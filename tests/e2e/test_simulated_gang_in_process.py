@@ -2,7 +2,7 @@
 virtualenv) keeps 15 of 16 simulated ranks through a spot reclaim of one host, and the kept
 trainers start their new world by replacing their process, not through their kubelet: no kept
 container restarts, and the operator learns that the gang met again from rank 0's report of
-the new attempt (restart_in_place.note_gang_formed)."""
+the new attempt (recovery/strategy.note_gang_formed)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from tardigrade_local.kubelet import interpodaffinity as ipa
 from tardigrade_local.kubelet.config import NODE_POOL_LABEL, NodeConfig
 from tardigrade_local.kubelet.node import node_object
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang
 
 from tests.conftest import EXAMPLES, load_yaml
 

@@ -12,7 +12,7 @@ from tardigrade_contract import contract
 from tardigrade_local.kubelet import projected, volumes
 from tardigrade_local.kubelet.env import EnvError
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.render import GangLaunch, JobRef, build_pod
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_pod
 
 from tests.conftest import EXAMPLES, load_yaml
 

@@ -9,7 +9,7 @@ from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet import NodeConfig, tpuslices
 from tardigrade_local.kubelet.config import NODE_POOL_LABEL
 from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes, slice_of
-from tardigrade_operator.slices import SLICE_LABEL, exclusive_affinity
+from tardigrade_operator.rendering.slice_placement import SLICE_LABEL, exclusive_affinity
 
 SHAPE = SliceShape("tpu-v5-lite-podslice", "2x4", 4)
 

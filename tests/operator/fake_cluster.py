@@ -9,12 +9,15 @@ from typing import Any
 from tardigrade_contract import contract
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.autoscaling import newest_signals
-from tardigrade_operator.decide import DecisionSettings, Observed, Plan, decide
-from tardigrade_operator.keys import JobKeys
-from tardigrade_operator.observe import parse_pod, parse_service
-from tardigrade_operator.queueing import QueueGate
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.queueing import QueueGate
+from tardigrade_operator.observation.autoscaling import newest_signals
+from tardigrade_operator.observation.gang import gang_of
+from tardigrade_operator.observation.observed import DecisionSettings, Observed
+from tardigrade_operator.observation.pods import parse_pod, parse_service
+from tardigrade_operator.rendering.keys import JobKeys
+from tardigrade_operator.rendering.manifests import JobRef
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 JOB = JobRef(name="tiny", namespace="ml", uid="uid-1")
@@ -82,7 +85,8 @@ class FakeCluster:
         views = [v for v in (parse_pod(p) for p in self.pods.values()) if v is not None]
         return Observed(
             job=self.job, generation=self.generation, spec=parsed, spec_error=error,
-            status=self.status, pods=views,
+            status=self.status,
+            gang=gang_of(views, self.job.uid, self.status, self.nodes_shutting_down),
             service=None if self.service is None else parse_service(self.service),
             now=self.now, progress=self.progress, progress_error=self.progress_error,
             nodes_ready=self.nodes_ready,

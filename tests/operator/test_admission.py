@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from tardigrade_operator.admission import AdmissionPolicy, review
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.grants import SETTINGS
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.decision.admission import AdmissionPolicy, review
+from tardigrade_operator.decision.grants import SETTINGS
+from tardigrade_operator.rendering.manifests import JobRef
 
 from tests.conftest import EXAMPLES, corpus_cases, load_yaml
 
@@ -84,19 +84,19 @@ def test_bad_settings_name_the_setting(level, flag, says):
 def test_the_operator_fails_a_forbidden_job_as_an_invalid_spec():
     from types import SimpleNamespace
 
-    from tardigrade_operator import handlers
     from tardigrade_operator.config import OperatorConfig
-    from tardigrade_operator.jobstate import JobState
+    from tardigrade_operator.observation import observe
+    from tardigrade_operator.observation.job_memory import JobState
 
     case = next(c for c in CASES if c["name"] == "hostPath volume")
     memo = SimpleNamespace(config=OperatorConfig())
     meta = {"generation": 1, "uid": "uid-1"}
-    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo,
+    spec, error = observe.parsed_spec(("team-a", "tiny-gpt"), meta, case["document"], memo.config,
                                         JobState())
     assert spec is None
     assert error is not None and "spec.podTemplate.volumes[0].hostPath" in error
     permissive = SimpleNamespace(config=OperatorConfig(admission=policy_from_chart_values(
         case["allowed_at"])))
-    spec, error = handlers._parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
-                                        permissive, JobState())
+    spec, error = observe.parsed_spec(("team-a", "tiny-gpt"), meta, case["document"],
+                                        permissive.config, JobState())
     assert spec is not None and error is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.observation.observed import DecisionSettings
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from tardigrade_operator import kube
+from tardigrade_operator.apply import kube
 
 KUBECONFIG = """apiVersion: v1
 kind: Config

@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator.decide import DecisionSettings, decide
-from tardigrade_operator.observe import nodes_shutting_down
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.observation.observed import DecisionSettings
+from tardigrade_operator.observation.pods import nodes_shutting_down
 
 from tests.operator.fake_cluster import FakeCluster, pod_env, spec
 

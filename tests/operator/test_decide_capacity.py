@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator.autoscaling import (
+from tardigrade_operator.observation.autoscaling import (
     FAILED_SCALE_UP,
     NOT_TRIGGER_SCALE_UP,
     TRIGGERED_SCALE_UP,
     newest_signals,
     parse_event,
 )
-from tardigrade_operator.decide import DecisionSettings
+from tardigrade_operator.observation.observed import DecisionSettings
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator.maintenance import (
+from tardigrade_operator.decision.maintenance import (
     SCHEDULED_MAINTENANCE_LABEL,
     MaintenanceWatch,
     avoid_affinity,
@@ -16,7 +16,7 @@ from tardigrade_operator.maintenance import (
     scheduled_nodes,
     scheduled_start,
 )
-from tardigrade_operator.observe import parse_pod
+from tardigrade_operator.observation.pods import parse_pod
 
 from tests.operator.fake_cluster import T0, FakeCluster, spec
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator.decide import DecisionSettings
-from tardigrade_operator.observe import not_ready_since
+from tardigrade_operator.observation.observed import DecisionSettings
+from tardigrade_operator.observation.pods import not_ready_since
 
 from tests.operator.fake_cluster import T0, FakeCluster, iso, spec
 

@@ -6,8 +6,8 @@ import kubernetes
 import pytest
 import yaml
 from tardigrade_operator import finalizers, naming
-from tardigrade_operator.kube import ClusterWriter
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.apply.kube import ClusterWriter
+from tardigrade_operator.rendering.manifests import JobRef
 
 from tests.conftest import EXAMPLES
 

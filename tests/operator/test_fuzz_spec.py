@@ -14,9 +14,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from tardigrade_contract import boundedjson
-from tardigrade_operator import admission, multislice
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.decision import admission
+from tardigrade_operator.rendering import tpu_layout
+from tardigrade_operator.rendering.manifests import JobRef
 
 from tests.conftest import EXAMPLES
 from tests.fuzz import CHEAP, deep_json, json_values
@@ -43,7 +44,7 @@ PATHS = _paths(BASE) + [("podTemplate", k) for k in (
 
 
 def read(spec: dict[str, Any]) -> None:
-    """What handlers._parsed_spec does with a job's spec."""
+    """What observation.observe.parsed_spec does with a job's spec."""
     try:
         parsed = parse_spec(spec)
     except InvalidTrainingJob as err:
@@ -51,7 +52,7 @@ def read(spec: dict[str, Any]) -> None:
         return
     for error in admission.review(JOB, parsed, admission.AdmissionPolicy()):
         assert str(error)
-    multislice.job_name_error(JOB.name, parsed)
+    tpu_layout.job_name_error(JOB.name, parsed)
 
 
 @CHEAP

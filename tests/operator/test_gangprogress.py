@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator.decide import DecisionSettings
-from tardigrade_operator.gangprogress import ranks_running, running_range
-from tardigrade_operator.kube import status_json
+from tardigrade_operator.apply.kube import status_json
+from tardigrade_operator.decision.gang_messages import ranks_running, running_range
+from tardigrade_operator.observation.observed import DecisionSettings
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 

@@ -6,13 +6,12 @@ import copy
 from typing import Any
 
 import pytest
-from tardigrade_contract import contract
-from tardigrade_operator import grants
-from tardigrade_operator.admission import AdmissionPolicy, review
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.grants import DEFAULT_VOLUME_TYPES, VOLUME_TYPES, Grants
-from tardigrade_operator.render import (
+from tardigrade_operator.decision import grants
+from tardigrade_operator.decision.admission import AdmissionPolicy, review
+from tardigrade_operator.decision.grants import DEFAULT_VOLUME_TYPES, VOLUME_TYPES, Grants
+from tardigrade_operator.rendering.manifests import (
     IN_PLACE_VOLUME,
     RENDEZVOUS_TOKEN_VOLUME,
     GangLaunch,

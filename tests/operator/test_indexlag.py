@@ -3,7 +3,8 @@ them from the API server on every pass (indexlag.py)."""
 
 from __future__ import annotations
 
-from tardigrade_operator import indexlag, naming
+from tardigrade_operator import naming
+from tardigrade_operator.observation import indexlag
 
 
 def manifests(job: str, attempt: int, ranks: range) -> list[dict]:

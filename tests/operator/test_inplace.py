@@ -1,11 +1,11 @@
-"""Restart in place: which pods a recovery keeps, per pod and node (inplace.py)."""
+"""Restart in place: which pods a recovery keeps, per pod and node (keepers.py)."""
 
 from __future__ import annotations
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator import inplace
-from tardigrade_operator.inplace import InPlacePlan, Keep, Member, plan
+from tardigrade_operator.decision.recovery import keepers
+from tardigrade_operator.decision.recovery.keepers import InPlacePlan, Keep, Member, plan
 
 
 def m(rank: int, healthy: bool = True, can: bool = True) -> Member:
@@ -49,14 +49,14 @@ def test_plan_keeps_healthy_pods_and_recreates_the_rest(members, replicas, enabl
 ])
 def test_kubelet_support_is_read_per_node(version, supported):
     node = {"status": {"nodeInfo": {"kubeletVersion": version}}}
-    assert inplace.kubelet_supports_rules(node) is supported
+    assert keepers.kubelet_supports_rules(node) is supported
 
 
 def test_rule_survival_is_read_from_the_created_pod():
-    kept = {"spec": {"containers": [{"name": "trainer", **inplace.restart_rule()}]}}
+    kept = {"spec": {"containers": [{"name": "trainer", **keepers.restart_rule()}]}}
     dropped = {"spec": {"containers": [{"name": "trainer"}]}}
-    assert inplace.rule_survived(kept) and not inplace.rule_survived(dropped)
-    rule = inplace.restart_rule()["restartPolicyRules"][0]
+    assert keepers.rule_survived(kept) and not keepers.rule_survived(dropped)
+    rule = keepers.restart_rule()["restartPolicyRules"][0]
     assert rule["exitCodes"]["values"] == [contract.EXIT_RESTART_IN_PLACE]
     assert contract.EXIT_RESTART_IN_PLACE not in (contract.RETRYABLE_EXIT_CODES
                                                   | contract.FATAL_EXIT_CODES)

@@ -8,19 +8,21 @@ import json
 from typing import Any
 
 import aiohttp
-import kopf
 import pytest
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from tardigrade_contract import contract
-from tardigrade_operator import handlers, keys
-from tardigrade_operator.decide import DecisionSettings, decide
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.kube import ClusterWriter, KeysSecretTaken
-from tardigrade_operator.netpolicy import NetworkPeers
-from tardigrade_operator.observe import PodView, parse_pod
-from tardigrade_operator.progress import fetch_progress
-from tardigrade_operator.render import JobRef
+from tardigrade_operator import handlers
+from tardigrade_operator.apply.kube import ClusterWriter, KeysSecretTaken
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.observation import observe
+from tardigrade_operator.observation.job_memory import JobState
+from tardigrade_operator.observation.observed import DecisionSettings
+from tardigrade_operator.observation.pods import PodView, parse_pod
+from tardigrade_operator.observation.progress import fetch_progress
+from tardigrade_operator.rendering import keys
+from tardigrade_operator.rendering.manifests import JobRef
+from tardigrade_operator.rendering.netpolicy import NetworkPeers
 
 from tests.operator.fake_cluster import JOB, KEYS, FakeCluster, spec
 
@@ -178,12 +180,12 @@ def test_a_previous_job_s_secret_is_waited_for():
 
 
 class SecretReader:
-    """The writer's Secret calls, counted."""
+    """The observation's Secret reads (observe.ClusterReader), counted."""
 
     def __init__(self, secret: dict[str, Any] | None) -> None:
         self.secret, self.reads = secret, 0
 
-    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         assert (namespace, name) == ("ml", SECRET)
         self.reads += 1
         return self.secret
@@ -191,27 +193,27 @@ class SecretReader:
 
 async def test_the_secret_is_read_once_per_recheck_interval_and_its_values_kept():
     reader = SecretReader(keys.build_keys_secret(JOB, KEYS))
-    memo, state = kopf.Memo(writer=reader), JobState()
+    state = JobState()
     key = ("ml", "tiny")
-    view, found = await handlers._job_keys(key, "uid-1", state, memo, clock=100.0)
+    view, found = await observe.job_keys_of(key, "uid-1", state, reader, clock=100.0)
     assert view is not None and view.owner_uid == "uid-1" and found == KEYS
-    await handlers._job_keys(key, "uid-1", state, memo, clock=100.0 + keys.RECHECK_SECONDS / 2)
+    await observe.job_keys_of(key, "uid-1", state, reader, clock=100.0 + keys.RECHECK_SECONDS / 2)
     assert reader.reads == 1
     # Deleted meanwhile: noticed at the next check, and made again with the same values.
     reader.secret = None
-    view, found = await handlers._job_keys(key, "uid-1", state, memo,
+    view, found = await observe.job_keys_of(key, "uid-1", state, reader,
                                            clock=100.0 + keys.RECHECK_SECONDS)
     assert reader.reads == 2 and view is None and found == KEYS
     # A job re-created under the name (another uid) never gets the old job's values.
-    view, found = await handlers._job_keys(key, "uid-2", state, memo,
+    view, found = await observe.job_keys_of(key, "uid-2", state, reader,
                                            clock=100.0 + keys.RECHECK_SECONDS)
     assert reader.reads == 3 and found is None
 
 
 async def test_someone_else_s_secret_is_never_read_for_keys():
     reader = SecretReader(_foreign())
-    view, found = await handlers._job_keys(("ml", "tiny"), "uid-1", JobState(),
-                                           kopf.Memo(writer=reader), clock=0.0)
+    view, found = await observe.job_keys_of(("ml", "tiny"), "uid-1", JobState(),
+                                           reader, clock=0.0)
     assert view is not None and view.owner_uid is None and found is None
 
 
@@ -220,10 +222,10 @@ def test_the_policy_index_counts_only_the_job_s_own_policy():
         "tardigrade.dev/job": "tiny"}, body={"metadata": {"name": "tiny-gang", "ownerReferences": [
             JOB.owner_reference()]}})
     index = {key: [view] for key, view in own.items()}
-    assert handlers._policy_present(("ml", "tiny"), "uid-1", index) is True
-    assert handlers._policy_present(("ml", "tiny"), "uid-2", index) is False
-    assert handlers._policy_present(("ml", "tiny"), "uid-1", {}) is False
-    assert handlers._policy_present(("ml", "tiny"), "uid-1", None) is None
+    assert observe.policy_present(("ml", "tiny"), "uid-1", index) is True
+    assert observe.policy_present(("ml", "tiny"), "uid-2", index) is False
+    assert observe.policy_present(("ml", "tiny"), "uid-1", {}) is False
+    assert observe.policy_present(("ml", "tiny"), "uid-1", None) is None
 
 
 async def _serve(handler: Any) -> tuple[web.AppRunner, str]:

@@ -14,8 +14,8 @@ from kubernetes.client import (
     V1GroupVersionForDiscovery,
 )
 from kubernetes.client.exceptions import ApiException
-from tardigrade_operator import queueing
-from tardigrade_operator.kube import ClusterWriter
+from tardigrade_operator.apply.kube import ClusterWriter
+from tardigrade_operator.decision import queueing
 
 
 class Discovery:

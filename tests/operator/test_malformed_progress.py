@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from tardigrade_contract import contract
-from tardigrade_operator.observe import PodView
-from tardigrade_operator.progress import fetch_progress
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.observation.progress import fetch_progress
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

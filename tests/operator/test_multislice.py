@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 
 import pytest
-from tardigrade_operator import multislice, slices
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_trainingjob
 from tardigrade_operator.api.types import AcceleratorSpec
-from tardigrade_operator.multislice import SliceLayout, layout_for, tpu_environment
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang
+from tardigrade_operator.rendering import slice_placement, tpu_layout
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang
+from tardigrade_operator.rendering.tpu_layout import SliceLayout, layout_for, tpu_environment
 
 from tests.conftest import EXAMPLES, load_yaml
 from tests.operator.fake_cluster import pod_env
@@ -65,7 +65,7 @@ def _multislice_job(replicas: int) -> dict:
 def test_a_two_slice_gang_renders_two_exclusive_slices_with_their_env():
     spec = parse_trainingjob(_multislice_job(4)).spec
     gang = build_gang(JobRef("gpt", "ml", "u"), spec, GangLaunch(2, 4, "latest"))
-    labels = [p["metadata"]["labels"][slices.SLICE_LABEL] for p in gang]
+    labels = [p["metadata"]["labels"][slice_placement.SLICE_LABEL] for p in gang]
     assert labels == ["gpt-a2-s0", "gpt-a2-s0", "gpt-a2-s1", "gpt-a2-s1"]
     envs = [pod_env(p) for p in gang]
     assert [e["MEGASCALE_SLICE_ID"] for e in envs] == ["0", "0", "1", "1"]
@@ -84,22 +84,22 @@ def test_worker_hostnames_of_the_largest_slices_fit_one_environment_string():
     # tpu7x: 9216 chips, 4 a host; v5p: 8960 chips. A short job name fits, a long one is told
     # how short it must be.
     largest = 9216 // 4
-    assert multislice.hostnames_too_long("llm", largest, 2 * largest) is None
-    assert multislice.hostnames_bytes("llm", largest, 2 * largest) <= multislice.MAX_ARG_STRLEN
-    why = multislice.hostnames_too_long("a" * 45, largest, 2 * largest)
+    assert tpu_layout.hostnames_too_long("llm", largest, 2 * largest) is None
+    assert tpu_layout.hostnames_bytes("llm", largest, 2 * largest) <= tpu_layout.MAX_ARG_STRLEN
+    why = tpu_layout.hostnames_too_long("a" * 45, largest, 2 * largest)
     assert why is not None and "shorten metadata.name to at most" in why
     limit = int(why.rsplit("at most ", 1)[1].split()[0])
-    assert multislice.hostnames_too_long("a" * limit, largest, 2 * largest) is None
-    assert multislice.hostnames_too_long("a" * (limit + 1), largest, 2 * largest) is not None
+    assert tpu_layout.hostnames_too_long("a" * limit, largest, 2 * largest) is None
+    assert tpu_layout.hostnames_too_long("a" * (limit + 1), largest, 2 * largest) is not None
     # A v5e slice (64 hosts at most) never comes near it.
-    assert multislice.hostnames_too_long("a" * 45, 64, 4096) is None
+    assert tpu_layout.hostnames_too_long("a" * 45, 64, 4096) is None
 
 
 def test_the_operator_checks_the_job_name_at_the_jobs_largest_size():
     spec = parse_trainingjob(_multislice_job(4)).spec
-    assert multislice.job_name_error("gpt", spec) is None
+    assert tpu_layout.job_name_error("gpt", spec) is None
     big = spec.model_copy(update={"accelerator": AcceleratorSpec(
         kind="tpu", type="tpu7x", topology="16x16x36", count=4)})
-    assert multislice.job_name_error("a" * 45, big) is not None
+    assert tpu_layout.job_name_error("a" * 45, big) is not None
     gpu = parse_trainingjob(load_yaml(EXAMPLES / "gke-gpu-spot.yaml")).spec
-    assert multislice.job_name_error("a" * 45, gpu) is None
+    assert tpu_layout.job_name_error("a" * 45, gpu) is None

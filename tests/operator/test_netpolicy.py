@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from tardigrade_operator import naming
-from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.rendering.manifests import JobRef
+from tardigrade_operator.rendering.netpolicy import NetworkPeers, build_network_policy
 
 from tests.operator.netpolicy_eval import Pod, allowed, validate
 
@@ -83,7 +83,7 @@ def test_the_policy_is_owned_by_the_job():
 
 
 def test_first_launch_creates_the_policy_with_the_service():
-    from tardigrade_operator.decide import DecisionSettings
+    from tardigrade_operator.observation.observed import DecisionSettings
 
     from tests.operator.fake_cluster import FakeCluster, spec
 
@@ -96,7 +96,7 @@ def test_first_launch_creates_the_policy_with_the_service():
 @pytest.mark.parametrize(("peers", "job_switch"), [(None, True), (PEERS, False)],
                          ids=["operator setting off", "spec.networkPolicy.enabled false"])
 def test_the_policy_can_be_switched_off(peers, job_switch):
-    from tardigrade_operator.decide import DecisionSettings
+    from tardigrade_operator.observation.observed import DecisionSettings
 
     from tests.operator.fake_cluster import FakeCluster, spec
 

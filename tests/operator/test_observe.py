@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from tardigrade_contract import contract
-from tardigrade_operator.observe import Outcome, classify, newest_readiness, parse_pod
+from tardigrade_operator.observation.pods import Outcome, classify, newest_readiness, parse_pod
 
 
 def test_a_deleted_node_seen_last_as_not_ready_does_not_shadow_its_replacement():

@@ -6,8 +6,8 @@ import copy
 from datetime import timedelta
 from typing import Any
 
-from tardigrade_operator.observe import parse_pod, parse_service
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.pods import parse_pod, parse_service
+from tardigrade_operator.rendering.manifests import JobRef
 
 from tests.operator.fake_cluster import JOB, FakeCluster, iso, spec
 

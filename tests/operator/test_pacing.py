@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from tardigrade_contract import contract
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decide import decide
-from tardigrade_operator.pacing import (
+from tardigrade_operator.decision.decide import decide
+from tardigrade_operator.decision.pacing import (
     READ_GAP_SECONDS,
     PacingSettings,
     ProgressPoll,

@@ -1,6 +1,6 @@
 """The operator talks to pods on its own terms: it follows no redirect a rank answers, ends
 each exchange at its deadline however slowly a rank answers, and sends the job's progress
-token (podhttp.py, progress.py, restart_request.py)."""
+token (podhttp.py, progress.py, apply/restart_requests.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 from tardigrade_contract import contract
-from tardigrade_operator.observe import PodView
+from tardigrade_operator.apply.restart_requests import ATTEMPTS, RETRY_SECONDS, request_restart
+from tardigrade_operator.decision.plan import Trigger
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.observation.progress import fetch_progress
 from tardigrade_operator.podhttp import pod_session
-from tardigrade_operator.progress import fetch_progress
-from tardigrade_operator.restart_in_place import Trigger
-from tardigrade_operator.restart_request import ATTEMPTS, RETRY_SECONDS, request_restart
 
 PORT = contract.DEFAULT_PROGRESS_PORT
 VICTIM_REPORT = contract.ProgressReport(step=41, loss=0.5, checkpoint_step=40,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tardigrade_operator.podsecurity import check_pod
-from tardigrade_operator.render import GangLaunch, JobRef, build_pod
+from tardigrade_operator.decision.podsecurity import check_pod
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_pod
 
 from tests.conftest import EXAMPLES, load_yaml
 
@@ -63,7 +63,7 @@ def test_rendered_pods_of_the_examples_are_restricted_or_tpu_baseline(path: Path
                         GangLaunch(attempt=1, replicas=job.spec.replicas, restore_step="latest"),
                         rank)
         assert check_pod(pod, "baseline") == []
-        # TPU pods run as root, as GKE's TPU samples do (render.runs_as_root): exactly what
+        # TPU pods run as root, as GKE's TPU samples do (manifests.runs_as_root): exactly what
         # restricted forbids of that, nothing else.
         assert {v.check for v in check_pod(pod, "restricted")} == (
             {"runAsNonRoot", "runAsUser", "capabilities"} if tpu else set())

@@ -8,11 +8,10 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from tardigrade_contract import contract
-from tardigrade_operator import queueing
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.queueing import (
+from tardigrade_operator.decision import queueing
+from tardigrade_operator.decision.queueing import (
     CreateWorkload,
     DeleteWorkload,
     Flavor,

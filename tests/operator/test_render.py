@@ -6,7 +6,13 @@ import kubernetes_validate
 import pytest
 from tardigrade_contract import contract
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_pod, build_service
+from tardigrade_operator.rendering.manifests import (
+    GangLaunch,
+    JobRef,
+    build_gang,
+    build_pod,
+    build_service,
+)
 
 from tests.conftest import EXAMPLES, load_yaml
 from tests.operator.fake_cluster import pod_env
@@ -64,7 +70,7 @@ def test_every_rank_is_told_the_accelerator_it_must_run_on(example, kind):
 
 def test_tpu_pods_run_as_gke_s_tpu_samples_do():
     # No GKE document or public sample runs libtpu as another user or with every capability
-    # dropped; GKE's samples run as root with the runtime's defaults (render.runs_as_root).
+    # dropped; GKE's samples run as root with the runtime's defaults (manifests.runs_as_root).
     pod = build_pod(JOB, _job("gke-tpu-v5e.yaml"), GangLaunch(1, 2, "latest"), rank=0)
     assert pod["spec"]["securityContext"] == {
         "runAsUser": 0, "runAsGroup": 0, "seccompProfile": {"type": "RuntimeDefault"}}

@@ -1,5 +1,5 @@
 """Restart in place through `decide`: which pods a recovery keeps, the world each restarts
-into, and the pods it recreates (restart_in_place.py)."""
+into, and the pods it recreates (in_place.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from tardigrade_contract import contract
-from tardigrade_operator import inplace, restart_in_place
 from tardigrade_operator.api.types import Recovery, TrainingJobStatus
 from tardigrade_operator.decide import DecisionSettings, Plan
 from tardigrade_operator.jobstate import JobState
@@ -68,7 +67,7 @@ def restart(cluster: FakeCluster, name: str, attempt: int, step: int, saved: int
 def test_pods_carry_the_rule_world_and_key_only_when_switched_on():
     on = running_gang().pods["tiny-a1-0"]
     container = on["spec"]["containers"][0]
-    assert inplace.rule_survived(on)
+    assert keepers.rule_survived(on)
     env = {e["name"]: e for e in container["env"]}
     assert env[contract.ENV_WORLD]["valueFrom"]["fieldRef"]["fieldPath"] == \
         f"metadata.annotations['{contract.ANNOTATION_WORLD}']"
@@ -78,7 +77,7 @@ def test_pods_carry_the_rule_world_and_key_only_when_switched_on():
     assert parse_pod(on).restart_keyed
     assert contract.ENV_RESTART_IN_PLACE_DIR in env
     off = running_gang(settings=DecisionSettings()).pods["tiny-a1-0"]
-    assert not inplace.rule_survived(off)
+    assert not keepers.rule_survived(off)
     assert contract.ENV_RESTART_KEY not in {e["name"] for e in off["spec"]["containers"][0]["env"]}
     assert not parse_pod(off).restart_keyed
 
@@ -200,7 +199,7 @@ def test_no_kept_pod_at_all_is_a_plain_recreation():
 def test_a_gang_recreated_whole_tells_its_waiting_trainers_to_exit_at_once():
     # Rank 0 restarted in place a minute ago (back-off ahead), rank 1 is preempted: nothing
     # is kept. Both trainers wait after their save for the operator's word
-    # (inplace.RELEASE_WAIT_SECONDS); without it they would hold the relaunch that long.
+    # (keepers.RELEASE_WAIT_SECONDS); without it they would hold the relaunch that long.
     cluster = running_gang(replicas=2)
     status = cluster.pods["tiny-a1-0"]["status"]["containerStatuses"][0]
     status["restartCount"] = 1
@@ -280,7 +279,7 @@ def test_a_kept_rank_that_did_not_take_its_request_is_recreated_in_the_same_atte
     # Rank 2's trainer answered nothing (or no to) its request; the rank that goes answered
     # nothing either, which needs no follow-up: its pod is being deleted.
     answers = {"tiny-a1-0": True, "tiny-a1-2": False, "tiny-a1-1": False}
-    cluster.refused_restarts = restart_in_place.refused(
+    cluster.refused_restarts = in_place.refused(
         plan.restart_in_place, [answers[t.pod] for t in plan.restart_in_place])
     assert cluster.refused_restarts == {"tiny-a1-2"}
 
@@ -328,10 +327,10 @@ def test_a_kept_rank_0_that_did_not_take_its_request_is_asked_again_while_it_may
     sent = {t.pod: t for t in first.restart_in_place}["tiny-a1-0"]
     assert plan.restart_in_place == [sent]  # the same url, key and world as the first time
     # Past the wait its trainer has stopped waiting: no more requests.
-    cluster.advance(restart_in_place.ASK_AGAIN_FOR.total_seconds())
+    cluster.advance(in_place.ASK_AGAIN_FOR.total_seconds())
     assert not cluster.reconcile().restart_in_place
     # Once it took one, nothing is asked again.
-    cluster.now -= restart_in_place.ASK_AGAIN_FOR
+    cluster.now -= in_place.ASK_AGAIN_FOR
     cluster.refused_restarts = frozenset()
     assert not cluster.reconcile().restart_in_place
 
@@ -361,15 +360,17 @@ def test_a_gang_that_finished_before_its_ranks_restarted_in_place_succeeds():
 def test_the_operator_remembers_refusals_until_a_later_request_is_taken():
     state = JobState()
     # Ranks 0 and 2 refused: the next pass must act at once.
-    assert state.answered(2, frozenset({"j-a1-0", "j-a1-2"}), frozenset({"j-a1-0", "j-a1-2"}))
-    assert state.refused_in(2) == {"j-a1-0", "j-a1-2"}
+    both = frozenset({"j-a1-0", "j-a1-2"})
+    assert state.in_place.answered(2, both, both)
+    assert state.in_place.refused_in(2) == {"j-a1-0", "j-a1-2"}
     # Rank 0 asked again, refused again: nothing new to act on at once.
-    assert not state.answered(2, frozenset({"j-a1-0"}), frozenset({"j-a1-0"}))
+    assert not state.in_place.answered(2, frozenset({"j-a1-0"}), frozenset({"j-a1-0"}))
     # Then it took it.
-    assert not state.answered(2, frozenset({"j-a1-0"}), frozenset())
-    assert state.refused_in(2) == {"j-a1-2"}
+    assert not state.in_place.answered(2, frozenset({"j-a1-0"}), frozenset())
+    assert state.in_place.refused_in(2) == {"j-a1-2"}
     # A newer attempt forgets the older one's.
-    assert state.refused_in(3) == frozenset() and state.refused_in(2) == frozenset()
+    assert state.in_place.refused_in(3) == frozenset()
+    assert state.in_place.refused_in(2) == frozenset()
 
 
 class _Answer:
@@ -440,7 +441,7 @@ def test_a_second_recovery_before_the_labels_keeps_the_same_pods():
     assert [n for n, _ in plan.delete_pods] == ["tiny-a1-2"]
     assert names(plan.create_pods) == ["tiny-a3-2"]
     views = [v for v in (parse_pod(p) for p in cluster.pods.values()) if v is not None]
-    gang = {p.name: p.rank for p in restart_in_place.carried(views, cluster.status)
+    gang = {p.name: p.rank for p in carry.carried(views, cluster.status)
             if p.attempt == 3}
     assert gang == {"tiny-a1-0": 0, "tiny-a2-1": 1, "tiny-a3-2": 2}
 
@@ -465,7 +466,7 @@ def test_carried_pods_are_the_kept_ones_only():
             _view("j-a3-2", 3, 2),
             _view("j-a1-3", 1, 3)]  # beyond the world (a shrink)
     attempts = {p.name: (p.attempt, p.label_attempt)
-                for p in restart_in_place.carried(pods, status)}
+                for p in carry.carried(pods, status)}
     assert attempts == {"j-a1-0": (3, 1), "j-a2-1": (3, 2), "j-a1-1": (1, None),
                         "j-a1-2": (1, None), "j-a3-2": (3, None), "j-a1-3": (1, None)}
 
@@ -473,7 +474,7 @@ def test_carried_pods_are_the_kept_ones_only():
 def test_a_recreation_breaks_the_chain():
     # Attempt 2 kept pods, attempt 3 recreated the gang: an attempt-1 pod is garbage.
     status = _status(attempt=3, replicas=2, kept_into=(2,))
-    pods = restart_in_place.carried([_view("j-a1-0", 1, 0), _view("j-a2-1", 2, 1)], status)
+    pods = carry.carried([_view("j-a1-0", 1, 0), _view("j-a2-1", 2, 1)], status)
     assert [p.attempt for p in pods] == [1, 2]
 
 
@@ -481,26 +482,26 @@ def test_late_labels_are_sent_once_while_the_index_catches_up():
     state = JobState()
     patches = [("j-a1-0", {}), ("j-a1-1", {})]
     present = {"j-a1-0", "j-a1-1"}
-    assert state.unsent(patches, 2, present) == patches
-    state.sent(patches, 2)
+    assert state.in_place.unsent(patches, 2, present) == patches
+    state.in_place.sent(patches, 2)
     # The next passes still see the old labels (the patches' events are on their way).
-    assert state.unsent(patches, 2, present) == []
+    assert state.in_place.unsent(patches, 2, present) == []
     # A later attempt's labels are new; a pod gone is forgotten.
-    assert state.unsent(patches, 3, present) == patches
-    assert state.unsent(patches[:1], 2, {"j-a1-0"}) == []
-    assert state.labelled == {"j-a1-0": 2}
+    assert state.in_place.unsent(patches, 3, present) == patches
+    assert state.in_place.unsent(patches[:1], 2, {"j-a1-0"}) == []
+    assert state.in_place.labelled == {"j-a1-0": 2}
 
 
 def test_carried_views_are_reused_between_passes_and_forgotten_with_their_pods():
     status = _status(attempt=2, replicas=2, kept_into=(2,))
     pods = [_view("j-a1-0", 1, 0), _view("j-a1-1", 1, 1)]
-    memo: restart_in_place.CarryMemo = {}
-    first = restart_in_place.carried(pods, status, memo)
-    again = restart_in_place.carried(pods, status, memo)
+    memo: carry.CarryMemo = {}
+    first = carry.carried(pods, status, memo)
+    again = carry.carried(pods, status, memo)
     assert all(a is b for a, b in zip(first, again, strict=True))
     changed = [_view("j-a1-0", 1, 0, deleting=True), pods[1]]
-    assert restart_in_place.carried(changed, status, memo)[0].attempt == 1
-    restart_in_place.carried(pods[1:], status, memo)
+    assert carry.carried(changed, status, memo)[0].attempt == 1
+    carry.carried(pods[1:], status, memo)
     assert set(memo) == {"j-a1-1"}
 
 
@@ -563,15 +564,15 @@ def test_steps_trained_past_the_restore_of_a_gang_met_in_process_are_lost():
     recovery = Recovery(cause="Preemption", time=NOW, attempt=2, kept_pods=2)
     status = TrainingJobStatus(attempt=2, step=40, recoveries=[recovery])
     # A report of the old attempt says nothing about the new gang.
-    restart_in_place.note_gang_formed(
+    strategy.note_gang_formed(
         status, contract.ProgressReport(step=40, attempt=1), NOW)
     assert recovery.gang_formed_time is None
-    restart_in_place.note_gang_formed(
+    strategy.note_gang_formed(
         status, contract.ProgressReport(step=30, attempt=2, restore_step=30), NOW)
     assert (recovery.gang_formed_time, recovery.restore_step, recovery.steps_lost) == (
         NOW, 30, 10)
     # Recorded once: a later report changes nothing.
-    restart_in_place.note_gang_formed(
+    strategy.note_gang_formed(
         status, contract.ProgressReport(step=35, attempt=2, restore_step=30),
         NOW + timedelta(seconds=5))
     assert recovery.gang_formed_time == NOW
@@ -606,6 +607,6 @@ def test_the_pod_that_set_a_recovery_off_never_counts_in_it_however_late_its_del
 
 def test_rank_ranges_round_trip():
     for ranks in ([], [3], [3, 5, 6, 7], [0, 1, 2, 4, 9, 10], list(range(1024))):
-        text = restart_in_place.rank_ranges(ranks)
-        assert restart_in_place.parse_rank_ranges(text) == set(ranks)
-    assert restart_in_place.rank_ranges([7, 5, 6, 3]) == "3,5-7"
+        text = carry.rank_ranges(ranks)
+        assert carry.parse_rank_ranges(text) == set(ranks)
+    assert carry.rank_ranges([7, 5, 6, 3]) == "3,5-7"

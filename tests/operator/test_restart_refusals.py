@@ -1,5 +1,5 @@
-"""The operator remembers which kept ranks did not take their restart request (handlers.py),
-for the next pass to recreate them (restart_in_place.recreate_refused)."""
+"""The operator remembers which kept ranks did not take their restart request
+(apply/restart_requests.py), for the next pass to recreate them (in_place.recreate_refused)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import random
 from collections.abc import AsyncIterator
 
 import aiohttp
-import kopf
 from aiohttp import web
 from tardigrade_contract import contract
-from tardigrade_operator import handlers
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.restart_in_place import Trigger
+from tardigrade_operator.apply import restart_requests
+from tardigrade_operator.decision.plan import Plan, Trigger
+from tardigrade_operator.observation.job_memory import JobState
 
 KEY = "the-job-s-restart-key"
 
@@ -54,12 +52,11 @@ async def test_kept_ranks_that_refuse_their_request_are_remembered_for_the_next_
             Trigger("j-a1-2", refuser, world='{"attempt": 2}'),
             # A rank that goes gets no world: its refusal needs no follow-up.
             Trigger("j-a1-1", leaver)])
-        memo = kopf.Memo(session=session)
         state = JobState()
-        ask = handlers._asker(memo, plan, state, KEY)
+        ask = restart_requests.sender(session, plan, state.in_place, state.wake, KEY)
         assert ask is not None
         await asyncio.to_thread(ask)  # as the writer calls it, from its thread
-    assert state.refused_in(2) == {"j-a1-2"}
+    assert state.in_place.refused_in(2) == {"j-a1-2"}
     assert state.wake.is_set()  # the next pass comes at once
 
 
@@ -68,10 +65,10 @@ async def test_nothing_is_remembered_when_every_kept_rank_takes_its_request():
         plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
             Trigger("j-a1-0", taker, world='{"attempt": 2}')])
         state = JobState()
-        ask = handlers._asker(kopf.Memo(session=session), plan, state, KEY)
+        ask = restart_requests.sender(session, plan, state.in_place, state.wake, KEY)
         assert ask is not None
         await asyncio.to_thread(ask)
-    assert state.refused_in(2) == frozenset() and not state.wake.is_set()
+    assert state.in_place.refused_in(2) == frozenset() and not state.wake.is_set()
 
 
 async def test_without_the_job_s_key_no_request_is_sent_and_the_kept_ranks_count_as_refused():
@@ -82,8 +79,8 @@ async def test_without_the_job_s_key_no_request_is_sent_and_the_kept_ranks_count
         plan = Plan(status=TrainingJobStatus(attempt=2), restart_in_place=[
             Trigger("j-a1-2", taker, world='{"attempt": 2}')])
         state = JobState()
-        ask = handlers._asker(kopf.Memo(session=session), plan, state, None)
+        ask = restart_requests.sender(session, plan, state.in_place, state.wake, None)
         assert ask is not None
         await asyncio.to_thread(ask)
     assert asked == []
-    assert state.refused_in(2) == {"j-a1-2"} and state.wake.is_set()
+    assert state.in_place.refused_in(2) == {"j-a1-2"} and state.wake.is_set()

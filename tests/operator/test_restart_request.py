@@ -1,4 +1,5 @@
-"""The operator's restart request to a kept rank (restart_request.py): what counts as taken."""
+"""The operator's restart request to a kept rank (apply/restart_requests.py): what counts as
+taken."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import socket
 
 import aiohttp
 from aiohttp import web
-from tardigrade_operator.restart_in_place import Trigger
-from tardigrade_operator.restart_request import request_restart
+from tardigrade_operator.apply.restart_requests import request_restart
+from tardigrade_operator.decision.plan import Trigger
 
 PATH = "/restart-in-place"
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from tardigrade_operator import slices
 from tardigrade_operator.api.parse import parse_trainingjob
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang
+from tardigrade_operator.rendering import slice_placement
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang
 
 from tests.conftest import EXAMPLES, load_yaml
 
@@ -21,7 +21,7 @@ def test_every_host_of_a_tpu_slice_carries_its_slice_label_and_the_exclusive_ter
     gang = _gang("gke-tpu-v5e.yaml")
     assert len(gang) == 2
     for pod in gang:
-        assert pod["metadata"]["labels"][slices.SLICE_LABEL] == "gpt-a3-s0"
+        assert pod["metadata"]["labels"][slice_placement.SLICE_LABEL] == "gpt-a3-s0"
         affinity = pod["spec"]["affinity"]
         (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         (alone,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -51,7 +51,7 @@ def test_a_single_host_slice_gets_no_exclusive_pool_terms(kind, topology, count)
                                   "count": count}
     spec = parse_trainingjob(doc).spec
     (pod,) = build_gang(JOB, spec, GangLaunch(3, 1, "latest"))
-    assert slices.SLICE_LABEL not in pod["metadata"]["labels"]
+    assert slice_placement.SLICE_LABEL not in pod["metadata"]["labels"]
     affinity = pod["spec"].get("affinity", {})
     assert "podAffinity" not in affinity and "podAntiAffinity" not in affinity
     assert pod["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == topology
@@ -61,18 +61,18 @@ def test_a_single_host_slice_gets_no_exclusive_pool_terms(kind, topology, count)
     assert env["TPU_WORKER_HOSTNAMES"] == "gpt-a3-0.gpt"
     assert not any(name.startswith("MEGASCALE_") for name in env)
     # Every host is a leader: nothing waits for a leader to be placed.
-    assert slices.followers(spec, 1, [0], {}) == []
+    assert slice_placement.followers(spec, 1, [0], {}) == []
 
 
 def test_a_new_attempt_is_a_new_slice_identity():
-    assert {p["metadata"]["labels"][slices.SLICE_LABEL]
+    assert {p["metadata"]["labels"][slice_placement.SLICE_LABEL]
             for p in _gang("gke-tpu-v5e.yaml", attempt=4)} == {"gpt-a4-s0"}
 
 
 @pytest.mark.parametrize("example", ["trainingjob.yaml", "gke-gpu-spot.yaml"])
 def test_gpu_and_cpu_hosts_are_not_pinned_to_a_pool(example):
     for pod in _gang(example):
-        assert slices.SLICE_LABEL not in pod["metadata"]["labels"]
+        assert slice_placement.SLICE_LABEL not in pod["metadata"]["labels"]
         assert "affinity" not in pod["spec"]
 
 
@@ -82,9 +82,9 @@ def test_a_follower_keeps_its_node_affinity_and_trades_the_pod_terms_for_the_poo
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "cloud.google.com/scheduled-maintenance-time", "operator": "DoesNotExist"}]}]}}
     follower["spec"]["affinity"]["nodeAffinity"] = no_maintenance
-    pinned = slices.as_follower(follower, "tpu-pool-7")
+    pinned = slice_placement.as_follower(follower, "tpu-pool-7")
     assert pinned["spec"]["affinity"] == {"nodeAffinity": no_maintenance}
     assert pinned["spec"]["nodeSelector"] == {**follower["spec"]["nodeSelector"],
-                                              slices.NODE_POOL_LABEL: "tpu-pool-7"}
+                                              slice_placement.NODE_POOL_LABEL: "tpu-pool-7"}
     assert "podAffinity" in follower["spec"]["affinity"]  # the rendered pod is left as it was
-    assert "affinity" not in slices.as_follower(leader, "tpu-pool-7")["spec"]
+    assert "affinity" not in slice_placement.as_follower(leader, "tpu-pool-7")["spec"]

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 from tardigrade_operator.api.types import Condition, Recovery, TrainingJobStatus
-from tardigrade_operator.stage import LAUNCHING, Stage, pending_recovery, stage
+from tardigrade_operator.decision.stage import LAUNCHING, Stage, pending_recovery, stage
 
 from tests.operator.fake_cluster import FakeCluster, spec
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tardigrade_operator.kube import merge_patch
+from tardigrade_operator.apply.kube import merge_patch
 
 # Statuses as status_json gives them: no nulls (exclude_none), lists replaced whole.
 leaves = st.one_of(st.integers(), st.text(max_size=5), st.booleans(),

@@ -6,8 +6,8 @@ import kubernetes
 import pytest
 import yaml
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
-from tardigrade_operator.kube import ClusterWriter, StaleStatus
+from tardigrade_operator.apply.kube import ClusterWriter, StaleStatus
+from tardigrade_operator.decision.plan import Plan
 
 from tests.conftest import EXAMPLES
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
-from tardigrade_operator.timeline import render
+from tardigrade_operator.cli.timeline import render
 
 
 def _text(job):

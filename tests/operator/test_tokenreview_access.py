@@ -10,10 +10,10 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
-from tardigrade_operator import tokenreview_access
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
-from tardigrade_operator.kube import ClusterWriter
+from tardigrade_operator.apply import tokenreview_access
+from tardigrade_operator.apply.kube import ClusterWriter
+from tardigrade_operator.decision.plan import Plan
 
 from tests.conftest import REPO_ROOT
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import kubernetes
 import pytest
 from tardigrade_operator import naming
-from tardigrade_operator.kube import ClusterWriter
-from tardigrade_operator.uninstall import release_pods, stop_deployment
+from tardigrade_operator.apply.kube import ClusterWriter
+from tardigrade_operator.cli.uninstall import release_pods, stop_deployment
 
 from tests.polling import wait_for
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from tardigrade_operator import handlers
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.maintenance import SCHEDULED_MAINTENANCE_LABEL
-from tardigrade_operator.observe import PodView
+from tardigrade_operator.decision.maintenance import SCHEDULED_MAINTENANCE_LABEL
+from tardigrade_operator.observation.job_memory import JobState
+from tardigrade_operator.observation.pods import PodView
 
 A, B = ("ml", "a"), ("ml", "b")
 

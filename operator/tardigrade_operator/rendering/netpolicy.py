@@ -24,7 +24,7 @@ from typing import Any
 from tardigrade_contract import contract
 
 from tardigrade_operator import naming
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.rendering.manifests import JobRef
 
 # Set on every namespace by the API server (NamespaceDefaultLabelName, 1.21+).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"

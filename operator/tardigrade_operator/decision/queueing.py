@@ -50,8 +50,8 @@ from tardigrade_operator.api.types import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from tardigrade_operator.multislice import hosts_per_slice
-from tardigrade_operator.placement import placement_for
+from tardigrade_operator.rendering.placement import placement_for
+from tardigrade_operator.rendering.tpu_layout import hosts_per_slice
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

@@ -7,7 +7,7 @@ import dataclasses
 import aiohttp
 from tardigrade_contract import contract
 
-from tardigrade_operator.observe import PodView
+from tardigrade_operator.observation.pods import PodView
 from tardigrade_operator.podhttp import read_at_most, redirect_reason
 
 # A report is a handful of numbers; a rank that sends more is not read further.

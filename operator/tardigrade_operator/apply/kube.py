@@ -11,17 +11,13 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_operator import (
-    apidecode,
-    autoscaling,
-    finalizers,
-    naming,
-    queueing,
-    tokenreview_access,
-)
+from tardigrade_operator import apidecode, finalizers, naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Plan
+from tardigrade_operator.apply import tokenreview_access
+from tardigrade_operator.decision import queueing
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.observation import autoscaling
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +116,7 @@ class ClusterWriter:
             self.release_pod(namespace, pod_name)
         for pod_name, grace in plan.delete_pods:
             self.delete_pod(namespace, pod_name, grace)
-        # The kept ranks learn their new world from the request itself (restart_in_place.py),
+        # The kept ranks learn their new world from the request itself (recovery/in_place.py),
         # and each waits for its own only seconds after the gang's save: it goes before the
         # creations.
         if ask_ranks is not None:
@@ -139,7 +135,7 @@ class ClusterWriter:
         for pod in plan.create_pods:
             self._create(self.core.create_namespaced_pod, namespace, pod)
         # Last (a plan with patches is a later pass's, once the gang runs again: the kept
-        # pods' label and world annotation, restart_in_place.late_labels), together rather
+        # pods' label and world annotation, in_place.late_labels), together rather
         # than one round trip after another.
         if plan.patch_pods:
             with ThreadPoolExecutor(min(PATCH_CONCURRENCY, len(plan.patch_pods))) as pool:

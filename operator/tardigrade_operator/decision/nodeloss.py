@@ -21,7 +21,9 @@ import dataclasses
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from tardigrade_operator.observe import PodView
+from tardigrade_operator.decision.plan import FORCE_DELETE_AFTER
+from tardigrade_operator.observation.observed import Observed
+from tardigrade_operator.observation.pods import PodView
 
 # A node whose Ready condition carries no lastTransitionTime: no way to tell how long it has
 # been down, so it counts as down for good (the behaviour before flaps were tolerated).
@@ -85,3 +87,10 @@ class NodeWatch:
         else:
             quiet = f"no progress for {(self.now - self.last_progress).total_seconds():.0f}s"
         return f"{pod.name}: node {pod.node_name} not ready {seconds}, {quiet}"
+
+
+def node_watch(obs: Observed) -> NodeWatch:
+    return NodeWatch(ready=obs.nodes_ready, not_ready_since=obs.nodes_not_ready_since,
+                     now=obs.now, lost_after=obs.settings.node_lost_after,
+                     last_progress=obs.status.last_progress_time,
+                     confirm_within=FORCE_DELETE_AFTER)

@@ -2,7 +2,7 @@
 
 The Secret holds the restart key (rank 0 accepts restart requests with it), the progress token
 (rank 0 answers GET /progress to its bearer only) and the compilation-cache key (the trainer
-authenticates cache entries with it). Pods get them through `secretKeyRef` (render.py), never as
+authenticates cache entries with it). Pods get them through `secretKeyRef` (manifests.py), never as
 literal values that whoever may read pods could read. The Secret is owned by the job, so
 Kubernetes' garbage collector deletes it with the job.
 
@@ -23,8 +23,8 @@ from typing import Any
 from tardigrade_contract import contract
 
 from tardigrade_operator import naming
-from tardigrade_operator.observe import ServiceView
-from tardigrade_operator.render import JobRef
+from tardigrade_operator.observation.pods import ServiceView
+from tardigrade_operator.rendering.manifests import JobRef
 
 # How long the operator trusts what it last read of a job's Secret before it asks again
 # (whether it still exists, whether someone replaced its values). A refused request (401) asks

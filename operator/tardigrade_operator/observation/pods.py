@@ -10,7 +10,8 @@ from typing import Any
 
 from tardigrade_contract import contract
 
-from tardigrade_operator import inplace, naming
+from tardigrade_operator import naming
+from tardigrade_operator.decision.recovery import keepers
 from tardigrade_operator.finalizers import owner_uid
 
 # pod.status.reason values that mean the node went away or the pod was pushed off it.
@@ -81,7 +82,7 @@ class PodView:
     # uid of the TrainingJob in the pod's ownerReferences: a job deleted and re-created under
     # the same name has a new uid, and the old one's pods carry the same labels.
     owner_uid: str | None = None
-    # Restart in place (restart_in_place.py): the API server kept the trainer's restart rule;
+    # Restart in place (recovery/in_place.py): the API server kept the trainer's restart rule;
     # its trainer holds the job's restart key (from the job's Secret, keys.py), without which
     # it takes no restart request; the container's restarts, and the termination message and
     # exit code of its previous run in this pod.
@@ -94,7 +95,7 @@ class PodView:
     last_termination: contract.TerminationMessage | None = None
     last_finished_at: datetime | None = None
     # The attempt its label says, when it is not `attempt`: a pod kept by a restart in place
-    # counts in the new attempt before its label is patched (restart_in_place.carried).
+    # counts in the new attempt before its label is patched (carry.carried).
     label_attempt: int | None = None
 
     @property
@@ -167,7 +168,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodView | None:
         tracked=naming.POD_FINALIZER in (meta.get("finalizers") or []),
         waiting=_waiting(state.get("waiting") or {}),
         owner_uid=owner_uid(pod),
-        restart_rule=inplace.rule_survived(pod),
+        restart_rule=keepers.rule_survived(pod),
         restart_keyed=_secret_ref(pod, contract.ENV_RESTART_KEY) == (
             naming.keys_secret_name(str(labels.get(naming.LABEL_JOB) or "")),
             contract.SECRET_RESTART_KEY),

@@ -16,7 +16,7 @@ The steps, in the order the plan is applied (kube.py, handlers.py):
    attempt in its label and the new world in its annotation (contract.ANNOTATION_WORLD),
    which the kubelet puts into the environment of a container it restarts later for another
    reason (until then the world file the request left is the newer one: trainer
-   inplace.newest_world). Until its patch the operator counts a kept pod in the new attempt by
+   keepers.newest_world). Until its patch the operator counts a kept pod in the new attempt by
    the recovery's record (`carried`), not by its label. The patches wait because at a
    thousand ranks they are a thousand writes: sent during the recovery, they competed with
    the kubelets' status writes for the API server and delayed every rank's restart.
@@ -27,7 +27,7 @@ The steps, in the order the plan is applied (kube.py, handlers.py):
    not form without a second recovery. Its old pod saves with the gang before it goes. Rank
    0's pod cannot be replaced (the other ranks' worlds name it): it is asked again at each
    pass while its trainer may still be waiting for its word (`ask_again`).
-Which pods may stay is judged per pod and node (inplace.py). A pod that ends with 77 anyway
+Which pods may stay is judged per pod and node (keepers.py). A pod that ends with 77 anyway
 (its kubelet ignored the rule) counts as saved, and the next pass recreates its rank.
 """
 
@@ -42,12 +42,28 @@ from typing import Any
 from tardigrade_contract import contract
 from tardigrade_contract.contract import PEER_NOTICE_RELEASE_WAIT_SECONDS
 
-from tardigrade_operator import inplace, naming
-from tardigrade_operator.api.types import RecoveryCause, TrainingJobSpec, TrainingJobStatus
-from tardigrade_operator.nodeloss import NodeWatch
-from tardigrade_operator.observe import Outcome, PodView, RankOutcome, classify
-from tardigrade_operator.render import GangLaunch, JobRef
-from tardigrade_operator.stage import launched_by
+from tardigrade_operator import naming
+from tardigrade_operator.api.types import (
+    Recovery,
+    RecoveryCause,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
+from tardigrade_operator.decision.nodeloss import NodeWatch
+from tardigrade_operator.decision.plan import (
+    Event,
+    Plan,
+    Trigger,
+    requests_to,
+    restore_step,
+    stop_all,
+)
+from tardigrade_operator.decision.recovery import keepers
+from tardigrade_operator.decision.recovery.carry import CarryMemo, rank_ranges
+from tardigrade_operator.decision.stage import launched_by
+from tardigrade_operator.observation.observed import Observed
+from tardigrade_operator.observation.pods import Outcome, PodView, RankOutcome, classify
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef
 
 # Recoveries that may keep pods: the others back off first (a crash, a retry) or must leave
 # their nodes (host maintenance), so they recreate.
@@ -64,31 +80,40 @@ ASK_AGAIN_FOR = timedelta(seconds=PEER_NOTICE_RELEASE_WAIT_SECONDS)
 
 
 @dataclasses.dataclass(frozen=True)
-class Trigger:
-    """Ask a kept rank to save and restart into the new attempt (trainer
-    inplace.RestartRequests). It carries no key: the handlers send the job's restart key,
-    read from the job's Secret (keys.py), with it."""
-
-    pod: str
-    url: str
-    world: str | None = None  # the rank's new world (`world`); None: its pod goes away
-
-
-@dataclasses.dataclass(frozen=True)
 class InPlaceRecovery:
-    plan: inplace.InPlacePlan
+    plan: keepers.InPlacePlan
     coordinator_pod: str  # the pod that holds rank 0 in the new world
     triggers: tuple[Trigger, ...]
 
+    def record(self, recovery: Recovery, replicas: int) -> None:
+        """The recovery's record: the kept trainers are about to save a newer step, so the
+        restore and the steps lost are read from their exits later (`note_restore`)."""
+        recovery.to_replicas = replicas
+        recovery.kept_pods = len(self.plan.keep)
+        recovery.recreated_ranks = rank_ranges(self.plan.create_ranks) or None
+
+    def narrow(self, plan: Plan, job: JobRef, launch: GangLaunch) -> str:
+        """The launch creates only the ranks that are not kept, and sends each kept rank its
+        request with its new world; returns the launch's message."""
+        ranks = set(self.plan.create_ranks)
+        plan.create_pods = [p for p in plan.create_pods
+                            if int(p["metadata"]["labels"][naming.LABEL_RANK]) in ranks]
+        annotate(plan.create_pods, job, self.coordinator_pod, launch)
+        plan.restart_in_place = with_worlds(
+            self.triggers, self.plan.keep, job, self.coordinator_pod, launch)
+        return (f"attempt {launch.attempt}: {len(self.plan.keep)} of {launch.replicas} ranks "
+                f"restart in place, {len(ranks)} new, restoring {launch.restore_step} or the "
+                "step they save")
+
 
 def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
-    # TPU hosts get their slice's worker list at creation (render._tpu_worker_env), which
+    # TPU hosts get their slice's worker list at creation (manifests._tpu_worker_env), which
     # a restarted container could not update: TPU gangs recreate.
     return switched_on and spec.accelerator.kind != "tpu"
 
 
 def members(gang: Sequence[PodView], nodes: NodeWatch,
-            kubelet_versions: Mapping[str, str]) -> list[inplace.Member]:
+            kubelet_versions: Mapping[str, str]) -> list[keepers.Member]:
     def backed_off(p: PodView) -> bool:
         if p.restart_count == 0:
             return False
@@ -109,13 +134,13 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
         if p.restart_in_process:
             # Its trainer restarts itself in process: no kubelet takes part, so any node's does. A
             # rank that exits 77 anyway ends its pod where the rule is missing or ignored, and
-            # the next pass recreates it (observe.classify: a save, as exit 75).
+            # the next pass recreates it (pods.classify: a save, as exit 75).
             return True
         node = {"status": {"nodeInfo": {"kubeletVersion": kubelet_versions.get(
             p.node_name or "", "")}}}
-        return p.restart_rule and inplace.kubelet_supports_rules(node)
+        return p.restart_rule and keepers.kubelet_supports_rules(node)
 
-    return [inplace.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
+    return [keepers.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
 
 
 def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
@@ -124,7 +149,7 @@ def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
     """What an in-place recovery to `attempt` does, or None: recreate the whole gang."""
     if cause not in CAUSES:
         return None
-    chosen = inplace.plan(members(gang, nodes, kubelet_versions), replicas, enabled=True)
+    chosen = keepers.plan(members(gang, nodes, kubelet_versions), replicas, enabled=True)
     if not chosen.in_place:
         return None
     by_name = {p.name: p for p in gang}
@@ -135,30 +160,14 @@ def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
     # word that would never come (their kubelet does not restart a pod being deleted).
     going = [by_name[name] for name in chosen.delete
              if by_name[name].active and not by_name[name].deleting]
-    triggers = _triggers([*kept, *going], attempt)
+    triggers = requests_to([*kept, *going], attempt)
     if not any(t.pod in {p.name for p in kept} for t in triggers):
         # Nothing would make the kept trainers save and stop: recreate instead.
         return None
     return InPlaceRecovery(chosen, coordinator, triggers)
 
 
-def _triggers(pods: Iterable[PodView], attempt: int) -> tuple[Trigger, ...]:
-    return tuple(
-        Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
-                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}")
-        for p in pods if p.pod_ip and p.restart_keyed)
-
-
-def release_on_recreate(gang: Sequence[PodView], attempt: int) -> list[Trigger]:
-    """The operator's word for the ranks of a gang it recreates whole (a recovery that keeps
-    no pod). Trainers started for restart in place wait after their save on notice for this
-    word before they exit (trainer inplace.release_deadline): told nothing, each would
-    hold its pod, and the relaunch, that long. Their pods are being deleted, so their kubelet
-    does not restart them: the word only lets them exit at once."""
-    return list(_triggers([p for p in gang if p.active and not p.deleting], attempt))
-
-
-def with_worlds(triggers: Iterable[Trigger], keep: Iterable[inplace.Keep], job: JobRef,
+def with_worlds(triggers: Iterable[Trigger], keep: Iterable[keepers.Keep], job: JobRef,
                 coordinator_pod: str, launch: GangLaunch) -> list[Trigger]:
     """The requests, each kept rank's carrying its new world: the rank restarts into it without
     waiting for its pod's patch (the ranks that go get none)."""
@@ -195,7 +204,7 @@ def ask_again(gang: Sequence[PodView], refused_pods: frozenset[str], status: Tra
     leader = [p for p in _refused_kept(gang, refused_pods, status) if p.rank == 0]
     launch = GangLaunch(status.attempt, status.replicas, restore_step)
     return [dataclasses.replace(t, world=world(job, t.pod, launch, 0))
-            for t in _triggers(leader, status.attempt)]
+            for t in requests_to(leader, status.attempt)]
 
 
 def _refused_kept(gang: Sequence[PodView], refused_pods: frozenset[str],
@@ -247,77 +256,6 @@ def kept_patch(job: JobRef, coordinator_pod: str, launch: GangLaunch,
         "annotations": {contract.ANNOTATION_WORLD: world(job, coordinator_pod, launch, rank)}}}
 
 
-# Pod name -> (its view, the attempt it was carried to, the carried view).
-CarryMemo = dict[str, tuple[PodView, int, PodView]]
-
-
-def carried(pods: Sequence[PodView], status: TrainingJobStatus,
-            memo: CarryMemo | None = None) -> list[PodView]:
-    """The pods with the attempt they run in: a pod kept by the restarts in place since its
-    label's attempt counts in the job's attempt before its label is patched (`late_labels`).
-
-    A pod is carried from its label's attempt L to the job's attempt A when every recovery
-    into L+1..A kept pods (`kept_pods`, written with the recovery before any of its pods was
-    touched), none of them recreated its rank (`recreated_ranks`, written with it: the pod
-    that set a recovery off is never kept, and the operator may see it before it sees the
-    deletion that follows), it is not being deleted (a recovery deletes every pod it does not
-    keep), its rank is in the new world, and no pod labelled with a newer attempt holds its
-    rank. `memo` keeps the carried views between passes (a pass reads the whole gang)."""
-    kept_into = {r.attempt: r for r in status.recoveries if r.kept_pods}
-    oldest = status.attempt
-    while oldest in kept_into:
-        oldest -= 1
-    if oldest == status.attempt:
-        return list(pods)
-    # Rank -> the newest attempt into which a recovery recreated it.
-    recreated: dict[int, int] = {}
-    for attempt, recovery in kept_into.items():
-        for rank in parse_rank_ranges(recovery.recreated_ranks or ""):
-            recreated[rank] = max(recreated.get(rank, -1), attempt)
-    newest_label = {}
-    for pod in pods:
-        if not pod.deleting and pod.attempt > newest_label.get(pod.rank, -1):
-            newest_label[pod.rank] = pod.attempt
-    memo = {} if memo is None else memo
-
-    def carry(pod: PodView) -> PodView:
-        known = memo.get(pod.name)
-        if known is not None and known[0] is pod and known[1] == status.attempt:
-            return known[2]
-        view = dataclasses.replace(pod, attempt=status.attempt, label_attempt=pod.attempt)
-        memo[pod.name] = (pod, status.attempt, view)
-        return view
-
-    views = [carry(pod) if oldest <= pod.attempt < status.attempt and not pod.deleting
-             and pod.rank < status.replicas and newest_label.get(pod.rank) == pod.attempt
-             and recreated.get(pod.rank, -1) <= pod.attempt
-             else pod for pod in pods]
-    for name in memo.keys() - {pod.name for pod in pods}:
-        del memo[name]
-    return views
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """Ranks as ranges: [3, 5, 6, 7] -> "3,5-7"."""
-    out: list[str] = []
-    for rank in sorted(set(ranks)):
-        if out and "-" not in out[-1] and int(out[-1]) == rank - 1:
-            out[-1] = f"{out[-1]}-{rank}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == rank - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{rank}"
-        else:
-            out.append(str(rank))
-    return ",".join(out)
-
-
-def parse_rank_ranges(text: str) -> set[int]:
-    ranks: set[int] = set()
-    for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
-        ranks.update(range(int(first), int(last or first) + 1))
-    return ranks
-
-
 def late_labels(gang: Sequence[PodView], job: JobRef,
                 status: TrainingJobStatus) -> list[tuple[str, dict[str, Any]]]:
     """The patches of the kept pods not yet labelled with the attempt they run in; sent once
@@ -346,23 +284,6 @@ def restarted_into(pod: PodView, attempt: int) -> bool:
     last = pod.last_termination
     return (pod.last_exit_code == contract.EXIT_RESTART_IN_PLACE and last is not None
             and last.attempt is not None and last.attempt >= attempt - 1)
-
-
-def note_gang_formed(status: TrainingJobStatus, report: contract.ProgressReport | None,
-                     now: datetime) -> None:
-    """Record the first report of the last recovery's attempt (`gang_formed_time`): rank 0
-    serves progress only once every rank met, so it is the one sign that kept ranks which
-    restarted in process (no container restart) run the new world. A recovery that kept
-    pods also learns its restore step there, and the steps lost: the newest step seen before
-    it, past the restore. Call before the report is folded into `status.step`."""
-    last = launched_by(status)
-    if last is None or last.gang_formed_time is not None or report is None \
-            or report.attempt != last.attempt:
-        return
-    last.gang_formed_time = now
-    if last.kept_pods and last.restore_step is None:
-        last.restore_step = report.restore_step or 0
-        last.steps_lost = max(0, (status.step or 0) - last.restore_step)
 
 
 def hold_unrestarted(outcomes: dict[int, RankOutcome], gang: Sequence[PodView],
@@ -413,3 +334,85 @@ def note_restore(status: TrainingJobStatus, gang: Sequence[PodView]) -> bool:
     last.restore_step = restore
     last.steps_lost = max(0, max(m.step or 0 for m in saved) - restore)
     return False
+
+
+class InPlace:
+    """The recovery that keeps the gang's healthy pods and restarts their trainers into the
+    new world (the steps in this module's docstring). `kept`: what this recovery keeps, when
+    it begins one; None when it watches the gang an earlier one launched."""
+
+    def __init__(self, kept: InPlaceRecovery | None = None) -> None:
+        self.kept = kept
+
+    def begin(self, plan: Plan, obs: Observed, gang: list[PodView],
+              attempt: int) -> InPlaceRecovery | None:
+        # Healthy pods stay; only the rest are stopped (their SIGTERM reaches every rank).
+        assert self.kept is not None
+        stop_all(plan, obs, [p for p in gang if p.name in self.kept.plan.delete], grace=None)
+        return self.kept
+
+    def rejoin(self, plan: Plan, obs: Observed, gang: list[PodView]) -> list[PodView]:
+        status = plan.status
+        recreated = recreate_refused(gang, obs.refused_restarts, status)
+        if recreated:
+            gang = [p for p in gang if p not in recreated]
+            plan.delete_pods.extend((p.name, None) for p in recreated)
+            plan.events.extend(Event(
+                "Warning", "RestartInPlaceRefused",
+                f"{p.name} did not take the request to restart in place: recreating rank "
+                f"{p.rank}") for p in recreated)
+        plan.restart_in_place = ask_again(
+            gang, obs.refused_restarts, status, obs.job, restore_step(status), obs.now)
+        return recreated
+
+    def hold(self, outcomes: dict[int, RankOutcome], gang: list[PodView],
+             status: TrainingJobStatus) -> bool:
+        hold_unrestarted(outcomes, gang, status)
+        return note_restore(status, gang)
+
+    def finished_early(self, gang: list[PodView], outcomes: Mapping[int, RankOutcome],
+                       status: TrainingJobStatus) -> PodView | None:
+        return finished_before_restart(gang, outcomes, status)
+
+    def settle(self, plan: Plan, obs: Observed, gang: list[PodView]) -> None:
+        plan.patch_pods = late_labels(gang, obs.job, plan.status)
+
+
+@dataclasses.dataclass
+class InPlaceMemory:
+    """What the operator keeps between passes about its restarts in place. A cache: lost, the
+    next pass sends a late label again or recreates a refused rank a pass later."""
+
+    # Kept pods whose late label this operator sent (name -> attempt): the index shows the
+    # patches seconds later at a thousand ranks, and the passes meanwhile must not send them
+    # again (`late_labels`).
+    labelled: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The views carry.carried made, reused while the pod's view is the same.
+    carried: CarryMemo = dataclasses.field(default_factory=dict)
+    # (attempt, kept pods whose trainers did not take their restart request in it)
+    refused: tuple[int, frozenset[str]] | None = None
+
+    def unsent(self, patches: list[tuple[str, dict]],
+               attempt: int, present: set[str]) -> list[tuple[str, dict]]:
+        """The patches not sent yet for this attempt; forgets pods no longer present."""
+        self.labelled = {n: a for n, a in self.labelled.items() if n in present}
+        return [(name, patch) for name, patch in patches if self.labelled.get(name) != attempt]
+
+    def sent(self, patches: list[tuple[str, dict]], attempt: int) -> None:
+        self.labelled.update((name, attempt) for name, _ in patches)
+
+    def answered(self, attempt: int, asked: frozenset[str], refused: frozenset[str]) -> bool:
+        """Note who of `asked` (kept pods asked to restart into `attempt`) did not take it;
+        True when one did not that had not refused before (the next pass recreates it)."""
+        known = self.refused[1] if self.refused is not None and self.refused[0] == attempt \
+            else frozenset()
+        now = (known - asked) | refused
+        self.refused = (attempt, now) if now else None
+        return bool(refused - known)
+
+    def refused_in(self, attempt: int) -> frozenset[str]:
+        """The refusals of this attempt; an older attempt's are forgotten."""
+        if self.refused is None or self.refused[0] != attempt:
+            self.refused = None
+            return frozenset()
+        return self.refused[1]

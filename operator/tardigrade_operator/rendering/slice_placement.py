@@ -37,9 +37,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from tardigrade_operator import multislice, naming
+from tardigrade_operator import naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
+from tardigrade_operator.rendering import tpu_layout
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 SLICE_LABEL = f"{types.GROUP}/slice"
@@ -49,7 +50,7 @@ def is_exclusive(spec: TrainingJobSpec) -> bool:
     """Multi-host TPU slices get a node pool of their own. A single-host slice is one VM, which
     its pod's google.com/tpu request fills: nothing to keep together, and nothing to keep out
     that the chip request does not already. GPU and CPU hosts are interchangeable."""
-    per_slice = multislice.hosts_per_slice(spec.accelerator)
+    per_slice = tpu_layout.hosts_per_slice(spec.accelerator)
     return per_slice is not None and per_slice > 1
 
 
@@ -107,9 +108,9 @@ def as_follower(pod: dict[str, Any], pool: str) -> dict[str, Any]:
 
 
 def _leaders_first(spec: TrainingJobSpec, replicas: int,
-                   node_pools: Mapping[str, str] | None) -> multislice.SliceLayout | None:
+                   node_pools: Mapping[str, str] | None) -> tpu_layout.SliceLayout | None:
     """The gang's slice layout when its followers wait for their leaders, else None."""
-    layout = multislice.layout_for(spec.accelerator, replicas)
+    layout = tpu_layout.layout_for(spec.accelerator, replicas)
     if not is_exclusive(spec) or layout is None or node_pools is None:
         return None
     return layout

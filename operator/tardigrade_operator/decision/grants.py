@@ -36,7 +36,7 @@ from tardigrade_contract import contract
 
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.render import IN_PLACE_VOLUME, RENDEZVOUS_TOKEN_VOLUME
+from tardigrade_operator.rendering.manifests import IN_PLACE_VOLUME, RENDEZVOUS_TOKEN_VOLUME
 
 # Every core/v1 volume source, as the kubernetes client names it on the wire.
 VOLUME_TYPES = tuple(sorted(v for v in k8s.V1Volume.attribute_map.values() if v != "name"))
@@ -57,7 +57,7 @@ SYSTEM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 # follow the secrets list, and a source kind not listed here is refused.
 HARMLESS_PROJECTIONS = frozenset({"configMap", "downwardAPI", "serviceAccountToken",
                                   "clusterTrustBundle", "podCertificate"})
-# The operator's own pod additions (render.py), exempt by name.
+# The operator's own pod additions (rendering/manifests.py), exempt by name.
 OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME})
 OPERATOR_SECRET_ENV = frozenset({contract.ENV_RESTART_KEY, contract.ENV_PROGRESS_TOKEN,
                                  contract.ENV_CACHE_KEY})

@@ -9,58 +9,47 @@ replays the same decision from the same observations, so nothing is counted or c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Literal
 
 from tardigrade_contract import contract
 
-from tardigrade_operator import (
-    checkpoint_scope,
-    multislice,
-    naming,
-    queueing,
-    restart_in_place,
-    slices,
-)
+from tardigrade_operator import naming
 from tardigrade_operator.api.conditions import (
-    EVICTING,
     SUSPENDING,
     WAITING_FOR_CAPACITY,
-    summary_conditions,
 )
 from tardigrade_operator.api.types import (
     MAX_IGNORED_REPORT_LENGTH,
-    MAX_MESSAGE_LENGTH,
     MAX_REASON_LENGTH,
     MAX_RECOVERY_HISTORY,
     CheckpointRef,
-    Condition,
     Phase,
-    QueueStatus,
     Recovery,
     RecoveryCause,
     RestoreRequest,
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from tardigrade_operator.autoscaling import ScaleUpSignal
-from tardigrade_operator.gangprogress import quarter, ranks_running
-from tardigrade_operator.keys import JobKeys, build_keys_secret
-from tardigrade_operator.maintenance import MaintenanceWatch, avoid_until, pools_due
-from tardigrade_operator.netpolicy import NetworkPeers, build_network_policy
-from tardigrade_operator.nodeloss import NodeWatch
-from tardigrade_operator.observe import (
-    Outcome,
-    PodView,
-    RankOutcome,
-    ServiceView,
-    classify,
-    owned,
-    with_shutdown_notice,
+from tardigrade_operator.decision import checkpoint_scope, kueue_gate
+from tardigrade_operator.decision.gang_messages import quarter, ranks_running
+from tardigrade_operator.decision.maintenance import MaintenanceWatch, avoid_until, pools_due
+from tardigrade_operator.decision.nodeloss import NodeWatch, node_watch
+from tardigrade_operator.decision.plan import (
+    Event,
+    Plan,
+    condition,
+    finish,
+    force_if_stuck,
+    restore_step,
+    set_condition,
+    set_phase,
+    set_summary,
+    stop_all,
 )
-from tardigrade_operator.render import GangLaunch, JobRef, build_gang, build_service
-from tardigrade_operator.stage import (
+from tardigrade_operator.decision.recovery import in_place
+from tardigrade_operator.decision.recovery import strategy as strategies
+from tardigrade_operator.decision.recovery.in_place import InPlaceRecovery
+from tardigrade_operator.decision.stage import (
     LAUNCHING,
     TERMINAL_PHASES,
     Stage,
@@ -68,226 +57,126 @@ from tardigrade_operator.stage import (
     pending_recovery,
     stage,
 )
-
-# A pod stuck terminating this long past its deadline (node gone, kubelet dead) is forced.
-FORCE_DELETE_AFTER = timedelta(seconds=30)
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionSettings:
-    unschedulable_timeout: timedelta = timedelta(seconds=60)
-    grow_back_after: timedelta = timedelta(minutes=5)
-    # A rank whose node has not been Ready this long (from the Ready condition's last
-    # transition, itself the node monitor grace period after the last heartbeat) while the
-    # gang made no progress for as long is lost; shorter outages (kubelet restart, partition)
-    # are ridden out. See nodeloss.py.
-    node_lost_after: timedelta = timedelta(seconds=60)
-    # How long a scale-up the autoscaler announced (TriggeredScaleUp) holds off shrinking: the
-    # cluster autoscaler itself gives a node group --max-node-provision-time (15 min) to deliver.
-    scale_up_wait: timedelta = timedelta(minutes=15)
-    # How long a new job waits for the garbage collector to delete the Service of a previous
-    # job of the same name before it reports the name as taken.
-    previous_service_wait: timedelta = timedelta(seconds=120)
-    # Admin rule: jobs may only checkpoint below this prefix, "{namespace}" filled in
-    # (checkpoint_scope.py); None allows any path the CRD accepts.
-    checkpoint_path_prefix: str | None = None
-    # Who besides the gang may reach its pods; None: the operator renders no NetworkPolicy.
-    network_peers: NetworkPeers | None = None
-    # Keep healthy pods on a recovery and restart their trainers in place
-    # (restart_in_place.py); off: every recovery recreates the whole gang.
-    restart_in_place: bool = False
-    # A kept trainer restarts by replacing its own process, not through its kubelet
-    # (contract.ENV_RESTART_IN_PROCESS).
-    restart_in_process: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Observed:
-    """Everything the decision may look at. Built by the handlers from the cluster."""
-
-    job: JobRef
-    generation: int
-    spec: TrainingJobSpec | None
-    spec_error: str | None
-    status: TrainingJobStatus
-    # Pods labelled with the job's name; `decide` keeps those whose owner is this job's uid.
-    pods: list[PodView]
-    service: ServiceView | None  # the Service with the job's name, if one exists
-    now: datetime
-    progress: contract.ProgressReport | None = None  # from rank 0 of the current attempt
-    # Why rank 0's answer was not a report: it broke the contract (contract.MalformedReport).
-    progress_error: str | None = None
-    nodes_ready: Mapping[str, bool] | None = None
-    # Node name -> when its Ready condition left True (lastTransitionTime), for nodes not Ready.
-    nodes_not_ready_since: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
-    # Nodes whose kubelet is shutting them down (observe.nodes_shutting_down).
-    nodes_shutting_down: frozenset[str] = frozenset()
-    settings: DecisionSettings = DecisionSettings()
-    # Why the API server refused a pod or service rendered from this generation of the spec.
-    rejected: str | None = None
-    # Pod name -> the node autoscaler's newest verdict on it (autoscaling.newest_signals), for
-    # the current gang's unschedulable pods.
-    scale_up: Mapping[str, ScaleUpSignal] = dataclasses.field(default_factory=dict)
-    # Node name -> when GKE scheduled host maintenance on it (maintenance.scheduled_nodes).
-    nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
-    # Node name -> its GKE node pool (slices.NODE_POOL_LABEL); None when nodes are not watched.
-    node_pools: Mapping[str, str] | None = None
-    # Node name -> status.nodeInfo.kubeletVersion (restart in place needs 1.35 or later).
-    kubelet_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # The Secret with the job's keys' name (naming.keys_secret_name), whoever made it; None:
-    # there is none.
-    keys_secret: ServiceView | None = None
-    # The values to make that Secret with when there is none (keys.py: those the operator
-    # knows for this job, else fresh ones); None: make none.
-    new_keys: JobKeys | None = None
-    # Whether the job's NetworkPolicy exists; None: not watched, so it is made with the Service.
-    network_policy: bool | None = None
-    # Kept pods of the current attempt whose trainers did not take the operator's restart
-    # request (restart_in_place.refused): their ranks are recreated.
-    refused_restarts: frozenset[str] = frozenset()
-    # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py); None: no label.
-    queue: queueing.QueueGate | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclasses.dataclass
-class Plan:
-    status: TrainingJobStatus
-    # The job's keys Secret, made before anything that reads it (kube.py).
-    create_keys_secret: dict | None = None
-    create_service: dict | None = None
-    create_network_policy: dict | None = None
-    create_pods: list[dict] = dataclasses.field(default_factory=list)
-    # (pod name, grace period seconds; None keeps the pod's own terminationGracePeriodSeconds)
-    delete_pods: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
-    # Pods whose final state is in `status` now: drop our finalizer (after the status write).
-    release_pods: list[str] = dataclasses.field(default_factory=list)
-    events: list[Event] = dataclasses.field(default_factory=list)
-    # Restart in place: the requests that make the gang save and restart, each kept rank's
-    # with its world (sent after the deletes); then (pod name, merge patch) for kept pods,
-    # applied last (kube.py).
-    patch_pods: list[tuple[str, dict]] = dataclasses.field(default_factory=list)
-    restart_in_place: list[restart_in_place.Trigger] = dataclasses.field(default_factory=list)
+from tardigrade_operator.observation.autoscaling import ScaleUpSignal
+from tardigrade_operator.observation.observed import Observed
+from tardigrade_operator.observation.pods import (
+    Outcome,
+    PodView,
+    RankOutcome,
+    classify,
+)
+from tardigrade_operator.rendering import slice_placement, tpu_layout
+from tardigrade_operator.rendering.keys import build_keys_secret
+from tardigrade_operator.rendering.manifests import GangLaunch, build_gang, build_service
+from tardigrade_operator.rendering.netpolicy import build_network_policy
 
 
 def decide(obs: Observed) -> Plan:
-    plan = _decide(obs)
-    if obs.queue is not None:
-        _note_queue(plan, obs, obs.queue)
+    """The ladder, one rung per concern, top to bottom; a rung that settles the pass ends it.
+
+    1. Kueue's gate (kueue_gate.py): the rungs below see the spec Kueue lets run, and the
+       plan reports Kueue's hold (a job without the queue label skips it);
+    2. the spec: invalid, refused by the API server, or outside the admin's rules -> Failed;
+    3. what the pods report: a newer attempt adopted, progress and checkpoints recorded, old
+       attempts deleted, recorded pods released;
+    4. an ended job stays ended; a previous job's children hold the name;
+    5. the job's children that went missing are made again;
+    6. by the job's stage (stage.py): the first launch; a recovery's teardown and relaunch;
+       the running gang watched (recovery's return, disruptions, resizes, capacity,
+       maintenance, status), each through its own module.
+    """
+    if obs.queue is None:
+        return _ladder(obs)
+    return kueue_gate.under_gate(obs, _ladder)
+
+
+def _ladder(obs: Observed) -> Plan:
+    plan = _begin_pass(obs)
+    if _spec_refused(plan, obs):
+        return plan
+    spec = obs.spec
+    assert spec is not None
+    gang = _fold_in_reports(plan, obs)
+    job_stage = stage(plan.status)
+    if job_stage is Stage.FINISHED:
+        _stay_finished(plan, obs, gang)
+        return plan
+    first_launch = job_stage is Stage.NEW
+    if _held_by_another(plan, obs, obs.gang.previous, first_launch):
+        return plan
+    _make_missing_children(plan, obs, spec)
+    if first_launch:
+        _first_launch(plan, obs, spec)
+    elif job_stage in (Stage.RECOVERING, Stage.SUSPENDED):
+        _tear_down_then_launch(plan, obs, spec, gang, pending_recovery(plan.status))
+    else:
+        _watch_running_gang(plan, obs, spec, gang)
     return plan
 
 
-def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
-    """A job Kueue holds shows phase Queued with the LocalQueue and Kueue's reason, not the
-    Suspended that holding it amounts to; admission and eviction are events."""
-    status = plan.status
-    before = obs.status.queue
-    workload = gate.workload
-    status.queue = QueueStatus(
-        local_queue=gate.queue, workload=workload.name if workload else None,
-        cluster_queue=workload.cluster_queue if workload and gate.admitted else None,
-        admitted=gate.admitted,
-        admitted_replicas=gate.held if workload and gate.admitted else None,
-        growing_to=gate.replicas if gate.growing and not gate.resizing else None,
-        message=(gate.grow_message() if gate.growing and not gate.resizing
-                 else "" if gate.admitted else gate.waiting_message()))
-    if (status.queue.growing_to is not None
-            and (before is None or before.growing_to != status.queue.growing_to)):
-        plan.events.append(Event("Normal", "GrowQueued", gate.grow_message()))
-    user_suspended = obs.spec is not None and obs.spec.suspend
-    if not user_suspended:
-        # Stopping for Kueue is not the user's suspension: the Evicted event says why.
-        plan.events = [e for e in plan.events if e.reason != "Suspending"]
-    if status.phase == "Suspended" and not user_suspended:
-        stopping = _condition(status, "Running")
-        reason = (EVICTING if stopping is not None and stopping.reason == SUSPENDING
-                  and not gate.resizing else gate.reason())
-        if obs.status.phase != "Queued" and not gate.evicted:
-            plan.events.append(Event("Normal", "Queued", gate.waiting_message()))
-        _set_phase(plan, obs, "Queued", reason, gate.waiting_message())
-    was_admitted = before is not None and before.admitted
-    if gate.admitted and not was_admitted:
-        assert workload is not None
-        plan.events.append(Event("Normal", "Admitted", (
-            f"Kueue admitted {workload.admitted_count} replicas in ClusterQueue "
-            f"{workload.cluster_queue} (Workload {workload.name})")))
-    if gate.evicted and was_admitted:
-        evicted = workload.conditions["Evicted"] if workload else None
-        plan.events.append(Event("Normal", "Evicted", (
-            f"Kueue evicted Workload {workload.name if workload else ''}"
-            f" ({evicted.reason if evicted else ''}: {evicted.message if evicted else ''}): "
-            "the gang saves, stops and is requeued")))
-
-
-def _decide(obs: Observed) -> Plan:
-    # A previous job of the same name (deleted, re-created) leaves pods with the same labels:
-    # never adopt, stop, release or count them; the garbage collector deletes them.
-    previous = [p for p in obs.pods if p.owner_uid != obs.job.uid]
-    mine = restart_in_place.carried(owned(obs.pods, obs.job.uid), obs.status)
-    obs = dataclasses.replace(obs, pods=with_shutdown_notice(mine, obs.nodes_shutting_down))
+def _begin_pass(obs: Observed) -> Plan:
     status = obs.status.model_copy(deep=True)
-    plan = Plan(status=status)
     status.observed_generation = obs.generation
     status.selector = naming.job_selector(obs.job.name)
     if status.start_time is None:
         status.start_time = obs.now
+    return Plan(status=status)
 
+
+def _spec_refused(plan: Plan, obs: Observed) -> bool:
+    """A spec that cannot run ends the job, its pods stopped; True when it did."""
+    status = plan.status
     if obs.spec is None:
-        _stop_all(plan, obs, obs.pods, grace=None)
-        _set_condition(status, obs, "InvalidSpec", "True", "SpecInvalid",
-                       obs.spec_error or "invalid spec")
-        _finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
-        return plan
+        stop_all(plan, obs, obs.gang.pods, grace=None)
+        set_condition(status, obs, "InvalidSpec", "True", "SpecInvalid",
+                      obs.spec_error or "invalid spec")
+        finish(plan, obs, "Failed", "InvalidSpec", obs.spec_error or "invalid spec")
+        return True
     if obs.rejected is not None and status.phase not in TERMINAL_PHASES:
-        _stop_all(plan, obs, obs.pods, grace=None)
-        _finish(plan, obs, "Failed", "PodRejected",
-                f"{obs.rejected}; fix the TrainingJob field it names, then delete and re-apply "
-                "the job")
-        return plan
-    spec = obs.spec
-    outside_paths = checkpoint_scope.refusals(spec, obs.job.namespace,
+        stop_all(plan, obs, obs.gang.pods, grace=None)
+        finish(plan, obs, "Failed", "PodRejected",
+               f"{obs.rejected}; fix the TrainingJob field it names, then delete and re-apply "
+               "the job")
+        return True
+    outside_paths = checkpoint_scope.refusals(obs.spec, obs.job.namespace,
                                               obs.settings.checkpoint_path_prefix)
     if outside_paths:
         outside = "; ".join(outside_paths)
-        _stop_all(plan, obs, obs.pods, grace=None)
-        _set_condition(status, obs, "InvalidSpec", "True", "CheckpointPathNotAllowed", outside)
-        _finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)
-        return plan
-    _set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
-    # Kueue's hold: suspended until admitted, then the admitted count and flavors.
-    spec = queueing.gated_spec(spec, obs.queue)
-    obs = dataclasses.replace(obs, spec=spec)
+        stop_all(plan, obs, obs.gang.pods, grace=None)
+        set_condition(status, obs, "InvalidSpec", "True", "CheckpointPathNotAllowed", outside)
+        finish(plan, obs, "Failed", "CheckpointPathNotAllowed", outside)
+        return True
+    set_condition(status, obs, "InvalidSpec", "False", "Valid", "")
+    return False
 
+
+def _fold_in_reports(plan: Plan, obs: Observed) -> list[PodView]:
+    """Fold what the pods and rank 0 report into the status; returns the current gang."""
+    status = plan.status
     # Pods of an attempt newer than the status knows: a status write was lost; adopt them.
-    current = max([status.attempt, *(p.attempt for p in obs.pods)])
+    current = obs.gang.attempt
     status.attempt = current
-    gang = sorted((p for p in obs.pods if p.attempt == current), key=lambda p: p.rank)
+    gang = obs.gang.current
     _delete_old_attempts(plan, obs, current)
-    restart_in_place.note_gang_formed(status, obs.progress, obs.now)
+    strategies.note_gang_formed(status, obs.progress, obs.now)
     _record_progress(status, obs, gang)
     _note_malformed_progress(plan, obs)
     _release_recorded(plan, obs, current)
+    return gang
 
-    job_stage = stage(status)
-    if job_stage is Stage.FINISHED:
-        _stop_all(plan, obs, gang, grace=None)
-        # A job that ended before the summary conditions existed gets them too.
-        ended = _condition(status, status.phase)
-        if ended is not None:
-            _set_summary(status, obs, status.phase, ended.reason, ended.message)
-        return plan
-    pending = pending_recovery(status)
-    first_launch = job_stage is Stage.NEW
-    if _held_by_another(plan, obs, previous, first_launch):
-        return plan
-    # Level-triggered: whichever of the job's children went missing is made again, before any
-    # pod this pass creates.
+
+def _stay_finished(plan: Plan, obs: Observed, gang: list[PodView]) -> None:
+    status = plan.status
+    stop_all(plan, obs, gang, grace=None)
+    # A job that ended before the summary conditions existed gets them too.
+    ended = condition(status, status.phase)
+    if ended is not None:
+        set_summary(status, obs, status.phase, ended.reason, ended.message)
+
+
+def _make_missing_children(plan: Plan, obs: Observed, spec: TrainingJobSpec) -> None:
+    """Level-triggered: whichever of the job's children went missing is made again, before
+    any pod this pass creates."""
     if obs.keys_secret is None and obs.new_keys is not None:
         plan.create_keys_secret = build_keys_secret(obs.job, obs.new_keys)
     if obs.service is None:
@@ -297,19 +186,14 @@ def _decide(obs: Observed) -> Plan:
     if peers is not None and spec.network_policy.enabled and policy_missing:
         plan.create_network_policy = build_network_policy(obs.job, peers)
 
-    if first_launch:
-        if spec.suspend:
-            _set_phase(plan, obs, "Suspended", "Suspended", "suspended before the first launch")
-            return plan
-        # Pod names carry the attempt: start past a previous job's, whose pods may linger.
-        attempt = 1 + max((p.attempt for p in previous), default=0)
-        _launch(plan, obs, spec, attempt=attempt, replicas=spec.replicas)
-        return plan
-    if job_stage in (Stage.RECOVERING, Stage.SUSPENDED):
-        _tear_down_then_launch(plan, obs, spec, gang, pending)
-        return plan
-    _watch_running_gang(plan, obs, spec, gang)
-    return plan
+
+def _first_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec) -> None:
+    if spec.suspend:
+        set_phase(plan, obs, "Suspended", "Suspended", "suspended before the first launch")
+        return
+    # Pod names carry the attempt: start past a previous job's, whose pods may linger.
+    attempt = 1 + max((p.attempt for p in obs.gang.previous), default=0)
+    _launch(plan, obs, spec, attempt=attempt, replicas=spec.replicas)
 
 
 # --------------------------------------------------------------------------- running gang ---
@@ -318,47 +202,41 @@ def _decide(obs: Observed) -> Plan:
 def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                         gang: list[PodView]) -> None:
     status = plan.status
-    recreated = restart_in_place.recreate_refused(gang, obs.refused_restarts, status)
-    if recreated:
-        gang = [p for p in gang if p not in recreated]
-        plan.delete_pods.extend((p.name, None) for p in recreated)
-        plan.events.extend(Event(
-            "Warning", "RestartInPlaceRefused",
-            f"{p.name} did not take the request to restart in place: recreating rank {p.rank}")
-            for p in recreated)
-    plan.restart_in_place = restart_in_place.ask_again(
-        gang, obs.refused_restarts, status, obs.job, _restore_step(status), obs.now)
+    # The recovery that launched this gang watches it come back.
+    returning = strategies.watching(status)
+    recreated = returning.rejoin(plan, obs, gang)
+    gang = [p for p in gang if p not in recreated]
     outcomes = {p.rank: classify(p, spec.failure_policy.retryable_exit_codes) for p in gang}
-    restart_in_place.hold_unrestarted(outcomes, gang, status)
+    restore_unknown = returning.hold(outcomes, gang, status)
     _judge_unready_nodes(outcomes, node_watch(obs), gang)
-    if not restart_in_place.note_restore(status, gang):
+    if not restore_unknown:
         _note_recovered(status, obs)
 
     if spec.suspend:
-        _stop_all(plan, obs, gang, grace=None)
-        _set_phase(plan, obs, "Suspended", SUSPENDING, "stopping the gang after a save")
+        stop_all(plan, obs, gang, grace=None)
+        set_phase(plan, obs, "Suspended", SUSPENDING, "stopping the gang after a save")
         plan.events.append(Event("Normal", "Suspending", "spec.suspend is true: stopping the gang"))
         return
     if len(gang) == status.replicas and all(
         o.outcome is Outcome.SUCCEEDED for o in outcomes.values()
     ):
-        _finish(plan, obs, "Succeeded", "Completed",
-                f"all {status.replicas} ranks finished at step {status.step}")
+        finish(plan, obs, "Succeeded", "Completed",
+               f"all {status.replicas} ranks finished at step {status.step}")
         return
-    done = restart_in_place.finished_before_restart(gang, outcomes, status)
+    done = returning.finished_early(gang, outcomes, status)
     if done is not None:
         # The pass after the finish stops the new ranks (Stage.FINISHED).
         step = done.termination.step if done.termination is not None else None
-        _finish(plan, obs, "Succeeded", "Completed",
-                f"rank 0 ({done.name}) finished the training at step {step or status.step} "
-                "before the ranks restarted in place")
+        finish(plan, obs, "Succeeded", "Completed",
+               f"rank 0 ({done.name}) finished the training at step {step or status.step} "
+               "before the ranks restarted in place")
         return
 
     missing = [r for r in range(status.replicas) if r not in outcomes]
-    # A slice's followers are created once its leader is placed (slices.to_create): until the
-    # gang has run, a missing one is still to come, not lost.
+    # A slice's followers are created once its leader is placed (slice_placement.to_create):
+    # until the gang has run, a missing one is still to come, not lost.
     to_come = ([] if status.phase == "Running"
-               else slices.followers(spec, status.replicas, missing, obs.node_pools))
+               else slice_placement.followers(spec, status.replicas, missing, obs.node_pools))
     if missing and stage(status) is not Stage.LAUNCHING:
         # A rank vanished (node deleted, pod garbage-collected) while the gang was training.
         to_come = [*to_come, *(p.rank for p in recreated)]
@@ -377,16 +255,16 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         # may be running already): finish the launch. The phase stays Launching until a pass
         # sees every rank, so an interrupted finish is finished again, not counted.
         until, pools = _maintenance_avoidance(obs, spec, launched_by(status))
-        launch = GangLaunch(status.attempt, status.replicas, _restore_step(status),
-                            until, pools, restart_in_place=_restarts_in_place(obs, spec),
+        launch = GangLaunch(status.attempt, status.replicas, restore_step(status), until, pools,
+                            restart_in_place=strategies.pods_may_restart_in_place(obs, spec),
                             restart_in_process=obs.settings.restart_in_process)
-        plan.create_pods = slices.to_create(
+        plan.create_pods = slice_placement.to_create(
             spec, status.replicas,
             [pod for pod in build_gang(obs.job, spec, launch)
              if int(pod["metadata"]["labels"][naming.LABEL_RANK]) in missing],
             {p.rank: p.node_name for p in gang}, obs.node_pools)
         if plan.create_pods and launch.restart_in_place:
-            restart_in_place.annotate(plan.create_pods, obs.job, restart_in_place.coordinator_of(
+            in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_of(
                 gang, obs.job, status.attempt), launch)
         if plan.create_pods:
             return
@@ -410,9 +288,9 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
             plan.events.append(Event("Normal", "Running",
                                      f"attempt {status.attempt}: all {running} ranks running"))
         _capacity_found(status, obs)
-        _set_phase(plan, obs, "Running", "GangRunning",
-                   ranks_running(status.attempt, running, status.replicas))
-        plan.patch_pods = restart_in_place.late_labels(gang, obs.job, status)
+        set_phase(plan, obs, "Running", "GangRunning",
+                  ranks_running(status.attempt, running, status.replicas))
+        returning.settle(plan, obs, gang)
     else:
         phase = status.phase if status.phase in ("Restarting", "Resizing") else "Pending"
         message = ranks_running(status.attempt, running, status.replicas)
@@ -420,13 +298,13 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
             return
         stuck = next((p for p in gang if p.waiting and not p.deleting), None)
         if stuck is None:
-            _set_phase(plan, obs, phase, "GangStarting", message)
+            set_phase(plan, obs, phase, "GangStarting", message)
             return
         message += f"; {stuck.name} cannot start: {stuck.waiting}"
-        running_condition = _condition(status, "Running")
+        running_condition = condition(status, "Running")
         if running_condition is None or running_condition.reason != "ContainerCannotStart":
             plan.events.append(Event("Warning", "ContainerCannotStart", message))
-        _set_phase(plan, obs, phase, "ContainerCannotStart", message)
+        set_phase(plan, obs, phase, "ContainerCannotStart", message)
 
 
 def _migrate_before_maintenance(plan: Plan, obs: Observed, spec: TrainingJobSpec,
@@ -436,7 +314,7 @@ def _migrate_before_maintenance(plan: Plan, obs: Observed, spec: TrainingJobSpec
     the node under it."""
     watch = MaintenanceWatch(obs.nodes_maintenance, obs.now,
                              timedelta(seconds=spec.preemption.maintenance_lead_seconds),
-                             obs.node_pools if slices.is_exclusive(spec) else None)
+                             obs.node_pools if slice_placement.is_exclusive(spec) else None)
     due = [p for p in gang if watch.due(p) is not None]
     if not due:
         return False
@@ -454,7 +332,7 @@ def _maintenance_avoidance(obs: Observed, spec: TrainingJobSpec, recovery: Recov
         return None, ()
     recorded = recovery.time if recovery is not None else (obs.status.start_time or obs.now)
     until = avoid_until(recorded, lead)
-    if not slices.is_exclusive(spec) or obs.node_pools is None:
+    if not slice_placement.is_exclusive(spec) or obs.node_pools is None:
         return until, ()
     return until, tuple(pools_due(obs.nodes_maintenance, obs.node_pools, until))
 
@@ -467,13 +345,6 @@ def _first_disruption(outcomes: dict[int, RankOutcome]) -> RankOutcome | None:
             if outcomes[rank].outcome is kind:
                 return outcomes[rank]
     return None
-
-
-def node_watch(obs: Observed) -> NodeWatch:
-    return NodeWatch(ready=obs.nodes_ready, not_ready_since=obs.nodes_not_ready_since,
-                     now=obs.now, lost_after=obs.settings.node_lost_after,
-                     last_progress=obs.status.last_progress_time,
-                     confirm_within=FORCE_DELETE_AFTER)
 
 
 def _judge_unready_nodes(outcomes: dict[int, RankOutcome], nodes: NodeWatch,
@@ -501,8 +372,8 @@ def _handle_disruption(plan: Plan, obs: Observed, spec: TrainingJobSpec,
     _forget_streaks_after_healthy_run(plan.status, obs, spec)
     verdict = _give_up(plan.status, spec, stopped)
     if verdict is not None:
-        _stop_all(plan, obs, gang, grace=None)
-        _finish(plan, obs, "Failed", *verdict)
+        stop_all(plan, obs, gang, grace=None)
+        finish(plan, obs, "Failed", *verdict)
         return
     cause: RecoveryCause = {Outcome.FAILED: "Failure", Outcome.PREEMPTED: "Preemption",
                             Outcome.REJECTED: "NodeRejected"}.get(stopped.outcome, "Retry")
@@ -538,7 +409,7 @@ def _give_up(status: TrainingJobStatus, spec: TrainingJobSpec,
 def _resize_requested(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
     if spec.replicas == status.replicas:
         return False
-    limited = _condition(status, "CapacityLimited")
+    limited = condition(status, "CapacityLimited")
     # Running short of spec.replicas on purpose (capacity) is not a resize request.
     return not (limited and limited.status == "True" and status.replicas < spec.replicas)
 
@@ -595,13 +466,13 @@ def _shrink_for_capacity(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         return False
     scheduled = sum(1 for p in gang if p.node_name)
     # A TPU gang shrinks by whole slices: a slice missing one host cannot form.
-    target = max(spec.min_replicas, multislice.whole_slice_hosts(spec.accelerator, scheduled))
+    target = max(spec.min_replicas, tpu_layout.whole_slice_hosts(spec.accelerator, scheduled))
     if target >= status.replicas:
         return False
     pod, why = view.unavailable[0]
     reason = (f"{len(view.unavailable)} pods cannot be placed ({pod.name}: {why}): "
               f"shrinking from {status.replicas} to {target} replicas")
-    _set_condition(status, obs, "CapacityLimited", "True", "Unschedulable", reason)
+    set_condition(status, obs, "CapacityLimited", "True", "Unschedulable", reason)
     _begin_recovery(plan, obs, gang, "Resize", target, reason)
     return True
 
@@ -616,9 +487,9 @@ def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phas
         limit = int(obs.settings.scale_up_wait.total_seconds())
         # No clock in the message: it would change the status on every pass.
         since = signal.time.strftime("%Y-%m-%dT%H:%M:%SZ")
-        _set_phase(plan, obs, phase, "WaitingForScaleUp",
-                   f"{message}; {pod.name} waits for a node scale-up triggered at {since} "
-                   f"(for at most {limit}s): {signal.message}")
+        set_phase(plan, obs, phase, "WaitingForScaleUp",
+                  f"{message}; {pod.name} waits for a node scale-up triggered at {since} "
+                  f"(for at most {limit}s): {signal.message}")
         return True
     if not view.unavailable:
         return False
@@ -629,37 +500,37 @@ def _report_capacity(plan: Plan, obs: Observed, gang: list[PodView], phase: Phas
                f"{quarter(len(view.unavailable), status.replicas)}/"
                f"{status.replicas} pods cannot be placed (")
     text = f"{waiting}{pod.name}: {why})"
-    limited = _condition(status, "CapacityLimited")
+    limited = condition(status, "CapacityLimited")
     if limited is not None and limited.status == "True" and \
             limited.reason == WAITING_FOR_CAPACITY and limited.message.startswith(waiting):
         text = limited.message
     if limited is None or limited.status != "True":
         plan.events.append(Event("Warning", WAITING_FOR_CAPACITY, text))
-    _set_condition(status, obs, "CapacityLimited", "True", WAITING_FOR_CAPACITY, text)
-    _set_phase(plan, obs, "Pending", WAITING_FOR_CAPACITY, text)
+    set_condition(status, obs, "CapacityLimited", "True", WAITING_FOR_CAPACITY, text)
+    set_phase(plan, obs, "Pending", WAITING_FOR_CAPACITY, text)
     return True
 
 
 def _capacity_found(status: TrainingJobStatus, obs: Observed) -> None:
     """A gang that waited for capacity at full size got it: the condition ends."""
-    limited = _condition(status, "CapacityLimited")
+    limited = condition(status, "CapacityLimited")
     if limited is not None and limited.status == "True" and \
             limited.reason == WAITING_FOR_CAPACITY and status.replicas >= (
                 obs.spec.replicas if obs.spec else 0):
-        _set_condition(status, obs, "CapacityLimited", "False", "CapacityAvailable",
-                       f"all {status.replicas} ranks placed and running")
+        set_condition(status, obs, "CapacityLimited", "False", "CapacityAvailable",
+                      f"all {status.replicas} ranks placed and running")
 
 
 def _grow_back(plan: Plan, obs: Observed, spec: TrainingJobSpec, gang: list[PodView]) -> bool:
     status = plan.status
-    limited = _condition(status, "CapacityLimited")
+    limited = condition(status, "CapacityLimited")
     if not limited or limited.status != "True" or status.replicas >= spec.replicas:
         return False
     since = limited.last_transition_time or obs.now
     if obs.now - since < obs.settings.grow_back_after:
         return False
     reason = f"probing for capacity: growing from {status.replicas} to {spec.replicas} replicas"
-    _set_condition(status, obs, "CapacityLimited", "False", "GrowingBack", reason)
+    set_condition(status, obs, "CapacityLimited", "False", "GrowingBack", reason)
     _begin_recovery(plan, obs, gang, "Resize", spec.replicas, reason)
     return True
 
@@ -685,15 +556,15 @@ def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
         if (first_launch and child.owner_uid is not None
                 and obs.now - since < obs.settings.previous_service_wait):
             # Owned by a deleted job of this name: the garbage collector removes it shortly.
-            _set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
-                       f"{kind} {ns}/{name} belongs to a previous TrainingJob of this name "
-                       f"({child.owner}); waiting for the garbage collector to delete it")
+            set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
+                      f"{kind} {ns}/{name} belongs to a previous TrainingJob of this name "
+                      f"({child.owner}); waiting for the garbage collector to delete it")
             return True
-        _stop_all(plan, obs, obs.pods, grace=None)
-        _finish(plan, obs, "Failed", reason,
-                f"{kind} {ns}/{name} exists and is not owned by this TrainingJob (owner: "
-                f"{child.owner}); {why}. Delete it (kubectl delete {noun} -n {ns} {name}) or "
-                "rename the job, then delete and re-apply the TrainingJob")
+        stop_all(plan, obs, obs.gang.pods, grace=None)
+        finish(plan, obs, "Failed", reason,
+               f"{kind} {ns}/{name} exists and is not owned by this TrainingJob (owner: "
+               f"{child.owner}); {why}. Delete it (kubectl delete {noun} -n {ns} {name}) or "
+               "rename the job, then delete and re-apply the TrainingJob")
         return True
     running = [p for p in previous if p.active and (
         p.deletion_timestamp is None or obs.now < p.deletion_timestamp)]
@@ -701,10 +572,10 @@ def _held_by_another(plan: Plan, obs: Observed, previous: list[PodView],
         # They may still be saving to the same checkpoint path: two gangs must not both
         # write it. Bounded by their grace period once the garbage collector deletes them.
         names = ", ".join(p.name for p in running[:5])
-        _set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
-                   f"pods of a previous TrainingJob of this name are still running ({names}); "
-                   "waiting for them to stop (delete them if they are not being deleted: "
-                   f"kubectl delete pod -n {ns} {running[0].name})")
+        set_phase(plan, obs, "Pending", "WaitingForPreviousJob",
+                  f"pods of a previous TrainingJob of this name are still running ({names}); "
+                  "waiting for them to stop (delete them if they are not being deleted: "
+                  f"kubectl delete pod -n {ns} {running[0].name})")
         return True
     return False
 
@@ -739,29 +610,21 @@ def _begin_recovery(plan: Plan, obs: Observed, gang: list[PodView], cause: Recov
         reason=reason[:MAX_REASON_LENGTH],
     )][-MAX_RECOVERY_HISTORY:]
     phase = "Resizing" if cause == "Resize" else "Restarting"
-    _set_phase(plan, obs, phase, cause, reason)
+    set_phase(plan, obs, phase, cause, reason)
     plan.events.append(Event("Normal" if cause in ("Preemption", "Resize", "Migration")
                              else "Warning", cause, reason))
-    in_place = None
-    if obs.spec is not None and _restarts_in_place(obs, obs.spec):
-        in_place = restart_in_place.plan_recovery(
-            gang, cause, replicas, node_watch(obs), obs.kubelet_versions, obs.job,
-            status.attempt + 1)
-    if in_place is not None and obs.spec is not None:
-        # Healthy pods stay; only the rest are stopped (their SIGTERM reaches every rank).
-        _launch(plan, obs, obs.spec, status.attempt + 1, replicas, status.recoveries[-1],
-                in_place)
-        _stop_all(plan, obs, [p for p in gang if p.name in in_place.plan.delete], grace=None)
-        return
-    # Every rank gets SIGTERM now, so the gang agrees on a step and saves inside the grace.
-    _stop_all(plan, obs, gang, grace=None)
-    plan.restart_in_place = restart_in_place.release_on_recreate(gang, status.attempt + 1)
+    assert obs.spec is not None
+    strategy = strategies.choose(obs, obs.spec, gang, cause, replicas, status.attempt + 1)
+    kept = strategy.begin(plan, obs, gang, status.attempt + 1)
+    if kept is not None:
+        # The kept ranks restart now: the launch of the rest cannot wait for them to exit.
+        _launch(plan, obs, obs.spec, status.attempt + 1, replicas, status.recoveries[-1], kept)
 
 
 def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
                            gang: list[PodView], pending: Recovery | None) -> None:
     status = plan.status
-    _stop_all(plan, obs, gang, grace=None)
+    stop_all(plan, obs, gang, grace=None)
     nodes = node_watch(obs)
     gone = [p for p in gang if nodes.given_up(p)]
     # Their tracking is over: no kubelet will report them, and the finalizer would keep them.
@@ -770,7 +633,7 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         return  # still saving; wait for every rank of the old gang to exit
     if pending is None:  # suspended
         if spec.suspend:
-            _set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
+            set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
             return
         reason = ("Kueue admitted the Workload" if obs.queue is not None
                   else "spec.suspend is false again")
@@ -780,18 +643,18 @@ def _tear_down_then_launch(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         )][-MAX_RECOVERY_HISTORY:]
         pending = status.recoveries[-1]
     elif spec.suspend:
-        _set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
+        set_phase(plan, obs, "Suspended", "Suspended", "suspended; the gang is stopped")
         return
     wait = relaunch_backoff_seconds(spec, status, pending.cause)
     ready_at = pending.time + timedelta(seconds=wait)
     if obs.now < ready_at:
         after = {"Failure": "a failure", "Retry": "a retryable exit",
                  "NodeRejected": "an admission rejection"}[pending.cause]
-        _set_phase(plan, obs, "Restarting", "BackOff",
-                   f"restarting after {after} in {(ready_at - obs.now).total_seconds():.0f}s"
-                   f" (backoff {wait:.0f}s): {pending.reason}")
+        set_phase(plan, obs, "Restarting", "BackOff",
+                  f"restarting after {after} in {(ready_at - obs.now).total_seconds():.0f}s"
+                  f" (backoff {wait:.0f}s): {pending.reason}")
         return
-    limited = _condition(status, "CapacityLimited")
+    limited = condition(status, "CapacityLimited")
     # The newest spec.replicas wins (a scale during a restart is folded in), unless the gang
     # was shrunk on purpose for lack of capacity.
     capacity_bound = limited is not None and limited.status == "True" and pending.to_replicas
@@ -826,7 +689,7 @@ def relaunch_backoff_seconds(spec: TrainingJobSpec, status: TrainingJobStatus,
 def _forget_streaks_after_healthy_run(status: TrainingJobStatus, obs: Observed,
                                       spec: TrainingJobSpec) -> None:
     """A gang that trained for backoffResetSeconds ends the retry and rejection streaks."""
-    running = _condition(status, "Running")
+    running = condition(status, "Running")
     if running is None or running.status != "True" or running.last_transition_time is None:
         return
     healthy = obs.now - running.last_transition_time
@@ -837,22 +700,17 @@ def _forget_streaks_after_healthy_run(status: TrainingJobStatus, obs: Observed,
 
 def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, replicas: int,
             recovery: Recovery | None = None,
-            in_place: restart_in_place.InPlaceRecovery | None = None) -> None:
+            kept: InPlaceRecovery | None = None) -> None:
     status = plan.status
     rollback = _rollback(spec, status, obs.job.uid, attempt)
-    restore = _restore_step(status)
+    restore = restore_step(status)
     status.attempt = attempt
     status.replicas = replicas
-    layout = multislice.layout_for(spec.accelerator, replicas)
+    layout = tpu_layout.layout_for(spec.accelerator, replicas)
     status.slices = layout.slices if layout is not None else None
     restored = int(restore) if restore.isdigit() else None
-    if recovery is not None and in_place is not None:
-        # The kept trainers are about to save a newer step: the restore and the steps lost
-        # are read from their exits (restart_in_place.note_restore).
-        recovery.to_replicas = replicas
-        recovery.kept_pods = len(in_place.plan.keep)
-        recovery.recreated_ranks = restart_in_place.rank_ranges(
-            in_place.plan.create_ranks) or None
+    if recovery is not None and kept is not None:
+        kept.record(recovery, replicas)
     elif recovery is not None:
         recovery.restore_step = restored
         if status.step is not None and restored is not None:
@@ -864,29 +722,17 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     until, pools = _maintenance_avoidance(obs, spec, recovery)
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=until, avoid_pools=pools, rollback=rollback,
-                        restart_in_place=_restarts_in_place(obs, spec),
+                        restart_in_place=strategies.pods_may_restart_in_place(obs, spec),
                         restart_in_process=obs.settings.restart_in_process)
-    plan.create_pods = slices.to_create(spec, replicas, build_gang(obs.job, spec, launch), {},
-                                        obs.node_pools)
+    plan.create_pods = slice_placement.to_create(
+        spec, replicas, build_gang(obs.job, spec, launch), {}, obs.node_pools)
     phase = "Pending" if recovery is None else (
         "Resizing" if recovery.cause == "Resize" else "Restarting")
     message = f"attempt {attempt}: launching {replicas} ranks, restoring {restore}"
-    if in_place is not None:
-        ranks = set(in_place.plan.create_ranks)
-        plan.create_pods = [p for p in plan.create_pods
-                            if int(p["metadata"]["labels"][naming.LABEL_RANK]) in ranks]
-        restart_in_place.annotate(plan.create_pods, obs.job, in_place.coordinator_pod, launch)
-        plan.restart_in_place = restart_in_place.with_worlds(
-            in_place.triggers, in_place.plan.keep, obs.job, in_place.coordinator_pod, launch)
-        message = (f"attempt {attempt}: {len(in_place.plan.keep)} of {replicas} ranks restart "
-                   f"in place, {len(ranks)} new, restoring {restore} or the step they save")
-    _set_phase(plan, obs, phase, LAUNCHING, message)
+    if kept is not None:
+        message = kept.narrow(plan, obs.job, launch)
+    set_phase(plan, obs, phase, LAUNCHING, message)
     plan.events.append(Event("Normal", "Launched", message))
-
-
-def _restarts_in_place(obs: Observed, spec: TrainingJobSpec) -> bool:
-    """Pods launched now may later restart in place (they get the job's restart key)."""
-    return restart_in_place.enabled(spec, obs.settings.restart_in_place)
 
 
 def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus, uid: str,
@@ -902,13 +748,6 @@ def _rollback(spec: TrainingJobSpec, status: TrainingJobStatus, uid: str,
         status.restore_request = RestoreRequest(step=wanted, request=f"{uid}/a{attempt}")
         status.last_checkpoint = CheckpointRef(step=wanted)
     return status.restore_request
-
-
-def _restore_step(status: TrainingJobStatus) -> str:
-    # One decision for every rank: the newest checkpoint the operator knows was committed.
-    if status.last_checkpoint is not None:
-        return str(status.last_checkpoint.step)
-    return contract.RESTORE_LATEST
 
 
 def _note_recovered(status: TrainingJobStatus, obs: Observed) -> None:
@@ -972,84 +811,21 @@ def _note_checkpoint(status: TrainingJobStatus, step: int | None, path: str | No
 def _delete_old_attempts(plan: Plan, obs: Observed, current: int) -> None:
     """Pods of older attempts are garbage once a newer attempt exists (their reports are
     already folded into the status)."""
-    for pod in obs.pods:
+    for pod in obs.gang.pods:
         if pod.attempt >= current:
             continue
         if not pod.deleting:
             plan.delete_pods.append((pod.name, None))
         else:
-            _force_if_stuck(plan, obs, pod)
+            force_if_stuck(plan, obs, pod)
 
 
 def _release_recorded(plan: Plan, obs: Observed, current: int) -> None:
     terminal_job = plan.status.phase in TERMINAL_PHASES
     nodes = node_watch(obs)
-    for pod in obs.pods:
+    for pod in obs.gang.pods:
         final = pod.terminal or pod.abandoned or (pod.attempt < current and nodes.given_up(pod))
         if pod.tracked and final and (pod.deleting or pod.attempt < current or terminal_job):
             plan.release_pods.append(pod.name)
 
 
-def _stop_all(plan: Plan, obs: Observed, pods: list[PodView], grace: int | None) -> None:
-    for pod in pods:
-        if pod.active and not pod.deleting:
-            plan.delete_pods.append((pod.name, grace))
-        elif pod.active:
-            _force_if_stuck(plan, obs, pod)
-
-
-def _force_if_stuck(plan: Plan, obs: Observed, pod: PodView) -> None:
-    deadline = pod.deletion_timestamp
-    if deadline is not None and obs.now - deadline > FORCE_DELETE_AFTER:
-        plan.delete_pods.append((pod.name, 0))
-
-
-def _finish(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) -> None:
-    status = plan.status
-    if status.phase != phase:
-        plan.events.append(Event("Normal" if phase == "Succeeded" else "Warning", reason,
-                                 message))
-    status.phase = phase
-    status.message = message[:MAX_MESSAGE_LENGTH]
-    status.completion_time = status.completion_time or obs.now
-    _set_condition(status, obs, phase, "True", reason, message)
-    _set_condition(status, obs, "Running", "False", reason, message)
-    _set_summary(status, obs, phase, reason, message)
-
-
-def _set_phase(plan: Plan, obs: Observed, phase: Phase, reason: str, message: str) -> None:
-    status = plan.status
-    status.phase = phase
-    status.message = message[:MAX_MESSAGE_LENGTH]
-    _set_condition(status, obs, "Running", "True" if phase == "Running" else "False", reason,
-                   message)
-    _set_condition(status, obs, "Suspended",
-                   "True" if phase in ("Suspended", "Queued") else "False", reason, message)
-    _set_summary(status, obs, phase, reason, message)
-
-
-def _set_summary(status: TrainingJobStatus, obs: Observed, phase: Phase, reason: str,
-                 message: str) -> None:
-    for summary in summary_conditions(phase, reason, message):
-        _set_condition(status, obs, summary.type, summary.status, summary.reason,
-                       summary.message)
-
-
-def _condition(status: TrainingJobStatus, kind: str) -> Condition | None:
-    return next((c for c in status.conditions if c.type == kind), None)
-
-
-def _set_condition(status: TrainingJobStatus, obs: Observed, kind: str,
-                   value: Literal["True", "False", "Unknown"], reason: str, message: str) -> None:
-    existing = _condition(status, kind)
-    # metav1.Condition: lastTransitionTime moves only when status does. Built anew each time
-    # so the model checks the reason (CamelCase) here, not the API server at the write.
-    same = existing is not None and existing.status == value
-    since = existing.last_transition_time if existing is not None and same else obs.now
-    fresh = Condition(type=kind, status=value, reason=reason,
-                      message=message[:MAX_MESSAGE_LENGTH],
-                      last_transition_time=since, observed_generation=obs.generation)
-    if same:
-        status.conditions = [fresh if c.type == kind else c for c in status.conditions]
-    else:
-        status.conditions = [c for c in status.conditions if c.type != kind] + [fresh]

@@ -16,9 +16,10 @@ maintenance within the lead would only be moved again at once.
 A multi-host TPU slice is interrupted whole: "When a host event happens to the VM within a TPU
 slice, the entire slice gets interrupted" (GKE "Manage GKE node disruption for GPUs and TPUs";
 Cloud TPU "Failure recovery of TPU instances": a multi-host slice is recovered or rescheduled
-as a unit). A slice is one node pool (slices.py), so for such gangs maintenance is judged per
-pool: a rank moves when any node of its pool is due, and a launch keeps off every pool with a
-node due before its horizon (`NotIn` on the pool label), not only off that node.
+as a unit). A slice is one node pool (rendering/slice_placement.py), so for such gangs
+maintenance is judged per pool: a rank moves when any node of its pool is due, and a launch
+keeps off every pool with a node due before its horizon (`NotIn` on the pool label), not only
+off that node.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tardigrade_operator.observe import PodView
-from tardigrade_operator.slices import NODE_POOL_LABEL
+from tardigrade_operator.observation.pods import PodView
+from tardigrade_operator.rendering.slice_placement import NODE_POOL_LABEL
 
 SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
 

@@ -2,7 +2,7 @@
 
 Sent right after the status write and the deletes (kube.py): the request's body is the
 rank's new world, which its trainer keeps for its restarted container; the kept pod's label
-and annotation are patched only once the gang runs again (restart_in_place.late_labels). The
+and annotation are patched only once the gang runs again (in_place.late_labels). The
 request carries the job's restart key (contract.ENV_RESTART_KEY), from the job's Secret
 (keys.py): only the operator, the job's pods and whoever may read Secrets in the job's
 namespace know it; a peer that may only read pods, or one in another namespace, cannot make a
@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
+from tardigrade_operator.decision.plan import Plan, Trigger
+from tardigrade_operator.decision.recovery.in_place import InPlaceMemory, refused
 from tardigrade_operator.podhttp import read_at_most, redirect_reason
-from tardigrade_operator.restart_in_place import Trigger
 
 ATTEMPTS = 3
 RETRY_SECONDS = 0.5
@@ -33,7 +35,7 @@ async def request_restart(session: aiohttp.ClientSession, trigger: Trigger, key:
                           timeout: float = REQUEST_SECONDS) -> bool:
     """True once the rank accepted (202), or already runs the attempt (200: a retry whose
     first try it took); a refusal or silence is logged. A kept rank that
-    missed it is recreated by the next pass (restart_in_place.recreate_refused); its old
+    missed it is recreated by the next pass (in_place.recreate_refused); its old
     trainer still saves with the gang and leaves on its pod's SIGTERM."""
     headers = {"Authorization": f"Bearer {key}"}
     world = trigger.world.encode() if trigger.world is not None else None
@@ -90,3 +92,29 @@ def _gone(err: BaseException) -> bool:
     if isinstance(err, aiohttp.ClientConnectorError):
         return getattr(err.os_error, "errno", None) == errno.ECONNREFUSED
     return isinstance(err, aiohttp.ClientOSError) and err.errno == errno.ECONNRESET
+
+
+def sender(session: aiohttp.ClientSession, plan: Plan, memory: InPlaceMemory,
+           wake: asyncio.Event, key: str | None) -> Callable[[], None] | None:
+    """The plan's restart requests, all at once, with the job's restart key `key` (None: the
+    job's Secret is missing or not the job's, so none can be taken), for the writer to send
+    from its thread between its deletes and its creates (kube.py: the requests carry the
+    worlds). None when the plan has none.
+    The kept ranks that did not take theirs are remembered in `memory`, and `wake` set: the
+    next pass, at once, recreates them, or asks rank 0 again (in_place.recreate_refused,
+    ask_again)."""
+    if not plan.restart_in_place:
+        return None
+    loop = asyncio.get_running_loop()
+    triggers = plan.restart_in_place
+    attempt = plan.status.attempt
+
+    async def ask() -> None:
+        accepted = (await asyncio.gather(*(request_restart(session, trigger, key)
+                                           for trigger in triggers))
+                    if key is not None else [False] * len(triggers))
+        asked = frozenset(t.pod for t in triggers if t.world is not None)
+        if memory.answered(attempt, asked, refused(triggers, accepted)):
+            wake.set()
+
+    return lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result()

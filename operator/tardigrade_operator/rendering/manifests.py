@@ -7,11 +7,13 @@ from typing import Any
 
 from tardigrade_contract import contract
 
-from tardigrade_operator import inplace, multislice, naming, slices
+from tardigrade_operator import naming
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.maintenance import avoid_affinity
-from tardigrade_operator.placement import placement_for
+from tardigrade_operator.decision.maintenance import avoid_affinity
+from tardigrade_operator.decision.recovery import keepers
+from tardigrade_operator.rendering import slice_placement, tpu_layout
+from tardigrade_operator.rendering.placement import placement_for
 
 TERMINATION_MESSAGE_PATH = contract.DEFAULT_TERMINATION_LOG
 TRAINER_UID = 1000
@@ -57,7 +59,7 @@ class GangLaunch:
     avoid_pools: tuple[str, ...] = ()
     rollback: types.RestoreRequest | None = None  # spec.checkpoint.restoreStep, once per id
     # Restart in place is on: the pods get the job's restart key, which rank 0 accepts restart
-    # requests with (restart_in_place.py).
+    # requests with (decision/recovery/in_place.py).
     restart_in_place: bool = False
     # With restart in place: kept trainers restart in process (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
@@ -191,7 +193,7 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
         "securityContext": container_security(spec),
     }
     if launch.restart_in_place:
-        container.update(inplace.restart_rule())
+        container.update(keepers.restart_rule())
     if spec.command is not None:
         container["command"] = list(spec.command)
     if spec.args is not None:
@@ -230,11 +232,11 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
     slice_index = _slice_layout(spec, launch).slice_of(rank)
-    if (affinity := slices.slice_affinity(spec, job.name, launch.attempt, slice_index)):
+    if (affinity := slice_placement.slice_affinity(spec, job.name, launch.attempt, slice_index)):
         # Both kinds may apply: the maintenance rule is a node affinity, a slice's pod ones.
         pod_spec["affinity"] = {**(pod_spec.get("affinity") or {}), **affinity}
     labels = {**template.labels, **naming.pod_labels(job.name, launch.attempt, rank),
-              **slices.slice_labels(spec, job.name, launch.attempt, slice_index)}
+              **slice_placement.slice_labels(spec, job.name, launch.attempt, slice_index)}
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": job.namespace,
@@ -264,10 +266,10 @@ def build_gang(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch) -> list[d
     return [build_pod(job, spec, launch, rank) for rank in range(launch.replicas)]
 
 
-def _slice_layout(spec: TrainingJobSpec, launch: GangLaunch) -> multislice.SliceLayout:
+def _slice_layout(spec: TrainingJobSpec, launch: GangLaunch) -> tpu_layout.SliceLayout:
     # A spec that is not whole slices is refused before launch; one slice of all hosts then.
-    return (multislice.layout_for(spec.accelerator, launch.replicas)
-            or multislice.SliceLayout(1, launch.replicas))
+    return (tpu_layout.layout_for(spec.accelerator, launch.replicas)
+            or tpu_layout.SliceLayout(1, launch.replicas))
 
 
 def _tpu_worker_env(
@@ -276,5 +278,5 @@ def _tpu_worker_env(
     # GKE injects these only for Indexed Jobs; libtpu needs them to form a multi-host slice.
     if spec.accelerator.kind != "tpu":
         return []
-    env = multislice.tpu_environment(job.name, launch.attempt, _slice_layout(spec, launch), rank)
+    env = tpu_layout.tpu_environment(job.name, launch.attempt, _slice_layout(spec, launch), rank)
     return [{"name": k, "value": v} for k, v in env.items()]

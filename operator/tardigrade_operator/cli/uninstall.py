@@ -17,7 +17,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from tardigrade_operator import naming
-from tardigrade_operator.kube import ClusterWriter
+from tardigrade_operator.apply.kube import ClusterWriter
 
 log = logging.getLogger(__name__)
 

@@ -142,8 +142,8 @@ def release(
     (the chart's pre-delete hook), so that nothing waits on an operator that is gone."""
     import kubernetes
 
-    from tardigrade_operator.kube import ClusterWriter, load_client_config
-    from tardigrade_operator.uninstall import release_pods, stop_deployment
+    from tardigrade_operator.apply.kube import ClusterWriter, load_client_config
+    from tardigrade_operator.cli.uninstall import release_pods, stop_deployment
 
     if not namespace and not all_namespaces:
         raise typer.BadParameter("pass --namespace NS (repeatable) or --all-namespaces")
@@ -206,8 +206,8 @@ def timeline(
     from rich.console import Console
 
     from tardigrade_operator.api import types
+    from tardigrade_operator.cli.timeline import as_json, render
     from tardigrade_operator.clientconfig import ClientConfigError, resolve
-    from tardigrade_operator.timeline import as_json, render
 
     try:
         target = resolve(kubeconfig=kubeconfig, context=context)

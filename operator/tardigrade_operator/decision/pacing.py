@@ -34,9 +34,9 @@ from datetime import datetime, timedelta
 from tardigrade_contract import contract
 
 from tardigrade_operator.api.types import TrainingJobStatus
-from tardigrade_operator.decide import Observed, Plan
-from tardigrade_operator.observe import owned
-from tardigrade_operator.stage import Stage, launched_by, stage
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.stage import Stage, launched_by, stage
+from tardigrade_operator.observation.observed import Observed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +105,7 @@ def settled(obs: Observed, plan: Plan) -> bool:
     status = plan.status
     if decided_anew(obs, plan):
         return False
-    pods = owned(obs.pods, obs.job.uid)
+    pods = obs.gang.pods
     where = stage(status)
     if where in (Stage.FINISHED, Stage.SUSPENDED):
         return not any(p.active for p in pods)

@@ -6,7 +6,7 @@ seccomp "unconfined", or schedule onto control-plane nodes with system priority,
 whatever ServiceAccount, Secret or storage the namespace holds. Three rules:
 
 - Pod Security (`podSecurity`: restricted, baseline or privileged): the rendered pod must pass
-  that Pod Security Standard (tardigrade_operator.podsecurity, upstream's checks).
+  that Pod Security Standard (tardigrade_operator.decision.podsecurity, upstream's checks).
 - System scheduling (`allowSystemScheduling`): Pod Security says nothing about tolerations,
   node selectors or priority classes, so the operator refuses, unless allowed, a toleration of
   every taint, control-plane node selectors and tolerations, and the system-node-critical and
@@ -24,12 +24,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tardigrade_operator import grants
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.grants import SYSTEM_PRIORITY_CLASSES, Grants
-from tardigrade_operator.podsecurity import LEVELS, Level, check_pod
-from tardigrade_operator.render import GangLaunch, JobRef, build_pod, runs_as_root
+from tardigrade_operator.decision import grants
+from tardigrade_operator.decision.grants import SYSTEM_PRIORITY_CLASSES, Grants
+from tardigrade_operator.decision.podsecurity import LEVELS, Level, check_pod
+from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_pod, runs_as_root
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 _POD_VOLUME = re.compile(r"^spec\.volumes\[(\d+)\](.*)$")
@@ -39,7 +39,7 @@ _POD_VOLUME = re.compile(r"^spec\.volumes\[(\d+)\](.*)$")
 class AdmissionPolicy:
     """The admin's rules (operator settings; chart values admission.*)."""
 
-    # baseline, not restricted: TPU pods run as root (render.runs_as_root), as GKE's own TPU
+    # baseline, not restricted: TPU pods run as root (manifests.runs_as_root), as GKE's own TPU
     # samples do; CPU and GPU pods meet restricted, which an admin without TPU jobs can choose.
     pod_security: Level = "baseline"
     allow_system_scheduling: bool = False
@@ -63,7 +63,7 @@ class AdmissionPolicy:
                    Grants.from_settings(lists or {}))
 
 
-# What the operator itself sets for TPU pods (render.runs_as_root) and restricted forbids.
+# What the operator itself sets for TPU pods (manifests.runs_as_root) and restricted forbids.
 ROOT_CHECKS = frozenset({"runAsNonRoot", "runAsUser", "capabilities"})
 
 

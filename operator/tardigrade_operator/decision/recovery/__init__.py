@@ -1,0 +1,1 @@
+"""Recovery: how a gang that lost ranks, or must change, comes back."""
