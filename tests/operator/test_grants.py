@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from tardigrade_contract import contract
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decision import grants

@@ -8,6 +8,7 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+from tardigrade_contract import contract
 from tardigrade_operator.api.parse import parse_spec
 from tardigrade_operator.api.types import TrainingJobStatus
 from tardigrade_operator.decision import queueing

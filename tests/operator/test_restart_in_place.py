@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 from tardigrade_contract import contract
 from tardigrade_operator.api.types import Recovery, TrainingJobStatus
-from tardigrade_operator.decide import DecisionSettings, Plan
-from tardigrade_operator.jobstate import JobState
-from tardigrade_operator.kube import ClusterWriter
-from tardigrade_operator.observe import Outcome, PodView, classify, parse_pod
+from tardigrade_operator.apply.kube import ClusterWriter
+from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.recovery import carry, in_place, keepers, strategy
+from tardigrade_operator.observation.job_memory import JobState
+from tardigrade_operator.observation.observed import DecisionSettings
+from tardigrade_operator.observation.pods import Outcome, PodView, classify, parse_pod
 
 from tests.operator.fake_cluster import FakeCluster, iso, spec
 
