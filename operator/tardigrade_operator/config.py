@@ -11,6 +11,8 @@ from typing import Any
 from tardigrade_operator.decision import checkpoint_scope, grants
 from tardigrade_operator.decision.admission import AdmissionPolicy
 from tardigrade_operator.decision.pacing import PacingSettings
+from tardigrade_operator.decision.queue_name_rule import ENV as QUEUE_NAME_ENV
+from tardigrade_operator.decision.queue_name_rule import QueueNameRule
 from tardigrade_operator.observation.observed import DecisionSettings
 from tardigrade_operator.rendering.netpolicy import NetworkPeers
 
@@ -60,6 +62,9 @@ class OperatorConfig:
     # operator adds each job's (namespace, ServiceAccount) (tokenreview_access.py); None: the
     # chart rendered its subjects (namespaced mode) or the admin manages it.
     token_review_binding: str | None = None
+    # Where TrainingJobs must carry Kueue's queue label (queue_name_rule.py); the chart's
+    # kueue.requireQueueName.
+    queue_name_rule: QueueNameRule = dataclasses.field(default_factory=QueueNameRule)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -100,6 +105,7 @@ class OperatorConfig:
             restart_in_place=_flag("TARDIGRADE_RESTART_IN_PLACE"),
             restart_in_process=_flag("TARDIGRADE_RESTART_IN_PROCESS"),
             token_review_binding=os.environ.get("TARDIGRADE_TOKEN_REVIEW_BINDING") or None,
+            queue_name_rule=_queue_name_rule_from_env(),
         )
 
     def pacing_settings(self) -> PacingSettings:
@@ -120,6 +126,7 @@ class OperatorConfig:
             network_peers=self.network_peers,
             restart_in_place=self.restart_in_place,
             restart_in_process=self.restart_in_process,
+            queue_name_rule=self.queue_name_rule,
         )
 
 
@@ -159,6 +166,13 @@ def _admission_from_env() -> AdmissionPolicy:
             os.environ.get("TARDIGRADE_POD_SECURITY") or "baseline",
             os.environ.get("TARDIGRADE_ALLOW_SYSTEM_SCHEDULING") or "false",
             {env: os.environ.get(env) for env, _ in grants.SETTINGS.values()})
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+
+
+def _queue_name_rule_from_env() -> QueueNameRule:
+    try:
+        return QueueNameRule.parse(os.environ.get(QUEUE_NAME_ENV))
     except ValueError as err:
         raise SystemExit(str(err)) from None
 

@@ -37,7 +37,8 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
     status = plan.status
     before = obs.status.queue
     workload = gate.workload
-    status.queue = QueueStatus(
+    # No queue to report for a job held for lacking one: phase, reason and message say it.
+    status.queue = None if gate.queue_name_required_in is not None else QueueStatus(
         local_queue=gate.queue, workload=workload.name if workload else None,
         cluster_queue=workload.cluster_queue if workload and gate.admitted else None,
         admitted=gate.admitted,
@@ -45,7 +46,7 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
         growing_to=gate.replicas if gate.growing and not gate.resizing else None,
         message=(gate.grow_message() if gate.growing and not gate.resizing
                  else "" if gate.admitted else gate.waiting_message()))
-    if (status.queue.growing_to is not None
+    if (status.queue is not None and status.queue.growing_to is not None
             and (before is None or before.growing_to != status.queue.growing_to)):
         plan.events.append(Event("Normal", "GrowQueued", gate.grow_message()))
     user_suspended = obs.spec is not None and obs.spec.suspend

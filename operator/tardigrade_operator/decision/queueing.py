@@ -33,7 +33,9 @@ operator does the job side:
   `generatePodsReadyCondition` writes it for Kueue's own jobs (`pods_ready`);
 - on the end of the job: `Finished=True`, which frees the quota.
 
-Nothing here touches a job without the label. The handlers read the Workload and the flavors
+Nothing here touches a job without the label, but for the admin's rule that jobs carry one
+(`queue_name_rule.py`): such a job is held as one Kueue has not admitted, and writes no
+Workload. The handlers read the Workload and the flavors
 from indexes and apply what `workload_actions` lists (`kube.py`).
 """
 
@@ -50,6 +52,7 @@ from tardigrade_operator.api.types import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
+from tardigrade_operator.decision import queue_name_rule
 from tardigrade_operator.rendering.placement import placement_for
 from tardigrade_operator.rendering.tpu_layout import hosts_per_slice
 
@@ -214,6 +217,9 @@ class QueueGate:
     # What is served of Kueue. Without its Workload API the label cannot be honoured: the
     # job is held, not run outside the quota its owner asked to be held to.
     kueue: KueueApi = KueueApi()
+    # Set where the job has no queue label and the admin requires one in its namespace
+    # (queue_name_rule.py): the namespace, named in the fix the job is told.
+    queue_name_required_in: str | None = None
 
     @property
     def installed(self) -> bool:
@@ -301,6 +307,8 @@ class QueueGate:
     def waiting_message(self) -> str:
         """Why the job waits, in Kueue's words where Kueue has said something."""
         workload = self.workload
+        if self.queue_name_required_in is not None:
+            return queue_name_rule.fix_message(self.queue_name_required_in)
         if self.kueue.too_old:
             served = ", ".join(f"{GROUP}/{v}" for v in self.kueue.other_versions)
             return (f"the label {QUEUE_LABEL}: {self.queue} asks for Kueue, and the Kueue "
@@ -341,6 +349,8 @@ class QueueGate:
                 f"{self.queue} ({why}); the gang trains at {self.held} meanwhile")
 
     def reason(self) -> str:
+        if self.queue_name_required_in is not None:
+            return queue_name_rule.REASON
         if self.kueue.too_old:
             return "KueueTooOld"
         if not self.installed:
@@ -361,6 +371,12 @@ def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Fl
             selector.update(flavor.node_labels)
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
     return QueueGate(queue, workload, selector, tolerations, replicas, grow, kueue)
+
+
+def queue_name_hold(namespace: str) -> QueueGate:
+    """The hold on a job the admin's rule requires a queue label of: never admitted (so
+    never launched), no Workload; the label added, the next pass builds a gate from it."""
+    return QueueGate("", None, queue_name_required_in=namespace)
 
 
 def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec:
@@ -580,7 +596,7 @@ def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
     """What to write to the Workloads after this pass's plan: `status` is the job's status
     as the plan leaves it, `gang_active` whether any pod of the gang still runs, `current`
     the Workload's conditions as stored (kept, but for the ones replaced)."""
-    if not gate.installed:
+    if not gate.installed or gate.queue_name_required_in is not None:
         return []
     return [*_main_actions(job, spec, status, gate, gang_active, priority, now, current),
             *_grow_actions(job, spec, status, gate, gang_active)]

@@ -22,7 +22,7 @@ from tardigrade_operator import naming
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.config import OperatorConfig
-from tardigrade_operator.decision import admission, maintenance, queueing
+from tardigrade_operator.decision import admission, maintenance, queue_name_rule, queueing
 from tardigrade_operator.observation import autoscaling, indexlag
 from tardigrade_operator.observation.gang import Gang, gang_of
 from tardigrade_operator.observation.job_memory import JobState
@@ -128,6 +128,9 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
     rejected = state.rejected
     decision = config.decision_settings()
     workload, gate = await _queue(key, uid, meta, spec, indexes, reader)
+    if gate is None and queue_name_rule.held_for_queue_name(
+            decision.queue_name_rule, namespace, None, launched=status.attempt > 0):
+        gate = queueing.queue_name_hold(namespace)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
         generation=generation,

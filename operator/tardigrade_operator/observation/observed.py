@@ -11,6 +11,7 @@ from tardigrade_contract import contract
 
 from tardigrade_operator.api.types import TrainingJobSpec, TrainingJobStatus
 from tardigrade_operator.decision import queueing
+from tardigrade_operator.decision.queue_name_rule import QueueNameRule
 from tardigrade_operator.observation.autoscaling import ScaleUpSignal
 from tardigrade_operator.observation.gang import Gang
 from tardigrade_operator.observation.pods import ServiceView
@@ -45,6 +46,8 @@ class DecisionSettings:
     # A kept trainer restarts by replacing its own process, not through its kubelet
     # (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
+    # Where jobs must carry Kueue's queue label (queue_name_rule.py); off by default.
+    queue_name_rule: QueueNameRule = dataclasses.field(default_factory=QueueNameRule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,5 +94,6 @@ class Observed:
     # Kept pods of the current attempt whose trainers did not take the operator's restart
     # request (in_place.refused): their ranks are recreated.
     refused_restarts: frozenset[str] = frozenset()
-    # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py); None: no label.
+    # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py), or on one the
+    # admin requires to carry it (queue_name_rule.py); None: no label, none required.
     queue: queueing.QueueGate | None = None
