@@ -198,3 +198,23 @@ def test_cluster_wide_token_review_binding_is_filled_by_the_operator_alone():
     off = render("trainerTokenReview.enabled=false")
     assert "TARDIGRADE_TOKEN_REVIEW_BINDING" not in _operator_env(off)
     assert not [d for d in off if "tokenreview" in d["metadata"]["name"]]
+
+
+def test_kueue_require_queue_name_reaches_the_operator_in_each_form():
+    from tardigrade_operator.decision.queue_name_rule import ENV, QueueNameRule
+
+    def rule(*values: str) -> QueueNameRule:
+        return QueueNameRule.parse(_operator_env(render(*values))[ENV])
+
+    assert rule() == QueueNameRule()
+    assert rule("kueue.requireQueueName=true") == QueueNameRule(everywhere=True)
+    assert rule("kueue.requireQueueName={team-a,team-b}") == QueueNameRule(
+        namespaces=frozenset({"team-a", "team-b"}))
+
+
+def test_values_schema_refuses_a_require_queue_name_that_is_no_bool_nor_namespaces():
+    for value in ("kueue.requireQueueName=maybe", "kueue.requireQueueName={Team_A}"):
+        result = subprocess.run([_helm(), "template", "t", str(CHART), "--set", value],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0, value
+        assert "requireQueueName" in result.stderr, result.stderr
