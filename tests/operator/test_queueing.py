@@ -602,3 +602,19 @@ def test_a_gang_that_cannot_start_in_time_is_stopped_released_and_requeued_with_
     env = {e["name"]: e.get("value") for e in plan.create_pods[0]["spec"]["containers"][0]["env"]}
     assert env[contract.ENV_RESTORE_STEP] == "31"
     assert cluster.status.restarts.failures == 0
+
+
+def test_a_workload_on_its_way_out_admits_no_gang():
+    """After a grow's save the job deletes its Workloads; Kueue's finalizer keeps the old one,
+    still Admitted, until its quota is released. Seen then, it must not relaunch the gang at
+    the old count (the e2e grow test saw a relaunch at 2, then at 3)."""
+    cluster = FakeCluster(spec(), queue=gate(PENDING))
+    cluster.reconcile()
+    going = dataclasses.replace(workload(ADMITTED, count=2, admitted=2), deleting=True)
+    cluster.queue = gate_for("team-queue", going, {"spot": SPOT}, 2)
+    assert not cluster.queue.admitted
+    plan = cluster.reconcile()
+    assert plan.create_pods == [] and cluster.status.phase == "Queued"
+    cluster.queue = gate(ADMITTED, admitted=2)
+    assert [p["metadata"]["name"] for p in cluster.reconcile().create_pods] == [
+        "tiny-a1-0", "tiny-a1-1"]

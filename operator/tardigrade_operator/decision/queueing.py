@@ -298,7 +298,11 @@ class QueueGate:
 
     @property
     def admitted(self) -> bool:
-        return self.workload is not None and self.workload.admitted and not self.resizing
+        # A Workload being deleted (a resize's, held by Kueue's finalizer until its quota is
+        # released) still reads Admitted: no gang starts under it.
+        workload = self.workload
+        return (workload is not None and workload.admitted and not workload.deleting
+                and not self.resizing)
 
     @property
     def evicted(self) -> bool:
