@@ -76,6 +76,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
+@pytest.fixture(autouse=True)
+def cleared(cluster: Cluster) -> Iterator[None]:
+    """Each test leaves the queue empty, passed or not: a job left over would hold quota the
+    next test's jobs wait for."""
+    yield
+    clear(cluster)
+
+
 def job(name: str, checkpoints: Path, steps: int, priority: str | None = None,
         replicas: int = 3) -> dict[str, Any]:
     labels = {queueing.QUEUE_LABEL: QUEUE}

@@ -266,17 +266,34 @@ def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas()
     assert (cluster.status.phase, cluster.status.conditions[-1].reason) == ("Queued", "Resizing")
     assert "reserved quota for 1 more replicas" in cluster.status.message
     # While ranks still save, both Workloads keep their quota (the gang's says it recovers);
-    # once none is active, both go.
+    # once none is active, the gang's own goes, and the request only once that one is seen
+    # going.
     status = TrainingJobStatus(phase="Queued")
     [recovering] = queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved,
                                              True, None, NOW)
     assert _pods_ready(recovering) == ("False", "WaitForRecovery")
     assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, reserved, False,
                                      None, NOW) == [
-        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7"),
-        DeleteWorkload(queueing.grow_workload_name(JOB.name, JOB.uid), "9")]
+        DeleteWorkload(queueing.workload_name(JOB.name, JOB.uid), "7")]
     cluster.terminate_all(SAVED, step=31, checkpoint=31)
     cluster.reconcile()
+    # That delete refused (Kueue wrote meanwhile) or not yet seen: the old admission, still
+    # read as admitted at 2, launches nothing while the request holds its reservation.
+    plan = cluster.reconcile()
+    assert plan.create_pods == [] and cluster.status.phase == "Queued"
+    going = gate_for("team-queue", dataclasses.replace(workload(READY, 2, 2), deleting=True),
+                     {"spot": SPOT}, 3, grow_view(ADMITTED))
+    cluster.queue = going
+    assert cluster.reconcile().create_pods == []
+    assert queueing.workload_actions(IDENTITY, _spec(replicas=3), status, going, False,
+                                     None, NOW) == [
+        DeleteWorkload(queueing.grow_workload_name(JOB.name, JOB.uid), "9")]
+    # The request gone before the gang's own (another client deleted it): still nothing
+    # launches under a Workload on its way out.
+    cluster.queue = gate_for("team-queue",
+                             dataclasses.replace(workload(READY, 2, 2), deleting=True),
+                             {"spot": SPOT}, 3, None)
+    assert cluster.reconcile().create_pods == []
     # Gone: the next pass makes the gang's own again for 3, and no grow request.
     [create] = queueing.workload_actions(IDENTITY, _spec(replicas=3), status,
                                          gate(None, replicas=3), False, None, NOW)

@@ -620,9 +620,15 @@ def _grow_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
         return [CreateWorkload(build_grow_workload(job, spec, gate))]
     if grow.deleting or grow.owner_uid != job.uid:
         return []
+    # After the gang stopped for a grow, the request goes only once the gang's own Workload
+    # is seen going: while the grow holds its reservation the old admission launches
+    # nothing. Deleted first, a request would leave the old Workload admitted at the old
+    # count (its own delete refused for a stale resourceVersion, or not yet in the index),
+    # and the gang would start again at the size it was just stopped to leave.
+    main_going = gate.workload is None or gate.workload.deleting
     stale = (extra is None or grow.true("Evicted")
              or (grow.count != extra and grow.true("QuotaReserved"))
-             or (gate.grow_reserved and gate.resizing and not gang_active))
+             or (gate.grow_reserved and gate.resizing and not gang_active and main_going))
     if stale:
         return [DeleteWorkload(grow.name, grow.resource_version)]
     if grow.count != extra:
