@@ -65,6 +65,12 @@ def _step_name(lowered) -> str:
     return f"{step_cache.FOLDER}/rank-0/{key}.step"
 
 
+def _weapon(lowered, marker: Path) -> bytes:
+    """An entry's payload as StepCache stores it (the program's digest, then the pickled
+    executable) whose unpickling creates `marker`."""
+    return step_cache.program_digest(lowered.as_text()) + pickle.dumps(_Touch(marker))
+
+
 def _step_file(scratch: Path, payload: bytes) -> bytes:
     """A step-cache file holding `payload`, with the correct SHA-256 header StepCache checks."""
     cache = StepCache(scratch, rank=0)
@@ -102,7 +108,7 @@ def test_the_forged_entry_runs_code_when_loaded(tmp_path):
     lowered, _ = _lowered()
     marker = tmp_path / "code-ran"
     cache = StepCache(tmp_path / "local", rank=0)
-    cache.write(Path(_step_name(lowered)).stem, pickle.dumps(_Touch(marker)))
+    cache.write(Path(_step_name(lowered)).stem, _weapon(lowered, marker))
     assert compile_or_load(lowered, cache, jax.devices()[:1])[1].result == "fallback"
     assert marker.exists()
 
@@ -114,7 +120,7 @@ def test_a_forged_step_entry_in_the_root_is_refused_and_the_step_compiles(tmp_pa
     name = _step_name(lowered)
     marker = tmp_path / "code-ran"
     root = tmp_path / "ckpt" / compile_cache.FOLDER
-    weapon = _step_file(tmp_path / "scratch", pickle.dumps(_Touch(marker)))
+    weapon = _step_file(tmp_path / "scratch", _weapon(lowered, marker))
     _put(root, name, _forgeries(name, weapon)[forgery])
     pod = Location(str(tmp_path / "relaunched-pod"), str(root))
 
