@@ -17,7 +17,6 @@ import pytest
 import tensorstore as ts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax._src import compilation_cache
 from tardigrade_contract import contract
 from tardigrade_trainer import __main__ as entry
 from tardigrade_trainer import cache_seal, compile_cache, step_cache
@@ -30,18 +29,7 @@ OTHER_JOB = cache_seal.job_key("another job's cache key, same bucket")
 JAX_ENTRY = "jit_step-0123abcd-cache"
 
 
-@pytest.fixture(autouse=True)
-def _without_jax_persistent_cache():
-    """Where the step came from is judged here: JAX's persistent cache, which an in-process
-    trainer earlier in the worker may have turned on, would serve these toy programs."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    # JAX decides once per process whether its cache is in use (compilation_cache.is_cache_used
-    # memoizes it): without a reset, a cache an earlier test turned on stays on.
-    compilation_cache.reset_cache()
-    yield
-    jax.config.update("jax_enable_compilation_cache", before)
-    compilation_cache.reset_cache()
+pytestmark = pytest.mark.usefixtures("without_jax_persistent_cache")
 
 
 class _Touch:

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import compilation_cache
 from tardigrade_trainer import step_cache
 from tardigrade_trainer.compiled_step import CompiledStep
 from tardigrade_trainer.step_cache import CorruptEntryError, StepCache, compile_or_load, entry_key
@@ -25,20 +24,7 @@ FACTS = {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu", "platform_versi
 PROGRAM = "module @jit_step { func.func public @main() { return } }"
 
 
-@pytest.fixture(autouse=True)
-def _without_jax_persistent_cache():
-    """These tests judge where a compile came from. An in-process trainer session earlier in
-    the same worker turns JAX's persistent cache on for its checkpoint root (the trainer's
-    default): this module's toy programs would then come from it ("jax_cache"), not be
-    compiled and stored in the step cache. Off here, restored after."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    # JAX decides once per process whether its cache is in use (compilation_cache.is_cache_used
-    # memoizes it): without a reset, a cache an earlier test turned on stays on.
-    compilation_cache.reset_cache()
-    yield
-    jax.config.update("jax_enable_compilation_cache", before)
-    compilation_cache.reset_cache()
+pytestmark = pytest.mark.usefixtures("without_jax_persistent_cache")
 
 
 def test_the_key_is_the_same_for_the_same_program_and_process():
