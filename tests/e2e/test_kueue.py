@@ -456,3 +456,46 @@ def test_a_gang_that_cannot_start_within_the_timeout_is_evicted_and_requeued(
     assert "Evicted" in events(cluster, "stuck")
     operator.assert_alive()
     clear(cluster)
+
+
+def test_a_suspended_job_releases_its_quota_to_the_queue_and_resuming_requeues_it(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """spec.suspend on an admitted job deactivates its Workload (as Kueue's own jobs:
+    spec.active false, Kueue evicts it with reason Deactivated): the gang saves and stops,
+    the quota goes back and the job waiting for it is admitted. spec.suspend false
+    reactivates it: queued again, it waits while the other holds the quota, then resumes
+    from the saved step; no restart counted."""
+    cluster.apply(job("sleeper", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("sleeper", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("sleeper").get("step") or 0) > 5, 60, "training")
+    first = {p.metadata.name for p in cluster.pods("sleeper")}
+    cluster.apply(job("next", tmp_path, steps=1_000_000, replicas=2))
+    wait_for(lambda: workload_of(cluster, "next") and "insufficient unused quota"
+             in cluster.status("next").get("message", ""), 60, "the job of 2 waiting")
+    cluster.kubectl("patch", "tj/sleeper", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    evicted = wait_for(lambda: (c := condition(workload_of(cluster, "sleeper"), "Evicted"))
+                       and c["status"] == "True" and c, 60, "Kueue evicting the suspended job")
+    assert evicted["reason"] == "Deactivated", evicted
+    assert workload_of(cluster, "sleeper")["spec"]["active"] is False
+    cluster.wait_phase("next", {"Running"}, 120)
+    stopped = cluster.wait_phase("sleeper", {"Suspended"}, 60)
+    assert not cluster.pods("sleeper")
+    step = saved_step(cluster, first)
+    released = workload_of(cluster, "sleeper")
+    assert (condition(released, "QuotaReserved") or {}).get("status") == "False"
+    assert not (released.get("status") or {}).get("admission")
+    wait_for(lambda: quota_used(cluster) == "2", 30, "only the job of 2's quota in use")
+    assert "suspended (spec.suspend)" in stopped["queue"]["message"]
+    # Resumed while the other holds the quota: queued again, in Kueue's words.
+    cluster.kubectl("patch", "tj/sleeper", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for(lambda: (w := workload_of(cluster, "sleeper")) and w["spec"].get("active")
+             is not False and "insufficient unused quota" in cluster.status("sleeper").get(
+                 "message", ""), 60, "the resumed job queued again")
+    assert cluster.status("sleeper")["phase"] == "Queued" and not cluster.pods("sleeper")
+    cluster.kubectl("delete", "tj/next", "--wait=false")
+    status = resumed(cluster, "sleeper")
+    assert status["recoveries"][-1]["restoreStep"] == step, status
+    assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
+    assert "Evicted" not in events(cluster, "sleeper")
+    operator.assert_alive()
+    clear(cluster)

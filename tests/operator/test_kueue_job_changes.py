@@ -21,7 +21,6 @@ from tardigrade_operator.decision.queueing import (
     JobIdentity,
     PatchWorkloadSpec,
     ReleaseQuota,
-    ResizeWorkload,
     WorkloadCondition,
     WorkloadView,
     gate_for,
