@@ -268,3 +268,130 @@ def test_the_rule_holds_a_job_that_ran_under_kueue_and_lost_its_label():
         assert cluster.reconcile().create_pods == []
     assert cluster.status.conditions[-1].reason == queue_name_rule.REASON
     assert not queue_name_rule.launched_outside_kueue(cluster.status)
+
+
+# ------------------------------------------------------------------- admission outputs ---
+
+
+def admitted_body(**status: Any) -> dict[str, Any]:
+    """A Workload as Kueue leaves it admitted, with `status` fields added."""
+    body = queueing.build_workload(IDENTITY, parse_spec(spec()), "team-queue", 2, None)
+    body["metadata"]["resourceVersion"] = "7"
+    body["status"] = {
+        "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                       {"type": "Admitted", "status": "True", "reason": "Admitted"}],
+        "admission": {"clusterQueue": "team", "podSetAssignments": [
+            {"name": "trainers", "count": 2, "flavors": {"cpu": "spot"}}]}, **status}
+    return body
+
+
+PROVISIONED = {"admissionChecks": [
+    {"name": "dws", "state": "Ready", "podSetUpdates": [
+        {"name": "trainers",
+         "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": "pr-1"},
+         "labels": {"example.com/provisioned": "yes"},
+         "nodeSelector": {"cloud.google.com/gke-nodepool": "dws-pool"},
+         "tolerations": [{"key": "dws", "operator": "Exists", "effect": "NoSchedule"}]},
+        {"name": "another-podset", "labels": {"not": "ours"}}]},
+    {"name": "other", "state": "Ready", "podSetUpdates": [
+        {"name": "trainers", "labels": {"example.com/second": "check"}}]}]}
+
+
+def test_the_workload_is_read_with_what_admission_and_the_job_side_wrote():
+    view = queueing.parse_workload(admitted_body(**PROVISIONED))
+    assert view.queue_name == "team-queue" and view.active
+    assert view.podset_hash == queueing.podset_hash(parse_spec(spec()))
+    assert view.updates.labels == {"example.com/provisioned": "yes",
+                                   "example.com/second": "check"}
+    assert view.updates.node_selector == {"cloud.google.com/gke-nodepool": "dws-pool"}
+    assert not view.topology_assigned and view.updates.conflicts == ()
+    # Two checks disagreeing on a key: named.
+    clash = admitted_body(admissionChecks=[
+        {"name": "a", "podSetUpdates": [{"name": "trainers", "nodeSelector": {"pool": "a"}}]},
+        {"name": "b", "podSetUpdates": [{"name": "trainers", "nodeSelector": {"pool": "b"}}]}])
+    assert queueing.parse_workload(clash).updates.conflicts == ("nodeSelector pool: 'a' vs 'b'",)
+    body = admitted_body()
+    body["spec"]["active"] = False
+    body["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
+        "levels": ["kubernetes.io/hostname"], "slices": []}
+    view = queueing.parse_workload(body)
+    assert not view.active and view.topology_assigned
+
+
+def test_admission_checks_pod_set_updates_reach_every_pod():
+    """A ProvisioningRequest check (GKE's DWS) answers with podSetUpdates the pods must carry
+    (jobframework merges them after the flavors'): labels, annotations, node selector and
+    tolerations, on every rank."""
+    view = queueing.parse_workload(admitted_body(**PROVISIONED))
+    cluster = FakeCluster(spec(), queue=gate_for("team-queue", view, FLAVORS, 2,
+                                                 spec=parse_spec(spec())))
+    plan = cluster.reconcile()
+    assert len(plan.create_pods) == 2
+    for pod in plan.create_pods:
+        meta, pod_spec = pod["metadata"], pod["spec"]
+        assert meta["labels"]["example.com/provisioned"] == "yes"
+        assert meta["labels"]["example.com/second"] == "check"
+        assert "not" not in meta["labels"]
+        assert meta["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] == "pr-1"
+        assert pod_spec["nodeSelector"]["cloud.google.com/gke-nodepool"] == "dws-pool"
+        assert pod_spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+        assert {"key": "dws", "operator": "Exists", "effect": "NoSchedule"} in pod_spec[
+            "tolerations"]
+
+
+def held(view: WorkloadView, flavors: dict[str, Flavor], body: dict[str, Any] | None = None
+         ) -> FakeCluster:
+    body = body or spec()
+    cluster = FakeCluster(body, queue=gate_for("team-queue", view, flavors, 2,
+                                               spec=parse_spec(body)))
+    for _ in range(2):
+        assert cluster.reconcile().create_pods == []
+    assert cluster.status.phase == "Queued"
+    return cluster
+
+
+def test_an_admission_the_operator_cannot_honour_holds_the_launch_and_says_why():
+    plain = queueing.parse_workload(admitted_body())
+    # The admitted flavor is not in the operator's index.
+    cluster = held(plain, {})
+    assert cluster.status.conditions[-1].reason == "FlavorNotFound"
+    assert "ResourceFlavor spot" in cluster.status.message
+    # A topologyAssignment (Topology Aware Scheduling).
+    body = admitted_body()
+    body["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
+        "levels": ["kubernetes.io/hostname"], "slices": []}
+    cluster = held(queueing.parse_workload(body), FLAVORS)
+    assert cluster.status.conditions[-1].reason == "TopologyNotSupported"
+    assert "topologyAssignment" in cluster.status.message
+    # podSetUpdates that contradict the flavor's node labels or the job's own template.
+    clash = admitted_body(admissionChecks=[{"name": "a", "podSetUpdates": [
+        {"name": "trainers", "nodeSelector": {"cloud.google.com/gke-spot": "false"},
+         "labels": {"team": "b"}}]}])
+    mine = spec(podTemplate={"labels": {"team": "a"}})
+    cluster = held(queueing.parse_workload(clash), FLAVORS, mine)
+    assert cluster.status.conditions[-1].reason == "PodSetUpdateConflict"
+    assert "nodeSelector cloud.google.com/gke-spot: 'true' vs 'false'" in cluster.status.message
+    assert "labels team: 'a' vs 'b'" in cluster.status.message
+    # Once the flavor can be read, the gang launches with its labels.
+    cluster = held(plain, {})
+    cluster.queue = gate_for("team-queue", plain, FLAVORS, 2, spec=parse_spec(spec()))
+    plan = cluster.reconcile()
+    assert len(plan.create_pods) == 2
+    assert plan.create_pods[0]["spec"]["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+
+
+def test_a_running_gang_is_not_stopped_for_what_only_a_launch_needs():
+    body = spec()
+    cluster = running(body)
+    unreadable = gate(body, view(ADMITTED, body, admitted=2), flavors={}, gang_active=True)
+    assert unreadable.hold is None and unreadable.admitted
+    cluster.queue = unreadable
+    plan = cluster.reconcile()
+    assert plan.delete_pods == [] and cluster.status.phase == "Running"
+    # Stopped for another reason (a spot reclaim), it is held before relaunching.
+    cluster.disrupt(cluster.attempt_pods()[0])
+    cluster.reconcile()
+    cluster.terminate_all(SAVED, step=31, checkpoint=31)
+    cluster.queue = gate(body, view(ADMITTED, body, admitted=2), flavors={})
+    assert cluster.reconcile().create_pods == []
+    assert cluster.status.conditions[-1].reason == "FlavorNotFound"
