@@ -98,16 +98,17 @@ def test_suspend_deactivates_the_workload_releases_its_quota_and_resume_requeues
     assert cluster.status.phase == "Suspended"
     assert "suspended (spec.suspend)" in cluster.status.queue.message
     assert actions(suspended, "Suspended", cluster.queue, True) == [
-        PatchWorkloadSpec(NAME, "7", {"active": False})]
+        PatchWorkloadSpec(NAME, "7", {"active": False}, {queueing.SUSPENDED_ANNOTATION: "true"})]
     # Kueue evicts it; no quota goes back while a rank still saves.
-    evicted = gate(suspended, view(DEACTIVATED, suspended, admitted=2, active=False),
+    ours = {"active": False, "suspended_by_job": True}
+    evicted = gate(suspended, view(DEACTIVATED, suspended, admitted=2, **ours),
                    gang_active=True)
     cluster.queue = evicted
     plan = cluster.reconcile()
     assert not any(e.reason == "Evicted" for e in plan.events)  # the user's own doing
     assert actions(suspended, "Suspended", evicted, True) == []
     cluster.terminate_all(SAVED, step=31, checkpoint=31)
-    stopped = gate(suspended, view(DEACTIVATED, suspended, admitted=2, active=False))
+    stopped = gate(suspended, view(DEACTIVATED, suspended, admitted=2, **ours))
     cluster.queue = stopped
     cluster.reconcile()
     assert cluster.status.phase == "Suspended"
@@ -120,19 +121,19 @@ def test_suspend_deactivates_the_workload_releases_its_quota_and_resume_requeues
     released = {"QuotaReserved": WorkloadCondition("False", "Pending", ""),
                 "Evicted": DEACTIVATED["Evicted"],
                 "Requeued": WorkloadCondition("False", "Deactivated", "")}
-    idle = gate(suspended, view(released, suspended, active=False))
+    idle = gate(suspended, view(released, suspended, active=False, suspended_by_job=True))
     cluster.queue = idle
     assert cluster.reconcile().create_pods == []
     assert actions(suspended, "Suspended", idle, False) == []
     # Resumed: reactivated, queued again (phase Queued, not Evicted), then admitted.
     cluster.spec["suspend"] = False
-    resumed = gate(body, view(released, body, active=False))
+    resumed = gate(body, view(released, body, active=False, suspended_by_job=True))
     cluster.queue = resumed
     plan = cluster.reconcile()
     assert plan.create_pods == [] and cluster.status.phase == "Queued"
     assert cluster.status.conditions[-1].reason == "Queued"
     assert actions(body, "Queued", resumed, False) == [
-        PatchWorkloadSpec(NAME, "7", {"active": True})]
+        PatchWorkloadSpec(NAME, "7", {"active": True}, {queueing.SUSPENDED_ANNOTATION: None})]
     cluster.queue = gate(body, view(ADMITTED, body, admitted=2))
     plan = cluster.reconcile()
     assert [p["metadata"]["name"] for p in plan.create_pods] == ["tiny-a2-0", "tiny-a2-1"]
@@ -147,13 +148,40 @@ def test_a_job_suspended_from_the_start_queues_nothing_until_resumed():
     [create] = actions(body, "Suspended", gate(body, None), False)
     assert isinstance(create, CreateWorkload)
     assert create.body["spec"]["active"] is False
+    assert create.body["metadata"]["annotations"][queueing.SUSPENDED_ANNOTATION] == "true"
+    assert queueing.parse_workload(create.body).suspended_by_job
     assert "active" not in queueing.build_workload(IDENTITY, parse_spec(spec()), "q", 2,
                                                    None)["spec"]
     # Queued, then suspended: deactivated, so Kueue never admits it meanwhile.
     pending = spec()
     queued = gate(body, view(PENDING, pending))
     assert actions(body, "Queued", queued, False) == [
-        PatchWorkloadSpec(NAME, "7", {"active": False})]
+        PatchWorkloadSpec(NAME, "7", {"active": False}, {queueing.SUSPENDED_ANNOTATION: "true"})]
+
+
+def test_a_deactivation_not_the_jobs_own_is_left_to_whoever_made_it():
+    """Kueue deactivates a Workload itself (requeuing limit, maximum execution time, a
+    rejected admission check: Evicted reason DeactivatedDueTo...), and an admin stops one by
+    hand with spec.active false: the job is not suspended, yet the operator does not undo
+    it; the job waits and says why and how to go on."""
+    body = spec()
+    for reason in ("DeactivatedDueToRequeuingLimitExceeded", "Deactivated"):
+        stopped = {**ADMITTED, "Evicted": WorkloadCondition("True", reason, "exceeded")}
+        cluster = running(body)
+        cluster.queue = gate(body, view(stopped, body, admitted=2, active=False),
+                             gang_active=True)
+        plan = cluster.reconcile()
+        assert len(plan.delete_pods) == 2
+        cluster.terminate_all(SAVED, step=31, checkpoint=31)
+        released = {"QuotaReserved": WorkloadCondition("False", "Pending", ""),
+                    "Evicted": stopped["Evicted"]}
+        cluster.queue = gate(body, view(released, body, active=False))
+        assert cluster.reconcile().create_pods == []
+        assert cluster.status.phase == "Queued"
+        assert cluster.status.conditions[-1].reason == "Deactivated"
+        assert "not by this job's spec.suspend" in cluster.status.message
+        assert not any(isinstance(a, PatchWorkloadSpec)
+                       for a in actions(body, "Queued", cluster.queue, False))
 
 
 # ------------------------------------------------------------------------------ labels ---

@@ -338,6 +338,12 @@ class ClusterWriter:
                         spec.pop(field, None)
                     else:
                         spec[field] = value
+                annotations = current["metadata"].setdefault("annotations", {})
+                for key, mark in action.annotations.items():
+                    if mark is None:
+                        annotations.pop(key, None)
+                    else:
+                        annotations[key] = mark
                 self.custom.replace_namespaced_custom_object(*args, action.name, current)
                 return
             if isinstance(action, queueing.ResizeWorkload):

@@ -65,6 +65,10 @@ JOB_LABEL = "tardigrade.dev/job"
 # Workload was made: an admitted job whose pods would now ask for something else is resized
 # through Kueue, never run outside the admission (`QueueGate.mismatch`).
 PODSET_HASH_ANNOTATION = "tardigrade.dev/podset-hash"
+# On a Workload the operator deactivated for the job's spec.suspend: only such a deactivation
+# is undone on resume, never one by Kueue (requeuing limit, maximum execution time, a
+# rejected admission check) or by an admin stopping the workload by hand.
+SUSPENDED_ANNOTATION = "tardigrade.dev/suspended"
 # Which of a job's Workloads: the gang's own, or the request for the extra replicas of a grow.
 ROLE_LABEL = "tardigrade.dev/workload-role"
 GROW_ROLE = "grow"
@@ -163,8 +167,10 @@ class WorkloadView:
     reclaimable: int = 0
     # spec.queueName: the LocalQueue it waits in ("" where unread).
     queue_name: str = ""
-    # spec.active: False once deactivated (the job suspended); Kueue then evicts it.
+    # spec.active: False once deactivated; Kueue then evicts it.
     active: bool = True
+    # Deactivated by the operator for the job's spec.suspend (SUSPENDED_ANNOTATION).
+    suspended_by_job: bool = False
     # PODSET_HASH_ANNOTATION; None on a Workload made before it existed (never remade for it).
     podset_hash: str | None = None
     # The admission checks' podSetUpdates for our podSet.
@@ -217,6 +223,7 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         role=str((meta.get("labels") or {}).get(ROLE_LABEL) or "main"), priority=priority,
         reclaimable=reclaimable, queue_name=str(spec.get("queueName") or ""),
         active=spec.get("active") is not False,
+        suspended_by_job=(meta.get("annotations") or {}).get(SUSPENDED_ANNOTATION) == "true",
         podset_hash=(meta.get("annotations") or {}).get(PODSET_HASH_ANNOTATION),
         updates=_merge_updates(updates), topology_assigned=topology)
 
@@ -444,6 +451,12 @@ class QueueGate:
             return (f"suspended (spec.suspend): the Workload is deactivated and holds no quota "
                     f"once the gang stopped; set spec.suspend to false to queue again in "
                     f"LocalQueue {self.queue}")
+        if not workload.active and not workload.suspended_by_job:
+            evicted = workload.conditions.get("Evicted")
+            why = f" ({evicted.reason}: {evicted.message})" if evicted else ""
+            return (f"the Workload {workload.name} is deactivated (spec.active false){why}, "
+                    "not by this job's spec.suspend: Kueue admits it again only once it is "
+                    "set active (kubectl patch workload), or delete and re-create the job")
         if not workload.active or (workload.true("Evicted") and not self.evicted
                                    and workload.true("QuotaReserved")):
             return (f"resumed: reactivating the Workload in LocalQueue {self.queue}")
@@ -490,6 +503,9 @@ class QueueGate:
             return "KueueTooOld"
         if not self.installed:
             return "KueueNotInstalled"
+        workload = self.workload
+        if workload is not None and not workload.active and not workload.suspended_by_job:
+            return "Deactivated"
         if self.evicted:
             return "Evicted"
         hold = self.hold
@@ -667,6 +683,8 @@ def _workload(job: JobIdentity, name: str, role: str, queue: str, count: int,
         workload["spec"]["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass",
                                                 "name": name}
         workload["spec"]["priority"] = value
+    if not active:
+        workload["metadata"]["annotations"][SUSPENDED_ANNOTATION] = "true"
     return workload
 
 
@@ -701,6 +719,8 @@ class PatchWorkloadSpec:
     name: str
     resource_version: str
     changes: Mapping[str, Any]
+    # metadata.annotations to set (None: remove).
+    annotations: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -862,10 +882,14 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
         return [FinishWorkload(workload.name, workload.resource_version, _replace(
             current, [_condition("Finished", "True", reason, status.message or reason, now)]))]
     changes = _spec_changes(workload, gate, priority)
+    # Marks the deactivation as the job's own, and drops the mark with it.
+    marks: dict[str, str | None] = (
+        {} if "active" not in changes
+        else {SUSPENDED_ANNOTATION: None if changes["active"] else "true"})
     # Suspended: deactivated first; Kueue then evicts it (reason Deactivated), and the
     # release below hands its quota back once the gang stopped.
     if changes.get("active") is False:
-        return [PatchWorkloadSpec(workload.name, workload.resource_version, changes)]
+        return [PatchWorkloadSpec(workload.name, workload.resource_version, changes, marks)]
     if workload.true("Evicted") and workload.true("QuotaReserved") and not gang_active:
         evicted = workload.conditions["Evicted"]
         requeue = evicted.reason in ("Preempted", "NodeFailures")
@@ -892,7 +916,7 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
                                pod_set_template(spec) if reshaped else None,
                                gate.podset_hash if reshaped else None)]
     if changes:
-        return [PatchWorkloadSpec(workload.name, workload.resource_version, changes)]
+        return [PatchWorkloadSpec(workload.name, workload.resource_version, changes, marks)]
     reclaim = gate.reclaim
     # Once every rank of the smaller gang runs: until then the quota still backs its launch.
     if reclaim is not None and status.phase == "Running" and status.replicas == gate.runs:
@@ -916,8 +940,11 @@ def _spec_changes(workload: WorkloadView, gate: QueueGate,
     no such class). Kueue refuses adding or removing a priorityClassRef while quota is held:
     that waits for the next requeue, as jobframework leaves it too."""
     changes: dict[str, Any] = {}
-    if workload.active == gate.suspended:
-        changes["active"] = not gate.suspended
+    # Deactivated for the suspension; reactivated only where that was the job's doing.
+    if gate.suspended and workload.active:
+        changes["active"] = False
+    elif not gate.suspended and not workload.active and workload.suspended_by_job:
+        changes["active"] = True
     reserved = workload.true("QuotaReserved")
     if workload.queue_name and workload.queue_name != gate.queue and not reserved:
         changes["queueName"] = gate.queue
