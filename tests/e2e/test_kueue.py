@@ -499,3 +499,30 @@ def test_a_suspended_job_releases_its_quota_to_the_queue_and_resuming_requeues_i
     assert "Evicted" not in events(cluster, "sleeper")
     operator.assert_alive()
     clear(cluster)
+
+
+def test_a_queued_job_suspended_is_never_admitted_until_resumed(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """Suspended while it waits, the job's Workload is deactivated: quota that frees goes to
+    the next job, not to it; resumed, it is queued again and admitted."""
+    cluster.apply(job("holder", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("holder", {"Running"}, 120)
+    cluster.apply(job("later", tmp_path, steps=1_000_000, replicas=2))
+    wait_for(lambda: workload_of(cluster, "later") and "insufficient unused quota"
+             in cluster.status("later").get("message", ""), 60, "the job of 2 waiting")
+    cluster.kubectl("patch", "tj/later", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: workload_of(cluster, "later")["spec"].get("active") is False, 60,
+             "the waiting job's Workload deactivated")
+    cluster.kubectl("delete", "tj/holder", "--wait=false")
+    # The freed quota goes to a job queued after it, never to the suspended one.
+    cluster.apply(job("probe", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("probe", {"Running"}, 120)
+    later = workload_of(cluster, "later")
+    assert (condition(later, "QuotaReserved") or {}).get("status") != "True", later["status"]
+    assert cluster.status("later")["phase"] == "Suspended" and not cluster.pods("later")
+    cluster.kubectl("patch", "tj/later", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    status = cluster.wait_phase("later", {"Running"}, 120)
+    assert status["queue"]["admitted"] and status["replicas"] == 2
+    wait_for(lambda: quota_used(cluster) == "4", 30, "both jobs of 2 in the quota")
+    operator.assert_alive()
+    clear(cluster)

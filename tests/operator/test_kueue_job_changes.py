@@ -423,3 +423,20 @@ def test_a_running_gang_is_not_stopped_for_what_only_a_launch_needs():
     cluster.queue = gate(body, view(ADMITTED, body, admitted=2), flavors={})
     assert cluster.reconcile().create_pods == []
     assert cluster.status.conditions[-1].reason == "FlavorNotFound"
+
+
+def test_a_reactivated_workload_waits_in_kueues_words_not_as_evicted():
+    """After a resume Kueue keeps Evicted=True (Deactivated) until it admits the Workload
+    again: the job waits as any queued one, with Kueue's reason."""
+    body = spec()
+    waiting = {"QuotaReserved": WorkloadCondition("False", "Pending", "insufficient quota"),
+               "Evicted": WorkloadCondition("True", "Deactivated", "deactivated"),
+               "Requeued": WorkloadCondition("True", "Reactivated", "")}
+    the_gate = gate(body, view(waiting, body))
+    assert not the_gate.evicted and the_gate.reason() == "Queued"
+    assert the_gate.waiting_message() == "waiting in LocalQueue team-queue: insufficient quota"
+    ours = gate(body, view(DEACTIVATED, body, admitted=2, active=False, suspended_by_job=True))
+    assert not ours.evicted
+    kueues = {**ADMITTED, "Evicted": WorkloadCondition(
+        "True", "DeactivatedDueToRequeuingLimitExceeded", "")}
+    assert gate(body, view(kueues, body, admitted=2, active=False)).evicted

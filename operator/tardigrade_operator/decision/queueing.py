@@ -424,10 +424,13 @@ class QueueGate:
     @property
     def evicted(self) -> bool:
         """Kueue evicted the Workload, for its own reasons: not the deactivation that a
-        suspension of the job asked for."""
+        suspension of the job asked for, nor a deactivation since undone (Kueue clears
+        Evicted only at the next admission)."""
         workload = self.workload
-        return (workload is not None and workload.true("Evicted")
-                and workload.conditions["Evicted"].reason != DEACTIVATED)
+        if workload is None or not workload.true("Evicted"):
+            return False
+        deactivated = workload.conditions["Evicted"].reason.startswith(DEACTIVATED)
+        return not (deactivated and (workload.active or workload.suspended_by_job))
 
     def waiting_message(self) -> str:
         """Why the job waits, in Kueue's words where Kueue has said something."""
