@@ -526,3 +526,77 @@ def test_a_queued_job_suspended_is_never_admitted_until_resumed(
     wait_for(lambda: quota_used(cluster) == "4", 30, "both jobs of 2 in the quota")
     operator.assert_alive()
     clear(cluster)
+
+
+def test_an_admitted_job_whose_pods_ask_for_more_is_resized_through_kueue(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """A running gang of 2 x 1 cpu patched to 3 cpu per pod (6 > the quota of 4) saves and
+    stops, its Workload is made again at what the pods ask now, and nothing runs while Kueue
+    cannot admit that; patched to 500m it is admitted (the queued Workload's podSet updated in
+    place) and resumes from the saved step. Never a pod beyond the admission."""
+    cluster.apply(job("reshaped", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("reshaped", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("reshaped").get("step") or 0) > 5, 60, "training")
+    before = workload_of(cluster, "reshaped")
+    assert before is not None
+    first = {p.metadata.name for p in cluster.pods("reshaped")}
+    cluster.kubectl("patch", "tj/reshaped", "--type=merge", "-p",
+                    '{"spec":{"resources":{"requests":{"cpu":"3"}}}}')
+    remade = wait_for(lambda: (w := workload_of(cluster, "reshaped"))
+                      and w["metadata"]["uid"] != before["metadata"]["uid"] and w, 120,
+                      "the Workload made again")
+    requests = remade["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert requests["requests"]["cpu"] == "3" and remade["spec"]["podSets"][0]["count"] == 2
+    wait_for(lambda: "insufficient quota" in cluster.status("reshaped").get("message", "")
+             or "insufficient unused quota" in cluster.status("reshaped").get("message", ""),
+             60, "Kueue's reason for 2 x 3 cpu")
+    assert cluster.status("reshaped")["phase"] == "Queued"
+    assert not cluster.pods("reshaped")
+    # The ClusterQueue's usage is Kueue's status write, after the old Workload went.
+    wait_for(lambda: quota_used(cluster) == "0", 30, "no quota in use")
+    step = saved_step(cluster, first)
+    cluster.kubectl("patch", "tj/reshaped", "--type=merge", "-p",
+                    '{"spec":{"resources":{"requests":{"cpu":"500m"}}}}')
+    status = resumed(cluster, "reshaped")
+    assert status["recoveries"][-1]["restoreStep"] == step, status
+    pods = cluster.pods("reshaped")
+    assert {p.spec.containers[0].resources.requests["cpu"] for p in pods} == {"500m"}
+    wait_for(lambda: quota_used(cluster) == "1", 30, "2 x 500m of the quota in use")
+    assert workload_of(cluster, "reshaped")["metadata"]["uid"] == remade["metadata"]["uid"]
+    assert status["restarts"]["failures"] == 0
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_job_moved_to_another_queue_saves_and_is_admitted_there(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """The queue label changed on a running job: Kueue refuses a new queueName while quota is
+    reserved, so the gang saves and stops, the Workload is made again in the new LocalQueue,
+    and the gang resumes there from the saved step."""
+    other = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+             "metadata": {"name": "other-queue", "namespace": NAMESPACE},
+             "spec": {"clusterQueue": "team"}}
+    if not any(q["metadata"]["name"] == "other-queue" for q in cluster.custom.
+               list_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues")["items"]):
+        cluster.custom.create_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues", other)
+    cluster.apply(job("mover", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("mover", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("mover").get("step") or 0) > 5, 60, "training")
+    first = {p.metadata.name for p in cluster.pods("mover")}
+    cluster.kubectl("label", "tj/mover", "--overwrite", f"{queueing.QUEUE_LABEL}=other-queue")
+    status = resumed(cluster, "mover")
+    assert status["queue"]["localQueue"] == "other-queue", status["queue"]
+    assert workload_of(cluster, "mover")["spec"]["queueName"] == "other-queue"
+    assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first)
+    assert status["restarts"]["failures"] == 0
+    # The label removed: out of Kueue, its Workload and quota gone, the gang trains on.
+    pods = {p.metadata.name for p in cluster.pods("mover")}
+    cluster.kubectl("label", "tj/mover", f"{queueing.QUEUE_LABEL}-")
+    wait_for(lambda: workload_of(cluster, "mover") is None and quota_used(cluster) == "0", 60,
+             "the Workload gone with the label")
+    step = int(cluster.status("mover").get("step") or 0)
+    wait_for(lambda: int(cluster.status("mover").get("step") or 0) > step, 60, "training on")
+    assert cluster.status("mover").get("queue") is None
+    assert {p.metadata.name for p in cluster.pods("mover")} == pods
+    operator.assert_alive()
+    clear(cluster)
