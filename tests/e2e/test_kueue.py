@@ -8,8 +8,11 @@ with no step lost and its restart budget untouched; a queued job resized is admi
 new size, a running one grows only once the quota allows and trains on meanwhile, a running
 one shrunk hands quota back once the smaller gang runs, and deleted
 jobs leave no Workload, pod or quota; a gang training past the PodsReady timeout is never
-evicted for it, and one that cannot start within it is evicted and requeued. Ranks run on
-simulated nodes (one cpu each), so a gang costs no trainer processes."""
+evicted for it, and one that cannot start within it is evicted and requeued; a suspended job
+gives its quota to the queue and resumes when requeued, a queued one suspended is never
+admitted meanwhile, an admitted job whose pods ask for more is resized through Kueue, and one
+moved to another LocalQueue saves and is admitted there. Ranks run on simulated nodes (one cpu
+each), so a gang costs no trainer processes."""
 
 from __future__ import annotations
 

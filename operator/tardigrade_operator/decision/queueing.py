@@ -31,6 +31,21 @@ operator does the job side:
   True once every rank of the admitted gang runs, False with Kueue's reasons while the gang
   starts (`WaitForStart`) or relaunches after it ran (`WaitForRecovery`), as jobframework's
   `generatePodsReadyCondition` writes it for Kueue's own jobs (`pods_ready`);
+- `spec.suspend` deactivates the Workload (`spec.active: false`, marked as the job's own):
+  Kueue evicts it (reason `Deactivated`) and the release above hands its quota back; a
+  resume reactivates it (Kueue requeues it). Only the job's own deactivation is undone;
+  Kueue's or an admin's is left and reported;
+- the labels follow: a new queue label moves a Workload that holds no quota (`queueName`)
+  and remakes one that does after the gang saved (Kueue refuses the change then); a new
+  priority label rewrites `priorityClassRef`/`priority` where Kueue allows it; a removed
+  queue label drops the job's Workloads (`stray_workload_actions`);
+- a change of what a rank asks for (requests, limits, accelerators, node selector,
+  tolerations: `podset_hash`, stamped on the Workload) is a resize through Kueue: the
+  Workload is made again (or, holding no quota, updated) and the gang relaunches only once
+  that is admitted, never outside the admission (`QueueGate.mismatch`);
+- admission outputs: the admission checks' `podSetUpdates` go on the pods after the
+  flavors'; an admitted flavor the operator cannot read, a `topologyAssignment`, or updates
+  that contradict the pods hold the launch with a reason naming it (`QueueGate.hold`);
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label, but for the admin's rule that jobs carry one
