@@ -26,8 +26,6 @@ from tardigrade_operator.rendering.placement import GPU_RESOURCE
 from tests.fuzz import CHEAP
 from tests.operator.fake_cluster import JOB, FakeCluster, spec
 
-pytestmark = pytest.mark.fuzz
-
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 IDENTITY = JobIdentity(JOB.name, JOB.namespace, JOB.uid)
 QUEUE = "team-queue"
@@ -213,6 +211,7 @@ edits = st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 4, 8]),
                  min_size=1, max_size=3)
 
 
+@pytest.mark.fuzz
 @CHEAP
 @given(edits)
 def test_any_edit_of_an_admitted_job_stays_within_the_quota(changes):
