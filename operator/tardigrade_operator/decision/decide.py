@@ -86,7 +86,9 @@ def decide(obs: Observed) -> Plan:
        maintenance, status), each through its own module.
     """
     if obs.queue is None:
-        return _ladder(obs)
+        plan = _ladder(obs)
+        plan.status.queue = None  # out of Kueue (or its label removed): no queue to report
+        return plan
     return kueue_gate.under_gate(obs, _ladder)
 
 
