@@ -3,9 +3,10 @@
 There is no container runtime here, so the local cluster and the image smoke tests rebuild
 each image as a virtualenv (`imagevenv`). Both read the image from its Dockerfile through this
 module, so that what they run cannot drift from what `docker build` produces. Only the subset of
-the Dockerfile reference that our Dockerfiles use is understood (FROM ... AS, WORKDIR, COPY from
-the build context, RUN, ENV, LABEL, USER, ENTRYPOINT/CMD in exec form); anything else that
-would change the result is an error naming the line.
+the Dockerfile reference that our Dockerfiles use is understood (ARG with a default before the
+first FROM, FROM ... AS, WORKDIR, COPY from the build context, RUN, ENV, LABEL, USER,
+ENTRYPOINT/CMD in exec form); anything else that would change the result is an error naming
+the line. (`imagebuild` builds the real images from the same files.)
 Reference: https://docs.docker.com/reference/dockerfile/ and, for `.dockerignore`,
 https://docs.docker.com/build/concepts/context/#dockerignore-files
 """
@@ -133,12 +134,39 @@ def _exec_form(args: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+_ARG_REFERENCE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def _global_arg(args: str, where: str) -> tuple[str, str]:
+    """`ARG NAME=default` before the first FROM: what FROM may use (a build argument can
+    replace it; the recipe is the image built with the defaults)."""
+    name, sep, default = args.partition("=")
+    if not sep or not re.fullmatch(r"\w+", name):
+        raise DockerfileError(f"{where}: an ARG before FROM needs a default: `ARG NAME=value`")
+    return name, default.strip('"')
+
+
+def _substitute(text: str, values: dict[str, str], where: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in values:
+            raise DockerfileError(f"{where}: ${name} is not an ARG declared before the first FROM")
+        return values[name]
+
+    return _ARG_REFERENCE.sub(value, text)
+
+
 def parse_stages(text: str, source: str = "Dockerfile") -> list[Stage]:
     stages: list[Stage] = []
+    global_args: dict[str, str] = {}
     for ins in instructions(text):
         where = f"{source}:{ins.line} {ins.keyword}"
+        if ins.keyword == "ARG" and not stages:
+            name, default = _global_arg(ins.args, where)
+            global_args[name] = default
+            continue
         if ins.keyword == "FROM":
-            words = ins.args.split()
+            words = _substitute(ins.args, global_args, where).split()
             name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
             if len(words) not in (1, 3) or (len(words) == 3 and name is None):
                 raise DockerfileError(f"{where}: expected `FROM image [AS name]`")

@@ -244,15 +244,27 @@ def _run_with_progress(command: Sequence[str], module: Module, name: str, starte
         raise BuildError(f"go build of {name} failed (exit {code}):\n{tail}")
 
 
+# --- the image registry ----------------------------------------------------------------------
+# distribution v3 (the Docker registry), which the local cluster's images are pushed to and
+# pulled from (registry.py). Built when asked for, like Kueue: a plain set-up does not.
+REGISTRY = Module("registry", (
+    ("registry", "github.com/distribution/distribution/v3/cmd/registry"),))
+
+
+def registry_binary() -> Path:
+    """The registry program, built first if it is not yet."""
+    return ensure(REGISTRY) / "registry"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*",
                         help="modules to build (default: all but the optional ones, "
-                             f"{', '.join(m.name for m in OPTIONAL_MODULES)})")
+                             f"{', '.join(m.name for m in (*OPTIONAL_MODULES, REGISTRY))})")
     parser.add_argument("--print-dir", action="store_true",
                         help="print each module's binary directory after building it")
     args = parser.parse_args(argv)
-    known = (*MODULES, *OPTIONAL_MODULES)
+    known = (*MODULES, *OPTIONAL_MODULES, REGISTRY)
     unknown = set(args.modules) - {m.name for m in known}
     if unknown:
         parser.error(f"unknown modules {sorted(unknown)}; known: {[m.name for m in known]}")
