@@ -11,6 +11,7 @@ Configuration reference: distribution's docs/content/about/configuration.md.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import subprocess
 import time
@@ -122,6 +123,20 @@ class Registry:
     def blob(self, repository: str, digest: str) -> bytes:
         body, _ = self._get(f"{repository}/blobs/{digest}")
         return body
+
+    def blob_sha256(self, repository: str, digest: str) -> tuple[int, str]:
+        """(size, sha256:...) of a blob as served, read in chunks (layers are large)."""
+        sha = hashlib.sha256()
+        size = 0
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/{repository}/blobs/{digest}",
+                                        timeout=60) as answer:
+                while chunk := answer.read(1 << 20):
+                    sha.update(chunk)
+                    size += len(chunk)
+        except urllib.error.HTTPError as err:
+            raise RegistryError(f"GET blob {digest}: {err.code}") from err
+        return size, f"sha256:{sha.hexdigest()}"
 
     def stop(self) -> None:
         if self._proc is None:
