@@ -65,13 +65,15 @@ class RealNodeError(RuntimeError):
     pass
 
 
-def _cgroup_hierarchies() -> list[Path]:
-    """The mount point of every cgroup v1 hierarchy (the kubelet wants its cgroupRoot in each
-    of them); cgroup2 at `unified` holds no controller the kubelet uses here."""
+def _cgroup_hierarchies(v2: bool = True) -> list[Path]:
+    """The mount point of every cgroup hierarchy: the v1 ones (where the kubelet wants its
+    cgroupRoot to exist before it starts) and, with `v2`, the hybrid cgroup2 one at
+    `unified`, where runc and the kubelet make the node's cgroups too."""
+    types = ("cgroup", "cgroup2") if v2 else ("cgroup",)
     found = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         _, mountpoint, fstype, *_ = line.split()
-        if fstype == "cgroup":
+        if fstype in types:
             found.append(Path(mountpoint))
     return found
 
@@ -219,7 +221,7 @@ class RealNode:
         return self.egress_routes / self.addresses.node_ip
 
     def _make_cgroups(self) -> None:
-        for hierarchy in _cgroup_hierarchies():
+        for hierarchy in _cgroup_hierarchies(v2=False):
             path = hierarchy / self.id
             path.mkdir(exist_ok=True)
             if (hierarchy / "cpuset.cpus").exists():
@@ -261,12 +263,14 @@ class RealNode:
         c = self.directory / "containerd"
         runtime = 'plugins."io.containerd.cri.v1.runtime"'
         config = f"""\
-version = 3
+version = 4
 root = "{c / 'root'}"
 state = "{c / 'state'}"
-[grpc]
+# Not the host's /etc/containerd/conf.d (the default): this node's settings are all here.
+imports = []
+[plugins."io.containerd.server.v1.grpc"]
   address = "{self.containerd_socket}"
-[ttrpc]
+[plugins."io.containerd.server.v1.ttrpc"]
   address = "{c / 'containerd.sock.ttrpc'}"
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
