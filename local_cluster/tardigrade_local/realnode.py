@@ -54,7 +54,9 @@ POD_NETWORK = ipaddress.ip_network("10.251.0.0/16")
 API_PORT_IN_NODE = 6443
 KUBELET_PORT = 10250
 BRIDGE = "tdg0"
-CGROUP_FS = Path("/sys/fs/cgroup")
+# The kubelet links each container's log here, a path compiled in (`ContainerLogsDir`,
+# pkg/kubelet/kubelet.go), not under its root directory; the links go when the node stops.
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
 START_TIMEOUT_SECONDS = 180.0
 STOP_TIMEOUT_SECONDS = 60.0
 _MNT_DETACH = 2
@@ -116,7 +118,6 @@ class RealNode:
         self.id = "tdg-" + hashlib.sha256(str(self.directory).encode()).hexdigest()[:10]
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[TextIO] = []
-        self._netns_inode: int | None = None
 
     @classmethod
     def for_cluster(cls, info: Mapping[str, Any], name: str, directory: Path,
@@ -206,7 +207,6 @@ class RealNode:
 
     def _make_netns(self) -> None:
         _run("ip", "netns", "add", self.id)
-        self._netns_inode = self.netns_path.stat().st_ino
         _run("ip", "-n", self.id, "link", "set", "lo", "up")
         # The kubelet refuses a loopback node address (validateNodeIP); this one is on the
         # namespace's loopback device but is not 127/8.
@@ -268,6 +268,9 @@ root = "{c / 'root'}"
 state = "{c / 'state'}"
 # Not the host's /etc/containerd/conf.d (the default): this node's settings are all here.
 imports = []
+# NRI would listen on the host-wide /var/run/nri/nri.sock; no NRI plugin runs here.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
 [plugins."io.containerd.server.v1.grpc"]
   address = "{self.containerd_socket}"
 [plugins."io.containerd.server.v1.ttrpc"]
@@ -394,6 +397,8 @@ imports = []
         self._kill_leftovers()
         self._unmount_all()
         self._remove_cgroups()
+        for link in self.log_links():
+            link.unlink(missing_ok=True)
         if self.egress_routes is not None:
             self._route_file.unlink(missing_ok=True)
         if self.netns_path.exists():
@@ -423,13 +428,17 @@ imports = []
                 for procs in root.rglob("cgroup.procs"):
                     with contextlib.suppress(OSError, ValueError):
                         found.update(int(p) for p in procs.read_text().split())
-        marker = str(self.directory).encode()
+        marker = (str(self.directory) + "/").encode()
+        # Only while the namespace is mounted: a freed namespace's inode number is soon
+        # another's.
+        netns = None
+        with contextlib.suppress(OSError):
+            netns = self.netns_path.stat().st_ino
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             with contextlib.suppress(OSError):
-                if (self._netns_inode is not None
-                        and (entry / "ns" / "net").stat().st_ino == self._netns_inode):
+                if netns is not None and (entry / "ns" / "net").stat().st_ino == netns:
                     found.add(int(entry.name))
                     continue
                 if marker in (entry / "cmdline").read_bytes():
@@ -478,11 +487,20 @@ imports = []
             with contextlib.suppress(OSError):
                 path.rmdir()
 
+    def log_links(self) -> list[Path]:
+        """The kubelet's links to this node's container logs in /var/log/containers."""
+        if not CONTAINER_LOG_LINKS.is_dir():
+            return []
+        prefix = str(self.directory) + "/"
+        return [link for link in CONTAINER_LOG_LINKS.iterdir()
+                if link.is_symlink() and os.readlink(link).startswith(prefix)]
+
     def leftovers(self) -> dict[str, list[str]]:
         """What of this node is still on the machine (all empty once stopped)."""
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         return {"processes": [str(p) for p in self.processes()], "mounts": self.mounts(),
                 "cgroups": [str(p) for p in self.cgroups()],
+                "log_links": [str(p) for p in self.log_links()],
                 "netns": [line for line in netns.splitlines() if line.split()[:1] == [self.id]]}
 
 

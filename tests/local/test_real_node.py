@@ -93,7 +93,9 @@ def test_a_pod_runs_as_a_container_and_its_log_comes_through_the_api_server(
 def test_stopping_the_node_leaves_nothing_behind(node):
     running = node.leftovers()
     assert running["processes"] and running["cgroups"] and running["netns"]
+    assert running["log_links"], "the kubelet links the container's log in /var/log/containers"
     node.stop()
-    assert node.leftovers() == {"processes": [], "mounts": [], "cgroups": [], "netns": []}
+    assert node.leftovers() == {"processes": [], "mounts": [], "cgroups": [], "log_links": [],
+                                "netns": []}
     assert not node.netns_path.exists()
     assert not node.containerd_socket.exists()
