@@ -42,6 +42,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+import psutil
+
 from tardigrade_local import gobuild, identities, nodeimage
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
@@ -57,6 +59,9 @@ BRIDGE = "tdg0"
 # The kubelet links each container's log here, a path compiled in (`ContainerLogsDir`,
 # pkg/kubelet/kubelet.go), not under its root directory; the links go when the node stops.
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
+# One record per running real node, naming its directory and the process that started it, so
+# a later process can tear down the nodes of one that was killed (`sweep_orphans`).
+RECORDS_DIR = Path("/run/tardigrade-realnodes")
 START_TIMEOUT_SECONDS = 180.0
 STOP_TIMEOUT_SECONDS = 60.0
 _MNT_DETACH = 2
@@ -111,6 +116,7 @@ class RealNode:
         self.api_url = api_url
         self.pki_dir = pki_dir
         self.egress_routes = egress_routes
+        self.index = index
         self.addresses = Addresses.for_index(index)
         self.node_lease_seconds = node_lease_seconds
         # One id per node directory: two clusters' nodes of the same name never share a
@@ -179,7 +185,20 @@ class RealNode:
             raise
         return self
 
+    @property
+    def _record(self) -> Path:
+        return RECORDS_DIR / f"{self.id}.json"
+
+    def _write_record(self) -> None:
+        RECORDS_DIR.mkdir(mode=0o700, exist_ok=True)
+        me = psutil.Process()
+        self._record.write_text(json.dumps({
+            "name": self.name, "directory": str(self.directory), "index": self.index,
+            "egress_routes": str(self.egress_routes) if self.egress_routes else None,
+            "owner": me.pid, "owner_started": me.create_time()}))
+
     def _start(self, deadline: float) -> None:
+        self._write_record()
         for sub in ("etc", "pki", "logs", "pod-logs", "kubelet", "containerd", "cni/conf",
                     "cni/ipam"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
@@ -406,6 +425,7 @@ imports = []
         for log in self._logs:
             log.close()
         self._logs.clear()
+        self._record.unlink(missing_ok=True)
 
     def _terminate(self, name: str) -> None:
         proc = self._procs.get(name)
@@ -502,6 +522,27 @@ imports = []
                 "cgroups": [str(p) for p in self.cgroups()],
                 "log_links": [str(p) for p in self.log_links()],
                 "netns": [line for line in netns.splitlines() if line.split()[:1] == [self.id]]}
+
+
+def sweep_orphans() -> list[str]:
+    """Tear down the real nodes whose starting process is gone (a test run killed before its
+    teardown): their containers, shims, mounts, cgroups and namespaces. Returns their names."""
+    swept = []
+    for record in sorted(RECORDS_DIR.glob("*.json")) if RECORDS_DIR.is_dir() else []:
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(data["owner"]).create_time() == data["owner_started"]:
+                continue  # its owner still runs and will stop it
+        routes = data.get("egress_routes")
+        node = RealNode(data["name"], Path(data["directory"]), "", Path(),
+                        index=data["index"], egress_routes=Path(routes) if routes else None)
+        node.stop()
+        record.unlink(missing_ok=True)
+        swept.append(node.name)
+    return swept
 
 
 def _run(*argv: str) -> None:

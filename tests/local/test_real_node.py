@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -14,7 +15,7 @@ from kube_helpers import Kube, condition, container_status, kubectl, wait_for
 from tardigrade_local import gobuild, nodeimage
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION
-from tardigrade_local.realnode import RealNode
+from tardigrade_local.realnode import RealNode, sweep_orphans
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,8 +27,20 @@ NODE = "real-node-1"
 POD_TIMEOUT_SECONDS = 180.0
 
 
+# A process that starts a real node and is then killed before it can stop it.
+NODE_OWNER = """
+import json, sys, time
+from pathlib import Path
+from tardigrade_local.realnode import RealNode
+RealNode.for_cluster(json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), index=2).start()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    sweep_orphans()  # what a killed earlier run left on this machine
     state = tmp_path_factory.mktemp("realnode") / "state"
     with LocalCluster(state, nodes=[], with_gcs=False, node_egress=True) as running:
         yield running
@@ -88,6 +101,32 @@ def test_a_pod_runs_as_a_container_and_its_log_comes_through_the_api_server(
     assert "written by hello" in log
     # ...and the container ran in the node's own cgroups.
     assert f":memory:{node.cgroup_root}/kubepods/besteffort/pod{pod['metadata']['uid']}/" in log
+
+
+def test_the_nodes_of_a_killed_process_are_swept(cluster, kube, tmp_path):
+    directory = tmp_path / "orphan"
+    owner = subprocess.Popen([sys.executable, "-c", NODE_OWNER, json.dumps(cluster.info),
+                              "real-node-2", str(directory)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "ready", "the node did not start"
+        kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"},
+                         "spec": {"nodeSelector": {"kubernetes.io/hostname": "real-node-2"},
+                                  "containers": [{"name": "main", "image": nodeimage.BUSYBOX_IMAGE,
+                                                  "imagePullPolicy": "Never",
+                                                  "command": ["sleep", "3600"]}]}})
+        kube.wait_phase("sleeper", ("Running",), timeout=POD_TIMEOUT_SECONDS)
+    finally:
+        owner.kill()
+        owner.wait()
+    orphan = RealNode("real-node-2", directory, "", directory, index=2)
+    # The kubelet and containerd died with their owner; the container and its shim did not.
+    wait_for(lambda: orphan.leftovers()["processes"], what="the orphan's container")
+    assert "real-node-2" in sweep_orphans()
+    assert orphan.leftovers() == {"processes": [], "mounts": [], "cgroups": [],
+                                  "log_links": [], "netns": []}
+    assert "real-node-2" not in sweep_orphans()
 
 
 def test_stopping_the_node_leaves_nothing_behind(node):
