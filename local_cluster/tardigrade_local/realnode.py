@@ -23,13 +23,11 @@ Needs root (namespaces, mounts, cgroups) and Linux.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import hashlib
 import ipaddress
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -47,6 +45,7 @@ import psutil
 from tardigrade_local import gobuild, identities, nodeimage
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
+from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
 from tardigrade_local.pki import Authority
 
 # Inside the node's namespace only (never on the host): the node's address is NODE_NETWORK's
@@ -56,33 +55,15 @@ POD_NETWORK = ipaddress.ip_network("10.251.0.0/16")
 API_PORT_IN_NODE = 6443
 KUBELET_PORT = 10250
 BRIDGE = "tdg0"
-# The kubelet links each container's log here, a path compiled in (`ContainerLogsDir`,
-# pkg/kubelet/kubelet.go), not under its root directory; the links go when the node stops.
-CONTAINER_LOG_LINKS = Path("/var/log/containers")
 # One record per running real node, naming its directory and the process that started it, so
 # a later process can tear down the nodes of one that was killed (`sweep_orphans`).
 RECORDS_DIR = Path("/run/tardigrade-realnodes")
 START_TIMEOUT_SECONDS = 180.0
 STOP_TIMEOUT_SECONDS = 60.0
-_MNT_DETACH = 2
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class RealNodeError(RuntimeError):
     pass
-
-
-def _cgroup_hierarchies(v2: bool = True) -> list[Path]:
-    """The mount point of every cgroup hierarchy: the v1 ones (where the kubelet wants its
-    cgroupRoot to exist before it starts) and, with `v2`, the hybrid cgroup2 one at
-    `unified`, where runc and the kubelet make the node's cgroups too."""
-    types = ("cgroup", "cgroup2") if v2 else ("cgroup",)
-    found = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        _, mountpoint, fstype, *_ = line.split()
-        if fstype in types:
-            found.append(Path(mountpoint))
-    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +103,7 @@ class RealNode:
         # One id per node directory: two clusters' nodes of the same name never share a
         # namespace or a cgroup.
         self.id = "tdg-" + hashlib.sha256(str(self.directory).encode()).hexdigest()[:10]
+        self.footprint = NodeFootprint(self.directory, self.id)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[TextIO] = []
 
@@ -137,11 +119,11 @@ class RealNode:
     # --- where things are --------------------------------------------------------------------
     @property
     def netns_path(self) -> Path:
-        return Path("/run/netns") / self.id
+        return self.footprint.netns_path
 
     @property
     def cgroup_root(self) -> str:
-        return f"/{self.id}"
+        return self.footprint.cgroup_root
 
     @property
     def containerd_socket(self) -> Path:
@@ -240,7 +222,7 @@ class RealNode:
         return self.egress_routes / self.addresses.node_ip
 
     def _make_cgroups(self) -> None:
-        for hierarchy in _cgroup_hierarchies(v2=False):
+        for hierarchy in cgroup_hierarchies(v2=False):
             path = hierarchy / self.id
             path.mkdir(exist_ok=True)
             if (hierarchy / "cpuset.cpus").exists():
@@ -413,15 +395,9 @@ imports = []
                 self.crictl("rmp", "--all", "--force", timeout=STOP_TIMEOUT_SECONDS)
         self._terminate("containerd")
         self._terminate("netnsproxy")
-        self._kill_leftovers()
-        self._unmount_all()
-        self._remove_cgroups()
-        for link in self.log_links():
-            link.unlink(missing_ok=True)
         if self.egress_routes is not None:
             self._route_file.unlink(missing_ok=True)
-        if self.netns_path.exists():
-            subprocess.run(["ip", "netns", "del", self.id], capture_output=True)
+        self.footprint.clear()
         for log in self._logs:
             log.close()
         self._logs.clear()
@@ -438,90 +414,9 @@ imports = []
             proc.kill()
             proc.wait(10)
 
-    def processes(self) -> list[int]:
-        """Processes of this node still alive: any in its cgroups, in its network namespace
-        (containerd, kubelet, shims, containers) or naming its directory (a shim)."""
-        found: set[int] = set()
-        for hierarchy in _cgroup_hierarchies():
-            root = hierarchy / self.id
-            if root.is_dir():
-                for procs in root.rglob("cgroup.procs"):
-                    with contextlib.suppress(OSError, ValueError):
-                        found.update(int(p) for p in procs.read_text().split())
-        marker = (str(self.directory) + "/").encode()
-        # Only while the namespace is mounted: a freed namespace's inode number is soon
-        # another's.
-        netns = None
-        with contextlib.suppress(OSError):
-            netns = self.netns_path.stat().st_ino
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            with contextlib.suppress(OSError):
-                if netns is not None and (entry / "ns" / "net").stat().st_ino == netns:
-                    found.add(int(entry.name))
-                    continue
-                if marker in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-        return sorted(found)
-
-    def _kill_leftovers(self) -> None:
-        for _ in range(3):
-            pids = self.processes()
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)
-
-    def mounts(self) -> list[str]:
-        """Mount points under the node's directory, deepest first."""
-        found = []
-        prefix = str(self.directory) + "/"
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            mountpoint = line.split()[4].encode().decode("unicode_escape")
-            if mountpoint.startswith(prefix) or mountpoint == str(self.directory):
-                found.append(mountpoint)
-        return sorted(found, key=len, reverse=True)
-
-    def _unmount_all(self) -> None:
-        for _ in range(3):
-            points = self.mounts()
-            if not points:
-                return
-            for point in points:
-                _libc.umount2(point.encode(), _MNT_DETACH)
-
-    def cgroups(self) -> list[Path]:
-        """The node's cgroups that still exist, deepest first."""
-        found: list[Path] = []
-        for hierarchy in _cgroup_hierarchies():
-            root = hierarchy / self.id
-            if root.is_dir():
-                found += [p for p in root.rglob("*") if p.is_dir()] + [root]
-        return sorted(found, key=lambda p: len(p.parts), reverse=True)
-
-    def _remove_cgroups(self) -> None:
-        for path in self.cgroups():
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-    def log_links(self) -> list[Path]:
-        """The kubelet's links to this node's container logs in /var/log/containers."""
-        if not CONTAINER_LOG_LINKS.is_dir():
-            return []
-        prefix = str(self.directory) + "/"
-        return [link for link in CONTAINER_LOG_LINKS.iterdir()
-                if link.is_symlink() and os.readlink(link).startswith(prefix)]
-
     def leftovers(self) -> dict[str, list[str]]:
         """What of this node is still on the machine (all empty once stopped)."""
-        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        return {"processes": [str(p) for p in self.processes()], "mounts": self.mounts(),
-                "cgroups": [str(p) for p in self.cgroups()],
-                "log_links": [str(p) for p in self.log_links()],
-                "netns": [line for line in netns.splitlines() if line.split()[:1] == [self.id]]}
+        return self.footprint.leftovers()
 
 
 def sweep_orphans() -> list[str]:
