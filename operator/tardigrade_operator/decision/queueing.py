@@ -44,8 +44,13 @@ operator does the job side:
   Workload is made again (or, holding no quota, updated) and the gang relaunches only once
   that is admitted, never outside the admission (`QueueGate.mismatch`);
 - admission outputs: the admission checks' `podSetUpdates` go on the pods after the
-  flavors'; an admitted flavor the operator cannot read, a `topologyAssignment`, or updates
-  that contradict the pods hold the launch with a reason naming it (`QueueGate.hold`);
+  flavors'; a `topologyAssignment` (Topology Aware Scheduling, asked for with
+  `spec.topology` as the podSet's `topologyRequest`) makes the pods wait behind Kueue's
+  topology gate for its ungater to place them (`topology_pod`); an admitted flavor the
+  operator cannot read, an assignment the pods cannot carry, or updates that contradict the
+  pods hold the launch with a reason naming it (`QueueGate.hold`);
+- quota is freed (release, delete, finish) only once no pod of the gang is active,
+  terminating pods included (docs/kueue.md, "Quota freed last");
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label, but for the admin's rule that jobs carry one
