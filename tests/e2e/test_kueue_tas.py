@@ -4,7 +4,8 @@ plane with the real operator: a ResourceFlavor names a Topology of two levels (a
 and kubernetes.io/hostname) over labelled simulated nodes; a job that asks for one block
 gets a Workload whose podSet carries that `topologyRequest`, its pods are created behind
 Kueue's scheduling gate, and Kueue's ungater puts each rank on the node the Workload's
-`topologyAssignment` gives it, in the one block where the gang fits; a gang no block holds
+`topologyAssignment` gives it, in the one block where the gang fits, again when it relaunches
+under the same admission (a shrink); a gang no block holds
 waits in phase Queued with Kueue's reason though quota and nodes would take it."""
 
 from __future__ import annotations
@@ -142,5 +143,35 @@ def test_a_gang_no_block_holds_waits_in_kueues_words_though_the_quota_would_do(
     assert "blocks" in status["message"]
     assert not cluster.pods("wide")
     assert assignment(workload_of(cluster, "wide")) is None
+    operator.assert_alive()
+    cluster.clear_jobs()
+
+
+def test_a_gang_relaunched_under_its_admission_is_placed_by_the_assignment_again(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """A shrink relaunches the gang under the same admitted Workload: the new attempt's pods
+    are gated again and Kueue's ungater puts each rank where the assignment says."""
+    cluster.apply(job("shrunk", tmp_path, replicas=3, topology={"required": BLOCK}))
+    first = cluster.wait_phase("shrunk", {"Running"}, 180)
+    placed = assignment(workload_of(cluster, "shrunk"))
+    assert placed is not None and placed.pods == 3
+    cluster.kubectl("scale", "trainingjob", "shrunk", "--replicas=2", "-n", NAMESPACE)
+
+    def relaunched() -> list[Any] | None:
+        status = cluster.status("shrunk")
+        pods = [p for p in cluster.pods("shrunk")
+                if p.metadata.labels[naming.LABEL_ATTEMPT] == str(status.get("attempt"))
+                and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        ok = status.get("phase") == "Running" and status.get("attempt") > first["attempt"]
+        return pods if ok and len(pods) == 2 else None
+
+    pods = wait_for(relaunched, 180, "the gang of 2 running in a new attempt")
+    assert cluster.status("shrunk")["recoveries"][-1]["cause"] == "Resize"
+    # The same admission: the Workload and its assignment are unchanged.
+    assert assignment(workload_of(cluster, "shrunk")) == placed
+    for pod in pods:
+        wanted = placed.node_labels(int(pod.metadata.labels[naming.LABEL_RANK]))
+        assert wanted is not None and pod.spec.node_name == wanted[HOSTNAME]
+        assert not pod.spec.scheduling_gates
     operator.assert_alive()
     cluster.clear_jobs()

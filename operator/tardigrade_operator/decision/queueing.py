@@ -698,10 +698,11 @@ def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec
 
 def topology_pod(pod: dict[str, Any], workload: WorkloadView) -> dict[str, Any]:
     """A pod of a gang admitted with a topologyAssignment, as Kueue's TAS expects a pod it does
-    not own (jobframework gives its own jobs' pods the same: `podset.FromAssignment` adds the
-    gate, the workload annotation and the podSet's TAS annotation): behind the scheduling
-    gate until Kueue's ungater sets the node labels of the rank's domain (ranks ordered by the
-    rank label, the podSet's `podIndexLabel`)."""
+    not own (Kueue's own jobs' pods get the same: `podset.FromAssignment` adds the gate, and
+    the unconstrained annotation where no level was asked; jobframework's reconciler the
+    workload annotation): behind the scheduling gate until Kueue's ungater sets the node
+    labels of the rank's domain (ranks ordered by the rank label, the podSet's
+    `podIndexLabel`)."""
     request = workload.topology_request or {}
     if request.get("required"):
         marker = {REQUIRED_TOPOLOGY: str(request["required"])}
