@@ -676,6 +676,25 @@ class NetworkPolicySpec(ApiModel):
     )
 
 
+class TopologySpec(ApiModel):
+    """Where Kueue's Topology Aware Scheduling places the gang (a ResourceFlavor with
+    spec.topologyName; docs/kueue.md, "Topology Aware Scheduling"). Levels are node label keys
+    of the flavor's Topology (e.g. cloud.google.com/gce-topology-block, kubernetes.io/hostname)."""
+
+    required: QualifiedKey | None = Field(
+        None, max_length=63,
+        description="Every rank in one domain of this level, or the gang is not admitted.")
+    preferred: QualifiedKey | None = Field(
+        None, max_length=63,
+        description="One domain of this level if it fits, else the smallest spread above it.")
+
+    cel_rules = (
+        CelRule("!has(self.required) || !has(self.preferred)",
+                "spec.topology takes required or preferred, not both: keep the one the gang "
+                "needs", ".required"),
+    )
+
+
 class TrainingJobSpec(ApiModel):
     """The desired state of a TrainingJob."""
 
@@ -711,6 +730,10 @@ class TrainingJobSpec(ApiModel):
         PreemptionSpec, "The window a node shutdown gives the ranks to save.")
     suspend: bool = Field(False, description="Stop all pods (after a save) and keep the job.")
     network_policy: NetworkPolicySpec = nested(NetworkPolicySpec, "Network isolation.")
+    topology: TopologySpec | None = Field(
+        None, description="Under Kueue: ask its Topology Aware Scheduling to place the ranks "
+        "(`{}`: any placement Kueue finds; a multi-host TPU slice always keeps each slice in one "
+        "node pool, cloud.google.com/gke-nodepool).")
 
     cel_rules = (
         CelRule("!has(self.minReplicas) || self.minReplicas <= self.replicas",
