@@ -898,7 +898,7 @@ def _bucket(description: str) -> Any:
 
 class GoodputSeconds(ApiModel):
     """The job's wall time, in seconds, split by where it went; the buckets add up to
-    goodput.wallSeconds (docs/reference.md, "Goodput")."""
+    goodput.wallSeconds (docs/platform-tools.md, "Goodput")."""
 
     queued: float = _bucket("Waiting for capacity or admission: Pending or Queued (Kueue), "
                             "and pods not yet scheduled.")
