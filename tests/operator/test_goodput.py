@@ -102,6 +102,23 @@ def test_a_jobs_life_is_split_into_its_buckets_and_a_lost_steps_price_leaves_pro
     assert ended.fraction == round(seconds["productive"] / ended.wall_seconds, 6)
 
 
+def test_a_trainer_that_reports_in_the_pass_its_pods_start_in_takes_its_time_from_pod_start():
+    cluster = FakeCluster(spec())
+    cluster.reconcile()
+    for index, pod in enumerate(cluster.attempt_pods()):
+        pod["spec"]["nodeName"] = f"node-{index}"
+    cluster.reconcile()
+    assert cluster.status.goodput.current == "podStart"
+    cluster.advance(30)
+    cluster.run_all()
+    cluster.progress = _report(3, accelerator_start=6, restore=2, compile=3, train=1)
+    cluster.reconcile()
+    seconds = _balanced(cluster.status.goodput)
+    # 30 s since the pods were seen scheduled, of which the trainer's process lived 12.
+    assert (seconds["podStart"], seconds["acceleratorStart"], seconds["productive"]) == (
+        18.0, 6.0, 1.0)
+
+
 def test_a_trainer_without_phase_fields_counts_its_running_time_as_training():
     cluster = FakeCluster(spec())
     cluster.reconcile()
