@@ -90,8 +90,9 @@ def test_a_real_trainers_progress_report_carries_its_phase_seconds(tmp_path):
     # Every phase took time: the start-up (imports, jax.distributed), initialising the state
     # (nothing to restore), compiling the step, the saves at 5 and 10, the steps.
     assert all(seconds is not None and seconds > 0 for seconds in phases.values()), phases
-    # The phases do not overlap: together they fit in the process's life so far.
-    assert sum(phases.values()) <= asked - launched, phases
+    # The phases do not overlap: together they fit in the process's life so far (its start is
+    # read from /proc to about 10 ms).
+    assert sum(phases.values()) <= asked - launched + 0.05, phases
     # A later report counts on from an earlier one, never back.
     first = seen[0]
     for name in contract.PHASE_SECONDS_FIELDS:
