@@ -119,6 +119,23 @@ def test_a_trainer_that_reports_in_the_pass_its_pods_start_in_takes_its_time_fro
         18.0, 6.0, 1.0)
 
 
+def test_a_job_first_accounted_after_its_launch_books_its_unknown_past_as_other():
+    cluster = FakeCluster(spec())
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    cluster.status.goodput = None  # as an operator older than the account left it
+    cluster.advance(100)
+    cluster.progress = _report(40, restore=1, train=20)
+    cluster.reconcile()
+    seconds = _balanced(cluster.status.goodput)
+    assert (seconds["other"], seconds["queued"], seconds["productive"]) == (100.0, 0.0, 0.0)
+    cluster.advance(30)
+    cluster.progress = _report(80, restore=1, train=45)
+    cluster.reconcile()
+    assert _balanced(cluster.status.goodput)["productive"] == 25.0
+
+
 def test_a_trainer_without_phase_fields_counts_its_running_time_as_training():
     cluster = FakeCluster(spec())
     cluster.reconcile()

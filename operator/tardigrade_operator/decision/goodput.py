@@ -9,9 +9,10 @@ and each report moves the growth of its phases out of that pool into their bucke
 when the pool holds less than they grew: the trainer started before the operator saw its
 container run); a first report that comes in the pass that sees the pods start takes the
 trainer's phases out of that interval, the rest staying `podStart`. What no report explains
-stays in `other`. When a recovery says how many steps
-its restore lost, their price (steps lost x the step loop's seconds per step) moves from
-`productive` to `lostSteps`.
+stays in `other`. When a recovery says how many steps its restore lost, their price (steps
+lost x the step loop's seconds per step) moves from `productive` to `lostSteps`. A job first
+accounted once it had launched (an operator older than the account ran it until now) books
+its past to `other`: nothing says where it went.
 
 Every move takes from one bucket what it gives to another, and the pass adds exactly the
 interval it books, so the buckets always add up to the wall time (whole milliseconds, kept as
@@ -142,8 +143,9 @@ def account(before: Goodput | None, created: datetime | None, seen: Sighting,
     `written_anyway`: the pass writes the status for other reasons."""
     if before is None:
         start = min(created or seen.now, seen.now)
-        before = Goodput(accounted_until=start, attempt=seen.attempt,
-                         current=classify(seen.phase, seen.attempt, seen.pods, False))
+        before = Goodput(accounted_until=start, attempt=seen.attempt, current=(
+            classify(seen.phase, seen.attempt, seen.pods, False) if old_status.attempt == 0
+            else "other"))
     end = seen.now
     if seen.phase in TERMINAL and seen.completion_time is not None:
         end = min(end, seen.completion_time)
