@@ -300,19 +300,21 @@ class TrainingSession:
         without one are read replicated on every device). `init` is not run on a restore.
         """
         checkpoints = self._open_checkpoints()  # resolves the restore step
-        with self.phase_clock.during(phase_clock.RESTORE):
-            if self.restore_step < 0:
-                self.start_step = 1
-                self.last_step = 0
-                state = init()
-            else:
-                if target is None:
-                    target = _abstract_state(init)
-                restored = checkpoints.restore(self.restore_choice, target)
-                state = restored.state
-                self.start_step = restored.start_step
-                self.last_step = restored.start_step - 1
-                self._report_checkpoint()
+        # An error stops the rank, so only the way out of a restore ends its phase.
+        was = self.phase_clock.switch(phase_clock.RESTORE)
+        if self.restore_step < 0:
+            self.start_step = 1
+            self.last_step = 0
+            state = init()
+        else:
+            if target is None:
+                target = _abstract_state(init)
+            restored = checkpoints.restore(self.restore_choice, target)
+            state = restored.state
+            self.start_step = restored.start_step
+            self.last_step = restored.start_step - 1
+            self._report_checkpoint()
+        self.phase_clock.switch(was)
         self._after_restore()
         self.log({"event": "restore_done", "step": self.start_step - 1})
         return state
@@ -360,11 +362,12 @@ class TrainingSession:
         if self._save_prepared:
             return
         self._save_prepared = True
-        with self.phase_clock.during(phase_clock.CHECKPOINT_STALL):
-            if step_program is None:
-                self.checkpoints.prepare_save(state)
-            else:  # a backend of the loop's own may predate the argument
-                self.checkpoints.prepare_save(state, step_program=step_program)
+        was = self.phase_clock.switch(phase_clock.CHECKPOINT_STALL)
+        if step_program is None:
+            self.checkpoints.prepare_save(state)
+        else:  # a backend of the loop's own may predate the argument
+            self.checkpoints.prepare_save(state, step_program=step_program)
+        self.phase_clock.switch(was)
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""
