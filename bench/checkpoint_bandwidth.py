@@ -5,6 +5,7 @@
     python bench/checkpoint_bandwidth.py --gcs --gib 0.25 [--repeats 3]
     JAX_PLATFORMS=tpu python bench/checkpoint_bandwidth.py --gib 2 --devices 1 --repeats 3 \
         --skip-crc --skip-tensorstore-only --staging 0.25,0.5,1   # on one accelerator chip
+    ... --compute-ms 16   # a compute-bound step: a chain of matmuls taking about 16 ms
 
 With --gcs every contender saves to and restores from gs:// on the local GCS emulator
 (fake-gcs-server, in memory), and the baseline is the emulator's raw bandwidth measured in the
@@ -80,6 +81,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-crc", action="store_true",
                         help="skip the tardigrade run with the crc32c codec")
     parser.add_argument("--skip-orbax", action="store_true")
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="make the loop's step compute-bound: a chain of matmuls taking "
+                             "about this long besides the state's update (0: the update alone)")
     parser.add_argument("--skip-tensorstore-only", action="store_true",
                         help="skip the tardigrade run without the chunk-file backend")
     parser.add_argument("--gcs", action="store_true",
@@ -320,21 +324,75 @@ class State:
     """The saved state and the donating step that computes a new one from it (training's
     pattern: each save sees arrays no save has read before)."""
 
-    def __init__(self, arrays: dict[str, Any]) -> None:
+    def __init__(self, arrays: dict[str, Any], compute_ms: float = 0.0,
+                 replicated: Any = None) -> None:
+        """`compute_ms`: the step also runs a chain of matmuls on a square matrix of its own
+        (`replicated`: its sharding) taking about that long, as a compute-bound training step
+        does (the device busy while the save's copies want it); 0: the update alone, a step
+        bound by memory bandwidth."""
         import jax
 
         self.arrays = arrays
-        self._step = jax.jit(lambda s: {k: v * 0.999 + 0.001 for k, v in s.items()},
-                             donate_argnums=0)
+        self._matrix: Any = None
+        self.links = 0
+        self._step = jax.jit(_update, donate_argnums=0)
+        if compute_ms > 0:
+            self._matrix = _square(replicated)
+            self.links = self._calibrate(compute_ms)
+
+    def _compiled(self, links: int) -> Any:
+        import jax
+
+        def step(state: dict[str, Any], matrix: Any) -> tuple[dict[str, Any], Any]:
+            return _update(state), jax.lax.fori_loop(0, links, _link, matrix)
+
+        return jax.jit(step, donate_argnums=(0, 1))
+
+    def _calibrate(self, compute_ms: float) -> int:
+        """The chain's length whose step takes about `compute_ms` (the median of 5 steps of a
+        trial chain, scaled)."""
+        trial = 8
+        self._step = self._compiled(trial)
+        self.step()
+        took = statistics.median(self.step() for _ in range(5))
+        links = max(1, round(trial * compute_ms / 1e3 / took))
+        self._step = self._compiled(links)
+        self.step()
+        return links
 
     def step(self) -> float:
         """One training step, waited for (a loop that reads its loss every step)."""
         import jax
 
         started = time.perf_counter()
-        self.arrays = self._step(self.arrays)
-        jax.block_until_ready(self.arrays)
+        if self._matrix is None:
+            self.arrays = self._step(self.arrays)
+        else:
+            self.arrays, self._matrix = self._step(self.arrays, self._matrix)
+        jax.block_until_ready((self.arrays, self._matrix))
         return time.perf_counter() - started
+
+
+def _update(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v * 0.999 + 0.001 for k, v in state.items()}
+
+
+def _link(_: Any, matrix: Any) -> Any:
+    import jax.numpy as jnp
+
+    # tanh keeps the values bounded through any number of links.
+    return jnp.tanh(matrix @ matrix)
+
+
+def _square(sharding: Any) -> Any:
+    """The compute-bound step's matrix: 4096 x 4096 bfloat16 on an accelerator (about 0.7 ms
+    a matmul on a TPU v5e), 512 x 512 on a CPU."""
+    import jax
+    import jax.numpy as jnp
+
+    size = 512 if jax.devices()[0].platform == "cpu" else 4096
+    matrix = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.bfloat16) / size ** 0.5
+    return jax.device_put(matrix, sharding)
 
 
 class DeviceMemory:
@@ -503,7 +561,7 @@ def main() -> int:
     state = State({
         f"layer{i:02d}": jax.device_put(rng.standard_normal((rows, cols), np.float32), sharding)
         for i in range(args.arrays)
-    })
+    }, compute_ms=args.compute_ms, replicated=NamedSharding(mesh, PartitionSpec()))
     nbytes = sum(a.nbytes for a in state.arrays.values())
     target = {k: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
               for k, a in state.arrays.items()}
@@ -563,11 +621,14 @@ def main() -> int:
         low, mid, high = (format(v, fmt) for v in (min(values), median(values), max(values)))
         return f"{mid} [{low}-{high}]"
 
+    step_kind = (f"the update and {state.links} matmuls (--compute-ms {args.compute_ms:g})"
+                 if state.links else "the update alone")
     where = "the local GCS emulator (gs://)" if args.gcs else f"disk ({args.dir or 'TMPDIR'})"
     print(f"state: {nbytes / (1 << 30):.2f} GiB in {args.arrays} float32 arrays sharded over "
           f"{args.devices} {platform} devices ({kind}; {shards} shards) on {where}; median "
           f"[min-max] of "
-          f"{args.repeats} rounds after a warm-up; load average {load_before[0]:.1f} before, "
+          f"{args.repeats} rounds after a warm-up; the loop's step {step_kind}; load average "
+          f"{load_before[0]:.1f} before, "
           f"{load_after[0]:.1f} after ({os.cpu_count()} CPUs)")
     if args.gcs:
         keys = ("write", "read", "write_parallel", "read_parallel")

@@ -15,7 +15,6 @@ trainer's own start-up (imports, the restore, tracing the step, waiting on each 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import time
@@ -29,7 +28,7 @@ from tardigrade_sdk import phases  # noqa: E402  (dependency-free: no jax yet)
 
 def load_step(folder: Path) -> dict[str, float | int | str]:
     import jax
-    from jax.experimental import serialize_executable
+    from tardigrade_trainer import step_cache
     from tardigrade_trainer.step_cache import StepCache
 
     cache = StepCache(folder, rank=0)
@@ -40,13 +39,9 @@ def load_step(folder: Path) -> dict[str, float | int | str]:
     payload = cache.read(entries[0].name.removesuffix(".step"))
     assert payload is not None
     read_s = time.perf_counter() - started
-    devices = jax.devices()
-    # What `deserialize_and_load` does up to the executable on the device, without the
-    # argument trees it needs only to wrap it (the trainer's own, not at hand here).
-    unpickler = serialize_executable._JaxPjrtUnpickler(
-        io.BytesIO(payload), devices[0].client, devices)
-    unloaded, _, _ = unpickler.load()
-    unloaded.load()
+    # What the trainer's preload does (the executable on the device, before the argument
+    # trees it needs only to wrap it are known).
+    step_cache._load(payload, jax.devices())
     return {"step_read_s": round(read_s, 3),
             "step_load_s": round(time.perf_counter() - started - read_s, 3),
             "step_entry_bytes": len(payload)}

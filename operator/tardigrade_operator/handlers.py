@@ -416,6 +416,11 @@ async def _apply(key: JobKey, body: kopf.Body, memo: kopf.Memo, seen: Observatio
     if observed.queue is not None:
         await _write_workload(key, uid, body.get("metadata") or {}, observed.spec, plan,
                               observed.queue, seen.workload, mine, memo)
+    if seen.strays:
+        held = observed.queue is not None
+        for action in queueing.stray_workload_actions(
+                seen.strays, any(p.active for p in mine), held):
+            await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
     metrics.record_transition(key, status, plan.status)
     return _next_pass(observed, plan, state, seen.polled, clock, memo)
 
@@ -428,7 +433,10 @@ async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpe
     namespace, name = key
     priority = None
     priority_class = (meta.get("labels") or {}).get(queueing.PRIORITY_LABEL)
-    if workload is None and priority_class:
+    # Looked up to make the Workload, and again only when the label names another class than
+    # the Workload's (a class's value edited later is not followed, as in Kueue).
+    named = workload[0].priority[0] if workload and workload[0].priority else None
+    if priority_class and (workload is None or named != priority_class):
         value = await asyncio.to_thread(memo.writer.priority_value, priority_class)
         priority = None if value is None else (priority_class, value)
     actions = queueing.workload_actions(

@@ -8,8 +8,11 @@ with no step lost and its restart budget untouched; a queued job resized is admi
 new size, a running one grows only once the quota allows and trains on meanwhile, a running
 one shrunk hands quota back once the smaller gang runs, and deleted
 jobs leave no Workload, pod or quota; a gang training past the PodsReady timeout is never
-evicted for it, and one that cannot start within it is evicted and requeued. Ranks run on
-simulated nodes (one cpu each), so a gang costs no trainer processes."""
+evicted for it, and one that cannot start within it is evicted and requeued; a suspended job
+gives its quota to the queue and resumes when requeued, a queued one suspended is never
+admitted meanwhile, an admitted job whose pods ask for more is resized through Kueue, and one
+moved to another LocalQueue saves and is admitted there. Ranks run on simulated nodes (one cpu
+each), so a gang costs no trainer processes."""
 
 from __future__ import annotations
 
@@ -454,5 +457,149 @@ def test_a_gang_that_cannot_start_within_the_timeout_is_evicted_and_requeued(
     status = cluster.status("stuck")
     assert status["restarts"]["failures"] == 0, status["restarts"]
     assert "Evicted" in events(cluster, "stuck")
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_suspended_job_releases_its_quota_to_the_queue_and_resuming_requeues_it(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """spec.suspend on an admitted job deactivates its Workload (as Kueue's own jobs:
+    spec.active false, Kueue evicts it with reason Deactivated): the gang saves and stops,
+    the quota goes back and the job waiting for it is admitted. spec.suspend false
+    reactivates it: queued again, it waits while the other holds the quota, then resumes
+    from the saved step; no restart counted."""
+    cluster.apply(job("sleeper", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("sleeper", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("sleeper").get("step") or 0) > 5, 60, "training")
+    first = {p.metadata.name for p in cluster.pods("sleeper")}
+    cluster.apply(job("next", tmp_path, steps=1_000_000, replicas=2))
+    wait_for(lambda: workload_of(cluster, "next") and "insufficient unused quota"
+             in cluster.status("next").get("message", ""), 60, "the job of 2 waiting")
+    cluster.kubectl("patch", "tj/sleeper", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    evicted = wait_for(lambda: (c := condition(workload_of(cluster, "sleeper"), "Evicted"))
+                       and c["status"] == "True" and c, 60, "Kueue evicting the suspended job")
+    assert evicted["reason"] == "Deactivated", evicted
+    assert workload_of(cluster, "sleeper")["spec"]["active"] is False
+    cluster.wait_phase("next", {"Running"}, 120)
+    stopped = cluster.wait_phase("sleeper", {"Suspended"}, 60)
+    assert not cluster.pods("sleeper")
+    step = saved_step(cluster, first)
+    released = workload_of(cluster, "sleeper")
+    assert (condition(released, "QuotaReserved") or {}).get("status") == "False"
+    assert not (released.get("status") or {}).get("admission")
+    wait_for(lambda: quota_used(cluster) == "2", 30, "only the job of 2's quota in use")
+    assert "suspended (spec.suspend)" in stopped["queue"]["message"]
+    # Resumed while the other holds the quota: queued again, in Kueue's words.
+    cluster.kubectl("patch", "tj/sleeper", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for(lambda: (w := workload_of(cluster, "sleeper")) and w["spec"].get("active")
+             is not False and "insufficient unused quota" in cluster.status("sleeper").get(
+                 "message", ""), 60, "the resumed job queued again")
+    assert cluster.status("sleeper")["phase"] == "Queued" and not cluster.pods("sleeper")
+    cluster.kubectl("delete", "tj/next", "--wait=false")
+    status = resumed(cluster, "sleeper")
+    assert status["recoveries"][-1]["restoreStep"] == step, status
+    assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
+    assert "Evicted" not in events(cluster, "sleeper")
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_queued_job_suspended_is_never_admitted_until_resumed(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """Suspended while it waits, the job's Workload is deactivated: quota that frees goes to
+    the next job, not to it; resumed, it is queued again and admitted."""
+    cluster.apply(job("holder", tmp_path, steps=1_000_000, replicas=3))
+    cluster.wait_phase("holder", {"Running"}, 120)
+    cluster.apply(job("later", tmp_path, steps=1_000_000, replicas=2))
+    wait_for(lambda: workload_of(cluster, "later") and "insufficient unused quota"
+             in cluster.status("later").get("message", ""), 60, "the job of 2 waiting")
+    cluster.kubectl("patch", "tj/later", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: workload_of(cluster, "later")["spec"].get("active") is False, 60,
+             "the waiting job's Workload deactivated")
+    cluster.kubectl("delete", "tj/holder", "--wait=false")
+    # The freed quota goes to a job queued after it, never to the suspended one.
+    cluster.apply(job("probe", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("probe", {"Running"}, 120)
+    later = workload_of(cluster, "later")
+    assert (condition(later, "QuotaReserved") or {}).get("status") != "True", later["status"]
+    assert cluster.status("later")["phase"] == "Suspended" and not cluster.pods("later")
+    cluster.kubectl("patch", "tj/later", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    status = cluster.wait_phase("later", {"Running"}, 120)
+    assert status["queue"]["admitted"] and status["replicas"] == 2
+    wait_for(lambda: quota_used(cluster) == "4", 30, "both jobs of 2 in the quota")
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_an_admitted_job_whose_pods_ask_for_more_is_resized_through_kueue(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """A running gang of 2 x 1 cpu patched to 3 cpu per pod (6 > the quota of 4) saves and
+    stops, its Workload is made again at what the pods ask now, and nothing runs while Kueue
+    cannot admit that; patched to 500m it is admitted (the queued Workload's podSet updated in
+    place) and resumes from the saved step. Never a pod beyond the admission."""
+    cluster.apply(job("reshaped", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("reshaped", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("reshaped").get("step") or 0) > 5, 60, "training")
+    before = workload_of(cluster, "reshaped")
+    assert before is not None
+    first = {p.metadata.name for p in cluster.pods("reshaped")}
+    cluster.kubectl("patch", "tj/reshaped", "--type=merge", "-p",
+                    '{"spec":{"resources":{"requests":{"cpu":"3"}}}}')
+    remade = wait_for(lambda: (w := workload_of(cluster, "reshaped"))
+                      and w["metadata"]["uid"] != before["metadata"]["uid"] and w, 120,
+                      "the Workload made again")
+    requests = remade["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert requests["requests"]["cpu"] == "3" and remade["spec"]["podSets"][0]["count"] == 2
+    wait_for(lambda: "insufficient quota" in cluster.status("reshaped").get("message", "")
+             or "insufficient unused quota" in cluster.status("reshaped").get("message", ""),
+             60, "Kueue's reason for 2 x 3 cpu")
+    assert cluster.status("reshaped")["phase"] == "Queued"
+    assert not cluster.pods("reshaped")
+    # The ClusterQueue's usage is Kueue's status write, after the old Workload went.
+    wait_for(lambda: quota_used(cluster) == "0", 30, "no quota in use")
+    step = saved_step(cluster, first)
+    cluster.kubectl("patch", "tj/reshaped", "--type=merge", "-p",
+                    '{"spec":{"resources":{"requests":{"cpu":"500m"}}}}')
+    status = resumed(cluster, "reshaped")
+    assert status["recoveries"][-1]["restoreStep"] == step, status
+    pods = cluster.pods("reshaped")
+    assert {p.spec.containers[0].resources.requests["cpu"] for p in pods} == {"500m"}
+    wait_for(lambda: quota_used(cluster) == "1", 30, "2 x 500m of the quota in use")
+    assert workload_of(cluster, "reshaped")["metadata"]["uid"] == remade["metadata"]["uid"]
+    assert status["restarts"]["failures"] == 0
+    operator.assert_alive()
+    clear(cluster)
+
+
+def test_a_job_moved_to_another_queue_saves_and_is_admitted_there(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """The queue label changed on a running job: Kueue refuses a new queueName while quota is
+    reserved, so the gang saves and stops, the Workload is made again in the new LocalQueue,
+    and the gang resumes there from the saved step."""
+    other = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+             "metadata": {"name": "other-queue", "namespace": NAMESPACE},
+             "spec": {"clusterQueue": "team"}}
+    if not any(q["metadata"]["name"] == "other-queue" for q in cluster.custom.
+               list_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues")["items"]):
+        cluster.custom.create_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues", other)
+    cluster.apply(job("mover", tmp_path, steps=1_000_000, replicas=2))
+    cluster.wait_phase("mover", {"Running"}, 120)
+    wait_for(lambda: int(cluster.status("mover").get("step") or 0) > 5, 60, "training")
+    first = {p.metadata.name for p in cluster.pods("mover")}
+    cluster.kubectl("label", "tj/mover", "--overwrite", f"{queueing.QUEUE_LABEL}=other-queue")
+    status = resumed(cluster, "mover")
+    assert status["queue"]["localQueue"] == "other-queue", status["queue"]
+    assert workload_of(cluster, "mover")["spec"]["queueName"] == "other-queue"
+    assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first)
+    assert status["restarts"]["failures"] == 0
+    # The label removed: out of Kueue, its Workload and quota gone, the gang trains on.
+    pods = {p.metadata.name for p in cluster.pods("mover")}
+    cluster.kubectl("label", "tj/mover", f"{queueing.QUEUE_LABEL}-")
+    wait_for(lambda: workload_of(cluster, "mover") is None and quota_used(cluster) == "0", 60,
+             "the Workload gone with the label")
+    step = int(cluster.status("mover").get("step") or 0)
+    wait_for(lambda: int(cluster.status("mover").get("step") or 0) > step, 60, "training on")
+    assert cluster.status("mover").get("queue") is None
+    assert {p.metadata.name for p in cluster.pods("mover")} == pods
     operator.assert_alive()
     clear(cluster)

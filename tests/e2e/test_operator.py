@@ -11,6 +11,7 @@ import pytest
 import yaml
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
+from tardigrade_operator import naming
 
 from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
 
@@ -216,11 +217,17 @@ def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
     wait_for(lambda: (cluster.status(name).get("lastCheckpoint") or {}).get("step"), 300,
              "a committed checkpoint")
     known = cluster.status(name)["lastCheckpoint"]["step"]
+    secret = naming.keys_secret_name(name)
+    assert cluster.core.read_namespaced_secret(secret, "default").data  # the job's keys
     cluster.kubectl("delete", "tj", name, "--timeout=120s")
     wait_for(lambda: not cluster.pods(name), 120, "pods to be garbage-collected")
     services = cluster.core.list_namespaced_service(
         "default", label_selector=f"tardigrade.dev/job={name}").items
     assert services == []
+    # The keys go with the job (its owner reference, the controller-manager's collector).
+    wait_for(lambda: secret not in {s.metadata.name for s in
+                                    cluster.core.list_namespaced_secret("default").items},
+             120, "the job's keys Secret to be garbage-collected")
     # Committed checkpoints outlive the job: the newest is at least the one the job reported
     # (the gang may have saved more before its pods went; keep-last only drops older ones).
     kept = sorted(int(path.split("/")[2].removeprefix("step_"))

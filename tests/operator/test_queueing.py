@@ -314,28 +314,28 @@ def test_a_grow_request_goes_when_it_is_no_longer_wanted_or_kueue_evicts_it():
     name = queueing.grow_workload_name(JOB.name, JOB.uid)
     running = TrainingJobStatus(phase="Running")
     # Scaled back to what runs: the request goes.
-    back = gate_for("team-queue", workload(READY, 2, 2), {}, 2, grow_view(PENDING))
+    back = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 2, grow_view(PENDING))
     assert not back.growing
     assert queueing.workload_actions(IDENTITY, _spec(replicas=2), running, back, True, None,
                                      NOW) == [DeleteWorkload(name, "9")]
     # Evicted by Kueue (a higher priority needs the quota): dropped, then asked for again.
-    evicted = gate_for("team-queue", workload(READY, 2, 2), {}, 3, grow_view(EVICTED))
+    evicted = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3, grow_view(EVICTED))
     assert evicted.growing and not evicted.grow_reserved and evicted.admitted
     assert queueing.workload_actions(IDENTITY, _spec(replicas=3), running, evicted, True, None,
                                      NOW) == [DeleteWorkload(name, "9")]
     # Reserved for another count than now asked for: dropped, then asked for again.
-    other = gate_for("team-queue", workload(READY, 2, 2), {}, 4, grow_view(ADMITTED, 1))
+    other = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 4, grow_view(ADMITTED, 1))
     assert not other.resizing and other.admitted
     assert queueing.workload_actions(IDENTITY, _spec(replicas=4), running, other, True, None,
                                      NOW) == [DeleteWorkload(name, "9")]
     # The gang's own Workload evicted: no grow while it is requeued.
-    gone = gate_for("team-queue", workload(EVICTED, 2, 2), {}, 3, grow_view(PENDING))
+    gone = gate_for("team-queue", workload(EVICTED, 2, 2), {"spot": SPOT}, 3, grow_view(PENDING))
     assert not gone.growing
     assert DeleteWorkload(name, "9") in queueing.workload_actions(
         IDENTITY, _spec(replicas=3), running, gone, True, None, NOW)
     # Finished: nothing more to ask for.
     done = TrainingJobStatus(phase="Succeeded")
-    asked = gate_for("team-queue", workload(READY, 2, 2), {}, 3, grow_view(PENDING))
+    asked = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3, grow_view(PENDING))
     assert DeleteWorkload(name, "9") in queueing.workload_actions(
         IDENTITY, _spec(replicas=3), done, asked, False, None, NOW)
 

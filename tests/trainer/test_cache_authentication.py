@@ -17,7 +17,6 @@ import pytest
 import tensorstore as ts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax._src import compilation_cache
 from tardigrade_contract import contract
 from tardigrade_trainer import __main__ as entry
 from tardigrade_trainer import cache_seal, compile_cache, step_cache
@@ -30,18 +29,7 @@ OTHER_JOB = cache_seal.job_key("another job's cache key, same bucket")
 JAX_ENTRY = "jit_step-0123abcd-cache"
 
 
-@pytest.fixture(autouse=True)
-def _without_jax_persistent_cache():
-    """Where the step came from is judged here: JAX's persistent cache, which an in-process
-    trainer earlier in the worker may have turned on, would serve these toy programs."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    # JAX decides once per process whether its cache is in use (compilation_cache.is_cache_used
-    # memoizes it): without a reset, a cache an earlier test turned on stays on.
-    compilation_cache.reset_cache()
-    yield
-    jax.config.update("jax_enable_compilation_cache", before)
-    compilation_cache.reset_cache()
+pytestmark = pytest.mark.usefixtures("without_jax_persistent_cache")
 
 
 class _Touch:
@@ -63,6 +51,12 @@ def _step_name(lowered) -> str:
     """The step's entry, as rank 0 of a one-process gang names it in the shared folder."""
     key = entry_key(lowered.as_text(), step_cache.program_facts(jax.devices()[:1]))
     return f"{step_cache.FOLDER}/rank-0/{key}.step"
+
+
+def _weapon(lowered, marker: Path) -> bytes:
+    """An entry's payload as StepCache stores it (the program's digest, then the pickled
+    executable) whose unpickling creates `marker`."""
+    return step_cache.program_digest(lowered.as_text()) + pickle.dumps(_Touch(marker))
 
 
 def _step_file(scratch: Path, payload: bytes) -> bytes:
@@ -102,7 +96,7 @@ def test_the_forged_entry_runs_code_when_loaded(tmp_path):
     lowered, _ = _lowered()
     marker = tmp_path / "code-ran"
     cache = StepCache(tmp_path / "local", rank=0)
-    cache.write(Path(_step_name(lowered)).stem, pickle.dumps(_Touch(marker)))
+    cache.write(Path(_step_name(lowered)).stem, _weapon(lowered, marker))
     assert compile_or_load(lowered, cache, jax.devices()[:1])[1].result == "fallback"
     assert marker.exists()
 
@@ -114,7 +108,7 @@ def test_a_forged_step_entry_in_the_root_is_refused_and_the_step_compiles(tmp_pa
     name = _step_name(lowered)
     marker = tmp_path / "code-ran"
     root = tmp_path / "ckpt" / compile_cache.FOLDER
-    weapon = _step_file(tmp_path / "scratch", pickle.dumps(_Touch(marker)))
+    weapon = _step_file(tmp_path / "scratch", _weapon(lowered, marker))
     _put(root, name, _forgeries(name, weapon)[forgery])
     pod = Location(str(tmp_path / "relaunched-pod"), str(root))
 

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import compilation_cache
 from tardigrade_trainer import step_cache
 from tardigrade_trainer.compiled_step import CompiledStep
 from tardigrade_trainer.step_cache import CorruptEntryError, StepCache, compile_or_load, entry_key
@@ -25,20 +24,7 @@ FACTS = {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu", "platform_versi
 PROGRAM = "module @jit_step { func.func public @main() { return } }"
 
 
-@pytest.fixture(autouse=True)
-def _without_jax_persistent_cache():
-    """These tests judge where a compile came from. An in-process trainer session earlier in
-    the same worker turns JAX's persistent cache on for its checkpoint root (the trainer's
-    default): this module's toy programs would then come from it ("jax_cache"), not be
-    compiled and stored in the step cache. Off here, restored after."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    # JAX decides once per process whether its cache is in use (compilation_cache.is_cache_used
-    # memoizes it): without a reset, a cache an earlier test turned on stays on.
-    compilation_cache.reset_cache()
-    yield
-    jax.config.update("jax_enable_compilation_cache", before)
-    compilation_cache.reset_cache()
+pytestmark = pytest.mark.usefixtures("without_jax_persistent_cache")
 
 
 def test_the_key_is_the_same_for_the_same_program_and_process():
@@ -250,3 +236,64 @@ def test_a_step_jax_loaded_from_its_own_cache_is_not_stored(tmp_path):
     assert served == ("jax_cache", first[1])
     assert not StepCache(tmp_path / "other-steps", rank=0).entries()
     assert _in_a_process(tmp_path / "jax", tmp_path / "steps") == ("hit", first[1])
+
+
+def test_a_step_named_without_tracing_is_loaded_before_the_lowering_and_used_once_it_matches(
+        tmp_path):
+    """A relaunch starts loading its entry before it traces the step (Preload); the loaded
+    executable is used once the lowering shows it holds the same program."""
+    cache = StepCache(tmp_path, rank=0)
+    devices = jax.devices()[:1]
+    key = step_cache.identity_key(step_cache.program_facts(devices), {"config": {"lr": 1}})
+    step, state, x = _named_step()
+    lowered = hax.named_jit(step, donate_args=(True, False)).lower(state, x)
+    compiled, first = compile_or_load(lowered, cache, devices, key=key,
+                                      preload=step_cache.Preload(cache, key, devices))
+    assert first.result == "miss" and [p.stem for p in cache.entries()] == [key]
+    expected = CompiledStep(step, compiled, (True, False), (state, x))(
+        {"w": jnp.ones(3), "tag": "kept static"}, x)
+    preload = step_cache.Preload(cache, key, devices)
+    got = preload.result()  # loaded with nothing traced or lowered in this call
+    assert got.loaded is not None and got.found
+    loaded, second = compile_or_load(lowered, cache, devices, key=key, preload=preload)
+    assert second.result == "hit" and second.detail is None
+    new_state, out = CompiledStep(step, loaded, (True, False), (state, x))(
+        {"w": jnp.ones(3), "tag": "kept static"}, x)
+    np.testing.assert_array_equal(new_state["w"], expected[0]["w"])
+    assert new_state["tag"] == "kept static" and float(out) == float(expected[1])
+
+
+def test_an_entry_named_without_tracing_that_holds_another_program_is_never_run(tmp_path):
+    """The key says nothing of what it does not cover (a library's behaviour, an environment
+    variable): an entry stored for another program under the same key is compiled over, and
+    the step computes what the program lowered now says."""
+    cache = StepCache(tmp_path, rank=0)
+    devices = jax.devices()[:1]
+    key = step_cache.identity_key(step_cache.program_facts(devices), {"config": {"lr": 1}})
+    x = jnp.arange(8.0)
+    old = jax.jit(lambda v: jnp.sin(v) * 2.0 + 1.0).lower(x)
+    assert compile_or_load(old, cache, devices, key=key)[1].result == "miss"
+    new = jax.jit(lambda v: jnp.cos(v) - 3.0).lower(x)
+    compiled, outcome = compile_or_load(new, cache, devices, key=key,
+                                        preload=step_cache.Preload(cache, key, devices))
+    assert outcome.result == "fallback" and "another program" in outcome.detail
+    np.testing.assert_allclose(compiled(x), np.cos(np.arange(8.0)) - 3.0, rtol=1e-6)
+    # Stored again for the program it now holds: the next relaunch loads it.
+    again, outcome = compile_or_load(new, cache, devices, key=key,
+                                     preload=step_cache.Preload(cache, key, devices))
+    assert outcome.result == "hit"
+    np.testing.assert_allclose(again(x), np.cos(np.arange(8.0)) - 3.0, rtol=1e-6)
+
+
+def test_the_key_named_without_tracing_follows_the_source_and_the_configuration(tmp_path):
+    facts = step_cache.program_facts(jax.devices()[:1])
+    (tmp_path / "model.py").write_text("LAYERS = 2\n")
+    before = step_cache.source_digest(tmp_path)
+    base = {"trainer": before, "config": {"embed_dim": 32}}
+    assert step_cache.identity_key(facts, base) == step_cache.identity_key(facts, dict(base))
+    assert step_cache.identity_key(facts, base) != step_cache.identity_key(
+        facts, {**base, "config": {"embed_dim": 64}})
+    (tmp_path / "model.py").write_text("LAYERS = 3\n")
+    assert step_cache.source_digest(tmp_path) != before
+    assert step_cache.identity_key(facts, base) != step_cache.identity_key(
+        {**facts, "process_index": 1}, base)

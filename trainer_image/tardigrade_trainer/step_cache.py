@@ -22,6 +22,18 @@ shared folder (the checkpoint root, a bucket, a shared volume) reaches this fold
 `compile_cache.RootMirror.pull`, which writes an entry only once its HMAC seal with the job's
 cache key checks out (cache_seal.py); the entry's name, which the seal covers, is its
 `entry_key`, so a valid entry cannot be served for another program or another rank.
+
+A relaunch need not trace the step before it starts loading it. The reference trainer names its
+entry by what determines the program without tracing it (`identity_key`: the process's facts,
+the trainer's source, the libraries' versions and the configuration), and `Preload` reads and
+loads that entry onto the devices in a thread of its own from the moment the devices are up,
+while the state's shapes are worked out, the step is traced and lowered and the state restored.
+The loaded executable is used only once the lowering is done and the program digest the entry
+was stored with equals the lowered program's: anything that changed the program without
+changing the key (a library's behaviour, an environment variable) is compiled, never run. Loading
+it before its trees are known takes the first half of JAX's `deserialize_and_load`
+(`_JaxPjrtUnpickler`, private in jax 0.10.2): where that is not there, the entry is loaded after
+the lowering, as before.
 """
 
 from __future__ import annotations
@@ -44,7 +56,9 @@ FOLDER = "tardigrade-step-cache"
 # Entries kept per rank: a world size or a program that changed leaves its old entry behind,
 # and a gang that grows back finds the previous one.
 DEFAULT_KEEP = 4
-_MAGIC = b"tardigrade-step-cache 2\n"
+_MAGIC = b"tardigrade-step-cache 3\n"
+# Each entry's payload: the SHA-256 of the program it was compiled from, then the executable.
+_PROGRAM_DIGEST_BYTES = 32
 _SUFFIX = ".step"
 # A temporary file this old belongs to a writer that died before its rename.
 _STALE_TEMP_SECONDS = 3600.0
@@ -106,6 +120,43 @@ def entry_key(program_text: str, facts: Mapping[str, Any]) -> str:
     digest.update(hashlib.sha256(program_text.encode()).digest())
     digest.update(json.dumps(facts, sort_keys=True).encode())
     return digest.hexdigest()
+
+
+def program_digest(program_text: str) -> bytes:
+    return hashlib.sha256(program_text.encode()).digest()
+
+
+def identity_key(facts: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
+    """An entry's name known before the step is traced: `facts` (program_facts) and what the
+    caller says determines the program (its source, libraries and configuration). The entry
+    still records the program it holds, which is checked before it is used."""
+    digest = hashlib.sha256(b"identity\n")
+    digest.update(json.dumps({"facts": facts, "identity": identity}, sort_keys=True,
+                             default=str).encode())
+    return digest.hexdigest()
+
+
+def source_digest(*folders: Path) -> str:
+    """A digest of the Python source under `folders` (a program that changed with it is
+    another program)."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def library_versions(*names: str) -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "absent"
+    return found
 
 
 class StepCache:
@@ -196,41 +247,147 @@ class Outcome:
         return found
 
 
+@dataclasses.dataclass
+class Loaded:
+    """An entry loaded onto the devices before the program's trees are known: what JAX's
+    `deserialize_and_load` holds between its unpickling and its `Compiled`."""
+
+    program: bytes  # the digest of the program it was compiled from
+    executable: Any  # the loaded executable
+    args_info_flat: Any
+    no_kwargs: bool
+
+    def compiled(self, lowered: Any) -> Any:
+        import jax
+
+        in_tree = jax.tree_util.tree_structure(lowered.args_info)
+        return jax.stages.Compiled(self.executable, [], in_tree.unflatten(self.args_info_flat),
+                                   lowered.out_tree, no_kwargs=self.no_kwargs)
+
+
+def _load(payload: bytes, devices: Sequence[Any]) -> Loaded:
+    """Unpickle and load an entry's executable (the expensive part of loading a step)."""
+    import io
+
+    from jax.experimental import serialize_executable
+
+    program = payload[:_PROGRAM_DIGEST_BYTES]
+    unpickler = serialize_executable._JaxPjrtUnpickler(
+        io.BytesIO(payload[_PROGRAM_DIGEST_BYTES:]), devices[0].client, list(devices))
+    unloaded, args_info_flat, no_kwargs = unpickler.load()
+    return Loaded(program, unloaded.load(), args_info_flat, no_kwargs)
+
+
+def _can_preload() -> bool:
+    from jax.experimental import serialize_executable
+
+    return hasattr(serialize_executable, "_JaxPjrtUnpickler")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preloaded:
+    """What `Preload` found: the entry loaded, none, or one that did not load (why)."""
+
+    loaded: Loaded | None
+    seconds: float
+    found: bool
+    detail: str | None = None
+
+
+class Preload:
+    """The entry `key` read and loaded onto `devices` in a thread of its own, started now:
+    before the step is traced. `result()` waits for it."""
+
+    def __init__(self, cache: StepCache, key: str, devices: Sequence[Any]) -> None:
+        self.cache, self.key, self.devices = cache, key, list(devices)
+        self._done = threading.Event()
+        self._result = Preloaded(None, 0.0, False)
+        if not _can_preload():
+            self._done.set()
+            return
+        threading.Thread(target=self._run, name="preload-step", daemon=True).start()
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            payload = self.cache.read(self.key)
+            if payload is not None:
+                self._result = Preloaded(_load(payload, self.devices),
+                                         time.perf_counter() - started, True)
+        except Exception as err:  # whatever a bad entry raises, compiling is the way out
+            why = (f"entry {self.key[:12]} did not load ({type(err).__name__}: {err}); "
+                   "compiled instead")
+            log.warning("step cache: %s", why)
+            self.cache.discard(self.key)
+            self._result = Preloaded(None, time.perf_counter() - started, True, why)
+        finally:
+            self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+
+    def result(self) -> Preloaded:
+        self._done.wait()
+        return self._result
+
+
 def compile_or_load(lowered: Any, cache: StepCache | None, devices: Sequence[Any],
-                    on_backend: Callable[[], None] = lambda: None) -> tuple[Any, Outcome]:
+                    on_backend: Callable[[], None] = lambda: None, key: str | None = None,
+                    preload: Preload | None = None) -> tuple[Any, Outcome]:
     """The `jax.stages.Compiled` of `lowered` (compiled for `devices`, in that order), from
     `cache` when it holds it, else compiled and stored there. `on_backend` is called once the
-    Python side is done, as the backend starts loading or compiling (which release the GIL)."""
+    Python side is done, as the backend starts loading or compiling (which release the GIL).
+
+    The entry is named `key` where the caller names it without tracing (`identity_key`),
+    else by the lowered program (`entry_key`); `preload` is that entry already being loaded.
+    Either way an entry is used only for the program it was stored with."""
     started = time.perf_counter()
     if cache is None:
         on_backend()
         return lowered.compile(), Outcome("off", time.perf_counter() - started)
-    import jax
     from jax.experimental import serialize_executable
 
-    key = entry_key(lowered.as_text(), program_facts(devices))
+    text = lowered.as_text()
+    program = program_digest(text)
+    key = key or entry_key(text, program_facts(devices))
     on_backend()
     why: str | None = None
     found = False
-    try:
-        payload = cache.read(key)
-        found = payload is not None
-        if payload is not None:
-            compiled = serialize_executable.deserialize_and_load(
-                payload, jax.tree_util.tree_structure(lowered.args_info), lowered.out_tree,
-                backend=devices[0].client, execution_devices=list(devices))
-            return compiled, Outcome("hit", time.perf_counter() - started)
-    except Exception as err:  # whatever a bad entry raises, compiling is the way out
-        found = True
-        why = f"entry {key[:12]} did not load ({type(err).__name__}: {err}); compiled instead"
-        log.warning("step cache: %s", why)
-        cache.discard(key)
+    if preload is not None and preload.key == key:
+        got = preload.result()
+        found, why = got.found, got.detail
+        if got.loaded is not None:
+            if got.loaded.program == program:
+                return got.loaded.compiled(lowered), Outcome("hit", got.seconds)
+            why = (f"entry {key[:12]} holds another program than the one lowered now (the "
+                   "program changed without its key); compiled instead")
+            log.warning("step cache: %s", why)
+            cache.discard(key)
+    else:
+        try:
+            payload = cache.read(key)
+            found = payload is not None
+            if payload is not None:
+                if payload[:_PROGRAM_DIGEST_BYTES] != program:
+                    raise CorruptEntryError("it holds another program than the one lowered")
+                import jax
+
+                compiled = serialize_executable.deserialize_and_load(
+                    payload[_PROGRAM_DIGEST_BYTES:],
+                    jax.tree_util.tree_structure(lowered.args_info), lowered.out_tree,
+                    backend=devices[0].client, execution_devices=list(devices))
+                return compiled, Outcome("hit", time.perf_counter() - started)
+        except Exception as err:  # whatever a bad entry raises, compiling is the way out
+            found = True
+            why = f"entry {key[:12]} did not load ({type(err).__name__}: {err}); compiled instead"
+            log.warning("step cache: %s", why)
+            cache.discard(key)
     hits_before = _jax_cache_hits_so_far()
     compiled = lowered.compile()
     if _jax_cache_hits_so_far() > hits_before:
         return compiled, Outcome("jax_cache", time.perf_counter() - started, why)
     try:
-        cache.write(key, serialize_executable.serialize(compiled)[0])
+        cache.write(key, program + serialize_executable.serialize(compiled)[0])
     except Exception as err:  # a full disk or an executable JAX cannot serialize
         note = f"not stored ({type(err).__name__}: {err})"
         log.warning("step cache: %s", note)

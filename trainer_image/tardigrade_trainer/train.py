@@ -6,6 +6,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -132,6 +133,8 @@ class Trainer:
         self.cache = compilation_cache
         self.mirror = mirror
         self._compiling: StepCompile | None = None
+        self._step_cache: step_cache.StepCache | None = None
+        self._preload: step_cache.Preload | None = None
         self.cache_pulled = cache_pulled or {}
         self.session = session
         self.env = session.env
@@ -159,19 +162,38 @@ class Trainer:
         initialised), not after. A relaunch's restore and its step's compile or load are the
         two long phases of its start (seconds each on an accelerator)."""
         x, y = data.sharded_batch(self.config, 1, batch_sharding)
-        cache = (step_cache.StepCache(self.cache.local, jax.process_index())
-                 if self.cache is not None else None)
+        cache, preload = self._step_cache, self._preload
 
         def compile_step(traced: threading.Event) -> tuple[Any, step_cache.Outcome]:
             # The mesh and the axis mapping are the thread's own: enter the loop's.
             with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
                 lowered = compiled_step.lower_abstract(
                     self._train_step, self.DONATE, self.plan.axis_mapping, target, x, y)
-                return step_cache.compile_or_load(lowered, cache,
-                                                  list(self.plan.mesh.devices.flat),
-                                                  on_backend=traced.set)
+                return step_cache.compile_or_load(
+                    lowered, cache, list(self.plan.mesh.devices.flat), on_backend=traced.set,
+                    key=preload.key if preload is not None else None, preload=preload)
 
         return StepCompile(compile_step, (target, x, y))
+
+    def _start_preloading(self) -> None:
+        """Read and load this rank's cached step onto the devices from now on, before the step
+        is traced (step_cache.Preload): a relaunch's first step waits for that load, the
+        longest part of its start once its compiles are cached. The entry is named by what
+        determines the program (the process, this package's source, the libraries and the
+        configuration) and used only if it holds the program lowered later."""
+        if self.cache is None:
+            return
+        self._step_cache = step_cache.StepCache(self.cache.local, jax.process_index())
+        devices = list(self.plan.mesh.devices.flat)
+        identity = {
+            "trainer": step_cache.source_digest(Path(__file__).resolve().parent),
+            "libraries": step_cache.library_versions("marin-haliax", "haliax", "equinox",
+                                                     "optax"),
+            "config": dataclasses.asdict(self.config),
+            "donate": self.DONATE,
+        }
+        key = step_cache.identity_key(step_cache.program_facts(devices), identity)
+        self._preload = step_cache.Preload(self._step_cache, key, devices)
 
     def _meet_compiled(self, compiling: StepCompile) -> tuple[Any, dict[str, Any]]:
         """The step the loop is to call (the executable compiled or loaded, never jit's own:
@@ -215,9 +237,12 @@ class Trainer:
             # "exception not rethrown"): a loop that returns early waits for its compile.
             if self._compiling is not None:
                 self._compiling.wait()
+            if self._preload is not None:
+                self._preload.wait()
 
     def _run(self) -> None:
         env, config, plan, session = self.env, self.config, self.plan, self.session
+        self._start_preloading()
         self.log({"event": "start", "job": env.job_name, "attempt": env.attempt,
                   "process_count": jax.process_count(), "devices": jax.device_count(),
                   "platform": jax.devices()[0].platform,

@@ -331,6 +331,21 @@ class ClusterWriter:
             current = self.custom.get_namespaced_custom_object(*args, action.name)
             if current["metadata"]["resourceVersion"] != action.resource_version:
                 return  # decided on an older Workload: the next pass decides again
+            if isinstance(action, queueing.PatchWorkloadSpec):
+                spec = current["spec"]
+                for field, value in action.changes.items():
+                    if value is None:
+                        spec.pop(field, None)
+                    else:
+                        spec[field] = value
+                annotations = current["metadata"].setdefault("annotations", {})
+                for key, mark in action.annotations.items():
+                    if mark is None:
+                        annotations.pop(key, None)
+                    else:
+                        annotations[key] = mark
+                self.custom.replace_namespaced_custom_object(*args, action.name, current)
+                return
             if isinstance(action, queueing.ResizeWorkload):
                 if action.clear_reclaimable:
                     current["status"] = {k: v for k, v in (current.get("status") or {}).items()
@@ -339,6 +354,10 @@ class ClusterWriter:
                         *args, action.name, current)
                 podset = current["spec"]["podSets"][0]
                 podset["count"] = action.count
+                if action.template is not None and action.podset_hash is not None:
+                    podset["template"] = action.template
+                    annotations = current["metadata"].setdefault("annotations", {})
+                    annotations[queueing.PODSET_HASH_ANNOTATION] = action.podset_hash
                 if action.min_count is None:
                     podset.pop("minCount", None)
                 else:

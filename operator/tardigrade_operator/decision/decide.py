@@ -86,7 +86,11 @@ def decide(obs: Observed) -> Plan:
        maintenance, status), each through its own module;
     7. the goodput account moves on with the status the pass writes (goodput.py).
     """
-    plan = _ladder(obs) if obs.queue is None else kueue_gate.under_gate(obs, _ladder)
+    if obs.queue is None:
+        plan = _ladder(obs)
+        plan.status.queue = None  # out of Kueue (or its label removed): no queue to report
+    else:
+        plan = kueue_gate.under_gate(obs, _ladder)
     # Where the job's time went, booked with the status this pass writes (goodput.py).
     plan.status.goodput = goodput.account_pass(obs, plan.status)
     return plan

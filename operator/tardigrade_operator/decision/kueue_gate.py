@@ -45,7 +45,7 @@ def _note_queue(plan: Plan, obs: Observed, gate: queueing.QueueGate) -> None:
         admitted_replicas=gate.held if workload and gate.admitted else None,
         growing_to=gate.replicas if gate.growing and not gate.resizing else None,
         message=(gate.grow_message() if gate.growing and not gate.resizing
-                 else "" if gate.admitted else gate.waiting_message()))
+                 else "" if gate.admitted and not gate.suspended else gate.waiting_message()))
     if (status.queue is not None and status.queue.growing_to is not None
             and (before is None or before.growing_to != status.queue.growing_to)):
         plan.events.append(Event("Normal", "GrowQueued", gate.grow_message()))

@@ -16,6 +16,8 @@ import dataclasses
 import json
 import re
 
+from tardigrade_operator.api.types import TrainingJobStatus
+
 SETTING = "kueue.requireQueueName"
 ENV = "TARDIGRADE_REQUIRE_QUEUE_NAME"
 REASON = "QueueNameRequired"
@@ -61,6 +63,14 @@ def held_for_queue_name(rule: QueueNameRule, namespace: str, queue: str | None,
     """Whether the rule holds this job: in a covered namespace, without a queue label, and
     never launched (a gang that ran before the rule was on is left to run)."""
     return queue is None and not launched and rule.covers(namespace)
+
+
+def launched_outside_kueue(status: TrainingJobStatus) -> bool:
+    """Whether the job's gang was launched outside Kueue: the rule leaves such a gang to run.
+    One that ran under Kueue (`status.queue` set) or that the rule already holds (phase
+    Queued) and then lost its queue label is held: a label removed must not be a way around
+    the quota."""
+    return status.attempt > 0 and status.queue is None and status.phase != "Queued"
 
 
 def fix_message(namespace: str) -> str:

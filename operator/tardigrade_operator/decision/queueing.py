@@ -31,6 +31,21 @@ operator does the job side:
   True once every rank of the admitted gang runs, False with Kueue's reasons while the gang
   starts (`WaitForStart`) or relaunches after it ran (`WaitForRecovery`), as jobframework's
   `generatePodsReadyCondition` writes it for Kueue's own jobs (`pods_ready`);
+- `spec.suspend` deactivates the Workload (`spec.active: false`, marked as the job's own):
+  Kueue evicts it (reason `Deactivated`) and the release above hands its quota back; a
+  resume reactivates it (Kueue requeues it). Only the job's own deactivation is undone;
+  Kueue's or an admin's is left and reported;
+- the labels follow: a new queue label moves a Workload that holds no quota (`queueName`)
+  and remakes one that does after the gang saved (Kueue refuses the change then); a new
+  priority label rewrites `priorityClassRef`/`priority` where Kueue allows it; a removed
+  queue label drops the job's Workloads (`stray_workload_actions`);
+- a change of what a rank asks for (requests, limits, accelerators, node selector,
+  tolerations: `podset_hash`, stamped on the Workload) is a resize through Kueue: the
+  Workload is made again (or, holding no quota, updated) and the gang relaunches only once
+  that is admitted, never outside the admission (`QueueGate.mismatch`);
+- admission outputs: the admission checks' `podSetUpdates` go on the pods after the
+  flavors'; an admitted flavor the operator cannot read, a `topologyAssignment`, or updates
+  that contradict the pods hold the launch with a reason naming it (`QueueGate.hold`);
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label, but for the admin's rule that jobs carry one
@@ -43,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -60,6 +76,14 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 JOB_LABEL = "tardigrade.dev/job"
+# What a rank asks of a node (podSet requests, limits, selector, tolerations) when the
+# Workload was made: an admitted job whose pods would now ask for something else is resized
+# through Kueue, never run outside the admission (`QueueGate.mismatch`).
+PODSET_HASH_ANNOTATION = "tardigrade.dev/podset-hash"
+# On a Workload the operator deactivated for the job's spec.suspend: only such a deactivation
+# is undone on resume, never one by Kueue (requeuing limit, maximum execution time, a
+# rejected admission check) or by an admin stopping the workload by hand.
+SUSPENDED_ANNOTATION = "tardigrade.dev/suspended"
 # Which of a job's Workloads: the gang's own, or the request for the extra replicas of a grow.
 ROLE_LABEL = "tardigrade.dev/workload-role"
 GROW_ROLE = "grow"
@@ -75,6 +99,8 @@ PODS_READY = "PodsReady"
 # PodsReady's reasons (Kueue's `apis/kueue/v1beta2/workload_types.go`): False while the gang
 # starts, or relaunches after it ran; True once it runs, first or again.
 WAIT_FOR_START = "WaitForStart"
+# Kueue's eviction reason for a Workload whose spec.active is false.
+DEACTIVATED = "Deactivated"
 WAIT_FOR_RECOVERY = "WaitForRecovery"
 STARTED = "Started"
 RECOVERED = "Recovered"
@@ -106,6 +132,34 @@ class WorkloadCondition:
 
 
 @dataclasses.dataclass(frozen=True)
+class PodSetUpdate:
+    """What an admission check asks of the pods (`status.admissionChecks[].podSetUpdates`
+    for our podSet; Kueue's `podset.FromUpdate`), merged over every check."""
+
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    # "field key: a vs b" where two checks disagree (Kueue's `Merge` refuses those too).
+    conflicts: tuple[str, ...] = ()
+
+
+def _merge_updates(updates: Sequence[Mapping[str, Any]]) -> PodSetUpdate:
+    merged: dict[str, dict[str, str]] = {"labels": {}, "annotations": {}, "nodeSelector": {}}
+    tolerations: list[Mapping[str, Any]] = []
+    conflicts: list[str] = []
+    for update in updates:
+        for field, into in merged.items():
+            for key, value in (update.get(field) or {}).items():
+                if key in into and into[key] != str(value):
+                    conflicts.append(f"{field} {key}: {into[key]!r} vs {str(value)!r}")
+                into[key] = str(value)
+        tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
+    return PodSetUpdate(merged["labels"], merged["annotations"], merged["nodeSelector"],
+                        tolerations, tuple(conflicts))
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkloadView:
     """What the operator reads of its Workload."""
 
@@ -126,6 +180,18 @@ class WorkloadView:
     priority: tuple[str, int] | None = None
     # status.reclaimablePods for the podSet: replicas handed back after a shrink.
     reclaimable: int = 0
+    # spec.queueName: the LocalQueue it waits in ("" where unread).
+    queue_name: str = ""
+    # spec.active: False once deactivated; Kueue then evicts it.
+    active: bool = True
+    # Deactivated by the operator for the job's spec.suspend (SUSPENDED_ANNOTATION).
+    suspended_by_job: bool = False
+    # PODSET_HASH_ANNOTATION; None on a Workload made before it existed (never remade for it).
+    podset_hash: str | None = None
+    # The admission checks' podSetUpdates for our podSet.
+    updates: PodSetUpdate = PodSetUpdate()
+    # The admission carries a topologyAssignment (Topology Aware Scheduling) for our podSet.
+    topology_assigned: bool = False
 
     def true(self, kind: str) -> bool:
         condition = self.conditions.get(kind)
@@ -147,7 +213,7 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
                   for c in status.get("conditions") or [] if c.get("type")}
     podsets = spec.get("podSets") or [{}]
     admission = status.get("admission") or None
-    count, flavors, queue = None, {}, None
+    count, flavors, queue, topology = None, {}, None, False
     if admission:
         queue = admission.get("clusterQueue")
         assignment = next((a for a in admission.get("podSetAssignments") or []
@@ -155,6 +221,9 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         if assignment is not None:
             count = int(assignment.get("count") or podsets[0].get("count") or 0)
             flavors = dict(assignment.get("flavors") or {})
+            topology = bool(assignment.get("topologyAssignment"))
+    updates = [u for check in status.get("admissionChecks") or []
+               for u in check.get("podSetUpdates") or [] if u.get("name") == PODSET]
     reclaimable = sum(int(r.get("count") or 0) for r in status.get("reclaimablePods") or []
                       if r.get("name") == PODSET)
     priority_class = (spec.get("priorityClassRef") or {}).get("name")
@@ -167,7 +236,11 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         admitted_count=count, admitted_flavors=flavors, cluster_queue=queue,
         deleting=bool(meta.get("deletionTimestamp")),
         role=str((meta.get("labels") or {}).get(ROLE_LABEL) or "main"), priority=priority,
-        reclaimable=reclaimable)
+        reclaimable=reclaimable, queue_name=str(spec.get("queueName") or ""),
+        active=spec.get("active") is not False,
+        suspended_by_job=(meta.get("annotations") or {}).get(SUSPENDED_ANNOTATION) == "true",
+        podset_hash=(meta.get("annotations") or {}).get(PODSET_HASH_ANNOTATION),
+        updates=_merge_updates(updates), topology_assigned=topology)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +293,20 @@ class QueueGate:
     # Set where the job has no queue label and the admin requires one in its namespace
     # (queue_name_rule.py): the namespace, named in the fix the job is told.
     queue_name_required_in: str | None = None
+    # The job's spec.suspend: its Workload is deactivated (spec.active false) meanwhile.
+    suspended: bool = False
+    # podset_hash of the job as it is now; None where the spec cannot be read.
+    podset_hash: str | None = None
+    # Admitted flavors the operator's ResourceFlavor index does not hold.
+    missing_flavors: tuple[str, ...] = ()
+    # Where the admission checks' podSetUpdates contradict the flavors or the job's own pod
+    # template (Kueue's `podset.Merge` refuses those too).
+    update_conflicts: tuple[str, ...] = ()
+    # The job's kueue.x-k8s.io/priority-class label, if any.
+    priority_class: str | None = None
+    # Some pod of the gang is active: what only a launch needs (a readable flavor, a
+    # placement we honour) never stops a gang that already runs.
+    gang_active: bool = False
 
     @property
     def installed(self) -> bool:
@@ -237,13 +324,56 @@ class QueueGate:
         return min(held, workload.count - workload.reclaimable)
 
     @property
+    def mismatch(self) -> str | None:
+        """What of the Workload no longer matches the job, its count aside: `queue` (the
+        queue label names another LocalQueue) or `podset` (a rank would ask for other
+        resources, accelerators or nodes than the Workload was made with). Held quota is
+        never stretched to cover it: the Workload is made again (`resizing`)."""
+        workload = self.workload
+        if workload is None:
+            return None
+        if workload.queue_name and workload.queue_name != self.queue:
+            return "queue"
+        if (workload.podset_hash is not None and self.podset_hash is not None
+                and workload.podset_hash != self.podset_hash):
+            return "podset"
+        return None
+
+    @property
+    def hold(self) -> tuple[str, str] | None:
+        """Why a gang Kueue admitted is not launched as admitted: (reason, message); None
+        when nothing holds it. Never for a gang already running."""
+        workload = self.workload
+        if workload is None or not workload.admitted or self.gang_active:
+            return None
+        if self.missing_flavors:
+            names = ", ".join(self.missing_flavors)
+            return ("FlavorNotFound", (
+                f"Kueue admitted the Workload on ResourceFlavor {names}, which the operator "
+                "cannot read (deleted, or not served to it): held, not launched without the "
+                "flavor's node labels and tolerations, until the flavor can be read"))
+        if workload.topology_assigned:
+            return ("TopologyNotSupported", (
+                f"Kueue's admission carries a topologyAssignment for podSet {PODSET} "
+                "(Topology Aware Scheduling), which Tardigrade does not honour yet: held, not "
+                "placed against it; admit TrainingJobs through a ResourceFlavor without "
+                "spec.topologyName"))
+        if workload.updates.conflicts or self.update_conflicts:
+            clash = "; ".join([*workload.updates.conflicts, *self.update_conflicts])
+            return ("PodSetUpdateConflict", (
+                f"the admission checks' podSetUpdates contradict the pods ({clash}): held, "
+                "not launched; fix the TrainingJob's podTemplate or the admission check"))
+        return None
+
+    @property
     def growing(self) -> bool:
         """The job asks for more replicas than its admitted, running Workload holds (a grow,
         or the rest of a partial admission): the extra ones are asked for on their own while
         the gang trains on."""
         workload, held = self.workload, self.held
         return (workload is not None and held is not None and self.replicas is not None
-                and self.replicas > held and workload.admitted)
+                and self.replicas > held and workload.admitted and self.mismatch is None
+                and self.hold is None and not self.suspended)
 
     @property
     def grow_extra(self) -> int | None:
@@ -272,6 +402,8 @@ class QueueGate:
             return False
         if not workload.true("QuotaReserved"):
             return False
+        if self.mismatch is not None:
+            return True
         if not workload.admitted:
             return workload.count != self.replicas
         return self.grow_reserved
@@ -302,11 +434,18 @@ class QueueGate:
         # released) still reads Admitted: no gang starts under it.
         workload = self.workload
         return (workload is not None and workload.admitted and not workload.deleting
-                and not self.resizing)
+                and not self.resizing and self.hold is None)
 
     @property
     def evicted(self) -> bool:
-        return self.workload is not None and self.workload.true("Evicted")
+        """Kueue evicted the Workload, for its own reasons: not the deactivation that a
+        suspension of the job asked for, nor a deactivation since undone (Kueue clears
+        Evicted only at the next admission)."""
+        workload = self.workload
+        if workload is None or not workload.true("Evicted"):
+            return False
+        deactivated = workload.conditions["Evicted"].reason.startswith(DEACTIVATED)
+        return not (deactivated and (workload.active or workload.suspended_by_job))
 
     def waiting_message(self) -> str:
         """Why the job waits, in Kueue's words where Kueue has said something."""
@@ -326,7 +465,30 @@ class QueueGate:
                     "install Kueue, or remove the label to run without a queue")
         if workload is None:
             return f"creating the Workload for LocalQueue {self.queue}"
-        if workload.true("Evicted"):
+        if self.suspended:
+            return (f"suspended (spec.suspend): the Workload is deactivated and holds no quota "
+                    f"once the gang stopped; set spec.suspend to false to queue again in "
+                    f"LocalQueue {self.queue}")
+        if not workload.active and not workload.suspended_by_job:
+            evicted = workload.conditions.get("Evicted")
+            why = f" ({evicted.reason}: {evicted.message})" if evicted else ""
+            return (f"the Workload {workload.name} is deactivated (spec.active false){why}, "
+                    "not by this job's spec.suspend: Kueue admits it again only once it is "
+                    "set active (kubectl patch workload), or delete and re-create the job")
+        if not workload.active or (workload.true("Evicted") and not self.evicted
+                                   and workload.true("QuotaReserved")):
+            return (f"resumed: reactivating the Workload in LocalQueue {self.queue}")
+        hold = self.hold
+        if hold is not None:
+            return hold[1]
+        if self.resizing and self.mismatch == "queue":
+            return (f"moved from LocalQueue {workload.queue_name} to {self.queue}: stopping "
+                    f"the gang after a save, then queued in LocalQueue {self.queue}")
+        if self.resizing and self.mismatch == "podset":
+            return (f"the pods ask for other resources than Kueue admitted: stopping the gang "
+                    f"after a save, then queued again in LocalQueue {self.queue} for what "
+                    "they ask now")
+        if self.evicted:
             evicted = workload.conditions["Evicted"]
             return (f"evicted by Kueue ({evicted.reason}: {evicted.message}); stopping the "
                     f"gang after a save, then requeued in LocalQueue {self.queue}")
@@ -359,22 +521,54 @@ class QueueGate:
             return "KueueTooOld"
         if not self.installed:
             return "KueueNotInstalled"
-        return "Evicted" if self.evicted else "Resizing" if self.resizing else "Queued"
+        workload = self.workload
+        if workload is not None and not workload.active and not workload.suspended_by_job:
+            return "Deactivated"
+        if self.evicted:
+            return "Evicted"
+        hold = self.hold
+        if hold is not None:
+            return hold[0]
+        if self.resizing:
+            return "QueueChanged" if self.mismatch == "queue" else "Resizing"
+        return "Queued"
 
 
 def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Flavor],
              replicas: int | None = None, grow: WorkloadView | None = None,
-             kueue: KueueApi = KueueApi()) -> QueueGate:
+             kueue: KueueApi = KueueApi(), *, spec: TrainingJobSpec | None = None,
+             gang_active: bool = False, priority_class: str | None = None) -> QueueGate:
+    """Kueue's hold on a job, from its Workloads and the flavors' index. `spec`: the job's
+    spec as its owner wrote it (not the gated one), for what its pods ask for and whether it
+    is suspended."""
     selector: dict[str, str] = {}
     tolerations: list[Mapping[str, Any]] = []
+    missing: list[str] = []
+    conflicts: list[str] = []
     if workload is not None:
         for name in sorted(set(workload.admitted_flavors.values())):
             flavor = flavors.get(name)
             if flavor is None:
+                missing.append(name)
                 continue
             selector.update(flavor.node_labels)
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
-    return QueueGate(queue, workload, selector, tolerations, replicas, grow, kueue)
+        updates = workload.updates
+        template = spec.pod_template if spec is not None else None
+        mine = {"nodeSelector": {**(template.node_selector if template else {}), **selector},
+                "labels": dict(template.labels) if template else {},
+                "annotations": dict(template.annotations) if template else {}}
+        asked = {"nodeSelector": updates.node_selector, "labels": updates.labels,
+                 "annotations": updates.annotations}
+        for field, values in asked.items():
+            conflicts += [f"{field} {key}: {mine[field][key]!r} vs {value!r}"
+                          for key, value in sorted(values.items())
+                          if key in mine[field] and mine[field][key] != value]
+    return QueueGate(queue, workload, selector, tolerations, replicas, grow, kueue,
+                     suspended=spec is not None and spec.suspend,
+                     podset_hash=podset_hash(spec) if spec is not None else None,
+                     missing_flavors=tuple(missing), update_conflicts=tuple(conflicts),
+                     gang_active=gang_active, priority_class=priority_class)
 
 
 def queue_name_hold(namespace: str) -> QueueGate:
@@ -390,17 +584,22 @@ def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec
         return spec
     if not gate.admitted:
         return spec.model_copy(update={"suspend": True})
-    assert gate.runs is not None
+    assert gate.runs is not None and gate.workload is not None
     template = spec.pod_template
+    updates = gate.workload.updates
     tolerations = [*template.tolerations]
-    for toleration in gate.flavor_tolerations:
+    for toleration in [*gate.flavor_tolerations, *updates.tolerations]:
         parsed = Toleration.model_validate(dict(toleration))
         if parsed not in tolerations:
             tolerations.append(parsed)
+    # The admission checks' podSetUpdates after the flavors', as jobframework's startJob
+    # merges them (`podset.FromAssignment`, then `FromUpdate` for each check).
     pod_template = template.model_copy(update={
-        "node_selector": {**template.node_selector, **gate.flavor_selector},
+        "node_selector": {**template.node_selector, **gate.flavor_selector,
+                          **updates.node_selector},
         "tolerations": tolerations,
-        "labels": {**template.labels, PODSET_LABEL: PODSET}})
+        "annotations": {**template.annotations, **updates.annotations},
+        "labels": {**template.labels, **updates.labels, PODSET_LABEL: PODSET}})
     return spec.model_copy(update={"pod_template": pod_template, "replicas": gate.runs})
 
 
@@ -436,12 +635,24 @@ def pod_set_template(spec: TrainingJobSpec, held_to: Mapping[str, str] | None = 
     return {"spec": pod}
 
 
+def podset_hash(spec: TrainingJobSpec) -> str:
+    """A digest of what a rank asks of a node and of the quota (requests, limits, node
+    selector, tolerations; not the image, which no quota counts): a change to it on an
+    admitted job is a resize through Kueue."""
+    pod = pod_set_template(spec)["spec"]
+    asked = {"resources": pod["containers"][0].get("resources") or {},
+             "nodeSelector": pod.get("nodeSelector") or {},
+             "tolerations": pod.get("tolerations") or []}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def build_workload(job: JobIdentity, spec: TrainingJobSpec, queue: str, replicas: int,
                    priority: tuple[str, int] | None) -> dict[str, Any]:
     """The Workload of a job (jobframework's `ConstructWorkload`, for our kind): owned by the
     job (controller), labelled with its uid, one podSet for the gang."""
     return _workload(job, workload_name(job.name, job.uid), "main", queue,
-                     replicas, pod_set_template(spec), priority, min_count(spec, replicas))
+                     replicas, pod_set_template(spec), priority, min_count(spec, replicas),
+                     podset_hash(spec), active=not spec.suspend)
 
 
 def min_count(spec: TrainingJobSpec, replicas: int) -> int | None:
@@ -461,17 +672,18 @@ def build_grow_workload(job: JobIdentity, spec: TrainingJobSpec, gate: QueueGate
     assert gate.workload is not None and gate.grow_extra is not None
     return _workload(job, grow_workload_name(job.name, job.uid), GROW_ROLE, gate.queue,
                      gate.grow_extra, pod_set_template(spec, gate.flavor_selector),
-                     gate.workload.priority, None)
+                     gate.workload.priority, None, podset_hash(spec))
 
 
 def _workload(job: JobIdentity, name: str, role: str, queue: str, count: int,
               template: dict[str, Any], priority: tuple[str, int] | None,
-              minimum: int | None) -> dict[str, Any]:
+              minimum: int | None, asked: str, active: bool = True) -> dict[str, Any]:
     workload: dict[str, Any] = {
         "apiVersion": API_VERSION, "kind": "Workload",
         "metadata": {
             "name": name, "namespace": job.namespace,
             "labels": {JOB_UID_LABEL: job.uid, JOB_LABEL: job.name, ROLE_LABEL: role},
+            "annotations": {PODSET_HASH_ANNOTATION: asked},
             "ownerReferences": [{
                 "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
                 "name": job.name, "uid": job.uid, "controller": True,
@@ -482,11 +694,15 @@ def _workload(job: JobIdentity, name: str, role: str, queue: str, count: int,
     }
     if minimum is not None:
         workload["spec"]["podSets"][0]["minCount"] = minimum
+    if not active:
+        workload["spec"]["active"] = False
     if priority is not None:
         name, value = priority
         workload["spec"]["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass",
                                                 "name": name}
         workload["spec"]["priority"] = value
+    if not active:
+        workload["metadata"]["annotations"][SUSPENDED_ANNOTATION] = "true"
     return workload
 
 
@@ -506,6 +722,23 @@ class ResizeWorkload:
     min_count: int | None = None
     # Replicas a shrink handed back, dropped first: Kueue wants them <= the podSet's count.
     clear_reclaimable: bool = False
+    # A new podSet template and its PODSET_HASH_ANNOTATION, where what a rank asks changed.
+    template: dict[str, Any] | None = None
+    podset_hash: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchWorkloadSpec:
+    """Fields of the Workload's spec to set (None: remove): `active` (the job suspended or
+    resumed), `queueName` (its queue label moved while no quota is held), `priorityClassRef`
+    and `priority` (its priority label changed), as jobframework keeps them in step with the
+    job (`QueueNameChange`, `UpdateWorkloadPriority`, `JobWithCustomWorkloadActivation`)."""
+
+    name: str
+    resource_version: str
+    changes: Mapping[str, Any]
+    # metadata.annotations to set (None: remove).
+    annotations: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,7 +786,7 @@ class SetPodsReady:
 
 
 WorkloadAction = (CreateWorkload | ResizeWorkload | ReleaseQuota | DeleteWorkload
-                  | FinishWorkload | ReclaimPods | SetPodsReady)
+                  | FinishWorkload | ReclaimPods | SetPodsReady | PatchWorkloadSpec)
 
 
 def pods_ready(workload: WorkloadView, gang_running: bool) -> WorkloadCondition:
@@ -606,6 +839,17 @@ def workload_actions(job: JobIdentity, spec: TrainingJobSpec | None,
             *_grow_actions(job, spec, status, gate, gang_active)]
 
 
+def stray_workload_actions(strays: Sequence[WorkloadView], gang_active: bool,
+                           held: bool) -> list[WorkloadAction]:
+    """The Workloads of a job whose queue label was removed: it left Kueue, so they go (their
+    quota with them). A job the admin's rule then holds (`held`) keeps them until its gang
+    stopped, so the quota backs the gang while it saves; one without the rule runs on as an
+    unlabelled job does."""
+    if held and gang_active:
+        return []
+    return [DeleteWorkload(w.name, w.resource_version) for w in strays if not w.deleting]
+
+
 def _grow_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: TrainingJobStatus,
                   gate: QueueGate, gang_active: bool) -> list[WorkloadAction]:
     """The grow Workload exists exactly while a grow waits or is being carried out: made
@@ -626,7 +870,9 @@ def _grow_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
     # count (its own delete refused for a stale resourceVersion, or not yet in the index),
     # and the gang would start again at the size it was just stopped to leave.
     main_going = gate.workload is None or gate.workload.deleting
-    stale = (extra is None or grow.true("Evicted")
+    stale = (extra is None or grow.true("Evicted") or grow.queue_name not in ("", gate.queue)
+             or (grow.podset_hash is not None and gate.podset_hash is not None
+                 and grow.podset_hash != gate.podset_hash)
              or (grow.count != extra and grow.true("QuotaReserved"))
              or (gate.grow_reserved and gate.resizing and not gang_active and main_going))
     if stale:
@@ -653,6 +899,15 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
         reason = "Succeeded" if status.phase == "Succeeded" else "Failed"
         return [FinishWorkload(workload.name, workload.resource_version, _replace(
             current, [_condition("Finished", "True", reason, status.message or reason, now)]))]
+    changes = _spec_changes(workload, gate, priority)
+    # Marks the deactivation as the job's own, and drops the mark with it.
+    marks: dict[str, str | None] = (
+        {} if "active" not in changes
+        else {SUSPENDED_ANNOTATION: None if changes["active"] else "true"})
+    # Suspended: deactivated first; Kueue then evicts it (reason Deactivated), and the
+    # release below hands its quota back once the gang stopped.
+    if changes.get("active") is False:
+        return [PatchWorkloadSpec(workload.name, workload.resource_version, changes, marks)]
     if workload.true("Evicted") and workload.true("QuotaReserved") and not gang_active:
         evicted = workload.conditions["Evicted"]
         requeue = evicted.reason in ("Preempted", "NodeFailures")
@@ -670,11 +925,16 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
                        "Not all pods are ready or succeeded", now)]))]
     if gate.resizing and not gang_active:
         return [DeleteWorkload(workload.name, workload.resource_version)]
+    reshaped = gate.mismatch == "podset"
     if spec is not None and not workload.true("QuotaReserved") and (
             workload.count != spec.replicas or workload.reclaimable
-            or workload.min_count != min_count(spec, spec.replicas)):
+            or workload.min_count != min_count(spec, spec.replicas) or reshaped):
         return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas,
-                               min_count(spec, spec.replicas), bool(workload.reclaimable))]
+                               min_count(spec, spec.replicas), bool(workload.reclaimable),
+                               pod_set_template(spec) if reshaped else None,
+                               gate.podset_hash if reshaped else None)]
+    if changes:
+        return [PatchWorkloadSpec(workload.name, workload.resource_version, changes, marks)]
     reclaim = gate.reclaim
     # Once every rank of the smaller gang runs: until then the quota still backs its launch.
     if reclaim is not None and status.phase == "Running" and status.replicas == gate.runs:
@@ -687,6 +947,33 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
         return [SetPodsReady(workload.name, workload.resource_version, _replace(current, [
             _condition(PODS_READY, ready.status, ready.reason, ready.message, now)]))]
     return []
+
+
+def _spec_changes(workload: WorkloadView, gate: QueueGate,
+                  priority: tuple[str, int] | None) -> dict[str, Any]:
+    """The Workload's spec fields that no longer follow the job: spec.active (the job's
+    spec.suspend), the queue (only while no quota is held: Kueue refuses it then, and
+    `QueueGate.mismatch` remakes the Workload instead), and the priority its label names
+    (`priority`: that WorkloadPriorityClass and its value, None where there is no label or
+    no such class). Kueue refuses adding or removing a priorityClassRef while quota is held:
+    that waits for the next requeue, as jobframework leaves it too."""
+    changes: dict[str, Any] = {}
+    # Deactivated for the suspension; reactivated only where that was the job's doing.
+    if gate.suspended and workload.active:
+        changes["active"] = False
+    elif not gate.suspended and not workload.active and workload.suspended_by_job:
+        changes["active"] = True
+    reserved = workload.true("QuotaReserved")
+    if workload.queue_name and workload.queue_name != gate.queue and not reserved:
+        changes["queueName"] = gate.queue
+    have = workload.priority
+    if gate.priority_class is None and have is not None and not reserved:
+        changes.update(priorityClassRef=None, priority=None)
+    elif (priority is not None and priority[0] == gate.priority_class and have != priority
+          and (have is not None or not reserved)):
+        changes.update(priorityClassRef={"group": GROUP, "kind": "WorkloadPriorityClass",
+                                         "name": priority[0]}, priority=priority[1])
+    return changes
 
 
 def _replace(current: Sequence[Mapping[str, Any]], new: Sequence[dict[str, Any]]

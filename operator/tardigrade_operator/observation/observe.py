@@ -86,6 +86,8 @@ class Observation:
     job_keys: keys.JobKeys | None  # the job's keys, as far as they are known
     polled: Progress | None  # rank 0's answer; None: not read this pass (pacing.py)
     workload: Workload | None  # the job's own Workload, for a job Kueue holds
+    # The job's Workloads once its queue label is gone (queueing.stray_workload_actions).
+    strays: tuple[queueing.WorkloadView, ...] = ()
 
 
 async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Indexes,
@@ -128,9 +130,11 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
     generation = int(meta.get("generation") or 0)
     rejected = state.rejected
     decision = config.decision_settings()
-    workload, gate = await _queue(key, uid, meta, spec, indexes, reader)
+    gang_active = any(p.active for p in gang.pods)
+    workload, gate, strays = await _queue(key, uid, meta, spec, indexes, reader, gang_active)
     if gate is None and queue_name_rule.held_for_queue_name(
-            decision.queue_name_rule, namespace, None, launched=status.attempt > 0):
+            decision.queue_name_rule, namespace, None,
+            launched=queue_name_rule.launched_outside_kueue(status)):
         gate = queueing.queue_name_hold(namespace)
     observed = Observed(
         job=JobRef(name=name, namespace=namespace, uid=uid),
@@ -163,25 +167,29 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
         refused_restarts=state.in_place.refused_in(status.attempt),
         queue=gate,
     )
-    return Observation(observed, version, job_keys, polled, workload)
+    return Observation(observed, version, job_keys, polled, workload, strays)
 
 
 async def _queue(key: JobKey, uid: str, meta: Mapping[str, Any], spec: TrainingJobSpec | None,
-                 indexes: Indexes, reader: ClusterReader
-                 ) -> tuple[Workload | None, queueing.QueueGate | None]:
-    """The job's Workload and Kueue's hold on the job; (None, None) for a job without the
-    queue label."""
-    queue = queueing.queue_name(meta.get("labels") or {})
-    if queue is None:
-        return None, None
+                 indexes: Indexes, reader: ClusterReader, gang_active: bool
+                 ) -> tuple[Workload | None, queueing.QueueGate | None,
+                            tuple[queueing.WorkloadView, ...]]:
+    """The job's Workload and Kueue's hold on the job; for a job without the queue label, no
+    gate and the Workloads it still owns (its label was removed)."""
+    labels = meta.get("labels") or {}
+    queue = queueing.queue_name(labels)
     ours = [w for w in _values(indexes.workloads or {}, key) if w[0].owner_uid == uid]
+    if queue is None:
+        return None, None, tuple(w[0] for w in ours)
     workload = next((w for w in ours if w[0].role != queueing.GROW_ROLE), None)
     grow = next((w[0] for w in ours if w[0].role == queueing.GROW_ROLE), None)
     flavors = {n: f for n, store in (indexes.flavors or {}).items() for f in store}
     gate = queueing.gate_for(queue, workload[0] if workload else None, flavors,
                              spec.replicas if spec is not None else None, grow,
-                             kueue=await reader.kueue_api())
-    return workload, gate
+                             kueue=await reader.kueue_api(), spec=spec,
+                             gang_active=gang_active,
+                             priority_class=labels.get(queueing.PRIORITY_LABEL) or None)
+    return workload, gate, ()
 
 
 async def _scale_up_signals(namespace: str, gang: Gang, reader: ClusterReader
