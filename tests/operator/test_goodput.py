@@ -224,3 +224,22 @@ def test_for_any_history_the_buckets_add_up_to_the_wall_time_and_none_is_negativ
         assert result.accounted_until <= max(latest, start)
         new.goodput = result
         status = new
+
+
+def test_the_time_kueue_holds_a_job_is_queued_time():
+    from tests.operator.test_queueing import ADMITTED, PENDING, gate
+
+    cluster = FakeCluster(spec(), queue=gate(PENDING))
+    cluster.reconcile()
+    cluster.advance(40)
+    cluster.reconcile()
+    assert cluster.status.phase == "Queued"
+    cluster.advance(20)
+    cluster.queue = gate(ADMITTED, admitted=2)
+    cluster.reconcile()  # admitted: the gang is launched
+    cluster.run_all()
+    cluster.advance(5)
+    cluster.reconcile()
+    seconds = _balanced(cluster.status.goodput)
+    assert (seconds["queued"], seconds["podStart"]) == (65.0, 0.0)
+    assert cluster.status.goodput.current == "acceleratorStart"
