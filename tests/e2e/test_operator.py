@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
-from datetime import datetime
 
 import pytest
-import yaml
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
 from tardigrade_operator import naming
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import (
+    Cluster,
+    OperatorProcess,
+    assert_goodput_adds_up,
+    trainingjob,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -99,24 +103,8 @@ def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
     assert recovery["downtimeSeconds"] > 0
     # From the kubelets' files: the old gang's last lines, gone with its pods, are there too.
     _assert_continuous(cluster.complete_log(name), 60)
-    _assert_goodput_adds_up(cluster, name)
+    assert_goodput_adds_up(cluster, name)
 
-
-def _assert_goodput_adds_up(cluster: Cluster, name: str) -> None:
-    """As a user reads it: the goodput account's buckets add up to the job's wall time, from
-    its creation to its completion, and the real trainer's phases are in them."""
-    job = yaml.safe_load(cluster.kubectl("get", "tj", name, "-o", "yaml"))
-    account, status = job["status"]["goodput"], job["status"]
-    seconds = account["seconds"]
-    assert all(value >= 0 for value in seconds.values()), seconds
-    assert abs(sum(seconds.values()) - account["wallSeconds"]) < 1e-6, account
-    created = datetime.fromisoformat(job["metadata"]["creationTimestamp"])
-    completed = datetime.fromisoformat(status["completionTime"])
-    assert abs((completed - created).total_seconds() - account["wallSeconds"]) < 0.01, account
-    # Two attempts of a real trainer: each started, restored or initialised, compiled, trained.
-    for bucket in ("podStart", "acceleratorStart", "restore", "compile", "productive"):
-        assert seconds[bucket] > 0, (bucket, account)
-    assert 0 < account["fraction"] < 1
 
 
 def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):

@@ -7,12 +7,12 @@ the trainer's progress report says (contract.PHASE_SECONDS_FIELDS): its phases' 
 its process started. The running attempt's time goes first to a pool of unexplained seconds,
 and each report moves the growth of its phases out of that pool into their buckets (pro rata
 when the pool holds less than they grew: the trainer started before the operator saw its
-container run); a first report that comes in the pass that sees the pods start takes the
-trainer's phases out of that interval, the rest staying `podStart`. What no report explains
-stays in `other`. When a recovery says how many steps its restore lost, their price (steps
-lost x the step loop's seconds per step) moves from `productive` to `lostSteps`. A job first
-accounted once it had launched (an operator older than the account ran it until now) books
-its past to `other`: nothing says where it went.
+container run); a first report that comes in the pass that sees the pods start (or still
+queued) takes the trainer's phases out of that interval, the rest staying where it was. What
+no report explains stays in `other`. When a recovery says how many steps its restore lost,
+their price (steps lost x the step loop's seconds per step) moves from `productive` to
+`lostSteps`. A job first accounted once it had launched (an operator older than the account
+ran it until now) books its past to `other`, less what its trainer's first report explains.
 
 Every move takes from one bucket what it gives to another, and the pass adds exactly the
 interval it books, so the buckets always add up to the wall time (whole milliseconds, kept as
@@ -168,11 +168,13 @@ def account(before: Goodput | None, created: datetime | None, seen: Sighting,
     # Whole milliseconds, rounded down: the account never runs past the pass's time.
     interval = (end - before.accounted_until) // timedelta(milliseconds=1)
     booked = before.current
-    if booked == "podStart" and same_attempt and trainer is None and phases is not None:
-        # The pods started and their trainer reported within one interval: its phases, which
-        # fit in its process's life, say how much of the interval was its own.
+    if (booked not in (RUNNING, "acceleratorStart", None) and same_attempt and trainer is None
+            and phases is not None):
+        # The trainer started and reported within one interval (seen queued, or its pods
+        # starting): its phases, which fit in its process's life, say how much of the interval
+        # was at least its own.
         running = min(interval, sum(_ms(seconds) for seconds in phases.values()))
-        ledger.add("pod_start", interval - running)
+        ledger.add(FIELDS[booked], interval - running)
         ledger.add("accelerator_start", running)
         ledger.pool += running
     elif booked in (RUNNING, "acceleratorStart"):
