@@ -11,7 +11,13 @@ from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
 from tardigrade_operator import naming
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import (
+    Cluster,
+    OperatorProcess,
+    assert_goodput_adds_up,
+    trainingjob,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -97,6 +103,8 @@ def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
     assert recovery["downtimeSeconds"] > 0
     # From the kubelets' files: the old gang's last lines, gone with its pods, are there too.
     _assert_continuous(cluster.complete_log(name), 60)
+    assert_goodput_adds_up(cluster, name)
+
 
 
 def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):
