@@ -40,8 +40,10 @@ kept pod's earlier runs are gone from the node once it restarted twice: the kube
 previous log), each line tagged with the attempt its trainer ran as.
 
 Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
-wall time, its ratio to arm a, the time to recover per disruption (from the disruption to the
-first step of the relaunched gang; p50/p99) and the steps lost per disruption (computed but not
+wall time, its ratio to arm a, the operator's own goodput account of the job (status.goodput,
+creation to completion, its trainer's phases from the progress reports) beside it, the time
+to recover per disruption (from the disruption to the first step of the relaunched gang;
+p50/p99) and the steps lost per disruption (computed but not
 kept), and for saves on notice the seconds from SIGTERM to the committed save against the
 window (the trainer's `preempted` event). Step times come from the trainer's own log (see
 tardigrade_local/goodput.py). Each recovery is also split into phases from rank 0's log (the
@@ -187,6 +189,9 @@ class ArmResult:
     phases: list[dict[str, float]] = dataclasses.field(default_factory=list)
     # Per disruption, how each rank of the next gang got its compiled step (hit, miss, ...).
     step_caches: list[list[str]] = dataclasses.field(default_factory=list)
+    # The operator's goodput account of the job at its end (status.goodput), to set beside
+    # the one measured here from the trainer's log.
+    account: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def comparable(self) -> bool:
         """Trains the same model as arm (a): its wall time and goodput have a ratio to a's."""
@@ -324,7 +329,8 @@ class Bench:
         phases = [recovery_phases(final.records, d) for d in disruptions]
         step_caches = [step_cache_results(final.records, d) for d in disruptions]
         return ArmResult(arm, report, submitted, disruptions, runs,
-                         list(status.get("recoveries") or []), notice_saves, phases, step_caches)
+                         list(status.get("recoveries") or []), notice_saves, phases, step_caches,
+                         dict(status.get("goodput") or {}))
 
 
 # --- what it prints and leaves behind --------------------------------------------------------
@@ -351,6 +357,8 @@ def summary_rows(results: list[ArmResult]) -> list[dict[str, str]]:
             "wall vs (a)": _fmt(report.wall_seconds / base.wall_seconds, ".2f") if ratio else "-",
             "goodput": _fmt(report.goodput, ".3f"),
             "goodput vs (a)": _fmt(report.goodput / base.goodput, ".2f") if ratio else "-",
+            # The operator's own account (status.goodput): from the job's creation to its end.
+            "operator goodput": _fmt(result.account.get("fraction", float("nan")), ".3f"),
             "recovery p50 / p99 s": (f"{_fmt(percentile(recovery, 0.5))} / "
                                      f"{_fmt(percentile(recovery, 0.99))}") if costs else "-",
             # Where the p50 recovery goes: old gang stopped (saved), new trainer started.
@@ -472,6 +480,7 @@ def write_outputs(results: list[ArmResult], settings: Settings, out: Path) -> No
             } for c, phases, caches in zip(r.report.costs, r.phases, r.step_caches,
                                            strict=True)],
             "operator_recoveries": r.recoveries,
+            "operator_goodput": r.account,
             "notice_saves": [{"seconds_since_notice": used, "window_seconds": limit}
                              for used, limit in r.notice_saves],
             "steps": r.runs,

@@ -71,6 +71,20 @@ def test_progress_report_round_trips():
     assert contract.ProgressReport.from_json(report.to_json()) == report
 
 
+def test_progress_report_carries_phase_seconds_and_reads_trainers_without_them():
+    report = contract.ProgressReport(step=7, attempt=2, accelerator_start_seconds=4.5,
+                                     restore_seconds=1.25, compile_seconds=3.0,
+                                     checkpoint_stall_seconds=0.5, train_seconds=12.0)
+    assert contract.ProgressReport.from_json(report.to_json()) == report
+    # An older trainer's report: no phase fields, all None.
+    old = contract.ProgressReport.from_json(json.dumps({"step": 7, "loss": 1.0}))
+    assert all(getattr(old, name) is None for name in contract.PHASE_SECONDS_FIELDS)
+    for bad in (-1, "3", True, 1e999):
+        text = json.dumps({"step": 7, "compile_seconds": bad}).replace("Infinity", "1e999")
+        with pytest.raises(contract.MalformedReport, match="compile_seconds"):
+            contract.ProgressReport.from_json(text)
+
+
 def test_contract_module_imports_without_jax():
     import subprocess
     import sys

@@ -184,6 +184,9 @@ class ClusterConfig:
     # Kueue's waitForPodsReady (`kueue.WaitForPodsReady`); None: Kueue's default (on, 30 min,
     # from v0.19).
     kueue_wait_for_pods_ready: WaitForPodsReady | None = None
+    # Real nodes may join (`realnode.py`): kube-apiserver reaches kubelets and webhooks
+    # through the egress proxy (`egressproxy.py`), which enters their network namespaces.
+    node_egress: bool = False
 
     def control_plane_settings(self) -> ControlPlaneSettings:
         return ControlPlaneSettings(
@@ -191,7 +194,8 @@ class ClusterConfig:
             node_monitor_period_seconds=self.node_monitor_period_seconds,
             node_monitor_grace_seconds=self.node_monitor_grace_seconds,
             default_toleration_seconds=self.default_toleration_seconds,
-            component_qps=self.component_qps, component_burst=self.component_burst)
+            component_qps=self.component_qps, component_burst=self.component_burst,
+            node_egress=self.node_egress)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -411,6 +415,7 @@ async def serve(config: ClusterConfig) -> None:
             "control_url": f"http://127.0.0.1:{control_port}", "gcs_url": gcs_url,
             "crd_files": [str(p) for p in crds], "pod_env": pod_env,
             "processes": plane.pids(),
+            "egress_routes": str(plane.egress_routes) if config.node_egress else None,
         }
         tmp = layout.cluster_info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info, indent=2))

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import ssl
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tardigrade_local import crdwait, gobuild, identities, kueue, pki
+from tardigrade_local import crdwait, egressproxy, gobuild, identities, kueue, pki
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
@@ -85,6 +86,9 @@ class ControlPlaneSettings:
     component_burst: int | None = None
     # The audit log (`--audit-log-path`), for tests that read what a client was allowed.
     audit: bool = True
+    # kube-apiserver reaches kubelets and webhooks through `egressproxy.py` (its egress
+    # selector), which can enter real nodes' network namespaces (`realnode.py`).
+    node_egress: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -181,6 +185,16 @@ class ControlPlane:
         return f"https://127.0.0.1:{self.api_port}"
 
     @property
+    def egress_socket(self) -> Path:
+        return self.root / "egress.sock"
+
+    @property
+    def egress_routes(self) -> Path:
+        """Where real nodes say which network namespace their address is in
+        (`egressproxy.py`)."""
+        return self.root / "egress-routes"
+
+    @property
     def etcd_url(self) -> str:
         return f"http://127.0.0.1:{self.etcd_port}"
 
@@ -268,6 +282,13 @@ class ControlPlane:
         self.components["etcd"] = Component("etcd", self._etcd_argv(), self.logs_dir / "etcd.log")
         await self.components["etcd"].start()
         await self._wait("etcd", self._etcd_healthy)
+        if self.settings.node_egress:
+            self.components["egress-proxy"] = Component(
+                "egress-proxy", [sys.executable, "-m", "tardigrade_local.egressproxy",
+                                 str(self.egress_socket), str(self.egress_routes)],
+                self.logs_dir / "egress-proxy.log")
+            await self.components["egress-proxy"].start()
+            await self._wait("egress-proxy", self._egress_ready)
         self.components["kube-apiserver"] = Component(
             "kube-apiserver", self._apiserver_argv(), self.logs_dir / "kube-apiserver.log")
         await self.components["kube-apiserver"].start()
@@ -324,7 +345,7 @@ class ControlPlane:
     async def stop(self) -> None:
         # The API server's clients first, etcd last.
         for name in ("kueue", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
-                     "etcd"):
+                     "egress-proxy", "etcd"):
             component = self.components.get(name)
             if component is not None:
                 await component.stop()
@@ -420,6 +441,10 @@ class ControlPlane:
         ]
         if s.feature_gates:
             argv.append(f"--feature-gates={s.feature_gates}")
+        if s.node_egress:
+            config = self.root / "egress-selector.yaml"
+            config.write_text(egressproxy.egress_config(self.egress_socket))
+            argv.append(f"--egress-selector-config-file={config}")
         if s.audit:
             argv += [f"--audit-policy-file={self.root / 'audit-policy.yaml'}",
                      f"--audit-log-path={self.root / 'audit.log'}", "--audit-log-format=json",
@@ -479,6 +504,9 @@ class ControlPlane:
         connector = aiohttp.TCPConnector(ssl=self.ssl_context(identities.ADMIN.name))
         async with aiohttp.ClientSession(connector=connector) as session:
             yield session
+
+    async def _egress_ready(self) -> bool:
+        return self.egress_socket.exists()
 
     async def _wait(self, name: str, check: Any) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS

@@ -1,4 +1,5 @@
-"""What the demo leaves behind: the loss-curve picture and the table of recoveries."""
+"""What the demo leaves behind: the loss-curve picture, the table of recoveries and where the
+job's wall time went (its goodput account)."""
 
 from __future__ import annotations
 
@@ -136,5 +137,28 @@ def write_table(job: dict[str, Any], reference: dict[str, Any], curve: dict[int,
     ]
     # The same steps the picture marks, so the two cannot disagree.
     lines += [f"- marked on the curve: {marker.label}" for marker in markers]
+    lines += goodput_lines(status.get("goodput"))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def goodput_lines(account: Any) -> list[str]:
+    """Where the job's wall time went (`status.goodput`, camelCase), as a table: the buckets
+    in the order the operator writes them, which add up to the wall time."""
+    if not isinstance(account, Mapping) or not isinstance(account.get("seconds"), Mapping):
+        return ["", "- goodput: no account recorded"]
+    wall = _seconds(account.get("wallSeconds"), "status.goodput.wallSeconds")
+    fraction = _seconds(account.get("fraction"), "status.goodput.fraction")
+    lines = ["", f"Goodput: {fraction:.1%} of {wall:.1f} s wall time", "",
+             "| bucket | seconds | share |", "|---|---|---|"]
+    for bucket, value in account["seconds"].items():
+        seconds = _seconds(value, f"status.goodput.seconds.{bucket}")
+        share = seconds / wall if wall else 0.0
+        lines.append(f"| {bucket} | {seconds:.1f} | {share:.1%} |")
+    return lines
+
+
+def _seconds(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{field} must be a number >= 0, got {value!r:.40}")
+    return float(value)

@@ -32,8 +32,7 @@ from typing import TextIO
 
 BUILDS_DIR = Path(__file__).resolve().parents[1] / "builds"
 # As upstream builds its release binaries (kubernetes hack/lib/golang.sh): static, no paths
-# of the build machine in the binary, and the tags of its release builds.
-BUILD_FLAGS = ("-trimpath", "-tags", "selinux,notest")
+# of the build machine in the binary, and the tags of its release builds (`Module.tags`).
 PROGRESS_SECONDS = 15.0
 
 
@@ -47,6 +46,15 @@ class Module:
 
     name: str
     programs: tuple[tuple[str, str], ...]  # (binary name, Go package)
+    # cgo and build tags as the program's own release build has them (runc: libseccomp).
+    cgo: bool = False
+    tags: str = "selinux,notest"
+    # `-X` variables that get a pinned version: (Go variable, module path whose version).
+    version_variables: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def build_flags(self) -> tuple[str, ...]:
+        return ("-trimpath", "-tags", self.tags)
 
     @property
     def directory(self) -> Path:
@@ -76,9 +84,48 @@ KUEUE_PACKAGE = "sigs.k8s.io/kueue/cmd/kueue"
 KUEUE = Module("kueue", (("kueue", KUEUE_PACKAGE),))
 KUEUE_OLDEST = Module("kueue-v0.17", (("kueue", KUEUE_PACKAGE),))
 KUEUE_MODULE_ENV = "TARDIGRADE_KUEUE_MODULE"
+# What a real node runs (`realnode.py`): the kubelet and kube-proxy of the control plane's
+# pin, containerd with runc, crictl and the CNI plugins, each group from a module of its own.
+# Each stamps its version the way its Makefile does, so the Node object reports
+# `containerd://2.4.2` rather than `2.4.2+unknown`.
+KUBERNETES_NODE = Module("kubernetes-node", (
+    ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+    ("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy"),
+))
+CONTAINERD = Module("containerd", (
+    ("containerd", "github.com/containerd/containerd/v2/cmd/containerd"),
+    ("containerd-shim-runc-v2", "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"),
+    ("ctr", "github.com/containerd/containerd/v2/cmd/ctr"),
+), version_variables=(("github.com/containerd/containerd/v2/version.Version",
+                       "github.com/containerd/containerd/v2"),))
+# runc's Makefile: cgo, `seccomp` (Debian's libseccomp-dev and pkg-config); its
+# `libpathrs` tag needs a Rust library Debian 12 does not ship, and is left out. runc reads
+# its version from its embedded VERSION file.
+RUNC = Module("runc", (("runc", "github.com/opencontainers/runc"),), cgo=True,
+              tags="seccomp,urfave_cli_no_docs")
+CRI_TOOLS = Module("cri-tools", (("crictl", "sigs.k8s.io/cri-tools/cmd/crictl"),),
+                   version_variables=(("sigs.k8s.io/cri-tools/pkg/version.Version",
+                                       "sigs.k8s.io/cri-tools"),))
+_CNI = "github.com/containernetworking/plugins"
+CNI_PLUGINS = Module("cni-plugins", (
+    ("bridge", f"{_CNI}/plugins/main/bridge"),
+    ("loopback", f"{_CNI}/plugins/main/loopback"),
+    ("host-local", f"{_CNI}/plugins/ipam/host-local"),
+    ("portmap", f"{_CNI}/plugins/meta/portmap"),
+), version_variables=((f"{_CNI}/pkg/utils/buildversion.BuildVersion", _CNI),))
+NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS)
+# distribution v3 (the Docker registry), which the images built here are pushed to and pulled
+# from (registry.py, imagebuild.py); built when a registry starts or when asked for by name.
+REGISTRY = Module("registry", (
+    ("registry", "github.com/distribution/distribution/v3/cmd/registry"),),
+    version_variables=(("github.com/distribution/distribution/v3/version.version",
+                        "github.com/distribution/distribution/v3"),))
+# `python -m tardigrade_local.gobuild node` builds these (what scripts/setup runs as root).
+GROUPS = {"node": NODE_MODULES}
 MODULES = (KUBERNETES, ETCD, FAKE_GCS)
-OPTIONAL_MODULES = (KUEUE, KUEUE_OLDEST)
-PROGRAMS = {program: module for module in (*MODULES, KUEUE) for program, _ in module.programs}
+OPTIONAL_MODULES = (KUEUE, KUEUE_OLDEST, *NODE_MODULES, REGISTRY)
+PROGRAMS = {program: module for module in (*MODULES, KUEUE, *NODE_MODULES, REGISTRY)
+            for program, _ in module.programs}
 
 
 def kueue_module() -> Module:
@@ -104,11 +151,12 @@ def kubernetes_version() -> str:
 def _version_ldflags(module: Module) -> list[str]:
     """What `kubectl version` and `/version` report: without these, a module build says
     v0.0.0-master+$Format:%H$ (k8s.io/component-base/version/base.go)."""
-    if module is not KUBERNETES:
-        return []
-    version = kubernetes_version()
+    flags = [f"-X {variable}={module.requirement(path)}"
+             for variable, path in module.version_variables]
+    if module not in (KUBERNETES, KUBERNETES_NODE):
+        return flags
+    version = module.requirement("k8s.io/kubernetes")
     major, minor = version.lstrip("v").split(".")[:2]
-    flags = []
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
         flags += [f"-X {package}.gitVersion={version}", f"-X {package}.gitMajor={major}",
                   f"-X {package}.gitMinor={minor}", f"-X {package}.gitTreeState=clean"]
@@ -119,10 +167,10 @@ def _ldflags(module: Module) -> str:
     return " ".join(["-s", "-w", *_version_ldflags(module)])
 
 
-def go_env() -> dict[str, str]:
+def go_env(cgo: bool = False) -> dict[str, str]:
     # GOTOOLCHAIN=local: the machine's Go builds it, never one fetched behind our back;
     # -mod=readonly: the committed go.sum is the whole truth.
-    return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0",
+    return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "1" if cgo else "0",
             "GOFLAGS": "-mod=readonly"}
 
 
@@ -146,9 +194,12 @@ def build_key(module: Module, go_version: str) -> str:
     digest = hashlib.sha256()
     for part in ((module.directory / "go.mod").read_bytes(),
                  (module.directory / "go.sum").read_bytes(), go_version.encode(),
-                 " ".join(BUILD_FLAGS).encode(), _ldflags(module).encode(),
+                 " ".join(module.build_flags).encode(), _ldflags(module).encode(),
                  repr(module.programs).encode()):
         digest.update(hashlib.sha256(part).digest())
+    if module.cgo:
+        # A cgo build also depends on the C toolchain and libraries, which no pin names.
+        digest.update(b"cgo")
     return digest.hexdigest()[:16]
 
 
@@ -211,7 +262,7 @@ def _build(module: Module, destination: Path, out: TextIO) -> None:
           f"from {module.directory.relative_to(BUILDS_DIR.parents[1])}: a cold build takes "
           f"minutes, progress every {PROGRESS_SECONDS:.0f} s", file=out, flush=True)
     for name, package in module.programs:
-        command = ["go", "build", "-v", *BUILD_FLAGS, "-ldflags", _ldflags(module),
+        command = ["go", "build", "-v", *module.build_flags, "-ldflags", _ldflags(module),
                    "-o", str(destination / name), package]
         _run_with_progress(command, module, name, started, out)
     print(f"gobuild: {module.name} built in {time.monotonic() - started:.0f} s", file=out,
@@ -222,7 +273,7 @@ def _run_with_progress(command: Sequence[str], module: Module, name: str, starte
                        out: TextIO) -> None:
     """`go build -v` names each package as it compiles it: count them, and say so now and
     then, so a cold build is never minutes of silence."""
-    proc = subprocess.Popen(command, cwd=module.directory, env=go_env(), text=True,
+    proc = subprocess.Popen(command, cwd=module.directory, env=go_env(module.cgo), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     stop = threading.Event()
@@ -244,13 +295,6 @@ def _run_with_progress(command: Sequence[str], module: Module, name: str, starte
         raise BuildError(f"go build of {name} failed (exit {code}):\n{tail}")
 
 
-# --- the image registry ----------------------------------------------------------------------
-# distribution v3 (the Docker registry), which the local cluster's images are pushed to and
-# pulled from (registry.py). Built when asked for, like Kueue: a plain set-up does not.
-REGISTRY = Module("registry", (
-    ("registry", "github.com/distribution/distribution/v3/cmd/registry"),))
-
-
 def registry_binary() -> Path:
     """The registry program, built first if it is not yet."""
     return ensure(REGISTRY) / "registry"
@@ -259,16 +303,20 @@ def registry_binary() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*",
-                        help="modules to build (default: all but the optional ones, "
-                             f"{', '.join(m.name for m in (*OPTIONAL_MODULES, REGISTRY))})")
+                        help="modules to build, or `node` for a real node's (default: all "
+                             "but the optional ones, "
+                             f"{', '.join(m.name for m in OPTIONAL_MODULES)})")
     parser.add_argument("--print-dir", action="store_true",
                         help="print each module's binary directory after building it")
     args = parser.parse_args(argv)
-    known = (*MODULES, *OPTIONAL_MODULES, REGISTRY)
-    unknown = set(args.modules) - {m.name for m in known}
+    known = (*MODULES, *OPTIONAL_MODULES)
+    unknown = set(args.modules) - {m.name for m in known} - set(GROUPS)
     if unknown:
-        parser.error(f"unknown modules {sorted(unknown)}; known: {[m.name for m in known]}")
-    chosen = [m for m in known if m.name in args.modules] if args.modules else list(MODULES)
+        parser.error(f"unknown modules {sorted(unknown)}; known: {[m.name for m in known]} "
+                     f"and the groups {sorted(GROUPS)}")
+    names = {n for name in args.modules for n in (
+        [m.name for m in GROUPS[name]] if name in GROUPS else [name])}
+    chosen = [m for m in known if m.name in names] if args.modules else list(MODULES)
     try:
         for module in chosen:
             directory = ensure(module)

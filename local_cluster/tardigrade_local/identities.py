@@ -98,18 +98,28 @@ AUDIT_POLICY: dict[str, Any] = {
 }
 
 
+# Our identities bound to roles kube-apiserver bootstraps itself: its own kubelet client
+# gets `system:kubelet-api-admin`, the role made for it, or a real kubelet's webhook
+# authorizer refuses its `nodes/proxy` (logs, exec) requests.
+BOOTSTRAP_ROLE_BINDINGS = ((APISERVER_KUBELET_CLIENT, "system:kubelet-api-admin"),)
+
+
+def _binding(name: str, role: str, user: str) -> tuple[str, dict[str, Any]]:
+    return ("clusterrolebindings", {
+        "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+
+
 def _objects() -> list[tuple[str, dict[str, Any]]]:
-    objects = []
+    objects = [_binding(f"{identity.common_name}:{role}", role, identity.common_name)
+               for identity, role in BOOTSTRAP_ROLE_BINDINGS]
     for identity, rules in ROLES.items():
         name = identity.common_name
         objects.append(("clusterroles", {"apiVersion": RBAC, "kind": "ClusterRole",
                                          "metadata": {"name": name}, "rules": rules}))
-        objects.append(("clusterrolebindings", {
-            "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": name},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                          "name": name}]}))
+        objects.append(_binding(name, name, name))
     return objects
 
 

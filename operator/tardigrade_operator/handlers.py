@@ -417,12 +417,17 @@ async def _apply(key: JobKey, body: kopf.Body, memo: kopf.Memo, seen: Observatio
         await _write_workload(key, uid, body.get("metadata") or {}, observed.spec, plan,
                               observed.queue, seen.workload, mine, memo)
     if seen.strays:
-        held = observed.queue is not None
-        for action in queueing.stray_workload_actions(
-                seen.strays, any(p.active for p in mine), held):
-            await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
+        await _drop_strays(namespace, seen.strays, mine, observed.queue is not None, memo)
     metrics.record_transition(key, status, plan.status)
     return _next_pass(observed, plan, state, seen.polled, clock, memo)
+
+
+async def _drop_strays(namespace: str, strays: tuple[queueing.WorkloadView, ...],
+                       pods: list[PodView], held: bool, memo: kopf.Memo) -> None:
+    """The Workloads of a job that left Kueue (queueing.stray_workload_actions): `pods` as
+    this pass observed them, so a pod this pass deletes still counts as active."""
+    for action in queueing.stray_workload_actions(strays, any(p.active for p in pods), held):
+        await asyncio.to_thread(memo.writer.apply_workload, namespace, action)
 
 
 async def _write_workload(key: JobKey, uid: str, meta: Any, spec: TrainingJobSpec | None,

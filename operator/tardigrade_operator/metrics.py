@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY, Counter, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tardigrade_operator.api.types import Phase, RecoveryCause, TrainingJobStatus
+from tardigrade_operator.api.types import Goodput, Phase, RecoveryCause, TrainingJobStatus
+from tardigrade_operator.decision.goodput import buckets as goodput_buckets
 
 JobKey = tuple[str, str]
 JOB_LABELS = ("namespace", "name")
@@ -95,10 +96,39 @@ JOB_PHASES = JobPhaseCollector()
 REGISTRY.register(JOB_PHASES)
 
 
+class GoodputCollector(Collector):
+    """`tardigrade_goodput_seconds{namespace,name,bucket}` and `tardigrade_goodput_ratio`:
+    each job's goodput account as its status has it (decision/goodput.py). Gauges, not
+    counters: a disruption's lost steps move seconds out of `productive`."""
+
+    def __init__(self) -> None:
+        self.accounts: dict[JobKey, Goodput] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        seconds = GaugeMetricFamily(
+            "tardigrade_goodput_seconds", "A job's wall time since creation by where it went "
+            "(the buckets add up to its wall time)", labels=[*JOB_LABELS, "bucket"])
+        ratio = GaugeMetricFamily(
+            "tardigrade_goodput_ratio", "A job's productive training time over its wall time",
+            labels=list(JOB_LABELS))
+        for (namespace, name), account in sorted(self.accounts.items()):
+            for bucket, value in goodput_buckets(account).items():
+                seconds.add_metric([namespace, name, bucket], value)
+            ratio.add_metric([namespace, name], account.fraction)
+        yield seconds
+        yield ratio
+
+
+JOB_GOODPUT = GoodputCollector()
+REGISTRY.register(JOB_GOODPUT)
+
+
 def record_transition(key: JobKey, old: TrainingJobStatus, new: TrainingJobStatus) -> None:
     """Count what this status write added: new recoveries, closed downtimes, steps lost."""
     namespace, name = key
     JOB_PHASES.phases[key] = new.phase
+    if new.goodput is not None:
+        JOB_GOODPUT.accounts[key] = new.goodput
     before = {(r.attempt, r.cause): r for r in old.recoveries}
     for recovery in new.recoveries:
         labels = (namespace, name, recovery.cause)
@@ -117,6 +147,7 @@ def record_transition(key: JobKey, old: TrainingJobStatus, new: TrainingJobStatu
 def forget(key: JobKey) -> None:
     """Drop a deleted job's series: a gone job should not be scraped forever."""
     JOB_PHASES.phases.pop(key, None)
+    JOB_GOODPUT.accounts.pop(key, None)
     for metric in (RECOVERIES, DOWNTIME, STEPS_LOST):
         for cause in CAUSES:
             # remove() raises KeyError for label sets never used.

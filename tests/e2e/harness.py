@@ -7,6 +7,7 @@ import copy
 import os
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -217,3 +218,21 @@ def running_operator(cluster: Cluster, log_dir: Path, env: dict[str, str] | None
         yield process
     finally:
         process.stop()
+
+
+def assert_goodput_adds_up(cluster: Cluster, name: str) -> None:
+    """As a user reads it: the goodput account's buckets add up to the job's wall time, from
+    its creation to its completion, and the real trainer's phases are in them."""
+    job = yaml.safe_load(cluster.kubectl("get", "tj", name, "-o", "yaml"))
+    account, status = job["status"]["goodput"], job["status"]
+    seconds = account["seconds"]
+    assert all(value >= 0 for value in seconds.values()), seconds
+    assert abs(sum(seconds.values()) - account["wallSeconds"]) < 1e-6, account
+    created = datetime.fromisoformat(job["metadata"]["creationTimestamp"])
+    completed = datetime.fromisoformat(status["completionTime"])
+    assert abs((completed - created).total_seconds() - account["wallSeconds"]) < 0.01, account
+    # A real trainer's attempts: each started, restored or initialised, compiled, trained.
+    # (Pod start may be too quick here for any pass to see it.)
+    for bucket in ("acceleratorStart", "restore", "compile", "productive"):
+        assert seconds[bucket] > 0, (bucket, account)
+    assert 0 < account["fraction"] < 1

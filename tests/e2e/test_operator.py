@@ -9,8 +9,15 @@ from collections.abc import Iterator
 import pytest
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
+from tardigrade_operator import naming
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import (
+    Cluster,
+    OperatorProcess,
+    assert_goodput_adds_up,
+    trainingjob,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +103,8 @@ def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
     assert recovery["downtimeSeconds"] > 0
     # From the kubelets' files: the old gang's last lines, gone with its pods, are there too.
     _assert_continuous(cluster.complete_log(name), 60)
+    assert_goodput_adds_up(cluster, name)
+
 
 
 def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):
@@ -196,11 +205,17 @@ def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
     wait_for(lambda: (cluster.status(name).get("lastCheckpoint") or {}).get("step"), 300,
              "a committed checkpoint")
     known = cluster.status(name)["lastCheckpoint"]["step"]
+    secret = naming.keys_secret_name(name)
+    assert cluster.core.read_namespaced_secret(secret, "default").data  # the job's keys
     cluster.kubectl("delete", "tj", name, "--timeout=120s")
     wait_for(lambda: not cluster.pods(name), 120, "pods to be garbage-collected")
     services = cluster.core.list_namespaced_service(
         "default", label_selector=f"tardigrade.dev/job={name}").items
     assert services == []
+    # The keys go with the job (its owner reference, the controller-manager's collector).
+    wait_for(lambda: secret not in {s.metadata.name for s in
+                                    cluster.core.list_namespaced_secret("default").items},
+             120, "the job's keys Secret to be garbage-collected")
     # Committed checkpoints outlive the job: the newest is at least the one the job reported
     # (the gang may have saved more before its pods went; keep-last only drops older ones).
     kept = sorted(int(path.split("/")[2].removeprefix("step_"))

@@ -20,6 +20,7 @@ from tardigrade_local.steplog import StepLog
 from tests.e2e.harness import (
     Cluster,
     OperatorProcess,
+    assert_goodput_adds_up,
     running_operator,
     trainingjob,
     wait_for,
@@ -168,6 +169,7 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: Cluster,
     assert recovery["stepsLost"] == 0, recovery
     assert recovery["restoreStep"] >= 8 and recovery["downtimeSeconds"] > 0
     _assert_every_step_trained(cluster, name, 50)
+    assert_goodput_adds_up(cluster, name)
 
 
 def test_resize_keeps_the_gang_and_adds_a_rank(cluster: Cluster, operator: OperatorProcess):

@@ -86,3 +86,24 @@ def test_the_report_states_the_same_steps_as_the_picture(tmp_path):
     assert "| 3 | Resize | 3 | 67 | 0 | 4.2 |" in table
     marked = [line for line in table.splitlines() if line.startswith("- marked on the curve: ")]
     assert marked == [f"- marked on the curve: {m.label}" for m in markers]
+
+
+def test_the_report_says_where_the_wall_time_went(tmp_path):
+    seconds = {"queued": 12.0, "podStart": 3.0, "acceleratorStart": 6.0, "restore": 2.0,
+               "compile": 4.0, "checkpointStall": 1.0, "lostSteps": 0.0, "productive": 60.0,
+               "other": 12.0}
+    job = {"status": {"phase": "Succeeded", "recoveries": RECOVERIES, "goodput": {
+        "wallSeconds": 100.0, "fraction": 0.6, "seconds": seconds}}}
+    curve = {step: 1.0 for step in range(1, 91)}
+    table = write_table(job, {}, curve, curve, [], tmp_path / "demo.md").read_text()
+    assert "Goodput: 60.0% of 100.0 s wall time" in table
+    rows = [line for line in table.splitlines() if line.startswith("| ")
+            and line.split(" | ")[0][2:] in seconds]
+    assert rows[0] == "| queued | 12.0 | 12.0% |" and rows[-1] == "| other | 12.0 | 12.0% |"
+    assert len(rows) == len(seconds)
+    job["status"]["goodput"]["seconds"]["other"] = "lots"
+    with pytest.raises(ValueError, match=r"status\.goodput\.seconds\.other"):
+        write_table(job, {}, curve, curve, [], tmp_path / "demo.md")
+    del job["status"]["goodput"]
+    assert "- goodput: no account recorded" in write_table(
+        job, {}, curve, curve, [], tmp_path / "demo.md").read_text()

@@ -76,6 +76,8 @@ class FakeCluster:
     refused_restarts: frozenset[str] = frozenset()
     # Kueue's hold on the job (queueing.QueueGate); None: not labelled for a queue.
     queue: QueueGate | None = None
+    # The job's metadata.creationTimestamp (where its goodput account starts).
+    created: datetime | None = T0
 
     def observe(self) -> Observed:
         try:
@@ -101,7 +103,7 @@ class FakeCluster:
             network_policy=self.network_policy is not None and any(
                 r.get("uid") == self.job.uid
                 for r in self.network_policy["metadata"].get("ownerReferences") or []),
-            refused_restarts=self.refused_restarts, queue=self.queue,
+            refused_restarts=self.refused_restarts, queue=self.queue, created=self.created,
         )
 
     def reconcile(self) -> Plan:

@@ -384,7 +384,7 @@ def test_an_admission_the_operator_cannot_honour_holds_the_launch_and_says_why()
     cluster = held(plain, {})
     assert cluster.status.conditions[-1].reason == "FlavorNotFound"
     assert "ResourceFlavor spot" in cluster.status.message
-    # A topologyAssignment (Topology Aware Scheduling).
+    # A topologyAssignment that places none of the gang's pods (Topology Aware Scheduling).
     body = admitted_body()
     body["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
         "levels": ["kubernetes.io/hostname"], "slices": []}

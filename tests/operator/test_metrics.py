@@ -97,3 +97,26 @@ def test_deleting_a_job_drops_its_series():
     assert _value("tardigrade_recoveries_total", **labels) is None
     assert _value("tardigrade_steps_lost_total", **labels) is None
     assert _value("tardigrade_downtime_seconds_total", **labels) is None
+
+
+def test_a_jobs_goodput_account_is_scraped_per_bucket_and_dropped_with_the_job():
+    key = ("metrics-ns", "goodput")
+    cluster = FakeCluster(spec())
+    _step(cluster, key)
+    cluster.run_all()
+    cluster.advance(12)
+    _step(cluster, key)
+    cluster.advance(30)
+    cluster.progress = contract.ProgressReport(step=20, attempt=1, accelerator_start_seconds=5,
+                                               train_seconds=20)
+    _step(cluster, key)
+    account = cluster.status.goodput
+    scraped = {s.labels["bucket"]: s.value for s in _scrape()["tardigrade_goodput_seconds"]
+               if (s.labels["namespace"], s.labels["name"]) == key}
+    assert scraped["productive"] == 20 and scraped["acceleratorStart"] == 5
+    assert sum(scraped.values()) == account.wall_seconds == 42
+    assert _value("tardigrade_goodput_ratio", namespace=key[0], name=key[1]) == account.fraction
+    metrics.forget(key)
+    assert _value("tardigrade_goodput_ratio", namespace=key[0], name=key[1]) is None
+    assert not [s for s in _scrape()["tardigrade_goodput_seconds"]
+                if (s.labels["namespace"], s.labels["name"]) == key]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
-from tardigrade_operator.cli.timeline import render
+from tardigrade_operator.cli.timeline import BUCKET_LABELS, as_json, render
 
 
 def _text(job):
@@ -42,3 +42,21 @@ def test_timeline_of_a_fresh_job():
     text = _text({"metadata": {"name": "new"}})
     assert "new: Pending, attempt 0" in text
     assert "last checkpoint: -" in text
+
+
+def test_timeline_shows_the_goodput_account_by_bucket():
+    job = {"metadata": {"name": "tiny"}, "status": {"phase": "Running", "goodput": {
+        "wallSeconds": 200.0, "fraction": 0.6, "accountedUntil": "2026-12-02T12:03:20Z",
+        "seconds": {"queued": 30.0, "podStart": 10.0, "acceleratorStart": 8.0,
+                    "restore": 4.0, "compile": 6.0, "checkpointStall": 2.0,
+                    "lostSteps": 12.0, "productive": 120.0, "other": 8.0}}}}
+    text = _text(job)
+    assert "goodput 60.0% of 200.0s wall time (to 12:03:20)" in text
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines()
+             if line.startswith("│")]
+    rows = {row[0]: row[1:3] for row in cells if row and row[0] in BUCKET_LABELS}
+    assert rows["productive"] == ["120.0", "60.0%"]
+    assert rows["lostSteps"] == ["12.0", "6.0%"]
+    assert list(rows) == list(BUCKET_LABELS)
+    assert as_json(job)["goodput"]["seconds"]["queued"] == 30.0
+    assert "goodput: no account yet" in _text({"metadata": {"name": "new"}})

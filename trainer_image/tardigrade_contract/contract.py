@@ -454,6 +454,14 @@ class ProgressReport:
     # operator that every rank restarted into it, also when none restarted its container.
     attempt: int | None = None
     restore_step: int | None = None
+    # Where this trainer's time went since its process started, in seconds, each phase
+    # counted while it runs (PHASE_SECONDS_FIELDS): the operator's goodput account. Trainers
+    # that predate them send none, and are read as before.
+    accelerator_start_seconds: float | None = None
+    restore_seconds: float | None = None
+    compile_seconds: float | None = None
+    checkpoint_stall_seconds: float | None = None
+    train_seconds: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -484,7 +492,16 @@ class ProgressReport:
                    checkpoint_path=_text(data, "checkpoint_path"),
                    checkpoint_time=_timestamp(data, "checkpoint_time"),
                    total_steps=total or None, attempt=_count(data, "attempt"),
-                   restore_step=_count(data, "restore_step"))
+                   restore_step=_count(data, "restore_step"),
+                   **{name: _seconds(data, name) for name in PHASE_SECONDS_FIELDS})
+
+
+# The trainer's phases in its progress report (ProgressReport), cumulative seconds since its
+# process started: from the start to its devices up and jax.distributed initialised, the
+# restore (or the initialisation), the wait for the compiled step, the loop blocked by saves,
+# and the step loop's own time (its saves' stalls left out).
+PHASE_SECONDS_FIELDS = ("accelerator_start_seconds", "restore_seconds", "compile_seconds",
+                        "checkpoint_stall_seconds", "train_seconds")
 
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -519,6 +536,17 @@ def _finite(data: Mapping[str, Any], name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise MalformedReport(f"{name} must be a number (got {value!r:.40})")
     return float(value) if math.isfinite(value) else None
+
+
+def _seconds(data: Mapping[str, Any], name: str) -> float | None:
+    """A duration: a finite number >= 0 (a phase's seconds; anything else breaks the contract)."""
+    if not _present(data, name, False):
+        return None
+    value = data[name]
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0):
+        raise MalformedReport(f"{name} must be a number of seconds >= 0 (got {value!r:.40})")
+    return float(value)
 
 
 def _text(data: Mapping[str, Any], name: str, required: bool = False) -> str | None:

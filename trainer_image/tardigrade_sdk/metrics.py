@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import http.server
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import prometheus_client
 from tardigrade_contract.contract import MAX_WORLD_BYTES, RESTART_IN_PLACE_PATH, ProgressReport
@@ -53,6 +54,8 @@ class Metrics:
             registry=r)
         self._lock = threading.Lock()
         self._report = ProgressReport(step=0)
+        # Fields measured when the report is served (phase_clock.PhaseClock.seconds).
+        self.live: Callable[[], Mapping[str, float]] | None = None
 
     def report(self, **changes: object) -> ProgressReport:
         with self._lock:
@@ -62,7 +65,9 @@ class Metrics:
 
     def current(self) -> ProgressReport:
         with self._lock:
-            return self._report
+            report = self._report
+        live = self.live
+        return report if live is None else dataclasses.replace(report, **live())
 
 
 class _Deadline:

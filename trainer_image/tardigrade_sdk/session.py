@@ -13,8 +13,9 @@ the one checkpoint process 0 chose for every rank (restore_choice.py: the root's
 and fencing by attempt, the operator's pin as a floor, a rollback, initFrom), applies the
 retention a save on notice skipped, decides when to save (every N steps, every S seconds by
 process 0's clock, at the last step, and at the step the gang agrees on after SIGTERM, that
-save bounded by the shutdown window), serves progress on rank 0 (metrics.py), and on leaving
-writes the termination message and exits with the contract's code (75 after a save on notice).
+save bounded by the shutdown window), serves progress on rank 0 (metrics.py; with where the
+rank's time went, phase_clock.py), and on leaving writes the termination message and exits
+with the contract's code (75 after a save on notice).
 The checkpoint format is a backend: ours (checkpoint_backend.py) or Orbax's (orbax_backend.py).
 """
 
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tardigrade_contract import contract
 from tardigrade_contract.contract import ConfigError
 
-from tardigrade_sdk import accelerator, attempts, distributed, inplace, phases
+from tardigrade_sdk import accelerator, attempts, distributed, inplace, phase_clock, phases
 from tardigrade_sdk.logs import JsonLog
 from tardigrade_sdk.savestall import SaveStall
 
@@ -167,11 +168,14 @@ class TrainingSession:
         self._reported: Any = None
         self._stall = SaveStall()
         self._save_prepared = False
+        # Where this rank's time goes (phase_clock.py), served in rank 0's progress report.
+        self.phase_clock = phase_clock.PhaseClock(phase_clock.since_process_start())
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
         if self._given_env is None and attempts.wanted(os.environ):
             attempts.run_attempts()  # from here on, a child of the container's main process
+            self.phase_clock = phase_clock.PhaseClock(phase_clock.since_process_start())
         try:
             self.env = self._given_env or contract.TrainerEnvironment.from_env(
                 inplace.newest_world(os.environ))
@@ -221,6 +225,8 @@ class TrainingSession:
         self.log({"event": "startup", **phases.marks(), **keeper,
                   "coordination_service": jax_distributed.global_state.client is not None})
         self.metrics = Metrics()
+        self.phase_clock.switch(None)  # devices up, jax.distributed initialised
+        self.metrics.live = self.phase_clock.seconds
         self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
                                                  env.restart_in_place_dir)
         # Rank 0 serves progress; with restart in place every rank takes the operator's word.
@@ -294,6 +300,8 @@ class TrainingSession:
         without one are read replicated on every device). `init` is not run on a restore.
         """
         checkpoints = self._open_checkpoints()  # resolves the restore step
+        # An error stops the rank, so only the way out of a restore ends its phase.
+        was = self.phase_clock.switch(phase_clock.RESTORE)
         if self.restore_step < 0:
             self.start_step = 1
             self.last_step = 0
@@ -306,6 +314,7 @@ class TrainingSession:
             self.start_step = restored.start_step
             self.last_step = restored.start_step - 1
             self._report_checkpoint()
+        self.phase_clock.switch(was)
         self._after_restore()
         self.log({"event": "restore_done", "step": self.start_step - 1})
         return state
@@ -324,6 +333,7 @@ class TrainingSession:
         self._open_checkpoints()
         self._after_restore()  # a loop that never called restore_or
         self.total_steps = total
+        self.phase_clock.switch(phase_clock.TRAIN)
         return range(self.start_step, total + 1)
 
     def end_step(self, step: int, state: Any, loss: Any = None) -> None:
@@ -352,10 +362,12 @@ class TrainingSession:
         if self._save_prepared:
             return
         self._save_prepared = True
+        was = self.phase_clock.switch(phase_clock.CHECKPOINT_STALL)
         if step_program is None:
             self.checkpoints.prepare_save(state)
         else:  # a backend of the loop's own may predate the argument
             self.checkpoints.prepare_save(state, step_program=step_program)
+        self.phase_clock.switch(was)
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""
@@ -426,6 +438,12 @@ class TrainingSession:
 
         A save on notice must commit by the shutdown window's deadline
         (`preemption.save_deadline`): one that cannot fails cleanly, naming the deadline."""
+        # The loop waits here: the save's stall in the goodput account (phase_clock.py).
+        with self.phase_clock.during(phase_clock.CHECKPOINT_STALL):
+            self._save(step, state, reason, extra, mesh)
+
+    def _save(self, step: int, state: Any, reason: str, extra: Mapping[str, Any] | None,
+              mesh: Mapping[str, int] | None) -> None:
         from tardigrade_checkpoint import CheckpointIOError
 
         from tardigrade_sdk.preemption import save_deadline

@@ -16,7 +16,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from tardigrade_checkpoint.manager import gathered_state_hash
 from tardigrade_checkpoint.storage import StorageRetries
-from tardigrade_sdk import distributed
+from tardigrade_sdk import distributed, phase_clock
 from tardigrade_sdk.session import TrainingSession
 
 from tardigrade_trainer import (
@@ -258,7 +258,8 @@ class Trainer:
             # tracing and the restore are both mostly Python, and sharing the interpreter
             # slowed both (a TPU relaunch: 5.4 s restoring, the step's load 3 s late). Loading
             # or compiling the step, the longer part, then runs beside the restore.
-            self._compiling.wait_traced()
+            with session.phase_clock.during(phase_clock.COMPILE):
+                self._compiling.wait_traced()
         state = session.restore_or(
             lambda: hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key),
             target=target)
@@ -271,7 +272,8 @@ class Trainer:
         if start <= config.steps:
             if self._compiling is None:  # restored further back than the decision said
                 self._compiling = self._start_compiling(target, batch_sharding)
-            step_fn, got = self._meet_compiled(self._compiling)
+            with session.phase_clock.during(phase_clock.COMPILE):
+                step_fn, got = self._meet_compiled(self._compiling)
             self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got,
                       **self.cache_pulled})
             if self.mirror is not None:

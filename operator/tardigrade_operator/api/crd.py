@@ -38,6 +38,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "priority": 1},
     {"name": "Failures", "type": "integer", "jsonPath": ".status.restarts.failures",
      "priority": 1},
+    {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput.fraction",
+     "description": "Productive training time over wall time (status.goodput)", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]
 

@@ -676,6 +676,25 @@ class NetworkPolicySpec(ApiModel):
     )
 
 
+class TopologySpec(ApiModel):
+    """Where Kueue's Topology Aware Scheduling places the gang (a ResourceFlavor with
+    spec.topologyName; docs/kueue.md, "Topology Aware Scheduling"). Levels are node label keys
+    of the flavor's Topology (e.g. cloud.google.com/gce-topology-block, kubernetes.io/hostname)."""
+
+    required: QualifiedKey | None = Field(
+        None, max_length=63,
+        description="Every rank in one domain of this level, or the gang is not admitted.")
+    preferred: QualifiedKey | None = Field(
+        None, max_length=63,
+        description="One domain of this level if it fits, else the smallest spread above it.")
+
+    cel_rules = (
+        CelRule("!has(self.required) || !has(self.preferred)",
+                "spec.topology takes required or preferred, not both: keep the one the gang "
+                "needs", ".required"),
+    )
+
+
 class TrainingJobSpec(ApiModel):
     """The desired state of a TrainingJob."""
 
@@ -711,6 +730,10 @@ class TrainingJobSpec(ApiModel):
         PreemptionSpec, "The window a node shutdown gives the ranks to save.")
     suspend: bool = Field(False, description="Stop all pods (after a save) and keep the job.")
     network_policy: NetworkPolicySpec = nested(NetworkPolicySpec, "Network isolation.")
+    topology: TopologySpec | None = Field(
+        None, description="Under Kueue: ask its Topology Aware Scheduling to place the ranks "
+        "(`{}`: any placement Kueue finds; a multi-host TPU slice always keeps each slice in one "
+        "node pool, cloud.google.com/gke-nodepool).")
 
     cel_rules = (
         CelRule("!has(self.minReplicas) || self.minReplicas <= self.replicas",
@@ -888,6 +911,69 @@ class QueueStatus(ApiModel):
                          description="Why the job waits, in Kueue's words.")
 
 
+GoodputBucket = Literal["queued", "podStart", "acceleratorStart", "restore", "compile",
+                        "checkpointStall", "lostSteps", "productive", "other"]
+
+
+def _bucket(description: str) -> Any:
+    return Field(0.0, ge=0, description=description)
+
+
+class GoodputSeconds(ApiModel):
+    """The job's wall time, in seconds, split by where it went; the buckets add up to
+    goodput.wallSeconds (docs/platform-tools.md, "Goodput")."""
+
+    queued: float = _bucket("Waiting for capacity or admission: Pending or Queued (Kueue), "
+                            "and pods not yet scheduled.")
+    pod_start: float = _bucket("Pods scheduled until their containers run (image pull, "
+                               "volumes, container start).")
+    accelerator_start: float = _bucket("The trainer's start: process start until its devices "
+                                       "are up and jax.distributed is initialised.")
+    restore: float = _bucket("Restoring the checkpoint (or initialising a new state).")
+    compile: float = _bucket("The step loop waiting for its compiled step.")
+    checkpoint_stall: float = _bucket("The step loop blocked by checkpoint saves.")
+    lost_steps: float = _bucket("Computing steps a disruption lost: steps past the checkpoint "
+                                "the next attempt restored.")
+    productive: float = _bucket("The step loop's time on steps that were kept.")
+    other: float = _bucket("The rest: a disrupted gang stopping, backoff, the operator's "
+                           "reaction time, a suspended job, trainer time outside its phases.")
+
+
+class GoodputTrainerPhases(ApiModel):
+    """The last phase seconds the current attempt's trainer reported (ProgressReport)."""
+
+    attempt: int = Field(ge=0)
+    accelerator_start: float = Field(0.0, ge=0)
+    restore: float = Field(0.0, ge=0)
+    compile: float = Field(0.0, ge=0)
+    checkpoint_stall: float = Field(0.0, ge=0)
+    train: float = Field(0.0, ge=0)
+
+
+class Goodput(ApiModel):
+    """The job's goodput account: its wall time since creation, split into buckets."""
+
+    wall_seconds: float = Field(0.0, ge=0, description="From the job's creation to "
+                                "accountedUntil (to its completion once it ended).")
+    fraction: float = Field(0.0, ge=0, le=1, description="seconds.productive / wallSeconds.")
+    seconds: GoodputSeconds = Field(default_factory=GoodputSeconds)
+    accounted_until: Timestamp = Field(description="The time the account runs to; written "
+                                       "with other status changes, at least every 5 minutes.")
+    attempt: int = Field(0, ge=0, description="The attempt the account last saw.")
+    current: GoodputBucket | None = Field(
+        None, description="The bucket the time after accountedUntil goes to, as last observed "
+        "(\"productive\": the trainer's report splits it); none once the job ended.")
+    unexplained_seconds: float = Field(
+        0.0, ge=0, description="Time of the running attempt its trainer has not yet accounted "
+        "for (in acceleratorStart before its first report, in other after): its next report "
+        "moves it into the phases it names.")
+    trainer: GoodputTrainerPhases | None = Field(
+        None, description="The current attempt trainer's last reported phase seconds.")
+    seconds_per_step: float | None = Field(
+        None, ge=0, description="The step loop's seconds per step, from the trainer's report: "
+        "prices the steps a disruption loses.")
+
+
 class TrainingJobStatus(ApiModel):
     """The observed state of a TrainingJob, written by the operator."""
 
@@ -928,6 +1014,9 @@ class TrainingJobStatus(ApiModel):
     recoveries: list[Recovery] = Field(default_factory=list, max_length=MAX_RECOVERY_HISTORY)
     queue: QueueStatus | None = Field(
         None, description="Kueue admission, for a job labelled kueue.x-k8s.io/queue-name.")
+    goodput: Goodput | None = Field(
+        None, description="Where the job's wall time went (queued, starting, restoring, "
+        "compiling, saving, lost to disruptions, training): the goodput account.")
 
 
 class ObjectMeta(BaseModel):

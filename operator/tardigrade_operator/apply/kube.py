@@ -356,6 +356,10 @@ class ClusterWriter:
                 podset["count"] = action.count
                 if action.template is not None and action.podset_hash is not None:
                     podset["template"] = action.template
+                    if action.topology is None:
+                        podset.pop("topologyRequest", None)
+                    else:
+                        podset["topologyRequest"] = action.topology
                     annotations = current["metadata"].setdefault("annotations", {})
                     annotations[queueing.PODSET_HASH_ANNOTATION] = action.podset_hash
                 if action.min_count is None:

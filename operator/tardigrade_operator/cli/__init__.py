@@ -198,7 +198,8 @@ def timeline(
         TimelineOutput, typer.Option("--output", "-o", help="table, or json for scripts.")
     ] = TimelineOutput.TABLE,
 ) -> None:
-    """Show a TrainingJob's state and its recoveries (cause, downtime, steps lost)."""
+    """Show a TrainingJob's state, its recoveries (cause, downtime, steps lost) and where its
+    wall time went (the goodput account)."""
     import json
 
     import kubernetes

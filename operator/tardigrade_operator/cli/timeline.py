@@ -1,4 +1,5 @@
-"""A TrainingJob's recovery timeline, for `tardigrade timeline` and `kubectl tardigrade`."""
+"""A TrainingJob's recovery timeline and goodput account, for `tardigrade timeline` and
+`kubectl tardigrade`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tardigrade_operator.api.types import TrainingJobStatus
+from tardigrade_operator.decision.goodput import buckets
 
 
 def timeline_table(name: str, status: TrainingJobStatus) -> Table:
@@ -30,6 +32,37 @@ def timeline_table(name: str, status: TrainingJobStatus) -> Table:
             "-" if recovery.downtime_seconds is None else f"{recovery.downtime_seconds:.1f}s",
             recovery.reason,
         )
+    return table
+
+
+# The goodput buckets in the order a job's time passes through them.
+BUCKET_LABELS = {
+    "queued": "waiting for capacity or admission",
+    "podStart": "pods starting",
+    "acceleratorStart": "trainer and accelerator start",
+    "restore": "restoring the checkpoint",
+    "compile": "compiling the step",
+    "checkpointStall": "loop blocked by saves",
+    "lostSteps": "steps lost to disruptions",
+    "productive": "productive training",
+    "other": "other (stopping, backoff, operator reaction, untracked)",
+}
+
+
+def goodput_table(name: str, status: TrainingJobStatus) -> Table | Text:
+    """The job's wall time by bucket (status.goodput, decision/goodput.py)."""
+    account = status.goodput
+    if account is None:
+        return Text("goodput: no account yet")
+    wall = account.wall_seconds
+    table = Table(title=f"TrainingJob {name}: goodput {account.fraction:.1%} of "
+                  f"{wall:.1f}s wall time (to {account.accounted_until:%H:%M:%S})",
+                  title_justify="left")
+    for column in ("bucket", "seconds", "share", "what"):
+        table.add_column(column, overflow="fold")
+    for bucket, seconds in buckets(account).items():
+        share = seconds / wall if wall else 0.0
+        table.add_row(bucket, f"{seconds:.1f}", f"{share:.1%}", BUCKET_LABELS[bucket])
     return table
 
 
@@ -58,7 +91,8 @@ def summary(name: str, status: TrainingJobStatus) -> Text:
 def render(job: dict[str, Any]) -> Group:
     name = job.get("metadata", {}).get("name", "?")
     status = TrainingJobStatus.model_validate(job.get("status") or {})
-    return Group(summary(name, status), timeline_table(name, status))
+    return Group(summary(name, status), timeline_table(name, status),
+                 goodput_table(name, status))
 
 
 def as_json(job: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +109,7 @@ def as_json(job: dict[str, Any]) -> dict[str, Any]:
         "stepsLost": sum(r.steps_lost or 0 for r in status.recoveries),
         "downtimeSeconds": round(sum(r.downtime_seconds or 0 for r in status.recoveries), 3),
         "recoveries": wire["recoveries"],
+        **({"goodput": wire["goodput"]} if "goodput" in wire else {}),
     }
 
 

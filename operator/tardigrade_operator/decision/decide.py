@@ -30,7 +30,7 @@ from tardigrade_operator.api.types import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from tardigrade_operator.decision import checkpoint_scope, kueue_gate
+from tardigrade_operator.decision import checkpoint_scope, goodput, kueue_gate
 from tardigrade_operator.decision.gang_messages import quarter, ranks_running
 from tardigrade_operator.decision.maintenance import MaintenanceWatch, avoid_until, pools_due
 from tardigrade_operator.decision.nodeloss import NodeWatch, node_watch
@@ -83,13 +83,17 @@ def decide(obs: Observed) -> Plan:
     5. the job's children that went missing are made again;
     6. by the job's stage (stage.py): the first launch; a recovery's teardown and relaunch;
        the running gang watched (recovery's return, disruptions, resizes, capacity,
-       maintenance, status), each through its own module.
+       maintenance, status), each through its own module;
+    7. the goodput account moves on with the status the pass writes (goodput.py).
     """
     if obs.queue is None:
         plan = _ladder(obs)
         plan.status.queue = None  # out of Kueue (or its label removed): no queue to report
-        return plan
-    return kueue_gate.under_gate(obs, _ladder)
+    else:
+        plan = kueue_gate.under_gate(obs, _ladder)
+    # Where the job's time went, booked with the status this pass writes (goodput.py).
+    plan.status.goodput = goodput.account_pass(obs, plan.status)
+    return plan
 
 
 def _ladder(obs: Observed) -> Plan:

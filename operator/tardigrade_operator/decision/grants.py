@@ -32,11 +32,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kubernetes.client import models as k8s
-from tardigrade_contract import contract
 
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.rendering.manifests import IN_PLACE_VOLUME, RENDEZVOUS_TOKEN_VOLUME
+from tardigrade_operator.rendering.manifests import (
+    IN_PLACE_VOLUME,
+    KEY_ENV_NAMES,
+    RENDEZVOUS_TOKEN_VOLUME,
+)
 
 # Every core/v1 volume source, as the kubernetes client names it on the wire.
 VOLUME_TYPES = tuple(sorted(v for v in k8s.V1Volume.attribute_map.values() if v != "name"))
@@ -59,8 +62,7 @@ HARMLESS_PROJECTIONS = frozenset({"configMap", "downwardAPI", "serviceAccountTok
                                   "clusterTrustBundle", "podCertificate"})
 # The operator's own pod additions (rendering/manifests.py), exempt by name.
 OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME})
-OPERATOR_SECRET_ENV = frozenset({contract.ENV_RESTART_KEY, contract.ENV_PROGRESS_TOKEN,
-                                 contract.ENV_CACHE_KEY})
+OPERATOR_SECRET_ENV = KEY_ENV_NAMES
 # Keys by which a volume source names a Secret of the namespace.
 _SECRET_REF_KEYS = ("secretRef", "nodePublishSecretRef")
 _SECRET_NAME_KEYS = ("secretName",)

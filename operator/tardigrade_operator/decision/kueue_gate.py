@@ -27,6 +27,10 @@ def under_gate(obs: Observed, ladder: Callable[[Observed], Plan]) -> Plan:
     gated = obs if obs.spec is None else dataclasses.replace(
         obs, spec=queueing.gated_spec(obs.spec, gate))
     plan = ladder(gated)
+    workload = gate.workload
+    if gate.admitted and workload is not None and workload.topology is not None:
+        # Placed by Kueue's Topology Aware Scheduling: created gated, ungated by Kueue.
+        plan.create_pods = [queueing.topology_pod(pod, workload) for pod in plan.create_pods]
     _note_queue(plan, obs, gate)
     return plan
 

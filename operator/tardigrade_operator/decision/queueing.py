@@ -44,8 +44,13 @@ operator does the job side:
   Workload is made again (or, holding no quota, updated) and the gang relaunches only once
   that is admitted, never outside the admission (`QueueGate.mismatch`);
 - admission outputs: the admission checks' `podSetUpdates` go on the pods after the
-  flavors'; an admitted flavor the operator cannot read, a `topologyAssignment`, or updates
-  that contradict the pods hold the launch with a reason naming it (`QueueGate.hold`);
+  flavors'; a `topologyAssignment` (Topology Aware Scheduling, asked for with
+  `spec.topology` as the podSet's `topologyRequest`) makes the pods wait behind Kueue's
+  topology gate for its ungater to place them (`topology_pod`); an admitted flavor the
+  operator cannot read, an assignment the pods cannot carry, or updates that contradict the
+  pods hold the launch with a reason naming it (`QueueGate.hold`);
+- quota is freed (release, delete, finish) only once no pod of the gang is active,
+  terminating pods included (docs/kueue.md, "Quota freed last");
 - on the end of the job: `Finished=True`, which frees the quota.
 
 Nothing here touches a job without the label, but for the admin's rule that jobs carry one
@@ -63,6 +68,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from tardigrade_operator import naming
 from tardigrade_operator.api.types import (
     Toleration,
     TrainingJobSpec,
@@ -70,6 +76,7 @@ from tardigrade_operator.api.types import (
 )
 from tardigrade_operator.decision import queue_name_rule
 from tardigrade_operator.rendering.placement import placement_for
+from tardigrade_operator.rendering.slice_placement import NODE_POOL_LABEL
 from tardigrade_operator.rendering.tpu_layout import hosts_per_slice
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -95,6 +102,17 @@ FLAVORS = "resourceflavors"
 PRIORITY_CLASSES = "workloadpriorityclasses"
 PODSET = "trainers"
 PODSET_LABEL = "kueue.x-k8s.io/podset"
+# Topology Aware Scheduling (Kueue's `apis/kueue/v1beta2/topology_types.go`): a pod admitted
+# with a topologyAssignment is created behind this scheduling gate; Kueue's TopologyUngater
+# (`pkg/controller/tas/topology_ungater.go`) finds the Workload's pods by the workload
+# annotation (an index on it) and the podset label, only if one of the TAS annotations marks
+# them (`utiltas.IsTAS`; also what keeps them out of the non-TAS usage Kueue subtracts from the
+# nodes), then removes the gate and adds the node labels of the pod's assigned domain.
+TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
 PODS_READY = "PodsReady"
 # PodsReady's reasons (Kueue's `apis/kueue/v1beta2/workload_types.go`): False while the gang
 # starts, or relaunches after it ran; True once it runs, first or again.
@@ -160,6 +178,52 @@ def _merge_updates(updates: Sequence[Mapping[str, Any]]) -> PodSetUpdate:
 
 
 @dataclasses.dataclass(frozen=True)
+class TopologyAssignment:
+    """The admission's topologyAssignment for our podSet: node label keys from the highest
+    level to the lowest, and each assigned domain's values at those levels with its pods, in
+    Kueue's order (rank r goes to the r-th pod of this list: the ungater's `rankToDomainID`)."""
+
+    levels: tuple[str, ...]
+    domains: tuple[tuple[tuple[str, ...], int], ...]
+
+    @property
+    def pods(self) -> int:
+        return sum(count for _, count in self.domains)
+
+    def node_labels(self, rank: int) -> dict[str, str] | None:
+        """The node labels Kueue's ungater gives the pod of `rank`; None beyond the assignment."""
+        for values, count in self.domains:
+            if rank < count:
+                return dict(zip(self.levels, values, strict=True))
+            rank -= count
+        return None
+
+
+def _level_values(level: Mapping[str, Any], count: int) -> list[str]:
+    if level.get("universal") is not None:
+        return [str(level["universal"])] * count
+    individual = level.get("individual") or {}
+    prefix, suffix = individual.get("prefix") or "", individual.get("suffix") or ""
+    return [f"{prefix}{root}{suffix}" for root in individual.get("roots") or []]
+
+
+def parse_topology_assignment(body: Mapping[str, Any]) -> TopologyAssignment:
+    """Kueue v1beta2's compact form (`slices` of domains; `pkg/util/tas`, `InternalSeqFrom`)."""
+    levels = tuple(str(level) for level in body.get("levels") or [])
+    domains: list[tuple[tuple[str, ...], int]] = []
+    for piece in body.get("slices") or []:
+        count = int(piece.get("domainCount") or 0)
+        values = [_level_values(level, count) for level in piece.get("valuesPerLevel") or []]
+        counts = piece.get("podCounts") or {}
+        pods = ([int(counts["universal"])] * count if counts.get("universal") is not None
+                else [int(c) for c in counts.get("individual") or []])
+        for index in range(min(count, len(pods))):
+            domains.append((tuple(v[index] if index < len(v) else "" for v in values),
+                            pods[index]))
+    return TopologyAssignment(levels, tuple(domains))
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkloadView:
     """What the operator reads of its Workload."""
 
@@ -190,8 +254,15 @@ class WorkloadView:
     podset_hash: str | None = None
     # The admission checks' podSetUpdates for our podSet.
     updates: PodSetUpdate = PodSetUpdate()
-    # The admission carries a topologyAssignment (Topology Aware Scheduling) for our podSet.
-    topology_assigned: bool = False
+    # The admission's topologyAssignment (Topology Aware Scheduling) for our podSet, if any.
+    topology: TopologyAssignment | None = None
+    # The podSet's topologyRequest as the Workload carries it (what the pods' TAS annotation
+    # repeats), if any.
+    topology_request: Mapping[str, Any] | None = None
+
+    @property
+    def topology_assigned(self) -> bool:
+        return self.topology is not None
 
     def true(self, kind: str) -> bool:
         condition = self.conditions.get(kind)
@@ -213,7 +284,7 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
                   for c in status.get("conditions") or [] if c.get("type")}
     podsets = spec.get("podSets") or [{}]
     admission = status.get("admission") or None
-    count, flavors, queue, topology = None, {}, None, False
+    count, flavors, queue, topology = None, {}, None, None
     if admission:
         queue = admission.get("clusterQueue")
         assignment = next((a for a in admission.get("podSetAssignments") or []
@@ -221,7 +292,8 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         if assignment is not None:
             count = int(assignment.get("count") or podsets[0].get("count") or 0)
             flavors = dict(assignment.get("flavors") or {})
-            topology = bool(assignment.get("topologyAssignment"))
+            if assignment.get("topologyAssignment"):
+                topology = parse_topology_assignment(assignment["topologyAssignment"])
     updates = [u for check in status.get("admissionChecks") or []
                for u in check.get("podSetUpdates") or [] if u.get("name") == PODSET]
     reclaimable = sum(int(r.get("count") or 0) for r in status.get("reclaimablePods") or []
@@ -240,7 +312,8 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         active=spec.get("active") is not False,
         suspended_by_job=(meta.get("annotations") or {}).get(SUSPENDED_ANNOTATION) == "true",
         podset_hash=(meta.get("annotations") or {}).get(PODSET_HASH_ANNOTATION),
-        updates=_merge_updates(updates), topology_assigned=topology)
+        updates=_merge_updates(updates), topology=topology,
+        topology_request=podsets[0].get("topologyRequest") or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +380,9 @@ class QueueGate:
     # Some pod of the gang is active: what only a launch needs (a readable flavor, a
     # placement we honour) never stops a gang that already runs.
     gang_active: bool = False
+    # Where the topologyAssignment's node labels contradict what the pods already select
+    # (their own, the accelerator's, the flavors' or the admission checks' node selector).
+    topology_conflicts: tuple[str, ...] = ()
 
     @property
     def installed(self) -> bool:
@@ -352,12 +428,19 @@ class QueueGate:
                 f"Kueue admitted the Workload on ResourceFlavor {names}, which the operator "
                 "cannot read (deleted, or not served to it): held, not launched without the "
                 "flavor's node labels and tolerations, until the flavor can be read"))
-        if workload.topology_assigned:
+        topology = workload.topology
+        if topology is not None and self.topology_conflicts:
+            clash = "; ".join(self.topology_conflicts)
             return ("TopologyNotSupported", (
-                f"Kueue's admission carries a topologyAssignment for podSet {PODSET} "
-                "(Topology Aware Scheduling), which Tardigrade does not honour yet: held, not "
-                "placed against it; admit TrainingJobs through a ResourceFlavor without "
-                "spec.topologyName"))
+                f"Kueue's topologyAssignment for podSet {PODSET} contradicts the node selector "
+                f"the pods already carry ({clash}): held, not placed against either; drop the "
+                "key from the TrainingJob's podTemplate.nodeSelector, or from the flavor's "
+                "nodeLabels or the admission check"))
+        runs = self.runs
+        if topology is not None and runs is not None and topology.pods < runs:
+            return ("TopologyNotSupported", (
+                f"Kueue's topologyAssignment for podSet {PODSET} places {topology.pods} pods "
+                f"and the gang runs {runs}: held, as the ranks beyond it would stay gated"))
         if workload.updates.conflicts or self.update_conflicts:
             clash = "; ".join([*workload.updates.conflicts, *self.update_conflicts])
             return ("PodSetUpdateConflict", (
@@ -564,11 +647,21 @@ def gate_for(queue: str, workload: WorkloadView | None, flavors: Mapping[str, Fl
             conflicts += [f"{field} {key}: {mine[field][key]!r} vs {value!r}"
                           for key, value in sorted(values.items())
                           if key in mine[field] and mine[field][key] != value]
+    topology_conflicts: list[str] = []
+    if workload is not None and workload.topology is not None:
+        pinned = {**(placement_for(spec).node_selector if spec is not None else {}),
+                  **selector, **workload.updates.node_selector}
+        for index, level in enumerate(workload.topology.levels):
+            assigned = sorted({values[index] for values, _ in workload.topology.domains})
+            if level in pinned and any(value != pinned[level] for value in assigned):
+                topology_conflicts.append(
+                    f"{level}: {pinned[level]!r} vs {', '.join(map(repr, assigned))}")
     return QueueGate(queue, workload, selector, tolerations, replicas, grow, kueue,
                      suspended=spec is not None and spec.suspend,
                      podset_hash=podset_hash(spec) if spec is not None else None,
                      missing_flavors=tuple(missing), update_conflicts=tuple(conflicts),
-                     gang_active=gang_active, priority_class=priority_class)
+                     gang_active=gang_active, priority_class=priority_class,
+                     topology_conflicts=tuple(topology_conflicts))
 
 
 def queue_name_hold(namespace: str) -> QueueGate:
@@ -603,6 +696,30 @@ def gated_spec(spec: TrainingJobSpec, gate: QueueGate | None) -> TrainingJobSpec
     return spec.model_copy(update={"pod_template": pod_template, "replicas": gate.runs})
 
 
+def topology_pod(pod: dict[str, Any], workload: WorkloadView) -> dict[str, Any]:
+    """A pod of a gang admitted with a topologyAssignment, as Kueue's TAS expects a pod it does
+    not own (Kueue's own jobs' pods get the same: `podset.FromAssignment` adds the gate, and
+    the unconstrained annotation where no level was asked; jobframework's reconciler the
+    workload annotation): behind the scheduling gate until Kueue's ungater sets the node
+    labels of the rank's domain (ranks ordered by the rank label, the podSet's
+    `podIndexLabel`)."""
+    request = workload.topology_request or {}
+    if request.get("required"):
+        marker = {REQUIRED_TOPOLOGY: str(request["required"])}
+    elif request.get("preferred"):
+        marker = {PREFERRED_TOPOLOGY: str(request["preferred"])}
+    else:
+        # No level asked for (Kueue's implicit TAS, or only each TPU slice kept together).
+        marker = {UNCONSTRAINED_TOPOLOGY: "true"}
+    meta = pod["metadata"]
+    spec = pod["spec"]
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != TOPOLOGY_GATE]
+    return {**pod,
+            "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **marker,
+                                                 WORKLOAD_ANNOTATION: workload.name}},
+            "spec": {**spec, "schedulingGates": [*gates, {"name": TOPOLOGY_GATE}]}}
+
+
 # ----------------------------------------------------------------------- Workload writes ---
 
 
@@ -635,6 +752,30 @@ def pod_set_template(spec: TrainingJobSpec, held_to: Mapping[str, str] | None = 
     return {"spec": pod}
 
 
+def topology_request(spec: TrainingJobSpec) -> dict[str, Any] | None:
+    """The podSet's `topologyRequest` (Kueue v0.19's fields, as jobframework builds it from the
+    TAS annotations, `NewPodSetTopologyRequest`) for a job that set `spec.topology`; None
+    otherwise (Kueue still applies TAS where the flavor names a Topology, and the pods then
+    follow its assignment all the same). The rank label orders the ranks over the assigned
+    domains. A multi-host TPU slice is one node pool on GKE, so each slice of hosts must be one
+    domain of `cloud.google.com/gke-nodepool` (the Topology needs that level)."""
+    topology = spec.topology
+    if topology is None:
+        return None
+    request: dict[str, Any] = {"podIndexLabel": naming.LABEL_RANK}
+    if topology.required:
+        request["required"] = topology.required
+    elif topology.preferred:
+        request["preferred"] = topology.preferred
+    else:
+        request["unconstrained"] = True
+    per_slice = hosts_per_slice(spec.accelerator)
+    if per_slice is not None and per_slice > 1:
+        request["podSetSliceRequiredTopology"] = NODE_POOL_LABEL
+        request["podSetSliceSize"] = per_slice
+    return request
+
+
 def podset_hash(spec: TrainingJobSpec) -> str:
     """A digest of what a rank asks of a node and of the quota (requests, limits, node
     selector, tolerations; not the image, which no quota counts): a change to it on an
@@ -643,6 +784,9 @@ def podset_hash(spec: TrainingJobSpec) -> str:
     asked = {"resources": pod["containers"][0].get("resources") or {},
              "nodeSelector": pod.get("nodeSelector") or {},
              "tolerations": pod.get("tolerations") or []}
+    if spec.topology is not None:
+        # Only where asked: the hash of every job without it stays what it was.
+        asked["topologyRequest"] = topology_request(spec)
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -652,7 +796,8 @@ def build_workload(job: JobIdentity, spec: TrainingJobSpec, queue: str, replicas
     job (controller), labelled with its uid, one podSet for the gang."""
     return _workload(job, workload_name(job.name, job.uid), "main", queue,
                      replicas, pod_set_template(spec), priority, min_count(spec, replicas),
-                     podset_hash(spec), active=not spec.suspend)
+                     podset_hash(spec), active=not spec.suspend,
+                     topology=topology_request(spec))
 
 
 def min_count(spec: TrainingJobSpec, replicas: int) -> int | None:
@@ -672,12 +817,17 @@ def build_grow_workload(job: JobIdentity, spec: TrainingJobSpec, gate: QueueGate
     assert gate.workload is not None and gate.grow_extra is not None
     return _workload(job, grow_workload_name(job.name, job.uid), GROW_ROLE, gate.queue,
                      gate.grow_extra, pod_set_template(spec, gate.flavor_selector),
-                     gate.workload.priority, None, podset_hash(spec))
+                     gate.workload.priority, None, podset_hash(spec),
+                     topology=topology_request(spec))
 
 
 def _workload(job: JobIdentity, name: str, role: str, queue: str, count: int,
               template: dict[str, Any], priority: tuple[str, int] | None,
-              minimum: int | None, asked: str, active: bool = True) -> dict[str, Any]:
+              minimum: int | None, asked: str, active: bool = True,
+              topology: dict[str, Any] | None = None) -> dict[str, Any]:
+    podset: dict[str, Any] = {"name": PODSET, "count": count, "template": template}
+    if topology is not None:
+        podset["topologyRequest"] = topology
     workload: dict[str, Any] = {
         "apiVersion": API_VERSION, "kind": "Workload",
         "metadata": {
@@ -689,8 +839,7 @@ def _workload(job: JobIdentity, name: str, role: str, queue: str, count: int,
                 "name": job.name, "uid": job.uid, "controller": True,
                 "blockOwnerDeletion": True}],
         },
-        "spec": {"queueName": queue, "podSets": [
-            {"name": PODSET, "count": count, "template": template}]},
+        "spec": {"queueName": queue, "podSets": [podset]},
     }
     if minimum is not None:
         workload["spec"]["podSets"][0]["minCount"] = minimum
@@ -725,6 +874,8 @@ class ResizeWorkload:
     # A new podSet template and its PODSET_HASH_ANNOTATION, where what a rank asks changed.
     template: dict[str, Any] | None = None
     podset_hash: str | None = None
+    # With a new template: the podSet's topologyRequest (None: none).
+    topology: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -932,7 +1083,8 @@ def _main_actions(job: JobIdentity, spec: TrainingJobSpec | None, status: Traini
         return [ResizeWorkload(workload.name, workload.resource_version, spec.replicas,
                                min_count(spec, spec.replicas), bool(workload.reclaimable),
                                pod_set_template(spec) if reshaped else None,
-                               gate.podset_hash if reshaped else None)]
+                               gate.podset_hash if reshaped else None,
+                               topology_request(spec) if reshaped else None)]
     if changes:
         return [PatchWorkloadSpec(workload.name, workload.resource_version, changes, marks)]
     reclaim = gate.reclaim

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
+from tardigrade_contract import contract
 
 from tardigrade_operator import naming
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
@@ -162,6 +163,7 @@ async def observe(key: JobKey, uid: str, body: Mapping[str, Any], indexes: Index
         keys_secret=keys_secret,
         new_keys=(job_keys or keys.JobKeys.fresh()) if keys_secret is None else None,
         network_policy=policy_present(key, uid, indexes.policies),
+        created=_creation_time(meta),
         refused_restarts=state.in_place.refused_in(status.attempt),
         queue=gate,
     )
@@ -314,3 +316,12 @@ def _older(seen: str, written: str) -> bool:
 
 def _values(index: Mapping[Any, Iterable[Any]], key: Any) -> list[Any]:
     return list(index.get(key, []))
+
+
+def _creation_time(meta: Any) -> datetime | None:
+    """metadata.creationTimestamp, set by the API server; None where it is missing or odd."""
+    try:
+        created = contract.parse_time(meta.get("creationTimestamp"))
+    except (TypeError, ValueError):
+        return None
+    return created if created is not None and created.tzinfo is not None else None

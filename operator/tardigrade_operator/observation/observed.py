@@ -97,3 +97,6 @@ class Observed:
     # Kueue's hold on a job labelled kueue.x-k8s.io/queue-name (queueing.py), or on one the
     # admin requires to carry it (queue_name_rule.py); None: no label, none required.
     queue: queueing.QueueGate | None = None
+    # The job's metadata.creationTimestamp: where its goodput account (goodput.py) starts;
+    # None: not known (the first pass's time stands in).
+    created: datetime | None = None

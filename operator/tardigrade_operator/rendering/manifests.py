@@ -249,14 +249,20 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
+# The job's keys as the trainer's environment: (variable, key in the job's Secret). The
+# restart key only where the trainer takes restart requests.
+KEY_ENV = ((contract.ENV_PROGRESS_TOKEN, contract.SECRET_PROGRESS_TOKEN),
+           (contract.ENV_CACHE_KEY, contract.SECRET_CACHE_KEY),
+           (contract.ENV_RESTART_KEY, contract.SECRET_RESTART_KEY))
+# The variables key_env may add to a pod: the admission checks exempt these names only.
+KEY_ENV_NAMES = frozenset(name for name, _ in KEY_ENV)
+
+
 def key_env(job: JobRef, restart_in_place: bool) -> list[dict[str, Any]]:
     """The job's keys, from its Secret (keys.py): the kubelet resolves them at each container
-    start, and the pod itself carries only the Secret's name. The restart key only where the
-    trainer takes restart requests."""
-    refs = [(contract.ENV_PROGRESS_TOKEN, contract.SECRET_PROGRESS_TOKEN),
-            (contract.ENV_CACHE_KEY, contract.SECRET_CACHE_KEY)]
-    if restart_in_place:
-        refs.append((contract.ENV_RESTART_KEY, contract.SECRET_RESTART_KEY))
+    start, and the pod itself carries only the Secret's name."""
+    refs = [(name, key) for name, key in KEY_ENV
+            if restart_in_place or name != contract.ENV_RESTART_KEY]
     secret = naming.keys_secret_name(job.name)
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
             for name, key in refs]

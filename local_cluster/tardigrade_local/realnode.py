@@ -1,0 +1,446 @@
+"""A real node: the real kubelet and containerd, registered with the local cluster.
+
+`RealNode` starts, for one node name, everything a GKE node runs for its pods, built here
+from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing behind:
+- a network namespace of its own (`ip netns add`), where the node's address lives on its
+  loopback and the CNI bridge plugin puts each pod on a bridge in the node's pod range. Those
+  private addresses exist only inside namespaces this module creates; the host gets none.
+  The kubelet reaches kube-apiserver through `netnsproxy` (127.0.0.1:6443 inside the
+  namespace leads to the API server on the host's loopback);
+- containerd 2.4 with its own root, state and socket under the node's directory, the CRI
+  configured for our machines (REAL_NODES.md): `restrict_oom_score_adj` (no
+  CAP_SYS_RESOURCE here), runc from the build (its state under the node's directory too),
+  the busybox image imported as the pinned sandbox image (`nodeimage.py`), pod network
+  namespaces mounted under its state directory;
+- the kubelet, with a client certificate for `system:node:NAME` in `system:nodes` signed by
+  the cluster's CA (what the Node authorizer and NodeRestriction check), a serving
+  certificate for the node's address, cgroup v1 with `failCgroupV1: false` under a
+  `cgroupRoot` of this node's only.
+
+Needs root (namespaces, mounts, cgroups) and Linux.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import ipaddress
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+import psutil
+
+from tardigrade_local import gobuild, identities, nodeimage
+from tardigrade_local.kubeconfig import write_kubeconfig
+from tardigrade_local.lifetime import die_with_parent
+from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
+from tardigrade_local.pki import Authority
+
+# Inside the node's namespace only (never on the host): the node's address is NODE_NETWORK's
+# <index>th host, its pods get POD_NETWORK's <index>th /24.
+NODE_NETWORK = ipaddress.ip_network("10.250.0.0/16")
+POD_NETWORK = ipaddress.ip_network("10.251.0.0/16")
+API_PORT_IN_NODE = 6443
+KUBELET_PORT = 10250
+BRIDGE = "tdg0"
+# One record per running real node, naming its directory and the process that started it, so
+# a later process can tear down the nodes of one that was killed (`sweep_orphans`).
+RECORDS_DIR = Path("/run/tardigrade-realnodes")
+START_TIMEOUT_SECONDS = 180.0
+STOP_TIMEOUT_SECONDS = 60.0
+
+
+class RealNodeError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Addresses:
+    node_ip: str
+    pod_cidr: str
+    gateway: str
+
+    @classmethod
+    def for_index(cls, index: int) -> Addresses:
+        if not 1 <= index <= 250:
+            raise ValueError(f"node index {index} is outside 1..250")
+        pods = list(POD_NETWORK.subnets(new_prefix=24))[index]
+        return cls(str(NODE_NETWORK[index]), str(pods), str(pods[1]))
+
+
+class RealNode:
+    """```
+    with RealNode("real-node-1", tmp / "node", cluster.info["direct_api_url"],
+                  Path(cluster.info["ca_file"]).parent) as node:
+        ...  # pods bound to real-node-1 run as containers
+    ```"""
+
+    def __init__(self, name: str, directory: Path, api_url: str, pki_dir: Path,
+                 index: int = 1, node_lease_seconds: int = 40,
+                 egress_routes: Path | None = None) -> None:
+        """`egress_routes`: the cluster's egress proxy's routes (`egressproxy.py`), without
+        which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward)."""
+        self.name = name
+        self.directory = directory.absolute()
+        self.api_url = api_url
+        self.pki_dir = pki_dir
+        self.egress_routes = egress_routes
+        self.index = index
+        self.addresses = Addresses.for_index(index)
+        self.node_lease_seconds = node_lease_seconds
+        # One id per node directory: two clusters' nodes of the same name never share a
+        # namespace or a cgroup.
+        self.id = "tdg-" + hashlib.sha256(str(self.directory).encode()).hexdigest()[:10]
+        self.footprint = NodeFootprint(self.directory, self.id)
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[TextIO] = []
+
+    @classmethod
+    def for_cluster(cls, info: Mapping[str, Any], name: str, directory: Path,
+                    index: int = 1) -> RealNode:
+        """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
+        start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
+        routes = info.get("egress_routes")
+        return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
+                   index=index, egress_routes=Path(routes) if routes else None)
+
+    # --- where things are --------------------------------------------------------------------
+    @property
+    def netns_path(self) -> Path:
+        return self.footprint.netns_path
+
+    @property
+    def cgroup_root(self) -> str:
+        return self.footprint.cgroup_root
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.directory / "containerd" / "containerd.sock"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.directory / "logs"
+
+    @property
+    def pod_logs_dir(self) -> Path:
+        return self.directory / "pod-logs"
+
+    def crictl(self, *args: str, timeout: float = 60) -> str:
+        """crictl against this node's containerd (e.g. `crictl("ps", "-a")`)."""
+        done = subprocess.run(
+            [str(gobuild.binary("crictl")), "--runtime-endpoint",
+             f"unix://{self.containerd_socket}", "--timeout", "30s", *args],
+            capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RealNodeError(f"crictl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> RealNode:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> RealNode:
+        if os.geteuid() != 0:
+            raise RealNodeError("a real node needs root (network namespace, mounts, cgroups)")
+        for program in ("kubelet", "containerd", "runc", "crictl", "bridge"):
+            gobuild.binary(program)  # BuildError naming the fix if a program is not built
+        try:
+            self._start(time.monotonic() + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def _record(self) -> Path:
+        return RECORDS_DIR / f"{self.id}.json"
+
+    def _write_record(self) -> None:
+        RECORDS_DIR.mkdir(mode=0o700, exist_ok=True)
+        me = psutil.Process()
+        self._record.write_text(json.dumps({
+            "name": self.name, "directory": str(self.directory), "index": self.index,
+            "egress_routes": str(self.egress_routes) if self.egress_routes else None,
+            "owner": me.pid, "owner_started": me.create_time()}))
+
+    def _start(self, deadline: float) -> None:
+        self._write_record()
+        for sub in ("etc", "pki", "logs", "pod-logs", "kubelet", "containerd", "cni/conf",
+                    "cni/ipam"):
+            (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        self._make_netns()
+        self._make_cgroups()
+        self._write_pki()
+        self._write_cni()
+        self._spawn("netnsproxy", [sys.executable, "-m", "tardigrade_local.netnsproxy",
+                                   str(self.netns_path), str(API_PORT_IN_NODE),
+                                   self._api_host_port()], in_node=False)
+        self._spawn("containerd", [str(gobuild.binary("containerd")), "--config",
+                                   str(self._write_containerd_config())])
+        self._wait(deadline, "containerd's socket", self._containerd_up)
+        nodeimage.import_into(gobuild.binary("ctr"), str(self.containerd_socket))
+        self._spawn("kubelet", [
+            str(gobuild.binary("kubelet")), f"--config={self._write_kubelet_config()}",
+            f"--kubeconfig={self.directory / 'etc' / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.directory / 'kubelet'}", f"--hostname-override={self.name}",
+            f"--node-ip={self.addresses.node_ip}", "--v=2"])
+        self._wait(deadline, f"Node {self.name} Ready", self._ready)
+
+    def _api_host_port(self) -> str:
+        parsed = urllib.parse.urlsplit(self.api_url)
+        return f"{parsed.hostname}:{parsed.port}"
+
+    def _make_netns(self) -> None:
+        _run("ip", "netns", "add", self.id)
+        _run("ip", "-n", self.id, "link", "set", "lo", "up")
+        # The kubelet refuses a loopback node address (validateNodeIP); this one is on the
+        # namespace's loopback device but is not 127/8.
+        _run("ip", "-n", self.id, "addr", "add", f"{self.addresses.node_ip}/32", "dev", "lo")
+        if self.egress_routes is not None:
+            self.egress_routes.mkdir(parents=True, exist_ok=True)
+            self._route_file.write_text(str(self.netns_path))
+
+    @property
+    def _route_file(self) -> Path:
+        assert self.egress_routes is not None
+        return self.egress_routes / self.addresses.node_ip
+
+    def _make_cgroups(self) -> None:
+        for hierarchy in cgroup_hierarchies(v2=False):
+            path = hierarchy / self.id
+            path.mkdir(exist_ok=True)
+            if (hierarchy / "cpuset.cpus").exists():
+                # A new cpuset cgroup starts empty, and no task can join it until set.
+                for knob in ("cpuset.cpus", "cpuset.mems"):
+                    (path / knob).write_text((hierarchy / knob).read_text())
+
+    def _write_pki(self) -> None:
+        authority = Authority.load(self.pki_dir)
+        pki = self.directory / "pki"
+        (pki / "ca.crt").write_bytes(authority.cert_pem)
+        identity = identities.node_identity(self.name)
+        client = authority.issue(identity.common_name, identity.organizations)
+        serving = authority.issue(identity.common_name, identity.organizations, client=False,
+                                  server=True, dns_names=(self.name,),
+                                  ip_addresses=(self.addresses.node_ip,))
+        serving.write(pki, "kubelet-serving")
+        client.write(pki, "kubelet-client")
+        write_kubeconfig(self.directory / "etc" / "kubelet.kubeconfig",
+                         f"https://127.0.0.1:{API_PORT_IN_NODE}", user=identity.common_name,
+                         ca_pem=authority.cert_pem, client_cert_pem=client.cert_pem,
+                         client_key_pem=client.key_pem)
+
+    def _write_cni(self) -> None:
+        conflist = {
+            "cniVersion": "1.0.0", "name": "tardigrade-pods",
+            "plugins": [
+                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+                 "hairpinMode": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.addresses.pod_cidr,
+                                                             "gateway": self.addresses.gateway}]],
+                          # Not /var/lib/cni: each node keeps its own leases.
+                          "dataDir": str(self.directory / "cni" / "ipam")}},
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ]}
+        (self.directory / "cni" / "conf" / "10-pods.conflist").write_text(json.dumps(conflist))
+
+    def _write_containerd_config(self) -> Path:
+        c = self.directory / "containerd"
+        runtime = 'plugins."io.containerd.cri.v1.runtime"'
+        config = f"""\
+version = 4
+root = "{c / 'root'}"
+state = "{c / 'state'}"
+# Not the host's /etc/containerd/conf.d (the default): this node's settings are all here.
+imports = []
+# NRI would listen on the host-wide /var/run/nri/nri.sock; no NRI plugin runs here.
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+[plugins."io.containerd.server.v1.grpc"]
+  address = "{self.containerd_socket}"
+[plugins."io.containerd.server.v1.ttrpc"]
+  address = "{c / 'containerd.sock.ttrpc'}"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{nodeimage.SANDBOX_IMAGE}"
+[{runtime}]
+  # Our machines lack CAP_SYS_RESOURCE: no container may get a lower OOM score than this.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [{runtime}.containerd]
+    default_runtime_name = "runc"
+    [{runtime}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{runtime}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{gobuild.binary('runc')}"
+        Root = "{c / 'runc'}"
+  [{runtime}.cni]
+    bin_dirs = ["{gobuild.binary('bridge').parent}"]
+    conf_dir = "{self.directory / 'cni' / 'conf'}"
+"""
+        path = self.directory / "etc" / "containerd.toml"
+        path.write_text(config)
+        return path
+
+    def _write_kubelet_config(self) -> Path:
+        pki = self.directory / "pki"
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            # Our machines are cgroup v1 (hybrid); see REAL_NODES.md.
+            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root,
+            "failSwapOn": False,
+            "address": self.addresses.node_ip, "port": KUBELET_PORT, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "tlsCertFile": str(pki / "kubelet-serving.crt"),
+            "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+            "authentication": {"anonymous": {"enabled": False},
+                               "webhook": {"enabled": True},
+                               "x509": {"clientCAFile": str(pki / "ca.crt")}},
+            "authorization": {"mode": "Webhook"},
+            "podLogsDir": str(self.pod_logs_dir),
+            # No cluster DNS yet: pods get an empty resolv.conf, not the host's.
+            "resolvConf": "",
+            # cadvisor finds no filesystem figures for this machine's disk: without these the
+            # kubelet would account ephemeral storage and collect images from nothing.
+            "localStorageCapacityIsolation": False,
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "nodeLeaseDurationSeconds": self.node_lease_seconds,
+            "serializeImagePulls": False,
+        }
+        path = self.directory / "etc" / "kubelet.json"
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    def _spawn(self, name: str, argv: list[str], in_node: bool = True) -> None:
+        if in_node:
+            argv = ["nsenter", f"--net={self.netns_path}", "--", *argv]
+        log = open(self.logs_dir / f"{name}.log", "a")  # noqa: SIM115
+        self._logs.append(log)
+        env = {**os.environ,
+               # containerd finds its shim on PATH.
+               "PATH": os.pathsep.join([str(gobuild.binary("containerd").parent),
+                                        os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")]),
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                              os.environ.get("PYTHONPATH", "")])}
+        self._procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env,
+                                             cwd=self.directory, preexec_fn=die_with_parent)
+
+    def _wait(self, deadline: float, what: str, check: Any) -> None:
+        while not check():
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise RealNodeError(f"{name} of node {self.name} exited ({proc.returncode})"
+                                        f" while waiting for {what}:\n{self._tail(name)}")
+            if time.monotonic() > deadline:
+                raise RealNodeError(f"node {self.name}: no {what} in time:\n"
+                                    f"{self._tail('kubelet')}")
+            time.sleep(0.5)
+
+    def _tail(self, name: str) -> str:
+        with contextlib.suppress(OSError):
+            return (self.logs_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+        return ""
+
+    def _containerd_up(self) -> bool:
+        if not self.containerd_socket.exists():
+            return False
+        done = subprocess.run([str(gobuild.binary("ctr")), "--address",
+                               str(self.containerd_socket), "version"], capture_output=True)
+        return done.returncode == 0
+
+    def _ready(self) -> bool:
+        """The Node is Ready, read with the node's own credentials (the Node authorizer lets
+        a node read its own Node object)."""
+        pki = self.directory / "pki"
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "kubelet-client.crt"), str(pki / "kubelet-client.key"))
+        try:
+            with urllib.request.urlopen(f"{self.api_url}/api/v1/nodes/{self.name}",
+                                        context=context, timeout=10) as response:
+                node = json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in node.get("status", {}).get("conditions", []))
+
+    # --- teardown ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the kubelet, then every pod (containerd tears down their networks and
+        mounts), then containerd; kill whatever is left in the node's cgroups or network
+        namespace; unmount everything under the node's directory; remove its cgroups and
+        its network namespace. Idempotent."""
+        self._terminate("kubelet")
+        if "containerd" in self._procs and self._procs["containerd"].poll() is None:
+            with contextlib.suppress(RealNodeError, subprocess.TimeoutExpired):
+                self.crictl("rmp", "--all", "--force", timeout=STOP_TIMEOUT_SECONDS)
+        self._terminate("containerd")
+        self._terminate("netnsproxy")
+        if self.egress_routes is not None:
+            self._route_file.unlink(missing_ok=True)
+        self.footprint.clear()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        self._record.unlink(missing_ok=True)
+
+    def _terminate(self, name: str) -> None:
+        proc = self._procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of this node is still on the machine (all empty once stopped)."""
+        return self.footprint.leftovers()
+
+
+def sweep_orphans() -> list[str]:
+    """Tear down the real nodes whose starting process is gone (a test run killed before its
+    teardown): their containers, shims, mounts, cgroups and namespaces. Returns their names."""
+    swept = []
+    for record in sorted(RECORDS_DIR.glob("*.json")) if RECORDS_DIR.is_dir() else []:
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(data["owner"]).create_time() == data["owner_started"]:
+                continue  # its owner still runs and will stop it
+        routes = data.get("egress_routes")
+        node = RealNode(data["name"], Path(data["directory"]), "", Path(),
+                        index=data["index"], egress_routes=Path(routes) if routes else None)
+        node.stop()
+        record.unlink(missing_ok=True)
+        swept.append(node.name)
+    return swept
+
+
+def _run(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RealNodeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
