@@ -11,7 +11,8 @@ No Docker engine runs here and Docker Hub cannot be reached, so:
   with a key of everything that decides them (the Dockerfile, every file it copies after
   .dockerignore, the base image's id, the build arguments and buildah's version), so a second
   build with the same inputs is a lookup, and a changed source builds afresh;
-- `push` copies a built image to a registry (`registry.py`), as CI pushes to Artifact Registry.
+- `push` copies a built image to a registry (`registry.py`), as a GKE user's images go to
+  Artifact Registry.
 
 `python -m tardigrade_local.imagebuild [operator trainer-cpu ...]` builds what is missing.
 Only RUN steps differ from a Docker build, and only in what the machine gives them: this
@@ -58,8 +59,8 @@ BASE_MIRRORS = ("deb http://deb.debian.org/debian bookworm main",
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3",
                  "ca-certificates", "netbase")
 # python:3.11-slim lets pip install into the system interpreter as root; Debian 12 marks its
-# interpreter externally managed (PEP 668), which its own documentation says to lift inside a
-# container by removing the marker. pip then installs to /usr/local (bin/ on PATH), as there.
+# interpreter externally managed (PEP 668), and PEP 668 leaves removing the marker to container
+# images. pip then installs under /usr/local (bin/ on PATH), as there.
 BASE_HOOKS = ('rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',)
 BASE_CONFIG = (("--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
                ("--env", "LANG=C.UTF-8"), ("--cmd", '["python3"]'),
