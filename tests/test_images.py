@@ -389,6 +389,40 @@ def test_the_built_image_imports_what_it_runs_from_its_install_and_not_the_local
 
 
 @pytest.mark.slow
+def test_the_build_machines_ca_bundle_stays_out_of_the_image(pulled):
+    # RUN steps see the host's bundle (imagebuild.HOST_CA_BUNDLE, for this machine's proxy);
+    # the image keeps its base's.
+    bundle = str(imagebuild.HOST_CA_BUNDLE)
+    image = imagebuild.run_in_image(pulled, ["sha256sum", bundle])
+    base = imagebuild.run_in_image(imagebuild.base_reference(), ["sha256sum", bundle])
+    assert image.returncode == 0 and base.returncode == 0, image.stderr + base.stderr
+    assert image.stdout == base.stdout
+
+
+def test_prune_keeps_the_newest_builds_of_one_image_only():
+    name = f"prune-test-{os.getpid()}"
+    made = []
+    for tag in ("k0", "k1", "k2", "k3", "other"):
+        container = imagebuild.buildah("from", "scratch", what="scratch").strip()
+        try:
+            imagebuild.buildah("config", "--label", f"n={tag}", container, what="label")
+            image_name = f"{name}-other" if tag == "other" else name
+            reference = f"{imagebuild.BUILD_NAME}/{image_name}:{tag}"
+            imagebuild.buildah("commit", "--quiet", container, reference, what="commit")
+            made.append(reference)
+        finally:
+            imagebuild.buildah("rm", container, what="rm")
+    try:
+        assert imagebuild.prune(name, keep=2) == made[1::-1]  # the oldest two, newest first
+        assert [imagebuild.image_id(ref) is not None for ref in made] == [
+            False, False, True, True, True]
+    finally:
+        for reference in made:
+            if imagebuild.image_id(reference):
+                imagebuild.forget(reference)
+
+
+@pytest.mark.slow
 def test_the_tpu_image_has_libtpu_and_the_cpu_images_jax(registry):
     versions = {}
     for name in ("trainer-cpu", "trainer-tpu"):

@@ -285,12 +285,21 @@ def forget(reference: str) -> None:
     buildah("rmi", reference, what=f"removing {reference}")
 
 
+def _created(image: dict[str, object]) -> tuple[int, int]:
+    """(seconds, nanoseconds) of an image's creation, from `buildah images --json`: the
+    seconds alone tie for images made in the same second."""
+    raw = str(image.get("createdatraw") or "")
+    fraction = raw.rpartition(".")[2].rstrip("Z") if "." in raw else ""
+    nanos = int(fraction.ljust(9, "0")[:9]) if fraction.isdigit() else 0
+    return int(str(image["created"])), nanos
+
+
 def prune(name: str, keep: int = KEEP_BUILDS) -> list[str]:
     """Remove all but the `keep` newest builds of `name` (each source change builds a new
     image of up to 2 GB; other checkouts on the machine may still use the recent ones)."""
     prefix = f"{BUILD_NAME}/{name}:"
     images = json.loads(buildah("images", "--json", what="listing images") or "[]") or []
-    builds = sorted(((image["created"], ref) for image in images
+    builds = sorted(((_created(image), ref) for image in images
                      for ref in image["names"] if ref.startswith(prefix)), reverse=True)
     stale = [ref for _, ref in builds[keep:]]
     for ref in stale:
