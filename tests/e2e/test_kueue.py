@@ -64,6 +64,12 @@ def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from started_cluster(tmp_path_factory)
+
+
+def started_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The module's cluster: Kueue (the module gobuild.kueue_module names), its queues, and
+    seven one-cpu nodes."""
     root = tmp_path_factory.mktemp("kueue")
     nodes = simulated_nodes(7, capacity={"cpu": "1"})
     print(f"Kueue {gobuild.kueue_version()} ({gobuild.kueue_module().name})")
