@@ -1,0 +1,228 @@
+"""The memory tier in a training session: snapshot, replicate, choose, restore.
+
+Every `interval` steps each rank copies its shards off its devices (the loop waits for that
+copy only), then a background thread commits them to its memory directory and sends them to
+its ring successors (replica_server.py), which keep them in theirs. At start-up, after the
+bucket's restore decision (restore_choice.py), every rank lists what its memory holds;
+process 0 picks the newest snapshot complete across the gang and not older than the bucket's
+step (tardigrade_checkpoint.memory_tier.select), and every rank reads its own pieces from its
+memory or from the peer holding them. If any rank cannot (a peer gone, a damaged piece), the
+whole gang restores the bucket's step instead: every rank must restore the same step.
+Design and costs: docs/memory-tier.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tardigrade_checkpoint import coordination, memory_tier
+from tardigrade_checkpoint.lineage import LEGACY_LINEAGE
+from tardigrade_contract import contract
+
+from tardigrade_sdk import replica_server
+
+# What a peer may upload or answer: bounded by the memory volume in practice; this only
+# refuses a length no state has.
+MAX_SNAPSHOT_BYTES = 1 << 40
+
+
+class MemoryTier:
+    """One rank's memory tier for one attempt."""
+
+    def __init__(self, env: contract.TrainerEnvironment, log: Callable[[dict[str, Any]], None],
+                 timeout_seconds: float | None = None) -> None:
+        import jax
+
+        assert env.memory_tier_dir is not None and env.memory_tier_interval is not None
+        self.env = env
+        self.log = log
+        self.rank = jax.process_index()
+        self.count = jax.process_count()
+        self.interval = env.memory_tier_interval
+        self.replicas = min(env.memory_tier_replicas, self.count - 1)
+        self.timeout = timeout_seconds or env.init_timeout_seconds
+        if self.replicas > 0:
+            self.key = memory_tier.check_key((env.replica_key or "").encode(),
+                                             contract.ENV_REPLICA_KEY).decode()
+        else:  # nothing leaves the pod: the seal only ties a manifest to its job
+            self.key = env.replica_key or f"tardigrade-memory-tier/{env.job_uid}/{env.job_name}"
+        self.store = memory_tier.MemoryStore(env.memory_tier_dir, self.key.encode())
+        self.lineage = LEGACY_LINEAGE
+        self.selection: memory_tier.Selection | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "memory-tier")
+        self._pending: concurrent.futures.Future[None] | None = None
+        self._server: replica_server.ReplicaServer | None = None
+        self.peers: list[str] = []
+        if self.replicas > 0:
+            host = os.environ.get(contract.ENV_POD_IP) or "127.0.0.1"
+            self._server = replica_server.ReplicaServer(
+                self.store, self.key, host, env.replica_port, MAX_SNAPSHOT_BYTES).start()
+            address = f"[{host}]:{self._server.port}" if ":" in host else \
+                f"{host}:{self._server.port}"
+            self.peers = self._everyones("peers", address)
+
+    def _everyones(self, what: str, value: str) -> list[str]:
+        """Every rank's `value`, on every rank (two O(N) calls on the coordination service)."""
+        gang = coordination.current()
+        if gang is None:
+            return [value]
+        name = f"tardigrade-memory-{what}-{self.env.attempt}"
+        gathered = gang.gather_to_root(name, value, self.timeout)
+        text = gang.from_root(f"{name}/all", json.dumps(gathered) if gathered else None,
+                              self.timeout)
+        return [str(v) for v in json.loads(text)]
+
+    # --- saving -------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return step % self.interval == 0
+
+    def snapshot(self, step: int, state: Any, extra: Mapping[str, Any],
+                 mesh: Mapping[str, int] | None) -> float:
+        """Start this rank's snapshot of `step`; the seconds the loop was blocked (the
+        previous snapshot's write and send, if still going, then the copy off the devices)."""
+        started = time.perf_counter()
+        self.wait()
+        snapshot = memory_tier.take_snapshot(state)
+        blocked = time.perf_counter() - started
+        self.log({"event": "memory_snapshot_started", "step": step,
+                  "blocked_s": round(blocked, 6), "bytes": snapshot.nbytes})
+        self._pending = self._executor.submit(self._commit, step, snapshot, dict(extra),
+                                              dict(mesh or {}))
+        return blocked
+
+    def _commit(self, step: int, snapshot: memory_tier.Snapshot, extra: dict[str, Any],
+                mesh: dict[str, int]) -> None:
+        started = time.perf_counter()
+        try:
+            manifest, buffers = memory_tier.encode(
+                snapshot, step=step, attempt=self.env.attempt, owner=self.rank,
+                process_count=self.count, lineage=self.lineage, job_uid=self.env.job_uid,
+                extra=extra, mesh=mesh)
+            sealed = memory_tier.seal(self.key.encode(), manifest)
+            self.store.write(sealed, buffers)
+            written = time.perf_counter()
+            sent = []
+            for holder in memory_tier.holders(self.rank, self.count, self.replicas):
+                replica_server.send(self.peers[holder], self.key, sealed, list(buffers),
+                                    self.rank, step)
+                sent.append(holder)
+        except (memory_tier.MemoryTierError, OSError) as err:
+            # The bucket is untouched and older memory snapshots stay: training goes on.
+            self.log({"event": "memory_snapshot_failed", "level": "warning", "step": step,
+                      "error": str(err)})
+            return
+        self.log({"event": "memory_snapshot_committed", "step": step,
+                  "bytes": manifest.data_bytes, "replicas": sent,
+                  "write_s": round(written - started, 6),
+                  "seconds": round(time.perf_counter() - started, 6)})
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+            self.stop_serving()
+
+    def stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    # --- the restore decision -----------------------------------------------------------------
+    def choose(self, bucket_step: int, lineage: str | None) -> int:
+        """Every rank: the memory step the gang restores (-1: none newer than the bucket's
+        `bucket_step`, which it may equal: memory is read faster). `lineage`: the root's
+        current line, which a snapshot must belong to."""
+        self.lineage = LEGACY_LINEAGE if lineage is None else lineage
+        held = self.store.inventory()
+        if self.env.restore_step == contract.RESTORE_NONE:
+            held = []
+        listed = json.dumps([h.to_json() for h in held])
+        gang = coordination.current()
+        if gang is None:
+            selection = memory_tier.select({0: held}, 1, self.lineage, bucket_step)
+        else:
+            name = f"tardigrade-memory-held-{self.env.attempt}"
+            gathered = gang.gather_to_root(name, listed, self.timeout)
+            chosen = None
+            if gathered is not None:
+                inventories = {rank: [memory_tier.Held.from_json(item)
+                                      for item in json.loads(text)]
+                               for rank, text in enumerate(gathered)}
+                found = memory_tier.select(inventories, self.count, self.lineage, bucket_step)
+                chosen = found.to_json() if found is not None else ""
+            selection = memory_tier.Selection.from_json(
+                gang.from_root(f"{name}/chosen", chosen, self.timeout))
+        self.selection = selection
+        self.log({"event": "memory_tier_decision", "bucket_step": bucket_step,
+                  "held": sorted({(h.owner, h.step) for h in held}),
+                  "step": selection.step if selection else None,
+                  "sources": list(selection.sources) if selection else None})
+        return selection.step if selection is not None else -1
+
+    def restore(self, target: Any) -> tuple[Any, int] | None:
+        """Every rank: (state, first step to train) from the chosen snapshot, or None when
+        some rank could not read its pieces (then every rank restores from the bucket)."""
+        selection = self.selection
+        assert selection is not None
+        started = time.perf_counter()
+        holder = selection.sources[self.rank]
+        state, why, manifest = None, "", None
+        try:
+            manifest, data = self._pieces(selection, holder)
+            state = memory_tier.assemble(manifest, data, target)
+        except memory_tier.MemoryTierError as err:
+            why = f"rank {self.rank}: {err}"
+        verdict = self._gang_verdict(why)
+        if verdict:
+            self.log({"event": "memory_tier_fallback", "step": selection.step,
+                      "reason": verdict})
+            return None
+        assert manifest is not None
+        self.log({"event": "memory_tier_restored", "step": selection.step,
+                  "source": "own" if holder == self.rank else "peer", "holder": holder,
+                  "bytes": manifest.data_bytes,
+                  "seconds": round(time.perf_counter() - started, 3)})
+        return state, int(manifest.extra.get("data_position", selection.step + 1))
+
+    def _pieces(self, selection: memory_tier.Selection, holder: int
+                ) -> tuple[memory_tier.Manifest, bytes]:
+        if holder == self.rank:
+            manifest, data = self.store.load(self.rank, selection.step)
+        else:
+            sealed, data = replica_server.fetch(self.peers[holder], self.key, self.rank,
+                                                selection.step, MAX_SNAPSHOT_BYTES)
+            manifest = memory_tier.unseal(self.key.encode(), sealed)
+            if (manifest.owner, manifest.step) != (self.rank, selection.step):
+                raise memory_tier.MemoryTierError(
+                    f"peer {holder} answered owner {manifest.owner} step {manifest.step}")
+            memory_tier.check_data(manifest, data)
+            # This rank's memory holds its own snapshot again (a new pod's is empty).
+            self.store.write(sealed, [data])
+        if (manifest.attempt, manifest.process_count, manifest.lineage) != (
+                selection.attempt, self.count, self.lineage):
+            raise memory_tier.MemoryTierError(
+                f"step {selection.step} from rank {holder} was written by attempt "
+                f"{manifest.attempt} of {manifest.process_count} processes on line "
+                f"{manifest.lineage!r}, not the one chosen")
+        return manifest, data
+
+    def _gang_verdict(self, why: str) -> str:
+        """'' when every rank read its pieces, else the first rank's reason (on every rank)."""
+        gang = coordination.current()
+        if gang is None:
+            return why
+        name = f"tardigrade-memory-restored-{self.env.attempt}"
+        gathered = gang.gather_to_root(name, why, self.timeout)
+        first = next((w for w in gathered or [] if w), "")
+        return gang.from_root(f"{name}/verdict", first, self.timeout)

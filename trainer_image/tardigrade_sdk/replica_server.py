@@ -1,0 +1,205 @@
+"""The memory tier's peer transport: each rank serves its memory directory to the gang.
+
+    PUT /memory/<owner>/<step>   a peer's snapshot to keep (a replica)
+    GET /memory/<owner>/<step>   a snapshot this rank holds, for a peer that restores it
+
+Both need `Authorization: Bearer <replica key>` (the job's Secret; bearer.py compares in
+constant time). The body is a frame: 8 bytes big-endian, the sealed manifest's length; the
+sealed manifest; the data. Nothing in a frame is trusted on the sender's word: the manifest's
+seal (HMAC-SHA256 under the same key) and every piece's digest are checked on arrival, by the
+holder before it keeps an upload and by the restoring rank before it uses a download
+(tardigrade_checkpoint.memory_tier). Standard library only, like the rest of the SDK's
+servers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import re
+import socket
+import threading
+from typing import Any
+
+from tardigrade_checkpoint import memory_tier
+
+from tardigrade_sdk import bearer
+
+_PATH = re.compile(r"^/memory/(\d{1,9})/(\d{1,12})$")
+LENGTH_BYTES = 8
+# A sealed manifest lists every piece: ~200 bytes each.
+MAX_MANIFEST_BYTES = 64 << 20
+DEFAULT_TIMEOUT_SECONDS = 120.0
+
+
+def frame(sealed: bytes, data: bytes | memoryview) -> list[bytes | memoryview]:
+    return [len(sealed).to_bytes(LENGTH_BYTES, "big"), sealed, data]
+
+
+def unframe(body: bytes) -> tuple[bytes, memoryview]:
+    if len(body) < LENGTH_BYTES:
+        raise memory_tier.MemoryTierError("frame shorter than its header")
+    size = int.from_bytes(body[:LENGTH_BYTES], "big")
+    if size > MAX_MANIFEST_BYTES or LENGTH_BYTES + size > len(body):
+        raise memory_tier.MemoryTierError(f"frame names a manifest of {size} bytes")
+    view = memoryview(body)
+    return bytes(view[LENGTH_BYTES:LENGTH_BYTES + size]), view[LENGTH_BYTES + size:]
+
+
+class ReplicaServer:
+    """A threaded HTTP server over one rank's MemoryStore."""
+
+    def __init__(self, store: memory_tier.MemoryStore, key: str, host: str, port: int,
+                 max_body_bytes: int) -> None:
+        self.store = store
+        self.key = key
+        self.max_body_bytes = max_body_bytes
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # the trainer's JSON log says what matters
+
+            def _answer(self, code: int, body: bytes = b"",
+                        content_type: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _target(self) -> tuple[int, int] | None:
+                if not bearer.matches(self.headers.get("Authorization"), server.key):
+                    self._answer(401, b"replica key required")
+                    return None
+                match = _PATH.match(self.path)
+                if match is None:
+                    self._answer(404)
+                    return None
+                return int(match.group(1)), int(match.group(2))
+
+            def do_GET(self) -> None:
+                target = self._target()
+                if target is None:
+                    return
+                try:
+                    sealed, data = server.store.read(*target)
+                except memory_tier.MemoryTierError as err:
+                    self._answer(404, str(err).encode())
+                    return
+                parts = frame(sealed, data)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+                self.end_headers()
+                for part in parts:
+                    self.wfile.write(part)
+
+            def do_PUT(self) -> None:
+                target = self._target()
+                if target is None:
+                    return
+                try:
+                    length = int(self.headers.get("Content-Length") or "")
+                except ValueError:
+                    self._answer(411)
+                    return
+                if not 0 <= length <= server.max_body_bytes:
+                    self._answer(413, f"a replica of at most {server.max_body_bytes} bytes "
+                                      "fits this rank's memory tier".encode())
+                    return
+                body = self.rfile.read(length)
+                try:
+                    sealed, data = unframe(body)
+                    manifest = memory_tier.unseal(server.store.key, sealed)
+                    if (manifest.owner, manifest.step) != target:
+                        raise memory_tier.MemoryTierError(
+                            f"sent to {self.path}, the manifest is owner {manifest.owner} "
+                            f"step {manifest.step}")
+                    memory_tier.check_data(manifest, data)
+                    server.store.write(sealed, [data])
+                except memory_tier.MemoryTierError as err:
+                    self._answer(400, str(err).encode())
+                    return
+                except OSError as err:  # the memory volume is full
+                    self._answer(507, str(err).encode())
+                    return
+                self._answer(204)
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        class Server(http.server.ThreadingHTTPServer):
+            address_family = family
+            daemon_threads = True
+
+        self._httpd = Server((host, port), Handler)
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        name="replica-server", daemon=True)
+
+    def start(self) -> ReplicaServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def _connection(address: str, timeout: float) -> http.client.HTTPConnection:
+    host, _, port = address.rpartition(":")
+    return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+
+
+def send(address: str, key: str, sealed: bytes, data: list[bytes | memoryview] | bytes,
+         owner: int, step: int, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    """Hand a snapshot to the peer at `address` to keep; MemoryTierError if it would not."""
+    parts = frame(sealed, b"")[:2] + (list(data) if isinstance(data, list) else [data])
+    connection = _connection(address, timeout)
+    try:
+        connection.putrequest("PUT", f"/memory/{owner}/{step}")
+        connection.putheader("Authorization", f"Bearer {key}")
+        connection.putheader("Content-Type", "application/octet-stream")
+        connection.putheader("Content-Length", str(sum(len(memoryview(p).cast("B"))
+                                                       for p in parts)))
+        connection.endheaders()
+        for part in parts:
+            connection.send(memoryview(part).cast("B"))
+        answer = connection.getresponse()
+        text = answer.read(4096)
+        if answer.status != 204:
+            raise memory_tier.MemoryTierError(
+                f"peer {address} refused owner {owner} step {step}: HTTP {answer.status} "
+                f"{text.decode(errors='replace')}")
+    except (OSError, http.client.HTTPException) as err:
+        raise memory_tier.MemoryTierError(f"peer {address}: {err}") from None
+    finally:
+        connection.close()
+
+
+def fetch(address: str, key: str, owner: int, step: int, max_bytes: int,
+          timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[bytes, bytes]:
+    """(sealed manifest, data) of the snapshot the peer at `address` holds; unchecked here
+    (the caller unseals and checks every piece)."""
+    connection = _connection(address, timeout)
+    try:
+        connection.request("GET", f"/memory/{owner}/{step}",
+                           headers={"Authorization": f"Bearer {key}"})
+        answer = connection.getresponse()
+        length = int(answer.getheader("Content-Length") or -1)
+        if answer.status != 200:
+            raise memory_tier.MemoryTierError(
+                f"peer {address} has no owner {owner} step {step}: HTTP {answer.status} "
+                f"{answer.read(4096).decode(errors='replace')}")
+        if not 0 <= length <= max_bytes:
+            raise memory_tier.MemoryTierError(f"peer {address} answers {length} bytes for "
+                                              f"owner {owner} step {step}")
+        body = answer.read(length)
+    except (OSError, http.client.HTTPException, ValueError) as err:
+        raise memory_tier.MemoryTierError(f"peer {address}: {err}") from None
+    finally:
+        connection.close()
+    sealed, data = unframe(body)
+    return sealed, bytes(data)
