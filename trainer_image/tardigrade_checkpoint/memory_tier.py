@@ -181,6 +181,16 @@ def check_key(key: bytes, variable: str) -> bytes:
     return key
 
 
+def derived_keys(key: bytes) -> tuple[bytes, str]:
+    """(seal key, bearer token) from the job's replica key, each for its one use: the key
+    itself never crosses the network (the pod network is plain HTTP), and a token seen there
+    seals nothing."""
+    def derive(label: bytes) -> bytes:
+        return hmac.new(key, b"tardigrade memory tier\x00" + label, hashlib.sha256).digest()
+
+    return derive(b"seal"), derive(b"bearer").hex()
+
+
 def seal(key: bytes, manifest: Manifest) -> bytes:
     """`<HMAC-SHA256 hex>\\n<manifest JSON>`: what is stored and sent."""
     body = manifest.to_json()

@@ -47,11 +47,13 @@ class MemoryTier:
         self.replicas = min(env.memory_tier_replicas, self.count - 1)
         self.timeout = timeout_seconds or env.init_timeout_seconds
         if self.replicas > 0:
-            self.key = memory_tier.check_key((env.replica_key or "").encode(),
-                                             contract.ENV_REPLICA_KEY).decode()
+            secret = memory_tier.check_key((env.replica_key or "").encode(),
+                                           contract.ENV_REPLICA_KEY)
         else:  # nothing leaves the pod: the seal only ties a manifest to its job
-            self.key = env.replica_key or f"tardigrade-memory-tier/{env.job_uid}/{env.job_name}"
-        self.store = memory_tier.MemoryStore(env.memory_tier_dir, self.key.encode())
+            secret = (env.replica_key or
+                      f"tardigrade-memory-tier/{env.job_uid}/{env.job_name}").encode()
+        self.seal_key, self.token = memory_tier.derived_keys(secret)
+        self.store = memory_tier.MemoryStore(env.memory_tier_dir, self.seal_key)
         self.lineage = LEGACY_LINEAGE
         self.selection: memory_tier.Selection | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "memory-tier")
@@ -61,7 +63,7 @@ class MemoryTier:
         if self.replicas > 0:
             host = os.environ.get(contract.ENV_POD_IP) or "127.0.0.1"
             self._server = replica_server.ReplicaServer(
-                self.store, self.key, host, env.replica_port, MAX_SNAPSHOT_BYTES).start()
+                self.store, self.token, host, env.replica_port, MAX_SNAPSHOT_BYTES).start()
             address = f"[{host}]:{self._server.port}" if ":" in host else \
                 f"{host}:{self._server.port}"
             self.peers = self._everyones("peers", address)
@@ -103,12 +105,12 @@ class MemoryTier:
                 snapshot, step=step, attempt=self.env.attempt, owner=self.rank,
                 process_count=self.count, lineage=self.lineage, job_uid=self.env.job_uid,
                 extra=extra, mesh=mesh)
-            sealed = memory_tier.seal(self.key.encode(), manifest)
+            sealed = memory_tier.seal(self.seal_key, manifest)
             self.store.write(sealed, buffers)
             written = time.perf_counter()
             sent = []
             for holder in memory_tier.holders(self.rank, self.count, self.replicas):
-                replica_server.send(self.peers[holder], self.key, sealed, list(buffers),
+                replica_server.send(self.peers[holder], self.token, sealed, list(buffers),
                                     self.rank, step)
                 sent.append(holder)
         except (memory_tier.MemoryTierError, OSError) as err:
@@ -200,9 +202,9 @@ class MemoryTier:
         if holder == self.rank:
             manifest, data = self.store.load(self.rank, selection.step)
         else:
-            sealed, data = replica_server.fetch(self.peers[holder], self.key, self.rank,
+            sealed, data = replica_server.fetch(self.peers[holder], self.token, self.rank,
                                                 selection.step, MAX_SNAPSHOT_BYTES)
-            manifest = memory_tier.unseal(self.key.encode(), sealed)
+            manifest = memory_tier.unseal(self.seal_key, sealed)
             if (manifest.owner, manifest.step) != (self.rank, selection.step):
                 raise memory_tier.MemoryTierError(
                     f"peer {holder} answered owner {manifest.owner} step {manifest.step}")

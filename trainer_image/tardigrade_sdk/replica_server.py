@@ -3,10 +3,11 @@
     PUT /memory/<owner>/<step>   a peer's snapshot to keep (a replica)
     GET /memory/<owner>/<step>   a snapshot this rank holds, for a peer that restores it
 
-Both need `Authorization: Bearer <replica key>` (the job's Secret; bearer.py compares in
-constant time). The body is a frame: 8 bytes big-endian, the sealed manifest's length; the
-sealed manifest; the data. Nothing in a frame is trusted on the sender's word: the manifest's
-seal (HMAC-SHA256 under the same key) and every piece's digest are checked on arrival, by the
+Both need `Authorization: Bearer <token>`, a token derived from the job's replica key
+(memory_tier.derived_keys; bearer.py compares in constant time). The body is a frame: 8 bytes
+big-endian, the sealed manifest's length; the sealed manifest; the data. Nothing in a frame is
+trusted on the sender's word: the manifest's seal (HMAC-SHA256 under another key derived from
+the replica key) and every piece's digest are checked on arrival, by the
 holder before it keeps an upload and by the restoring rank before it uses a download
 (tardigrade_checkpoint.memory_tier). Standard library only, like the rest of the SDK's
 servers.
@@ -49,10 +50,10 @@ def unframe(body: bytes) -> tuple[bytes, memoryview]:
 class ReplicaServer:
     """A threaded HTTP server over one rank's MemoryStore."""
 
-    def __init__(self, store: memory_tier.MemoryStore, key: str, host: str, port: int,
+    def __init__(self, store: memory_tier.MemoryStore, token: str, host: str, port: int,
                  max_body_bytes: int) -> None:
         self.store = store
-        self.key = key
+        self.token = token
         self.max_body_bytes = max_body_bytes
         server = self
 
@@ -71,8 +72,8 @@ class ReplicaServer:
                 self.wfile.write(body)
 
             def _target(self) -> tuple[int, int] | None:
-                if not bearer.matches(self.headers.get("Authorization"), server.key):
-                    self._answer(401, b"replica key required")
+                if not bearer.matches(self.headers.get("Authorization"), server.token):
+                    self._answer(401, b"the job's replica token is required")
                     return None
                 match = _PATH.match(self.path)
                 if match is None:
@@ -153,14 +154,14 @@ def _connection(address: str, timeout: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
 
 
-def send(address: str, key: str, sealed: bytes, data: list[bytes | memoryview] | bytes,
+def send(address: str, token: str, sealed: bytes, data: list[bytes | memoryview] | bytes,
          owner: int, step: int, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
     """Hand a snapshot to the peer at `address` to keep; MemoryTierError if it would not."""
     parts = frame(sealed, b"")[:2] + (list(data) if isinstance(data, list) else [data])
     connection = _connection(address, timeout)
     try:
         connection.putrequest("PUT", f"/memory/{owner}/{step}")
-        connection.putheader("Authorization", f"Bearer {key}")
+        connection.putheader("Authorization", f"Bearer {token}")
         connection.putheader("Content-Type", "application/octet-stream")
         connection.putheader("Content-Length", str(sum(len(memoryview(p).cast("B"))
                                                        for p in parts)))
@@ -179,14 +180,14 @@ def send(address: str, key: str, sealed: bytes, data: list[bytes | memoryview] |
         connection.close()
 
 
-def fetch(address: str, key: str, owner: int, step: int, max_bytes: int,
+def fetch(address: str, token: str, owner: int, step: int, max_bytes: int,
           timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[bytes, bytes]:
     """(sealed manifest, data) of the snapshot the peer at `address` holds; unchecked here
     (the caller unseals and checks every piece)."""
     connection = _connection(address, timeout)
     try:
         connection.request("GET", f"/memory/{owner}/{step}",
-                           headers={"Authorization": f"Bearer {key}"})
+                           headers={"Authorization": f"Bearer {token}"})
         answer = connection.getresponse()
         length = int(answer.getheader("Content-Length") or -1)
         if answer.status != 200:
