@@ -15,8 +15,8 @@ the same loop in the same process, one after the other:
     neighbour's snapshot, so both sides' costs land on the one process, as they do in a gang).
 Prints steps per second of each arm and its ratio to `none`, and the loop's blocked seconds
 per snapshot (the copy off the devices, and the wait for the previous snapshot's background
-work when it outlasts the interval). The memory directory is a tmpfs (/dev/shm) when there is one, as the pod's
-emptyDir with medium Memory is.
+work when it outlasts the interval). The memory directory is a tmpfs (/dev/shm) when there
+is one, as the pod's emptyDir with medium Memory is.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def test_without_replicas_no_port_and_no_key_and_without_the_tier_nothing():
     pod = pod_of({"interval": 5, "replicas": 0})
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert contract.ENV_REPLICA_KEY not in names and contract.ENV_MEMORY_TIER_INTERVAL in names
-    assert {"medium": "Memory"} == next(v["emptyDir"] for v in pod["spec"]["volumes"]
-                                        if v["name"] == "tardigrade-memory-tier")
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "tardigrade-memory-tier")
+    assert volume["emptyDir"] == {"medium": "Memory"}
     assert len(pod["spec"]["containers"][0]["ports"]) == 2
     plain = pod_of(None)
     assert "tardigrade-memory-tier" not in json.dumps(plain)
