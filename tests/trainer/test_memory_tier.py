@@ -244,20 +244,30 @@ def test_a_replica_goes_to_a_peer_and_comes_back_checked(server):
     assert manifest.owner == 1 and manifest.step == 5
 
 
-def test_a_peer_without_the_key_or_with_damaged_pieces_is_refused(server):
+def test_a_peer_without_the_token_or_a_sealed_manifest_is_refused(server):
     address = f"127.0.0.1:{server.port}"
     sealed, buffers = _snapshot(5, owner=1)
     with pytest.raises(MemoryTierError, match=r"HTTP 401"):
         replica_server.send(address, "not-the-key-0123456789", sealed, list(buffers), 1, 5)
     with pytest.raises(MemoryTierError, match=r"HTTP 401"):
         replica_server.fetch(address, "not-the-key-0123456789", 1, 5, 1 << 20)
-    damaged = [buffers[0].copy(), buffers[1]]
-    damaged[0][0] ^= 1
-    with pytest.raises(MemoryTierError, match=r"HTTP 400.*digest"):
-        replica_server.send(address, KEY.decode(), sealed, damaged, 1, 5)
     with pytest.raises(MemoryTierError, match=r"HTTP 400.*manifest is owner 1 step 5"):
         replica_server.send(address, KEY.decode(), sealed, list(buffers), 0, 5)
+    with pytest.raises(MemoryTierError, match=r"HTTP 400.*the manifest says"):
+        replica_server.send(address, KEY.decode(), sealed, [buffers[0]], 1, 5)
+    forged = memory_tier.seal(b"another-jobs-key-0123456789abcdef", memory_tier.unseal(
+        KEY, sealed))
+    with pytest.raises(MemoryTierError, match=r"HTTP 400.*seal"):
+        replica_server.send(address, KEY.decode(), forged, list(buffers), 1, 5)
     assert server.store.inventory() == []
+    # A damaged piece is kept (the holder checks seal and length only) and refused where it
+    # is used: the restoring rank checks every piece.
+    damaged = [buffers[0].copy(), buffers[1]]
+    damaged[0][0] ^= 1
+    replica_server.send(address, KEY.decode(), sealed, damaged, 1, 5)
+    got_sealed, data = replica_server.fetch(address, KEY.decode(), 1, 5, 1 << 20)
+    with pytest.raises(MemoryTierError, match="does not match its digest"):
+        memory_tier.check_data(memory_tier.unseal(KEY, got_sealed), data)
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     connection.request("PUT", "/memory/1/5", body=b"x" * 64,
                        headers={"Authorization": f"Bearer {KEY.decode()}",

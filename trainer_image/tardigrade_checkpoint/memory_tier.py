@@ -112,7 +112,7 @@ def take_snapshot(state: Any) -> Snapshot:
             if region in seen:
                 continue
             seen.add(region)
-            value = np.array(shard.data, copy=True)
+            value = np.asarray(shard.data).copy()
             pieces.append(Piece(name, region, value.dtype.name, tuple(value.shape), value))
     return Snapshot(arrays, pieces)
 
