@@ -46,6 +46,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2,
                         help="the arms run in turn this many times (drift hits all alike)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-niceness", dest="niceness", action="store_false",
+                        help="run the tier's threads at the loop's CPU priority, as before")
     return parser.parse_args()
 
 
@@ -97,9 +99,12 @@ def main() -> None:
                                  dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
     own = memory_tier.MemoryStore(base / "own", KEY)
     peer = memory_tier.MemoryStore(base / "peer", KEY)
+    if not args.niceness:
+        replica_server.lower_priority = lambda: None  # the server's handlers too
     server = replica_server.ReplicaServer(peer, "bench-token", "127.0.0.1", 0, 1 << 40).start()
     address = f"127.0.0.1:{server.port}"
-    executor = concurrent.futures.ThreadPoolExecutor(1)
+    executor = concurrent.futures.ThreadPoolExecutor(
+        1, initializer=replica_server.lower_priority if args.niceness else None)
 
     def commit(number: int, snapshot: memory_tier.Snapshot, replicate: bool) -> float:
         started = time.perf_counter()

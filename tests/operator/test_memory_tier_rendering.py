@@ -8,6 +8,7 @@ import json
 import pytest
 from tardigrade_contract import contract
 from tardigrade_operator.api.parse import InvalidTrainingJob, parse_spec
+from tardigrade_operator.decision.admission import AdmissionPolicy, review
 from tardigrade_operator.rendering.manifests import GangLaunch, build_pod
 
 from tests.operator.fake_cluster import JOB, KEYS, pod_env, spec
@@ -84,3 +85,18 @@ def test_the_trainer_refuses_replicas_without_a_key():
     with pytest.raises(contract.ContractError, match=contract.ENV_MEMORY_TIER_DIR):
         contract.TrainerEnvironment.from_env({**env, contract.ENV_MEMORY_TIER_DIR: "",
                                               contract.ENV_REPLICA_KEY: "k" * 43})
+
+
+def test_the_memory_tier_passes_restricted_with_no_volume_or_secret_granted():
+    # The tier's volume and key are the operator's own additions, exempt by name like the
+    # restart-in-place folder; a tmpfs emptyDir is allowed under Pod Security restricted.
+    parsed = parse_spec(spec(checkpoint={"path": "gs://bucket/tiny", "interval": {"steps": 100},
+                                         "memoryTier": {"interval": 5, "sizeLimit": "4Gi"}}))
+    policy = AdmissionPolicy.parse("restricted", "false",
+                                   {"TARDIGRADE_ALLOWED_VOLUME_TYPES": json.dumps(["projected"])})
+    assert review(JOB, parsed, policy) == []
+    # A user's own memory volume gets no such pass.
+    own = spec(checkpoint={"path": "gs://bucket/tiny"}, podTemplate={
+        "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}]})
+    assert [e.field for e in review(JOB, parse_spec(own), policy)] == [
+        "spec.podTemplate.volumes[0].emptyDir"]

@@ -56,7 +56,8 @@ class MemoryTier:
         self.store = memory_tier.MemoryStore(env.memory_tier_dir, self.seal_key)
         self.lineage = LEGACY_LINEAGE
         self.selection: memory_tier.Selection | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, "memory-tier")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, "memory-tier", initializer=replica_server.lower_priority)
         self._pending: concurrent.futures.Future[None] | None = None
         self._server: replica_server.ReplicaServer | None = None
         self.peers: list[str] = []

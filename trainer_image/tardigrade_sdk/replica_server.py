@@ -15,8 +15,10 @@ only, like the rest of the SDK's servers.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
+import os
 import re
 import socket
 import threading
@@ -31,6 +33,20 @@ LENGTH_BYTES = 8
 # A sealed manifest lists every piece: ~200 bytes each.
 MAX_MANIFEST_BYTES = 64 << 20
 DEFAULT_TIMEOUT_SECONDS = 120.0
+
+
+# The memory tier's threads run at the lowest CPU priority: their work (digests, copies into
+# the memory volume, a peer's upload) can wait for idle cores, the training step's threads
+# cannot (on a 2-core CPU host, at the default priority, the tier halved the loop's steps per
+# second: docs/memory-tier.md).
+BACKGROUND_NICENESS = 19
+
+
+def lower_priority() -> None:
+    """Make the calling thread yield the CPU to the loop's threads (Linux: a thread's own nice
+    value); elsewhere nothing."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
 
 
 def frame(sealed: bytes, data: bytes | memoryview) -> list[bytes | memoryview]:
@@ -82,6 +98,7 @@ class ReplicaServer:
                 return int(match.group(1)), int(match.group(2))
 
             def do_GET(self) -> None:
+                lower_priority()
                 target = self._target()
                 if target is None:
                     return
@@ -99,6 +116,7 @@ class ReplicaServer:
                     self.wfile.write(part)
 
             def do_PUT(self) -> None:
+                lower_priority()  # a thread of its own per request (ThreadingHTTPServer)
                 target = self._target()
                 if target is None:
                     return

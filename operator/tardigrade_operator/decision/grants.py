@@ -36,7 +36,11 @@ from tardigrade_contract import contract
 
 from tardigrade_operator.api.parse import FieldError
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.rendering.manifests import IN_PLACE_VOLUME, RENDEZVOUS_TOKEN_VOLUME
+from tardigrade_operator.rendering.manifests import (
+    IN_PLACE_VOLUME,
+    MEMORY_TIER_VOLUME,
+    RENDEZVOUS_TOKEN_VOLUME,
+)
 
 # Every core/v1 volume source, as the kubernetes client names it on the wire.
 VOLUME_TYPES = tuple(sorted(v for v in k8s.V1Volume.attribute_map.values() if v != "name"))
@@ -58,9 +62,9 @@ SYSTEM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 HARMLESS_PROJECTIONS = frozenset({"configMap", "downwardAPI", "serviceAccountToken",
                                   "clusterTrustBundle", "podCertificate"})
 # The operator's own pod additions (rendering/manifests.py), exempt by name.
-OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME})
+OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME, MEMORY_TIER_VOLUME})
 OPERATOR_SECRET_ENV = frozenset({contract.ENV_RESTART_KEY, contract.ENV_PROGRESS_TOKEN,
-                                 contract.ENV_CACHE_KEY})
+                                 contract.ENV_CACHE_KEY, contract.ENV_REPLICA_KEY})
 # Keys by which a volume source names a Secret of the namespace.
 _SECRET_REF_KEYS = ("secretRef", "nodePublishSecretRef")
 _SECRET_NAME_KEYS = ("secretName",)
