@@ -85,12 +85,14 @@ def main() -> None:
         jax.block_until_ready(tree)
         return tree, time.perf_counter() - started
 
-    # Calibrate: repeats of the elementwise update that make one step about --step-ms.
+    # Calibrate: repeats of the elementwise update that make one step about --step-ms (twice:
+    # the first guess comes from a step too short to time well).
     repeats = 1
-    step = make_step(repeats)
-    state, _ = timed(step, state, 2)
-    state, once = timed(step, state, 3)
-    repeats = max(1, round(repeats * args.step_ms / 1000 / (once / 3)))
+    for _ in range(2):
+        step = make_step(repeats)
+        state, _ = timed(step, state, 2)
+        state, took = timed(step, state, 5)
+        repeats = max(1, round(repeats * args.step_ms / 1000 / (took / 5)))
     step = make_step(repeats)
     state, _ = timed(step, state, 2)
 

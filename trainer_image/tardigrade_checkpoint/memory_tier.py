@@ -66,7 +66,7 @@ class Piece:
     region: str  # digest.region_key of the piece in the whole array
     dtype: str
     shape: tuple[int, ...]  # the piece's own shape
-    value: np.ndarray | None = None  # host copy; None once written
+    value: np.ndarray | None = None  # the host copy
 
 
 @dataclasses.dataclass(frozen=True)
