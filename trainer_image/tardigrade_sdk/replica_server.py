@@ -30,6 +30,8 @@ from tardigrade_sdk import bearer
 
 _PATH = re.compile(r"^/memory/(\d{1,9})/(\d{1,12})$")
 LENGTH_BYTES = 8
+# A refused request's body is read (and dropped) up to this size before the answer.
+DRAIN_BYTES = 1 << 20
 # A sealed manifest lists every piece: ~200 bytes each.
 MAX_MANIFEST_BYTES = 64 << 20
 DEFAULT_TIMEOUT_SECONDS = 120.0
@@ -89,13 +91,27 @@ class ReplicaServer:
 
             def _target(self) -> tuple[int, int] | None:
                 if not bearer.matches(self.headers.get("Authorization"), server.token):
-                    self._answer(401, b"the job's replica token is required")
+                    self._refuse_unread(401, b"the job's replica token is required")
                     return None
                 match = _PATH.match(self.path)
                 if match is None:
-                    self._answer(404)
+                    self._refuse_unread(404, b"")
                     return None
                 return int(match.group(1)), int(match.group(2))
+
+            def _refuse_unread(self, code: int, why: bytes) -> None:
+                """Answer before the body is read: a small body is read and dropped first, so
+                that the sender, still sending it, gets the answer rather than a reset
+                connection; a larger one is left unread and the connection closed."""
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if 0 < length <= DRAIN_BYTES:
+                    self.rfile.read(length)
+                elif length:
+                    self.close_connection = True
+                self._answer(code, why)
 
             def do_GET(self) -> None:
                 lower_priority()
@@ -126,7 +142,7 @@ class ReplicaServer:
                     self._answer(411)
                     return
                 if not 0 <= length <= server.max_body_bytes:
-                    self._answer(413, f"a replica of at most {server.max_body_bytes} bytes "
+                    self._refuse_unread(413, f"a replica of at most {server.max_body_bytes} bytes "
                                       "fits this rank's memory tier".encode())
                     return
                 body = self.rfile.read(length)
