@@ -17,20 +17,20 @@ MEMORY_INTERVAL = 5
 REPLICA_KEY = "memory-tier-gang-test-key-0123456789"
 
 
-def memory_env(work) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
+def memory_env(work, processes: int = 2) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
     common = {contract.ENV_MEMORY_TIER_INTERVAL: str(MEMORY_INTERVAL),
               contract.ENV_MEMORY_TIER_REPLICAS: "1",
               contract.ENV_REPLICA_KEY: REPLICA_KEY,
               contract.ENV_REPLICA_PORT: "0"}  # any free port: it is published to the gang
     # Each rank's memory volume: a directory of its own, as each pod has its emptyDir.
     per_rank = {rank: {contract.ENV_MEMORY_TIER_DIR: str(work / f"memory{rank}")}
-                for rank in (0, 1)}
+                for rank in range(processes)}
     return common, per_rank
 
 
-def _launch(workdir, ckpt, memory_root, hooks=None):
-    common, per_rank = memory_env(memory_root)
-    return launch(workdir, processes=2, checkpoint_path=str(ckpt), config=BASE,
+def _launch(workdir, ckpt, memory_root, hooks=None, processes=2, config=BASE):
+    common, per_rank = memory_env(memory_root, processes)
+    return launch(workdir, processes=processes, checkpoint_path=str(ckpt), config=config,
                   interval_steps=10, extra_env=common, rank_env=per_rank, hooks=hooks)
 
 
@@ -109,3 +109,24 @@ def test_a_damaged_replica_sends_the_whole_gang_to_the_bucket(straight, tmp_path
         assert second.events("restore_done", rank)[0]["source"] == "bucket"
     assert [e["step"] for e in second.events("checkpoint_restored")] == [10]
     assert _hash_at(second, 10) == _hash_at(straight, 10)
+
+
+def test_in_a_ring_of_three_the_lost_rank_reads_from_its_successor(tmp_path):
+    # Rank 1's replica is on rank 2, the next rank on the ring; rank 0 holds rank 2's.
+    config = {**BASE, "devices_per_process": 1, "global_batch_size": 6}
+    ckpt = tmp_path / "ckpt"
+    first = _launch(tmp_path / "first", ckpt, tmp_path, processes=3, config=config,
+                    hooks=[{"point": "step_end", "step": 17, "action": "pause"}])
+    wait_for(lambda: all((tmp_path / "first" / f"step_end-17-{r}").exists() for r in range(3))
+             and all(any(e["step"] == 15 for e in first.events("memory_snapshot_committed", r))
+                     for r in range(3)), 240, "all three ranks at step 17, memory step 15 in")
+    assert [e["replicas"] for e in first.events("memory_snapshot_committed", 1)] == [[2]] * 3
+    first.kill()
+    shutil.rmtree(tmp_path / "memory1")
+    second = _launch(tmp_path / "second", ckpt, tmp_path, processes=3, config=config)
+    assert second.wait() == [0, 0, 0], second.describe()
+    assert [second.events("restore_done", r)[0]["source"] for r in range(3)] == [
+        "memory", "peer", "memory"]
+    restored = second.events("memory_tier_restored", 1)[0]
+    assert (restored["step"], restored["holder"]) == (15, 2)
+    assert min(second.losses()) == 16
