@@ -3,6 +3,7 @@ send (tardigrade_checkpoint/memory_tier.py, tardigrade_sdk/replica_server.py).""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import itertools
 
@@ -32,7 +33,7 @@ def test_newest_step_whose_every_owner_is_held_somewhere_wins():
         1: [held(1, 10), held(0, 10), held(1, 15), held(0, 15)],
         2: [],  # a new pod: its memory is empty; rank 1 holds nothing of owner 2 at 15
     }
-    chosen = select(inventories, 3, LINE, floor=5)
+    chosen = select(inventories, LINE, floor=5)
     assert chosen is not None and chosen.step == 10
     # Each owner reads its own memory where it can; owner 2 from rank 0, its replica holder.
     assert chosen.sources == (0, 1, 0)
@@ -43,14 +44,14 @@ def test_a_torn_step_is_never_chosen_and_older_complete_one_is():
     inventories = {0: [held(0, 15), held(2, 10), held(0, 10)],
                    1: [held(1, 15), held(0, 15), held(1, 10)],
                    2: [held(2, 10), held(1, 10)]}
-    chosen = select(inventories, 3, LINE, floor=-1)
+    chosen = select(inventories, LINE, floor=-1)
     assert chosen is not None and (chosen.step, chosen.sources) == (10, (0, 1, 2))
 
 
 def test_the_bucket_wins_when_it_is_newer_and_memory_wins_ties():
     inventories = {r: [held(r, 10)] for r in range(3)}
-    assert select(inventories, 3, LINE, floor=11) is None
-    tie = select(inventories, 3, LINE, floor=10)
+    assert select(inventories, LINE, floor=11) is None
+    tie = select(inventories, LINE, floor=10)
     assert tie is not None and tie.step == 10
 
 
@@ -58,15 +59,20 @@ def test_snapshots_of_one_step_by_two_attempts_are_never_mixed():
     # Attempt 1 re-trained step 15 after restoring from the bucket: its state may differ.
     inventories = {0: [held(0, 15, attempt=0)], 1: [held(1, 15, attempt=1)],
                    2: [held(2, 15, attempt=0), held(2, 15, attempt=1)]}
-    assert select(inventories, 3, LINE, floor=-1) is None
+    assert select(inventories, LINE, floor=-1) is None
     inventories[0].append(held(0, 15, attempt=1))
-    chosen = select(inventories, 3, LINE, floor=-1)
+    chosen = select(inventories, LINE, floor=-1)
     assert chosen is not None and chosen.attempt == 1
 
 
-def test_snapshots_of_another_line_or_gang_size_do_not_count():
-    assert select({r: [held(r, 20, line="old")] for r in range(3)}, 3, "new", -1) is None
-    assert select({r: [held(r, 20, count=4)] for r in range(3)}, 3, LINE, -1) is None
+def test_snapshots_of_another_line_do_not_count_and_another_gang_size_must_be_whole():
+    assert select({r: [held(r, 20, line="old")] for r in range(3)}, "new", -1) is None
+    # Three ranks left of a gang of four, rank 3's pieces nowhere: torn.
+    assert select({r: [held(r, 20, count=4)] for r in range(3)}, LINE, -1) is None
+    # A gang of two grown to three: both owners held, by ranks 0 and 1 (rank 2 is new).
+    grown = select({0: [held(0, 20, count=2), held(1, 20, count=2)], 1: [held(1, 20, count=2)],
+                    2: []}, LINE, -1)
+    assert grown is not None and grown.process_count == 2 and grown.sources == (0, 1)
 
 
 def test_holders_are_the_next_ranks_on_the_ring():
@@ -115,7 +121,7 @@ def test_generated_histories_choose_the_newest_step_still_whole(history, floor):
                    [held(owner, step, count=count) for owner, steps in by_owner.items()
                     for step in steps]
                    for holder, by_owner in memories.items()}
-    chosen = select(inventories, count, LINE, floor)
+    chosen = select(inventories, LINE, floor)
     whole = [step for step in {h.step for items in inventories.values() for h in items}
              if all(any(held(o, step, count=count) in inventories[h] for h in range(count))
                     for o in range(count))]
@@ -139,7 +145,7 @@ def test_with_no_pod_lost_the_newest_completed_snapshot_is_chosen(history):
     assume(keep >= memory_tier.DEFAULT_KEEP)
     inventories = {holder: [held(owner, step, count=count) for owner, steps in by_owner.items()
                             for step in steps] for holder, by_owner in memories.items()}
-    chosen = select(inventories, count, LINE, -1)
+    chosen = select(inventories, LINE, -1)
     assert (chosen.step if chosen else None) == (complete[-1] if complete else None)
 
 
@@ -214,14 +220,51 @@ def test_own_shards_round_trip_onto_the_same_mesh_and_not_another():
     target = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         if isinstance(x, jax.Array) else x, state)
-    back = memory_tier.assemble(manifest, data, target)
+    back = memory_tier.assemble([(manifest, data)], target)
     assert np.array_equal(np.asarray(back["w"]), np.asarray(state["w"]))
     assert back["w"].sharding == split and back["count"] == 7
     assert np.array_equal(jax.random.key_data(back["key"]), jax.random.key_data(state["key"]))
-    other = NamedSharding(Mesh(devices, ("data",)), PartitionSpec("data"))
-    with pytest.raises(MemoryTierError, match="another mesh"):
-        memory_tier.assemble(manifest, data, {**target, "w": jax.ShapeDtypeStruct(
-            (4, 8), jnp.bfloat16, sharding=other)})
+    # Onto another mesh: rows of w cut from the quarters that tile them.
+    rows = NamedSharding(Mesh(devices, ("data",)), PartitionSpec("data"))
+    resharded = memory_tier.assemble([(manifest, data)], {**target, "w": jax.ShapeDtypeStruct(
+        (4, 8), jnp.bfloat16, sharding=rows)})
+    assert resharded["w"].sharding == rows
+    assert np.array_equal(np.asarray(resharded["w"]), np.asarray(state["w"]))
+    # A region no piece covers is refused, not filled.
+    halves = memory_tier.Manifest(**{**dataclasses.asdict(manifest), "pieces": [
+        e for e in manifest.pieces if e["leaf"] != "w" or e["region"].startswith("0:2")]})
+    with pytest.raises(MemoryTierError, match=r"not covered"):
+        memory_tier.assemble([(halves, data)], target)
+
+
+def test_a_gang_of_another_size_takes_each_region_from_the_owners_that_hold_it():
+    devices = np.array(jax.devices()[:4])
+    rows = NamedSharding(Mesh(devices, ("data",)), PartitionSpec("data"))
+    state = {"w": jax.device_put(jnp.arange(64, dtype=jnp.float32).reshape(8, 8), rows),
+             "b": jax.device_put(jnp.ones(8), NamedSharding(Mesh(devices, ("data",)),
+                                                            PartitionSpec()))}
+    whole = memory_tier.take_snapshot(state)
+    # Two owners, as a gang of two processes of two devices each wrote them: rows 0:4 and
+    # 4:8 of w, and each a whole copy of the replicated b.
+    parts = {}
+    for owner, prefix in ((0, ("0:2", "2:4")), (1, ("4:6", "6:8"))):
+        mine = memory_tier.Snapshot(whole.arrays, [
+            p for p in whole.pieces if p.leaf == "b" or p.region.split(",")[0] in prefix])
+        manifest, buffers = memory_tier.encode(mine, step=5, attempt=0, owner=owner,
+                                               process_count=2, lineage=LINE, job_uid="u")
+        parts[owner] = (manifest, b"".join(bytes(b) for b in buffers))
+    columns = NamedSharding(Mesh(devices[:2], ("model",)), PartitionSpec(None, "model"))
+    target = {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=columns),
+              "b": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(
+                  columns.mesh, PartitionSpec("model")))}
+    wanted = memory_tier.wanted_regions(target)
+    manifests = {o: m for o, (m, _) in parts.items()}
+    # Columns of w need both owners; b alone would need one: the one held here.
+    assert memory_tier.owners_needed(manifests, wanted, prefer=[1]) == [0, 1]
+    assert memory_tier.owners_needed(manifests, {"b": wanted["b"]}, prefer=[1]) == [1]
+    back = memory_tier.assemble(list(parts.values()), target)
+    assert np.array_equal(np.asarray(back["w"]), np.asarray(state["w"]))
+    assert np.array_equal(np.asarray(back["b"]), np.ones(8))
 
 
 # --- the peer transport ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 from tardigrade_contract import contract
 from trainer_harness import committed_steps, launch, wait_for
@@ -55,9 +56,9 @@ def test_every_rank_snapshots_every_interval_and_replicates_to_the_next(straight
     assert committed_steps(straight.workdir.parent / "ckpt") == [10, 20]
 
 
-def _lose_rank_after_step_17(tmp_path):
+def _lose_rank_after_step_17(tmp_path, lose_memory=True):
     """Train to step 17 (memory snapshot 15 committed, bucket step 10), then lose the whole
-    gang without notice and rank 1's memory with it (its pod is gone)."""
+    gang without notice and (`lose_memory`) rank 1's memory with it (its pod is gone)."""
     ckpt = tmp_path / "ckpt"
     first = _launch(tmp_path / "first", ckpt, tmp_path,
                     hooks=[{"point": "step_end", "step": 17, "action": "pause"}])
@@ -67,7 +68,8 @@ def _lose_rank_after_step_17(tmp_path):
              and committed_steps(ckpt) == [10], 240,
              "both ranks at step 17 with memory step 15 and bucket step 10 committed")
     first.kill()  # SIGKILL: no notice, no save
-    shutil.rmtree(tmp_path / "memory1")
+    if lose_memory:
+        shutil.rmtree(tmp_path / "memory1")
     return ckpt
 
 
@@ -130,3 +132,27 @@ def test_in_a_ring_of_three_the_lost_rank_reads_from_its_successor(tmp_path):
     restored = second.events("memory_tier_restored", 1)[0]
     assert (restored["step"], restored["holder"]) == (15, 2)
     assert min(second.losses()) == 16
+
+
+def test_a_gang_grown_to_three_reshards_the_snapshot_from_its_peers(straight, tmp_path):
+    """Point 2's second half: the relaunch has another size (a rank added), so every rank
+    reads the regions of its new layout from the snapshot's owners, the new rank entirely
+    from its peers' memories."""
+    ckpt = _lose_rank_after_step_17(tmp_path, lose_memory=False)
+    second = _launch(tmp_path / "second", ckpt, tmp_path, processes=3)
+    assert second.wait() == [0, 0, 0], second.describe()
+    decision = second.events("memory_tier_decision")[0]
+    assert (decision["step"], decision["saved_process_count"]) == (15, 2)
+    for rank in range(3):
+        assert second.events("restore_done", rank)[0]["source"] == "resharded"
+        restored = second.events("memory_tier_restored", rank)[0]
+        # The reference model is data parallel: one owner's copy holds every region. Ranks 0
+        # and 1 take their own; new rank 2, holding none, takes owner 0's from rank 0.
+        assert restored["owners"] == [rank if rank < 2 else 0], restored
+    assert not second.events("checkpoint_restored")
+    assert second.events("start")[0]["mesh"] == {"data": 6, "model": 1}
+    assert _hash_at(second, 15) == _hash_at(straight, 15)
+    losses, reference = second.losses(), straight.losses()
+    assert sorted(losses) == list(range(16, STEPS + 1))
+    np.testing.assert_allclose([losses[s] for s in losses], [reference[s] for s in losses],
+                               rtol=1e-5, atol=1e-5)

@@ -225,6 +225,7 @@ def check_data(manifest: Manifest, data: bytes | memoryview) -> None:
 
 
 def _piece_value(entry: Mapping[str, Any], data: bytes | memoryview) -> np.ndarray:
+    """The piece's values as stored (a view of `data`)."""
     import jax.numpy as jnp
 
     start, size = int(entry["offset"]), int(entry["nbytes"])
@@ -317,6 +318,13 @@ class MemoryStore:
             return []
         return sorted(int(m.group(1)) for p in where.iterdir() if (m := _STEP_DIR.match(p.name)))
 
+    def read_manifest(self, owner: int, step: int) -> bytes:
+        """The sealed manifest of a committed snapshot (unchecked); MemoryTierError if absent."""
+        try:
+            return (self._step_dir(owner, step) / MANIFEST).read_bytes()
+        except OSError as err:
+            raise MemoryTierError(f"owner {owner} step {step} is not held here: {err}") from None
+
     def read(self, owner: int, step: int) -> tuple[bytes, bytes]:
         """(sealed manifest, data) of a committed snapshot; MemoryTierError if absent."""
         where = self._step_dir(owner, step)
@@ -355,12 +363,18 @@ class MemoryStore:
 # --- the gang's choice (pure) ---------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The memory step the gang restores, and for each owner the rank whose memory holds its
-    pieces (the owner itself where it can)."""
+    """The memory step the gang restores, the size of the gang that wrote it, and for each of
+    that gang's owners the rank whose memory holds its pieces (the owner itself where it
+    can)."""
 
     step: int
     attempt: int
     sources: tuple[int, ...]  # index: owner rank; value: holder rank
+
+    @property
+    def process_count(self) -> int:
+        """How many processes wrote the snapshot (one owner each)."""
+        return len(self.sources)
 
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "attempt": self.attempt,
@@ -375,32 +389,30 @@ class Selection:
                                                                   data["sources"]))
 
 
-def select(held: Mapping[int, Iterable[Held]], process_count: int, lineage: str,
-           floor: int) -> Selection | None:
-    """The newest memory snapshot that is complete across the gang, if it is at least `floor`
-    (the bucket's newest committed step of the current line; -1: none).
+def select(held: Mapping[int, Iterable[Held]], lineage: str, floor: int) -> Selection | None:
+    """The newest memory snapshot that is complete across the gang that wrote it, if it is at
+    least `floor` (the bucket's newest committed step of the current line; -1: none).
 
-    Complete: for every owner 0..process_count-1, some rank holds that owner's snapshot of the
-    same step, written by the same attempt (a step re-trained by a later attempt is another
-    state), for a gang of this size and on the current line. Anything less is a torn step and
-    never chosen. Ties go to the newer attempt."""
-    copies: dict[tuple[int, int], dict[int, list[int]]] = {}
+    Complete: for every owner 0..N-1 of the gang of N processes that wrote it, some rank
+    holds that owner's snapshot of the same step, written by the same attempt (a step
+    re-trained by a later attempt is another state) and on the current line. Anything less is
+    a torn step and never chosen. Ties go to the newer attempt. The gang restoring it may
+    have another size (`assemble` reshards)."""
+    copies: dict[tuple[int, int, int], dict[int, list[int]]] = {}
     for holder, items in held.items():
         for item in items:
-            if item.process_count != process_count or item.lineage != lineage:
+            if item.lineage != lineage or not 0 <= item.owner < item.process_count:
                 continue
-            if not 0 <= item.owner < process_count:
-                continue
-            copies.setdefault((item.step, item.attempt), {}).setdefault(
+            copies.setdefault((item.step, item.attempt, item.process_count), {}).setdefault(
                 item.owner, []).append(holder)
-    for step, attempt in sorted(copies, reverse=True):
+    for step, attempt, count in sorted(copies, reverse=True):
         if step < floor:
             return None
-        owners = copies[(step, attempt)]
-        if len(owners) < process_count:
+        owners = copies[(step, attempt, count)]
+        if len(owners) < count:
             continue
         sources = tuple(owner if owner in owners[owner] else min(owners[owner])
-                        for owner in range(process_count))
+                        for owner in range(count))
         return Selection(step, attempt, sources)
     return None
 
@@ -412,35 +424,103 @@ def holders(owner: int, process_count: int, replicas: int) -> list[int]:
 
 
 # --- restoring --------------------------------------------------------------------------------
-def assemble(manifest: Manifest, data: bytes, target: Any) -> Any:
-    """The state of `target`'s structure, shapes and shardings from one owner's pieces (this
-    host's own, or a peer's replica of them). Every region the target puts on this host's
-    devices must be a stored piece: another mesh raises MemoryTierError (the bucket
-    reshards; this does not)."""
+def wanted_regions(target: Any) -> dict[str, list[tuple[slice, ...]]]:
+    """Leaf name -> the regions the target puts on this host's devices (a host value: all
+    of it)."""
     import jax
 
     from tardigrade_checkpoint import layout, leaves
 
-    by_region: dict[tuple[str, str], Mapping[str, Any]] = {
-        (e["leaf"], e["region"]): e for e in manifest.pieces}
+    wanted: dict[str, list[tuple[slice, ...]]] = {}
+    for name, leaf in zip(layout.leaf_names(target), jax.tree_util.tree_leaves(target),
+                          strict=True):
+        read = leaves.read_target(name, leaf)
+        if read.sharding is None:
+            wanted[name] = [tuple(slice(0, n) for n in read.shape)]
+            continue
+        wanted[name] = [tuple(slice(*part.indices(n)[:2]) for part, n in
+                              zip(index, read.shape, strict=True))
+                        for index in read.sharding.addressable_devices_indices_map(
+                            read.shape).values()]
+    return wanted
+
+
+def owners_needed(manifests: Mapping[int, Manifest],
+                  wanted: Mapping[str, Sequence[tuple[slice, ...]]],
+                  prefer: Iterable[int] = ()) -> list[int]:
+    """Owners whose pieces together hold every region this host restores: each piece
+    overlapping a wanted region comes from an owner already chosen if one has it, else from
+    one in `prefer` (held in this host's memory), else the lowest. Replicated leaves are held
+    whole by every owner: they do not make every owner's data worth fetching."""
+    holders: dict[tuple[str, str], list[int]] = {}
+    for owner, manifest in sorted(manifests.items()):
+        for entry in manifest.pieces:
+            holders.setdefault((entry["leaf"], entry["region"]), []).append(owner)
+    preferred = set(prefer)
+    chosen: list[int] = []
+    for (leaf, region), owners in sorted(holders.items()):
+        box = digest.parse_region(region)
+        if not any(_overlaps(box, want) for want in wanted.get(leaf, ())):
+            continue
+        if any(owner in chosen for owner in owners):
+            continue
+        chosen.append(min(owners, key=lambda o: (o not in preferred, o)))
+    return sorted(chosen)
+
+
+def _overlaps(a: tuple[slice, ...], b: tuple[slice, ...]) -> bool:
+    """Regions of one array that share an element (an empty dimension counts as shared:
+    a zero-size leaf's one piece must still be read)."""
+    return all(max(x.start, y.start) < min(x.stop, y.stop) or x.start == x.stop
+               for x, y in zip(a, b, strict=True))
+
+
+def assemble(parts: Sequence[tuple[Manifest, bytes | memoryview]], target: Any) -> Any:
+    """The state of `target`'s structure, shapes and shardings from the pieces of one or more
+    owners of one snapshot (this host's own, peers' replicas). A region the target puts on
+    this host's devices is a stored piece, or is cut from the pieces that tile it (another
+    mesh: the gang that wrote the snapshot saved one global sharding, so the owners' pieces
+    of a leaf are equal or disjoint); one not covered raises MemoryTierError."""
+    import jax
+
+    from tardigrade_checkpoint import layout, leaves
+
+    by_region: dict[tuple[str, str], tuple[Mapping[str, Any], bytes | memoryview]] = {}
+    for manifest, data in parts:
+        for entry in manifest.pieces:
+            by_region.setdefault((entry["leaf"], entry["region"]), (entry, data))
+    regions_of: dict[str, dict[str, str]] = {}
+    for leaf_name, region in by_region:
+        regions_of.setdefault(leaf_name, {})[region] = ""
     names = layout.leaf_names(target)
     flat, treedef = jax.tree_util.tree_flatten(target)
     out = []
     for name, leaf in zip(names, flat, strict=True):
         read = leaves.read_target(name, leaf)
-        recorded = manifest.arrays.get(name)
-        if recorded != read.recorded():
-            raise MemoryTierError(f"leaf {name}: stored {recorded}, the target wants "
-                                  f"{read.recorded()}")
+        for manifest, _ in parts:
+            recorded = manifest.arrays.get(name)
+            if recorded != read.recorded():
+                raise MemoryTierError(f"leaf {name}: stored {recorded}, the target wants "
+                                      f"{read.recorded()}")
 
-        def piece(index: Any, name: str = name, shape: tuple[int, ...] = read.shape
-                  ) -> np.ndarray:
+        def piece(index: Any, name: str = name, read: Any = read) -> np.ndarray:
+            shape = read.shape
             region = digest.region_key(index, shape)
-            entry = by_region.get((name, region))
-            if entry is None:
-                raise MemoryTierError(f"leaf {name}: region [{region}] is not among this "
-                                      "owner's pieces (another mesh)")
-            return np.array(_piece_value(entry, data))
+            found = by_region.get((name, region))
+            if found is not None:
+                return np.array(_piece_value(*found))
+            box = digest.parse_region(region)
+            try:
+                plan = digest.plan_pieces(box, regions_of.get(name, {}))
+            except ValueError as err:
+                raise MemoryTierError(f"leaf {name}: region [{region}] is not covered by "
+                                      f"the snapshot's pieces: {err}") from None
+            buffer = np.empty(tuple(b.stop - b.start for b in box), dtype=read.dtype)
+            for part in plan:
+                value = _piece_value(*by_region[(name, part.key)])
+                overlap = part.overlap(box)
+                buffer[digest.local(overlap, box)] = value[digest.local(overlap, part.region)]
+            return buffer
 
         if read.sharding is None:
             stored: Any = piece(tuple(slice(0, n) for n in read.shape))

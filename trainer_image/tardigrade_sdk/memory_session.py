@@ -56,6 +56,7 @@ class MemoryTier:
         self.store = memory_tier.MemoryStore(env.memory_tier_dir, self.seal_key)
         self.lineage = LEGACY_LINEAGE
         self.selection: memory_tier.Selection | None = None
+        self.restored_from = ""  # memory (its own), peer, or resharded
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, "memory-tier", initializer=replica_server.lower_priority)
         self._pending: concurrent.futures.Future[None] | None = None
@@ -153,7 +154,7 @@ class MemoryTier:
         listed = json.dumps([h.to_json() for h in held])
         gang = coordination.current()
         if gang is None:
-            selection = memory_tier.select({0: held}, 1, self.lineage, bucket_step)
+            selection = memory_tier.select({0: held}, self.lineage, bucket_step)
         else:
             name = f"tardigrade-memory-held-{self.env.attempt}"
             gathered = gang.gather_to_root(name, listed, self.timeout)
@@ -162,7 +163,7 @@ class MemoryTier:
                 inventories = {rank: [memory_tier.Held.from_json(item)
                                       for item in json.loads(text)]
                                for rank, text in enumerate(gathered)}
-                found = memory_tier.select(inventories, self.count, self.lineage, bucket_step)
+                found = memory_tier.select(inventories, self.lineage, bucket_step)
                 chosen = found.to_json() if found is not None else ""
             selection = memory_tier.Selection.from_json(
                 gang.from_root(f"{name}/chosen", chosen, self.timeout))
@@ -170,7 +171,8 @@ class MemoryTier:
         self.log({"event": "memory_tier_decision", "bucket_step": bucket_step,
                   "held": sorted({(h.owner, h.step) for h in held}),
                   "step": selection.step if selection else None,
-                  "sources": list(selection.sources) if selection else None})
+                  "sources": list(selection.sources) if selection else None,
+                  "saved_process_count": selection.process_count if selection else None})
         return selection.step if selection is not None else -1
 
     def restore(self, target: Any) -> tuple[Any, int] | None:
@@ -179,11 +181,17 @@ class MemoryTier:
         selection = self.selection
         assert selection is not None
         started = time.perf_counter()
-        holder = selection.sources[self.rank]
-        state, why, manifest = None, "", None
+        resharded = selection.process_count != self.count
+        holder = -1 if resharded else selection.sources[self.rank]
+        state, why, manifest, owners = None, "", None, [self.rank]
         try:
-            manifest, data = self._pieces(selection, holder)
-            state = memory_tier.assemble(manifest, data, target)
+            if resharded:
+                parts = self._resharded_parts(selection, target)
+                owners = [m.owner for m, _ in parts]
+            else:
+                parts = [self._pieces(selection, self.rank)]
+            manifest = parts[0][0]
+            state = memory_tier.assemble(parts, target)
         except memory_tier.MemoryTierError as err:
             why = f"rank {self.rank}: {err}"
         verdict = self._gang_verdict(why)
@@ -192,33 +200,68 @@ class MemoryTier:
                       "reason": verdict})
             return None
         assert manifest is not None
+        self.restored_from = ("memory" if holder == self.rank else
+                              "resharded" if resharded else "peer")
         self.log({"event": "memory_tier_restored", "step": selection.step,
-                  "source": "own" if holder == self.rank else "peer", "holder": holder,
-                  "bytes": manifest.data_bytes,
+                  "source": self.restored_from,
+                  "holder": holder, "owners": owners,
+                  "saved_process_count": selection.process_count,
                   "seconds": round(time.perf_counter() - started, 3)})
         return state, int(manifest.extra.get("data_position", selection.step + 1))
 
-    def _pieces(self, selection: memory_tier.Selection, holder: int
+    def _pieces(self, selection: memory_tier.Selection, owner: int
                 ) -> tuple[memory_tier.Manifest, bytes]:
+        """`owner`'s snapshot of the chosen step, from this rank's memory or the peer that
+        holds it, its seal and every piece checked."""
+        holder = selection.sources[owner]
         if holder == self.rank:
-            manifest, data = self.store.load(self.rank, selection.step)
+            manifest, data = self.store.load(owner, selection.step)
         else:
-            sealed, data = replica_server.fetch(self.peers[holder], self.token, self.rank,
+            sealed, data = replica_server.fetch(self.peers[holder], self.token, owner,
                                                 selection.step, MAX_SNAPSHOT_BYTES)
-            manifest = memory_tier.unseal(self.seal_key, sealed)
-            if (manifest.owner, manifest.step) != (self.rank, selection.step):
-                raise memory_tier.MemoryTierError(
-                    f"peer {holder} answered owner {manifest.owner} step {manifest.step}")
+            manifest = self._checked(sealed, selection, owner, holder)
             memory_tier.check_data(manifest, data)
-            # This rank's memory holds its own snapshot again (a new pod's is empty).
-            self.store.write(sealed, [data])
+            if owner == self.rank and selection.process_count == self.count:
+                # This rank's memory holds its own snapshot again (a new pod's is empty).
+                self.store.write(sealed, [data])
+        self._check_identity(manifest, selection, holder)
+        return manifest, data
+
+    def _checked(self, sealed: bytes, selection: memory_tier.Selection, owner: int,
+                 holder: int) -> memory_tier.Manifest:
+        manifest = memory_tier.unseal(self.seal_key, sealed)
+        if (manifest.owner, manifest.step) != (owner, selection.step):
+            raise memory_tier.MemoryTierError(
+                f"peer {holder} answered owner {manifest.owner} step {manifest.step}")
+        return manifest
+
+    def _check_identity(self, manifest: memory_tier.Manifest,
+                        selection: memory_tier.Selection, holder: int) -> None:
         if (manifest.attempt, manifest.process_count, manifest.lineage) != (
-                selection.attempt, self.count, self.lineage):
+                selection.attempt, selection.process_count, self.lineage):
             raise memory_tier.MemoryTierError(
                 f"step {selection.step} from rank {holder} was written by attempt "
                 f"{manifest.attempt} of {manifest.process_count} processes on line "
                 f"{manifest.lineage!r}, not the one chosen")
-        return manifest, data
+
+    def _resharded_parts(self, selection: memory_tier.Selection, target: Any
+                         ) -> list[tuple[memory_tier.Manifest, bytes]]:
+        """A snapshot of a gang of another size: every owner's manifest, then the pieces of
+        the owners whose regions overlap what this rank restores."""
+        manifests = {}
+        for owner, holder in enumerate(selection.sources):
+            if holder == self.rank:
+                sealed = self.store.read_manifest(owner, selection.step)
+            else:
+                sealed, _ = replica_server.fetch(self.peers[holder], self.token, owner,
+                                                 selection.step, MAX_SNAPSHOT_BYTES,
+                                                 manifest_only=True)
+            manifests[owner] = self._checked(sealed, selection, owner, holder)
+            self._check_identity(manifests[owner], selection, holder)
+        needed = memory_tier.owners_needed(
+            manifests, memory_tier.wanted_regions(target),
+            prefer=[o for o, holder in enumerate(selection.sources) if holder == self.rank])
+        return [self._pieces(selection, owner) for owner in needed]
 
     def _gang_verdict(self, why: str) -> str:
         """'' when every rank read its pieces, else the first rank's reason (on every rank)."""

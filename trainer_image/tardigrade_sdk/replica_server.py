@@ -2,6 +2,8 @@
 
     PUT /memory/<owner>/<step>   a peer's snapshot to keep (a replica)
     GET /memory/<owner>/<step>   a snapshot this rank holds, for a peer that restores it
+    GET /memory/<owner>/<step>/manifest   its manifest alone (a resharding restore reads
+                                 every owner's, then the data of those it needs)
 
 Both need `Authorization: Bearer <token>`, a token derived from the job's replica key
 (memory_tier.derived_keys; bearer.py compares in constant time). The body is a frame: 8 bytes
@@ -28,7 +30,7 @@ from tardigrade_checkpoint import memory_tier
 
 from tardigrade_sdk import bearer
 
-_PATH = re.compile(r"^/memory/(\d{1,9})/(\d{1,12})$")
+_PATH = re.compile(r"^/memory/(\d{1,9})/(\d{1,12})(/manifest)?$")
 LENGTH_BYTES = 8
 # A refused request's body is read (and dropped) up to this size before the answer.
 DRAIN_BYTES = 1 << 20
@@ -89,7 +91,7 @@ class ReplicaServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def _target(self) -> tuple[int, int] | None:
+            def _target(self) -> tuple[int, int, bool] | None:
                 if not bearer.matches(self.headers.get("Authorization"), server.token):
                     self._refuse_unread(401, b"the job's replica token is required")
                     return None
@@ -97,7 +99,7 @@ class ReplicaServer:
                 if match is None:
                     self._refuse_unread(404, b"")
                     return None
-                return int(match.group(1)), int(match.group(2))
+                return int(match.group(1)), int(match.group(2)), bool(match.group(3))
 
             def _refuse_unread(self, code: int, why: bytes) -> None:
                 """Answer before the body is read: a small body is read and dropped first, so
@@ -118,8 +120,12 @@ class ReplicaServer:
                 target = self._target()
                 if target is None:
                     return
+                owner, step, manifest_only = target
                 try:
-                    sealed, data = server.store.read(*target)
+                    if manifest_only:
+                        sealed, data = server.store.read_manifest(owner, step), b""
+                    else:
+                        sealed, data = server.store.read(owner, step)
                 except memory_tier.MemoryTierError as err:
                     self._answer(404, str(err).encode())
                     return
@@ -136,6 +142,9 @@ class ReplicaServer:
                 target = self._target()
                 if target is None:
                     return
+                if target[2]:
+                    self._refuse_unread(405, b"a manifest is uploaded with its snapshot")
+                    return
                 try:
                     length = int(self.headers.get("Content-Length") or "")
                 except ValueError:
@@ -149,7 +158,7 @@ class ReplicaServer:
                 try:
                     sealed, data = unframe(body)
                     manifest = memory_tier.unseal(server.store.key, sealed)
-                    if (manifest.owner, manifest.step) != target:
+                    if (manifest.owner, manifest.step) != target[:2]:
                         raise memory_tier.MemoryTierError(
                             f"sent to {self.path}, the manifest is owner {manifest.owner} "
                             f"step {manifest.step}")
@@ -220,12 +229,14 @@ def send(address: str, token: str, sealed: bytes, data: list[bytes | memoryview]
 
 
 def fetch(address: str, token: str, owner: int, step: int, max_bytes: int,
-          timeout: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[bytes, bytes]:
-    """(sealed manifest, data) of the snapshot the peer at `address` holds; unchecked here
-    (the caller unseals and checks every piece)."""
+          timeout: float = DEFAULT_TIMEOUT_SECONDS, manifest_only: bool = False
+          ) -> tuple[bytes, bytes]:
+    """(sealed manifest, data) of the snapshot the peer at `address` holds (data empty with
+    `manifest_only`); unchecked here (the caller unseals and checks every piece)."""
     connection = _connection(address, timeout)
     try:
-        connection.request("GET", f"/memory/{owner}/{step}",
+        connection.request("GET", f"/memory/{owner}/{step}"
+                           + ("/manifest" if manifest_only else ""),
                            headers={"Authorization": f"Bearer {token}"})
         answer = connection.getresponse()
         length = int(answer.getheader("Content-Length") or -1)

@@ -292,8 +292,7 @@ class TrainingSession:
         if got is None:
             return None
         state, start_step = got
-        holder = self._memory.selection.sources[self._memory.rank]
-        self.restore_source = "memory" if holder == self._memory.rank else "peer"
+        self.restore_source = self._memory.restored_from
         return Restored(state, start_step)
 
     def _backend(self) -> Checkpoints:
