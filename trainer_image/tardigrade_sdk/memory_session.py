@@ -6,7 +6,8 @@ its ring successors (replica_server.py), which keep them in theirs. At start-up,
 bucket's restore decision (restore_choice.py), every rank lists what its memory holds;
 process 0 picks the newest snapshot complete across the gang and not older than the bucket's
 step (tardigrade_checkpoint.memory_tier.select), and every rank reads its own pieces from its
-memory or from the peer holding them. If any rank cannot (a peer gone, a damaged piece), the
+memory or from the peer holding them; in a gang of another size, the pieces of the owners
+that cover its new regions. If any rank cannot (a peer gone, a damaged piece), the
 whole gang restores the bucket's step instead: every rank must restore the same step.
 Design and costs: docs/memory-tier.md.
 """
