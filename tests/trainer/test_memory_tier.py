@@ -55,7 +55,7 @@ def test_the_bucket_wins_when_it_is_newer_and_memory_wins_ties():
     assert tie is not None and tie.step == 10
 
 
-def test_snapshots_of_one_step_by_two_attempts_are_never_mixed():
+def test_snapshots_of_one_step_by_two_attempts_or_launches_are_never_mixed():
     # Attempt 1 re-trained step 15 after restoring from the bucket: its state may differ.
     inventories = {0: [held(0, 15, attempt=0)], 1: [held(1, 15, attempt=1)],
                    2: [held(2, 15, attempt=0), held(2, 15, attempt=1)]}
@@ -63,6 +63,12 @@ def test_snapshots_of_one_step_by_two_attempts_are_never_mixed():
     inventories[0].append(held(0, 15, attempt=1))
     chosen = select(inventories, LINE, floor=-1)
     assert chosen is not None and chosen.attempt == 1
+    # Two launches of one attempt (a trainer run outside the operator keeps attempt 0).
+    relaunched = {0: [Held(0, 20, 0, 2, LINE, "first")], 1: [Held(1, 20, 0, 2, LINE, "second")]}
+    assert select(relaunched, LINE, -1) is None
+    relaunched[1].append(Held(1, 20, 0, 2, LINE, "first"))
+    chosen = select(relaunched, LINE, -1)
+    assert chosen is not None and chosen.launch == "first" and chosen.sources == (0, 1)
 
 
 def test_snapshots_of_another_line_do_not_count_and_another_gang_size_must_be_whole():

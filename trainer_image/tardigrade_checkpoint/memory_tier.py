@@ -132,6 +132,9 @@ class Manifest:
     data_bytes: int
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
+    # A random id of the gang's launch, the same on every rank: two launches of one attempt
+    # (a trainer run outside the operator keeps attempt 0) never pass for one snapshot.
+    launch: str = ""
     format: str = FORMAT
 
     def to_json(self) -> bytes:
@@ -156,7 +159,8 @@ class Manifest:
 
 def encode(snapshot: Snapshot, *, step: int, attempt: int, owner: int, process_count: int,
            lineage: str, job_uid: str, extra: Mapping[str, Any] | None = None,
-           mesh: Mapping[str, int] | None = None) -> tuple[Manifest, list[np.ndarray]]:
+           mesh: Mapping[str, int] | None = None, launch: str = ""
+           ) -> tuple[Manifest, list[np.ndarray]]:
     """The manifest (with every piece's digest and place) and the buffers of `data.bin`."""
     entries, buffers, offset = [], [], 0
     for piece in snapshot.pieces:
@@ -171,7 +175,8 @@ def encode(snapshot: Snapshot, *, step: int, attempt: int, owner: int, process_c
         offset += int(value.nbytes)
     return Manifest(step=step, attempt=attempt, owner=owner, process_count=process_count,
                     lineage=lineage, job_uid=job_uid, arrays=snapshot.arrays, pieces=entries,
-                    data_bytes=offset, extra=dict(extra or {}), mesh=dict(mesh or {})), buffers
+                    data_bytes=offset, extra=dict(extra or {}), mesh=dict(mesh or {}),
+                    launch=launch), buffers
 
 
 def check_key(key: bytes, variable: str) -> bytes:
@@ -243,21 +248,23 @@ def _piece_value(entry: Mapping[str, Any], data: bytes | memoryview) -> np.ndarr
 # --- one host's memory directory ------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """One committed snapshot a host holds: whose, which step, written by which attempt."""
+    """One committed snapshot a host holds: whose, which step, written by which launch."""
 
     owner: int
     step: int
     attempt: int
     process_count: int
     lineage: str
+    launch: str = ""
 
     def to_json(self) -> list[Any]:
-        return [self.owner, self.step, self.attempt, self.process_count, self.lineage]
+        return [self.owner, self.step, self.attempt, self.process_count, self.lineage,
+                self.launch]
 
     @classmethod
     def from_json(cls, value: Sequence[Any]) -> Held:
-        owner, step, attempt, count, lineage = value
-        return cls(int(owner), int(step), int(attempt), int(count), str(lineage))
+        owner, step, attempt, count, lineage, launch = value
+        return cls(int(owner), int(step), int(attempt), int(count), str(lineage), str(launch))
 
 
 class MemoryStore:
@@ -356,7 +363,7 @@ class MemoryStore:
                     continue
                 if (manifest.owner, manifest.step) == (owner, step):
                     held.append(Held(owner, step, manifest.attempt, manifest.process_count,
-                                     manifest.lineage))
+                                     manifest.lineage, manifest.launch))
         return held
 
 
@@ -370,6 +377,7 @@ class Selection:
     step: int
     attempt: int
     sources: tuple[int, ...]  # index: owner rank; value: holder rank
+    launch: str = ""
 
     @property
     def process_count(self) -> int:
@@ -378,15 +386,15 @@ class Selection:
 
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "attempt": self.attempt,
-                           "sources": list(self.sources)})
+                           "sources": list(self.sources), "launch": self.launch})
 
     @classmethod
     def from_json(cls, text: str) -> Selection | None:
         data = json.loads(text) if text else None
         if not data:
             return None
-        return cls(int(data["step"]), int(data["attempt"]), tuple(int(s) for s in
-                                                                  data["sources"]))
+        return cls(int(data["step"]), int(data["attempt"]),
+                   tuple(int(s) for s in data["sources"]), str(data["launch"]))
 
 
 def select(held: Mapping[int, Iterable[Held]], lineage: str, floor: int) -> Selection | None:
@@ -394,26 +402,26 @@ def select(held: Mapping[int, Iterable[Held]], lineage: str, floor: int) -> Sele
     least `floor` (the bucket's newest committed step of the current line; -1: none).
 
     Complete: for every owner 0..N-1 of the gang of N processes that wrote it, some rank
-    holds that owner's snapshot of the same step, written by the same attempt (a step
-    re-trained by a later attempt is another state) and on the current line. Anything less is
-    a torn step and never chosen. Ties go to the newer attempt. The gang restoring it may
-    have another size (`assemble` reshards)."""
-    copies: dict[tuple[int, int, int], dict[int, list[int]]] = {}
+    holds that owner's snapshot of the same step, written by the same launch of the same
+    attempt (a step re-trained by a later one is another state) and on the current line.
+    Anything less is a torn step and never chosen. Ties go to the newer attempt. The gang
+    restoring it may have another size (`assemble` reshards)."""
+    copies: dict[tuple[int, int, str, int], dict[int, list[int]]] = {}
     for holder, items in held.items():
         for item in items:
             if item.lineage != lineage or not 0 <= item.owner < item.process_count:
                 continue
-            copies.setdefault((item.step, item.attempt, item.process_count), {}).setdefault(
-                item.owner, []).append(holder)
-    for step, attempt, count in sorted(copies, reverse=True):
+            key = (item.step, item.attempt, item.launch, item.process_count)
+            copies.setdefault(key, {}).setdefault(item.owner, []).append(holder)
+    for step, attempt, launch, count in sorted(copies, reverse=True):
         if step < floor:
             return None
-        owners = copies[(step, attempt, count)]
+        owners = copies[(step, attempt, launch, count)]
         if len(owners) < count:
             continue
         sources = tuple(owner if owner in owners[owner] else min(owners[owner])
                         for owner in range(count))
-        return Selection(step, attempt, sources)
+        return Selection(step, attempt, sources, launch)
     return None
 
 

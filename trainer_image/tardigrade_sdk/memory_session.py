@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -63,6 +64,11 @@ class MemoryTier:
         self._pending: concurrent.futures.Future[None] | None = None
         self._server: replica_server.ReplicaServer | None = None
         self.peers: list[str] = []
+        # One id for this launch of the gang, process 0's, on every rank (memory_tier.Manifest).
+        gang = coordination.current()
+        own_launch = secrets.token_hex(8)
+        self.launch = own_launch if gang is None else gang.from_root(
+            f"tardigrade-memory-launch-{env.attempt}", own_launch, self.timeout)
         if self.replicas > 0:
             host = os.environ.get(contract.ENV_POD_IP) or "127.0.0.1"
             self._server = replica_server.ReplicaServer(
@@ -107,7 +113,7 @@ class MemoryTier:
             manifest, buffers = memory_tier.encode(
                 snapshot, step=step, attempt=self.env.attempt, owner=self.rank,
                 process_count=self.count, lineage=self.lineage, job_uid=self.env.job_uid,
-                extra=extra, mesh=mesh)
+                extra=extra, mesh=mesh, launch=self.launch)
             sealed = memory_tier.seal(self.seal_key, manifest)
             self.store.write(sealed, buffers)
             written = time.perf_counter()
@@ -238,12 +244,12 @@ class MemoryTier:
 
     def _check_identity(self, manifest: memory_tier.Manifest,
                         selection: memory_tier.Selection, holder: int) -> None:
-        if (manifest.attempt, manifest.process_count, manifest.lineage) != (
-                selection.attempt, selection.process_count, self.lineage):
+        if (manifest.attempt, manifest.launch, manifest.process_count, manifest.lineage) != (
+                selection.attempt, selection.launch, selection.process_count, self.lineage):
             raise memory_tier.MemoryTierError(
                 f"step {selection.step} from rank {holder} was written by attempt "
-                f"{manifest.attempt} of {manifest.process_count} processes on line "
-                f"{manifest.lineage!r}, not the one chosen")
+                f"{manifest.attempt} (launch {manifest.launch}) of {manifest.process_count} "
+                f"processes on line {manifest.lineage!r}, not the one chosen")
 
     def _resharded_parts(self, selection: memory_tier.Selection, target: Any
                          ) -> list[tuple[memory_tier.Manifest, bytes]]:
