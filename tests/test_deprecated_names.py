@@ -21,6 +21,8 @@ def _modules(package: str) -> list[str]:
                   for p in folder.rglob("*.py") if p.name != "__init__.py")
 
 
+# SDK modules written after the move: they never had an old name.
+SDK_SINCE_THE_MOVE = {"memory_session", "replica_server"}
 # Old name -> new name, from the files that moved (every SDK module used to be a module of
 # tardigrade_trainer; the checkpoint library was its `checkpoint` package, but coordination).
 MOVED = {
@@ -30,7 +32,8 @@ MOVED = {
     "tardigrade_trainer.checkpoint": "tardigrade_checkpoint",
     **{f"tardigrade_trainer.checkpoint.{m}": f"tardigrade_checkpoint.{m}"
        for m in _modules("tardigrade_checkpoint") if m != "coordination"},
-    **{f"tardigrade_trainer.{m}": f"tardigrade_sdk.{m}" for m in _modules("tardigrade_sdk")},
+    **{f"tardigrade_trainer.{m}": f"tardigrade_sdk.{m}" for m in _modules("tardigrade_sdk")
+       if m not in SDK_SINCE_THE_MOVE},
 }
 
 PROBE = """

@@ -16,6 +16,7 @@ TRAINER_CONTAINER = "trainer"
 POD_FINALIZER = f"{types.GROUP}/gang-tracking"
 COORDINATOR_PORT_NAME = "coordinator"
 PROGRESS_PORT_NAME = "progress"
+REPLICA_PORT_NAME = "replicas"
 
 
 def service_name(job: str) -> str:

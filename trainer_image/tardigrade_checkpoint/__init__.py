@@ -42,6 +42,9 @@ Module map, one job each (`CheckpointManager` in manager.py is the façade over 
     digest       digests of saved regions and their checks; extra: the marker's `extra`
     faults       the named points of a save where tests inject faults (no-op in production)
     sharedprobe  start-up check that every host sees the same root
+    memory_tier  snapshots of a host's own shards in its memory and its peers' (a sealed
+                 manifest written last), and the gang's choice of the newest one whole
+                 (docs/memory-tier.md); the SDK's memory_session drives it
     coordination small collectives over JAX's coordination service (no device), which
                  sharedprobe and the SDK's gang start-up use
     statehash    a whole state's hash, for tests and debugging; errors: the exceptions

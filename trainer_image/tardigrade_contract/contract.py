@@ -120,6 +120,18 @@ RENDEZVOUS_AUDIENCE = "tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_DIR = "/var/run/secrets/tardigrade.dev/rendezvous"
 RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
 
+# The memory tier (spec.checkpoint.memoryTier, docs/memory-tier.md): every rank snapshots its
+# own shards every INTERVAL steps into DIR (the pod's memory volume) and sends a copy to
+# REPLICAS peers over HTTP on REPLICA_PORT, authenticated with the job's replica key (Secret).
+ENV_MEMORY_TIER_DIR = "TARDIGRADE_MEMORY_TIER_DIR"
+ENV_MEMORY_TIER_INTERVAL = "TARDIGRADE_MEMORY_TIER_INTERVAL"
+ENV_MEMORY_TIER_REPLICAS = "TARDIGRADE_MEMORY_TIER_REPLICAS"
+ENV_REPLICA_KEY = "TARDIGRADE_REPLICA_KEY"
+SECRET_REPLICA_KEY = "replica-key"
+ENV_REPLICA_PORT = "TARDIGRADE_REPLICA_PORT"
+DEFAULT_REPLICA_PORT = 8478
+MEMORY_TIER_VOLUME_PATH = "/var/run/tardigrade/memory-tier"
+
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
 DEFAULT_COORDINATOR_PORT = 8476
@@ -209,6 +221,11 @@ class TrainerEnvironment:
     progress_token: str | None = None
     cache_key: str | None = None
     accelerator: str | None = None  # one of ACCELERATOR_KINDS
+    memory_tier_dir: str | None = None
+    memory_tier_interval: int | None = None  # None: the memory tier is off
+    memory_tier_replicas: int = 1
+    replica_key: str | None = None
+    replica_port: int = DEFAULT_REPLICA_PORT
 
     @property
     def keep_last(self) -> int:
@@ -249,6 +266,9 @@ class TrainerEnvironment:
             ENV_PROGRESS_TOKEN: self.progress_token,
             ENV_CACHE_KEY: self.cache_key,
             ENV_ACCELERATOR: self.accelerator,
+            ENV_MEMORY_TIER_DIR: self.memory_tier_dir,
+            ENV_MEMORY_TIER_INTERVAL: self.memory_tier_interval,
+            ENV_REPLICA_KEY: self.replica_key,
         }
         env.update({k: v if isinstance(v, str) else _format_number(v)
                     for k, v in optional.items() if v is not None})
@@ -258,6 +278,9 @@ class TrainerEnvironment:
             env[ENV_RENDEZVOUS_INSECURE] = "true"
         if self.restart_in_process:
             env[ENV_RESTART_IN_PROCESS] = "true"
+        if self.memory_tier_interval is not None:
+            env[ENV_MEMORY_TIER_REPLICAS] = str(self.memory_tier_replicas)
+            env[ENV_REPLICA_PORT] = str(self.replica_port)
         return env
 
     @classmethod
@@ -316,6 +339,26 @@ class TrainerEnvironment:
         if accelerator is not None and accelerator not in ACCELERATOR_KINDS:
             raise ContractError(f"{ENV_ACCELERATOR}={accelerator!r}: expected one of "
                                 f"{', '.join(ACCELERATOR_KINDS)} (spec.accelerator.kind)")
+        memory_interval = optional_int(ENV_MEMORY_TIER_INTERVAL)
+        memory_replicas = optional_int(ENV_MEMORY_TIER_REPLICAS)
+        memory_replicas = 1 if memory_replicas is None else memory_replicas
+        replica_port = optional_int(ENV_REPLICA_PORT)
+        if memory_interval is not None:
+            if memory_interval < 1:
+                raise ContractError(f"{ENV_MEMORY_TIER_INTERVAL}={memory_interval} must be >= 1 "
+                                    "step (spec.checkpoint.memoryTier.interval)")
+            if not env.get(ENV_MEMORY_TIER_DIR):
+                raise ContractError(f"{ENV_MEMORY_TIER_INTERVAL} is set but "
+                                    f"{ENV_MEMORY_TIER_DIR} is not: the memory tier needs the "
+                                    "pod's memory volume")
+            if memory_replicas < 0:
+                raise ContractError(f"{ENV_MEMORY_TIER_REPLICAS}={memory_replicas} must be "
+                                    ">= 0 (spec.checkpoint.memoryTier.replicas)")
+            if memory_replicas > 0 and not env.get(ENV_REPLICA_KEY):
+                raise ContractError(f"{ENV_MEMORY_TIER_REPLICAS}={memory_replicas} needs "
+                                    f"{ENV_REPLICA_KEY} (the job's Secret key "
+                                    f"{SECRET_REPLICA_KEY}): peers accept no unauthenticated "
+                                    "replica")
         window = optional_float(ENV_SHUTDOWN_WINDOW_SECONDS)
         if window is not None and window <= 0:
             raise ContractError(f"{ENV_SHUTDOWN_WINDOW_SECONDS}={window:g} must be > 0 seconds")
@@ -353,6 +396,11 @@ class TrainerEnvironment:
             progress_token=env.get(ENV_PROGRESS_TOKEN) or None,
             cache_key=env.get(ENV_CACHE_KEY) or None,
             accelerator=accelerator,
+            memory_tier_dir=env.get(ENV_MEMORY_TIER_DIR) or None,
+            memory_tier_interval=memory_interval,
+            memory_tier_replicas=memory_replicas,
+            replica_key=env.get(ENV_REPLICA_KEY) or None,
+            replica_port=DEFAULT_REPLICA_PORT if replica_port is None else replica_port,
         )
 
 

@@ -170,6 +170,8 @@ class TrainingSession:
         self._save_prepared = False
         # Where this rank's time goes (phase_clock.py), served in rank 0's progress report.
         self.phase_clock = phase_clock.PhaseClock(phase_clock.since_process_start())
+        self._memory: Any = None  # memory_session.MemoryTier, when the memory tier is on
+        self.restore_source = "none"
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
@@ -255,6 +257,7 @@ class TrainingSession:
             # and every rank follows, or stops with the error class process 0 stopped with.
             self.restore_choice = self._checkpoints.choose_restore(env)
             self.restore_step = self.restore_choice.step
+            self._open_memory_tier()
             # Rank 0's report names its attempt from now on: the operator's sign that every
             # rank restarted into it (restart_in_place.note_gang_formed).
             self.metrics.report(attempt=env.attempt, restore_step=(
@@ -263,6 +266,40 @@ class TrainingSession:
                                          env.checkpoint_interval_seconds)
             self.watcher = PreemptionWatcher() if env.save_on_preemption else None
         return self._checkpoints
+
+    def _open_memory_tier(self) -> None:
+        """With spec.checkpoint.memoryTier: start this rank's memory tier and let the gang
+        choose a memory snapshot newer than (or as new as) the bucket's choice."""
+        env = self.env
+        if env.memory_tier_interval is None:
+            return
+        manager = getattr(self._checkpoints, "manager", None)
+        if manager is None:
+            raise ConfigError("spec.checkpoint.memoryTier needs the tardigrade checkpoint "
+                              "backend (its lines decide which memory snapshots count)")
+        from tardigrade_sdk.memory_session import MemoryTier
+        from tardigrade_sdk.restore_choice import OWN_ROOT
+
+        self._memory = MemoryTier(env, self.log)
+        record = manager.root_record()
+        bucket = self.restore_step if self.restore_choice.source == OWN_ROOT else -1
+        step = self._memory.choose(bucket, record.lineage if record is not None else None)
+        if step >= 0:
+            self.restore_step = step
+
+    def _restore_from_memory(self, target: Any) -> Any:
+        """The `Restored` of the gang's memory snapshot, or None (none chosen, or some rank
+        could not read its pieces: then every rank goes to the bucket)."""
+        from tardigrade_sdk.checkpoint_backend import Restored
+
+        if self._memory is None or self._memory.selection is None:
+            return None
+        got = self._memory.restore(target)
+        if got is None:
+            return None
+        state, start_step = got
+        self.restore_source = self._memory.restored_from
+        return Restored(state, start_step)
 
     def _backend(self) -> Checkpoints:
         if callable(self._choice):
@@ -309,14 +346,23 @@ class TrainingSession:
         else:
             if target is None:
                 target = _abstract_state(init)
-            restored = checkpoints.restore(self.restore_choice, target)
-            state = restored.state
-            self.start_step = restored.start_step
-            self.last_step = restored.start_step - 1
+            restored = self._restore_from_memory(target)
+            if restored is None and self.restore_choice.restores:
+                restored = checkpoints.restore(self.restore_choice, target)
+                self.restore_source = "bucket"
+            if restored is None:  # a memory snapshot that failed, and no bucket step
+                self.restore_source = "none"
+                self.start_step, self.last_step, state = 1, 0, init()
+            else:
+                state = restored.state
+                self.start_step = restored.start_step
+                self.last_step = restored.start_step - 1
+            self.restore_step = self.start_step - 1 if restored is not None else _NO_RESTORE
             self._report_checkpoint()
         self.phase_clock.switch(was)
         self._after_restore()
-        self.log({"event": "restore_done", "step": self.start_step - 1})
+        self.log({"event": "restore_done", "step": self.start_step - 1,
+                  "source": self.restore_source})
         return state
 
     def _after_restore(self) -> None:
@@ -429,7 +475,9 @@ class TrainingSession:
             return "preemption"
         if step == self.total_steps:
             return "final"
-        return "interval" if due else None
+        if due:
+            return "interval"
+        return "memory" if self._memory is not None and self._memory.due(step) else None
 
     def save(self, step: int, state: Any, reason: str = "interval",
              extra: Mapping[str, Any] | None = None,
@@ -448,6 +496,10 @@ class TrainingSession:
 
         from tardigrade_sdk.preemption import save_deadline
 
+        if reason == "memory":  # the memory tier alone (memory_session.py)
+            self._memory.snapshot(step, state, {"data_position": step + 1, "reason": reason,
+                                                **(extra or {})}, mesh)
+            return
         if reason != "preemption":
             blocked = self.checkpoints.save(
                 step, state,
@@ -455,6 +507,8 @@ class TrainingSession:
                 mesh=mesh)
             self._saved(step, reason, blocked)
             self.interval.saved()
+            if self._memory is not None and reason == "interval" and self._memory.due(step):
+                self.save(step, state, "memory", extra, mesh)
             return
         noticed_at = self.watcher.noticed_at if self.watcher is not None else None
         until = (save_deadline(noticed_at, self.env.shutdown_window_seconds)
@@ -536,6 +590,8 @@ class TrainingSession:
                  tb: TracebackType | None) -> bool:
         if exc is None:
             try:
+                if self._memory is not None:
+                    self._memory.close()
                 if self._checkpoints is not None:
                     self._checkpoints.close()  # the last save commits before we say Succeeded
             except BaseException as err:
@@ -577,6 +633,8 @@ class TrainingSession:
         exit_gang(code)
 
     def _stop_server(self) -> None:
+        if self._memory is not None:
+            self._memory.stop_serving()
         if self._server is not None:
             self._server.stop()
             self._server = None

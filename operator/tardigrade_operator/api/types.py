@@ -495,6 +495,25 @@ class KeepPolicy(ApiModel):
     )
 
 
+class MemoryTierSpec(ApiModel):
+    """Snapshots in host memory, replicated to peers: a rank lost without notice loses at most
+    `interval` steps when the gang restarts in place (docs/memory-tier.md)."""
+
+    interval: int = Field(
+        ge=1, description="Every rank snapshots its own shards every this many steps into its "
+        "pod's memory volume, and sends a copy to its peers.")
+    replicas: int = Field(
+        1, ge=0, le=8,
+        description="How many other ranks (the next ones, in rank order) keep a copy of each "
+        "rank's snapshot. 0: only the rank's own pod does, which survives a container restart "
+        "but not the loss of its pod.")
+    size_limit: Quantity | None = Field(
+        None, description="The memory volume's size (an emptyDir with medium Memory: it counts "
+        "against the pod's memory limit). It holds the newest 2 snapshots of the rank's own "
+        "shards and of each rank it keeps replicas for: about 2 x (1 + replicas) x the state's "
+        "bytes per host. Unset: no limit of its own.")
+
+
 class InitFrom(ApiModel):
     """Another job's checkpoint root to start from, read only."""
 
@@ -546,6 +565,10 @@ class CheckpointSpec(ApiModel):
     save_on_preemption: bool = Field(
         True, description="On SIGTERM the gang agrees on a step and saves before exiting."
     )
+    memory_tier: MemoryTierSpec | None = Field(
+        None, description="Also snapshot to host memory (and to peers' memory) between "
+        "checkpoints: a gang restarted in place resumes from the newest snapshot every rank "
+        "still has, or can fetch, when it is newer than the newest checkpoint.")
 
     cel_rules = (
         CelRule(
@@ -583,6 +606,11 @@ class CheckpointSpec(ApiModel):
                 "checkpoint.path is immutable: the checkpoint root belongs to this job. Delete "
                 "and re-create the job to use another path (start it from the old root with "
                 "checkpoint.initFrom)", ".path"),
+        CelRule("!has(self.memoryTier) || !has(self.interval.steps) || "
+                "self.memoryTier.interval < self.interval.steps",
+                "checkpoint.memoryTier.interval must be smaller than checkpoint.interval.steps: "
+                "the memory tier is there to snapshot more often than the checkpoints",
+                ".memoryTier.interval"),
         CelRule("!has(self.initFrom) || self.initFrom.path != self.path",
                 "checkpoint.initFrom.path must differ from checkpoint.path: a job resumes from "
                 "its own root by itself", ".initFrom.path"),

@@ -38,6 +38,7 @@ from tardigrade_operator.api.types import TrainingJobSpec
 from tardigrade_operator.rendering.manifests import (
     IN_PLACE_VOLUME,
     KEY_ENV_NAMES,
+    MEMORY_TIER_VOLUME,
     RENDEZVOUS_TOKEN_VOLUME,
 )
 
@@ -61,7 +62,7 @@ SYSTEM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 HARMLESS_PROJECTIONS = frozenset({"configMap", "downwardAPI", "serviceAccountToken",
                                   "clusterTrustBundle", "podCertificate"})
 # The operator's own pod additions (rendering/manifests.py), exempt by name.
-OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME})
+OPERATOR_VOLUMES = frozenset({RENDEZVOUS_TOKEN_VOLUME, IN_PLACE_VOLUME, MEMORY_TIER_VOLUME})
 OPERATOR_SECRET_ENV = KEY_ENV_NAMES
 # Keys by which a volume source names a Secret of the namespace.
 _SECRET_REF_KEYS = ("secretRef", "nodePublishSecretRef")

@@ -25,6 +25,10 @@ RENDEZVOUS_TOKEN_SECONDS = 3600
 # the container, not the pod).
 IN_PLACE_VOLUME = "tardigrade-in-place"
 IN_PLACE_DIR = "/var/run/tardigrade.dev/in-place"
+# The memory tier's volume (docs/memory-tier.md): a tmpfs emptyDir. It outlives the container
+# (a restart in place keeps it), not the pod; hostPath, which would outlive the pod, is
+# refused under Pod Security restricted.
+MEMORY_TIER_VOLUME = "tardigrade-memory-tier"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +136,24 @@ def trainer_environment(
         # The trainer refuses to run on another backend than the one asked for (a GPU or TPU
         # job never trains on the CPU).
         accelerator=spec.accelerator.kind,
+        **memory_tier_environment(checkpoint.memory_tier),
     )
+
+
+def memory_tier_environment(memory: types.MemoryTierSpec | None) -> dict[str, Any]:
+    """The memory tier's part of the contract (its key comes from the Secret: key_env)."""
+    if memory is None:
+        return {}
+    return {"memory_tier_dir": contract.MEMORY_TIER_VOLUME_PATH,
+            "memory_tier_interval": memory.interval,
+            "memory_tier_replicas": memory.replicas}
+
+
+def memory_tier_volume(memory: types.MemoryTierSpec) -> dict[str, Any]:
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if memory.size_limit is not None:
+        empty_dir["sizeLimit"] = str(memory.size_limit)
+    return {"name": MEMORY_TIER_VOLUME, "emptyDir": empty_dir}
 
 
 def runs_as_root(spec: TrainingJobSpec) -> bool:
@@ -167,7 +188,9 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
     env.append({"name": contract.ENV_POD_IP,
                 "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}})
     env += _tpu_worker_env(job, spec, launch, rank)
-    env += key_env(job, launch.restart_in_place)
+    memory = spec.checkpoint.memory_tier
+    env += key_env(job, launch.restart_in_place,
+                   replicas=memory is not None and memory.replicas > 0)
     if launch.restart_in_place:
         # Resolved again at every container start from the kubelet's copy of the pod: a
         # trainer restarted in place reads the world the operator annotated it with.
@@ -186,6 +209,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
             {"name": naming.COORDINATOR_PORT_NAME,
              "containerPort": contract.DEFAULT_COORDINATOR_PORT},
             {"name": naming.PROGRESS_PORT_NAME, "containerPort": contract.DEFAULT_PROGRESS_PORT},
+            *([{"name": naming.REPLICA_PORT_NAME, "containerPort": contract.DEFAULT_REPLICA_PORT}]
+              if memory is not None and memory.replicas > 0 else []),
         ],
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         # Without a message from the trainer (e.g. a segfault) the last log lines explain it.
@@ -207,6 +232,9 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
             "readOnly": True}]
     if launch.restart_in_place:
         container["volumeMounts"].append({"name": IN_PLACE_VOLUME, "mountPath": IN_PLACE_DIR})
+    if memory is not None:
+        container["volumeMounts"].append({"name": MEMORY_TIER_VOLUME,
+                                          "mountPath": contract.MEMORY_TIER_VOLUME_PATH})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -226,7 +254,8 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
                 "audience": contract.RENDEZVOUS_AUDIENCE,
                 "expirationSeconds": RENDEZVOUS_TOKEN_SECONDS,
                 "path": contract.RENDEZVOUS_TOKEN_FILE.rpartition("/")[2]}}]},
-        }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_in_place else [])],
+        }, *([{"name": IN_PLACE_VOLUME, "emptyDir": {}}] if launch.restart_in_place else []),
+            *([memory_tier_volume(memory)] if memory is not None else [])],
         "affinity": (avoid_affinity(launch.avoid_maintenance_until, launch.avoid_pools)
                      if launch.avoid_maintenance_until is not None else None),
     }
@@ -250,19 +279,25 @@ def build_pod(job: JobRef, spec: TrainingJobSpec, launch: GangLaunch, rank: int)
 
 
 # The job's keys as the trainer's environment: (variable, key in the job's Secret). The
-# restart key only where the trainer takes restart requests.
+# restart key only where the trainer takes restart requests; the replica key only where ranks
+# keep each other's memory snapshots. The replica key is the cache key's entry: the trainer
+# derives its seal key and its bearer token from it (memory_tier.derived_keys), each under a
+# label of its own, so neither the key nor anything that seals a cache entry crosses the
+# network.
 KEY_ENV = ((contract.ENV_PROGRESS_TOKEN, contract.SECRET_PROGRESS_TOKEN),
            (contract.ENV_CACHE_KEY, contract.SECRET_CACHE_KEY),
-           (contract.ENV_RESTART_KEY, contract.SECRET_RESTART_KEY))
+           (contract.ENV_RESTART_KEY, contract.SECRET_RESTART_KEY),
+           (contract.ENV_REPLICA_KEY, contract.SECRET_CACHE_KEY))
 # The variables key_env may add to a pod: the admission checks exempt these names only.
 KEY_ENV_NAMES = frozenset(name for name, _ in KEY_ENV)
 
 
-def key_env(job: JobRef, restart_in_place: bool) -> list[dict[str, Any]]:
+def key_env(job: JobRef, restart_in_place: bool, replicas: bool = False
+            ) -> list[dict[str, Any]]:
     """The job's keys, from its Secret (keys.py): the kubelet resolves them at each container
     start, and the pod itself carries only the Secret's name."""
-    refs = [(name, key) for name, key in KEY_ENV
-            if restart_in_place or name != contract.ENV_RESTART_KEY]
+    wanted = {contract.ENV_RESTART_KEY: restart_in_place, contract.ENV_REPLICA_KEY: replicas}
+    refs = [(name, key) for name, key in KEY_ENV if wanted.get(name, True)]
     secret = naming.keys_secret_name(job.name)
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
             for name, key in refs]
