@@ -30,6 +30,8 @@ from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from tardigrade_checkpoint.deadline import Deadline
 
+from tardigrade_sdk.notice import NoticeGuard
+
 log = logging.getLogger(__name__)
 
 # The margin: a fifth of the window, at most 2 s (15 s window: the save has 13 s).
@@ -97,8 +99,12 @@ class NoticeAnnouncer:
 
 
 class PreemptionWatcher:
-    def __init__(self) -> None:
-        self._local = threading.Event()
+    """`guard`: the session's notice guard (notice.py), which has owned SIGTERM since the
+    session started; without one the watcher installs its own handler."""
+
+    def __init__(self, guard: NoticeGuard | None = None) -> None:
+        self._local = threading.Event() if guard is None else guard.noticed
+        self._guard = guard
         self._calls = 0
         # time.monotonic() of the notice: the SIGTERM itself with the Python handler; with
         # JAX's (which gives no time) the agreed step, so the measured time is a lower bound.
@@ -107,6 +113,8 @@ class PreemptionWatcher:
             jax_distributed.global_state.client is not None
             and jax_distributed.global_state.preemption_sync_manager is not None
         )
+        if guard is not None and guard.installed:
+            return  # the guard announces a SIGTERM to the gang and times it
         if self._uses_jax:
             self.announcer = NoticeAnnouncer(jax_distributed.global_state.client)
         else:
@@ -125,6 +133,8 @@ class PreemptionWatcher:
         """When this process got a SIGTERM of its own (its pod is being stopped); None while
         its notice is only a peer's. Where that cannot be told apart (XLA's own notifier), the
         notice counts as its own: the shorter wait."""
+        if self._guard is not None and self._guard.installed:
+            return self._guard.received_at
         if self._uses_jax and self.announcer.installed:
             return self.announcer.received_at
         return self.noticed_at
@@ -139,9 +149,16 @@ class PreemptionWatcher:
             # would set a sync point of 1, which a resumed run never reaches.
             reached = bool(multihost_utils.reached_preemption_sync_point(self._calls))
             if reached and self.noticed_at is None:
-                self.noticed_at = time.monotonic()
+                self.noticed_at = self._guard_noticed_at() or time.monotonic()
             return reached
+        if self._local.is_set() and self.noticed_at is None:
+            self.noticed_at = self._guard_noticed_at() or time.monotonic()
         return self._local.is_set()
+
+    def _guard_noticed_at(self) -> float | None:
+        """When the guard saw the notice (its own SIGTERM or a peer's), a closer time than
+        the agreed step's."""
+        return self._guard.noticed_at if self._guard is not None else None
 
 
 def window_overrun(seconds_used: float, window_seconds: float) -> str | None:

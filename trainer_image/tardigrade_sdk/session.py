@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from tardigrade_checkpoint.faults import RESTORE, START_UP
 from tardigrade_contract import contract
 from tardigrade_contract.contract import ConfigError
 
 from tardigrade_sdk import accelerator, attempts, distributed, inplace, phases
 from tardigrade_sdk.logs import JsonLog
+from tardigrade_sdk.notice import NoticeGuard
 from tardigrade_sdk.savestall import SaveStall
 
 if TYPE_CHECKING:  # the backends import jax and tensorstore: only once a session starts
@@ -167,6 +170,12 @@ class TrainingSession:
         self._reported: Any = None
         self._stall = SaveStall()
         self._save_prepared = False
+        # SIGTERM from the start (notice.py); None when the job does not save on notice.
+        self._guard: NoticeGuard | None = None
+        self._stopping = threading.Lock()
+        # At the agreed step after a notice, process 0's word for every rank: False when a
+        # save is in flight or the step is committed (that save is waited for, no second one).
+        self._notice_save_needed: bool | None = None
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
@@ -185,6 +194,10 @@ class TrainingSession:
             _fail(self.env.termination_log, contract.EXIT_RESTART_IN_PLACE, "StaleWorld", err,
                   err.termination(self.env.attempt))
             raise SystemExit(contract.EXIT_RESTART_IN_PLACE) from None
+        if self.env.save_on_preemption:
+            # Before jax.distributed: a notice during start-up ends the rank cleanly, not by
+            # SIGTERM's default action (exit 143, no termination message).
+            self._guard = NoticeGuard(self.env.attempt, self._stop_before_training)
         try:
             self._start()
         except BaseException as err:
@@ -195,6 +208,7 @@ class TrainingSession:
     def _start(self) -> None:
         from jax._src import distributed as jax_distributed
 
+        self.fault_point(START_UP, 0, self.env.process_id)
         if jax_distributed.global_state.client is None:
             try:
                 distributed.initialize(self.env)
@@ -211,6 +225,7 @@ class TrainingSession:
             _fail(self.env.termination_log, code, reason, err)
             raise SystemExit(code) from None
         import jax
+        from tardigrade_checkpoint import coordination
 
         from tardigrade_sdk.metrics import Metrics, ProgressServer
 
@@ -228,6 +243,9 @@ class TrainingSession:
             self._server = ProgressServer(self.metrics, env.progress_port,
                                           on_restart=self._restarts.answer,
                                           progress_token=env.progress_token).start()
+        if self._guard is not None:
+            # From here on the notice reaches the gang, and a peer's reaches this rank.
+            self._guard.connect(jax_distributed.global_state.client, coordination.current())
 
     @property
     def checkpoints(self) -> Checkpoints:
@@ -255,7 +273,7 @@ class TrainingSession:
                 self.restore_step if self.restore_step >= 0 else None))
             self.interval = SaveInterval(env.checkpoint_interval_steps,
                                          env.checkpoint_interval_seconds)
-            self.watcher = PreemptionWatcher() if env.save_on_preemption else None
+            self.watcher = PreemptionWatcher(self._guard) if env.save_on_preemption else None
         return self._checkpoints
 
     def _backend(self) -> Checkpoints:
@@ -301,12 +319,15 @@ class TrainingSession:
         else:
             if target is None:
                 target = _abstract_state(init)
+            self._set_phase("restore")
+            self.fault_point(RESTORE, self.restore_step, self.env.process_id)
             restored = checkpoints.restore(self.restore_choice, target)
             state = restored.state
             self.start_step = restored.start_step
             self.last_step = restored.start_step - 1
             self._report_checkpoint()
         self._after_restore()
+        self._set_phase("the first step's preparation")
         self.log({"event": "restore_done", "step": self.start_step - 1})
         return state
 
@@ -324,6 +345,7 @@ class TrainingSession:
         self._open_checkpoints()
         self._after_restore()  # a loop that never called restore_or
         self.total_steps = total
+        self._begin_training()
         return range(self.start_step, total + 1)
 
     def end_step(self, step: int, state: Any, loss: Any = None) -> None:
@@ -338,6 +360,19 @@ class TrainingSession:
         reason = self.save_reason(step)
         if reason is not None:
             self.save(step, state, reason)
+
+    def check_notice(self, state: Any) -> None:
+        """Between steps, in work that may outlast the shutdown window (an evaluation, a
+        long data-loader refill): call it on every rank at the same points (each evaluation
+        batch) with the state of the last step `end_step` was given. At the gang's agreed stop
+        point it saves that step (unless it is committed or a save is in flight: then that
+        save is waited for) and stops the loop as `end_step` does after a notice."""
+        if self.watcher is None:
+            self._open_checkpoints()
+        if self.watcher is None or not self.watcher.should_stop(self.last_step):
+            return
+        self._notice_save_needed = self._save_needed_on_notice(self.last_step)
+        self.save(self.last_step, state, "preemption")
 
     def prepare_save(self, state: Any, step_program: Any = None) -> None:
         """Once a step has run (later calls do nothing): get the checkpoints ready to save
@@ -359,6 +394,7 @@ class TrainingSession:
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""
+        self._begin_training()  # a loop that never called steps()
         self.last_step = step
         self._time_save_stall()
         changes: dict[str, Any] = {"step": step, "total_steps": self.total_steps, **fields}
@@ -405,6 +441,7 @@ class TrainingSession:
         from jax.experimental import multihost_utils
 
         self._open_checkpoints()  # the interval and the watcher come with it
+        self._begin_training()
         preempted = self.watcher is not None and self.watcher.should_stop(step)
         due = self.interval.due_by_step(step)
         if self.interval.seconds is not None:
@@ -414,6 +451,7 @@ class TrainingSession:
                 by_time = multihost_utils.broadcast_one_to_all(by_time)
             due = due or bool(by_time)
         if preempted:
+            self._notice_save_needed = self._save_needed_on_notice(step)
             return "preemption"
         if step == self.total_steps:
             return "final"
@@ -442,12 +480,19 @@ class TrainingSession:
         until = (save_deadline(noticed_at, self.env.shutdown_window_seconds)
                  if noticed_at is not None else None)
         try:
-            blocked = self.checkpoints.save(
-                step, state,
-                extra={"data_position": step + 1, "reason": reason, **(extra or {})},
-                mesh=mesh, deadline=until)
-            self._saved(step, reason, blocked)
-            self.checkpoints.wait(until)
+            if self._notice_save_needed is False:
+                # The save in flight (or done) is the gang's newest: commit it, no second one
+                # (which would wait for it, then need the window a second time).
+                self.log({"event": "preemption_waits_for_save", "step": step,
+                          "seconds_since_notice": round(self._since_notice(), 3)})
+                self.checkpoints.wait(until)
+            else:
+                blocked = self.checkpoints.save(
+                    step, state,
+                    extra={"data_position": step + 1, "reason": reason, **(extra or {})},
+                    mesh=mesh, deadline=until)
+                self._saved(step, reason, blocked)
+                self.checkpoints.wait(until)
         except CheckpointIOError as err:
             # Not "PreemptedSaved": the operator must resume from the older commit.
             self.log({"event": "preempted_unsaved", "step": step, "error": str(err),
@@ -458,6 +503,22 @@ class TrainingSession:
         self.interval.saved()
         self._stop_after_notice(step)
 
+    def _save_needed_on_notice(self, step: int) -> bool:
+        """At the gang's agreed stop point: whether `step` must be saved, by process 0's view
+        for every rank (a rank may learn of a commit later than process 0): not when a save
+        is in flight or `step` is committed already."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        checkpoints = self.checkpoints
+        committed = checkpoints.committed()
+        needed = np.int32(not checkpoints.saving()
+                          and (committed is None or committed.step < step))
+        if jax.process_count() > 1:
+            needed = multihost_utils.broadcast_one_to_all(needed)
+        return bool(needed)
+
     def _since_notice(self) -> float:
         return self.watcher.seconds_since_notice() if self.watcher is not None else 0.0
 
@@ -466,14 +527,17 @@ class TrainingSession:
 
         self._report_checkpoint()
         used = self._since_notice()
-        self.log({"event": "preempted", "step": step, "seconds_since_notice": round(used, 3),
+        committed = self._checkpoints.committed() if self._checkpoints is not None else None
+        saved = committed.step if committed is not None else step
+        self.log({"event": "preempted", "step": step, "checkpoint_step": saved,
+                  "seconds_since_notice": round(used, 3),
                   "shutdown_window_seconds": self.env.shutdown_window_seconds})
         overrun = window_overrun(used, self.env.shutdown_window_seconds)
         if overrun is not None:
             self.log({"event": "shutdown_window_exceeded", "level": "warning", "step": step,
                       "message": overrun})
         code, reason = inplace.stop_code(self.env)
-        message = self.termination(reason, f"saved step {step} on SIGTERM")
+        message = self.termination(reason, f"saved step {saved} on SIGTERM")
         if code == contract.EXIT_RESTART_IN_PLACE:
             inplace.remember_exit(self.env, message)
             released = self._wait_for_word()
@@ -483,19 +547,85 @@ class TrainingSession:
             raise StopTraining(code, message, next_attempt_in_process=in_process)
         raise StopTraining(code, message)
 
-    def _wait_for_word(self) -> bool:
+    def _wait_for_word(self, since_notice: float | None = None) -> bool:
         """After the save on notice, the operator's request (inplace.release_deadline)."""
         saved_at = time.monotonic()
         watcher = self.watcher
-        notice_at = saved_at - self._since_notice()
+        notice_at = saved_at - (self._since_notice() if since_notice is None else since_notice)
+        guard = self._guard
 
         def own_notice_at() -> float | None:
             # Without a watcher's word the notice counts as the rank's own: the shorter wait.
-            return watcher.own_notice_at if watcher is not None else notice_at
+            if watcher is not None:
+                return watcher.own_notice_at
+            return guard.received_at if guard is not None and guard.installed else notice_at
 
         return self._restarts.wait_released_until(lambda: inplace.release_deadline(
             saved_at, notice_at, own_notice_at(), self.env.num_processes,
             self.env.shutdown_window_seconds))
+
+    # --- a notice before the first step (notice.py) ------------------------------------------
+    def _set_phase(self, phase: str) -> None:
+        if self._guard is not None:
+            self._guard.phase = phase
+
+    def fault_point(self, point: str, step: int, process_id: int) -> None:
+        """For tests only: the faults given to the session, at `point` (checkpoint/faults.py)."""
+        if self._faults is not None:
+            self._faults.at(point, step, process_id)
+
+    def _begin_training(self) -> None:
+        """Every rank, once, before its first step: the gang trains, or a notice came first
+        and the rank stops here with nothing to save."""
+        guard = self._guard
+        if guard is None or guard.training:
+            return
+        if not guard.begin_training(self.env.init_timeout_seconds):
+            self._stop_before_training(guard.phase)
+        guard.phase = "training"
+
+    def _stop_before_training(self, phase: str) -> None:
+        """A notice before the gang's first step: nothing is newer than the committed
+        checkpoint, so leave at once with the contract's code for a stop on notice. Called
+        from whichever thread learnt it; ends the process (a second caller waits for that)."""
+        self._stopping.acquire()
+        env = self.env
+        guard = self._guard
+        since = guard.seconds_since_notice() if guard is not None else 0.0
+        # jax.distributed is up (and the notice was written to it): leave with the gang.
+        connected = guard is not None and guard.connected
+        code, reason = inplace.stop_code(env)
+        if code == contract.EXIT_RESTART_IN_PLACE and not connected:
+            code, reason = contract.EXIT_PREEMPTED_SAVED, "PreemptedSaved"
+        committed = self._checkpoints.committed() if self._checkpoints is not None else None
+        # Mid-restore nothing is reported committed yet; the step being restored from this
+        # job's root is (another job's, initFrom, is not this job's checkpoint).
+        step = committed.step if committed is not None else (
+            self.restore_step if self.restore_step >= 0
+            and getattr(self.restore_choice, "source", 0) == 0 else None)
+        newest = (f"nothing newer than the committed step {step} to save"
+                  if step is not None else "nothing trained to save")
+        text = f"notice during {phase}: {newest}"
+        message = contract.TerminationMessage(
+            reason=reason, step=self.last_step or step, checkpoint_step=step,
+            checkpoint_path=committed.path if committed is not None else None, message=text,
+            attempt=env.attempt)
+        record = {"event": "preempted_before_training", "phase": phase,
+                  "checkpoint_step": step, "seconds_since_notice": round(since, 3)}
+        (self.log if connected else JsonLog(env.process_id, attempt=env.attempt))(record)
+        exit_code = code
+        if code == contract.EXIT_RESTART_IN_PLACE:
+            inplace.remember_exit(env, message)
+            self._wait_for_word(since)
+            if self._restarts.restarts_in_process(env) and attempts.in_child():
+                exit_code = attempts.EXIT_NEXT_ATTEMPT
+        write_termination(env.termination_log, message)
+        self._stop_server()
+        if connected:
+            exit_gang(exit_code)  # every rank stops too: they meet, then leave together
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
 
     def _report_checkpoint(self) -> None:
         committed = self._checkpoints.committed() if self._checkpoints is not None else None
@@ -547,6 +677,10 @@ class TrainingSession:
         jax.distributed.shutdown()
 
     def _leave_on_error(self, err: BaseException) -> None:
+        if self._stopping.locked():
+            # A stop on notice is ending the process from another thread (and may have taken
+            # the coordination service down under this one): its message stands.
+            self._stopping.acquire()
         if isinstance(err, SystemExit | KeyboardInterrupt | GeneratorExit):
             return
         code, reason = exit_code_for(err)
