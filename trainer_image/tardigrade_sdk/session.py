@@ -168,6 +168,7 @@ class TrainingSession:
         self.total_steps: int | None = None
         self._server: Any = None
         self._reported: Any = None
+        self.continuous: Any = None  # ContinuousSaving, once the checkpoints are open
         self._stall = SaveStall()
         self._save_prepared = False
         # SIGTERM from the start (notice.py); None when the job does not save on notice.
@@ -256,7 +257,7 @@ class TrainingSession:
         """Open the backend and agree on the restore step when the loop first needs them: a
         loop that cannot run as configured fails before anything touches storage."""
         if self._checkpoints is None:
-            from tardigrade_checkpoint import SaveInterval
+            from tardigrade_checkpoint import ContinuousSaving, SaveInterval
 
             from tardigrade_sdk.preemption import PreemptionWatcher
 
@@ -273,6 +274,8 @@ class TrainingSession:
                 self.restore_step if self.restore_step >= 0 else None))
             self.interval = SaveInterval(env.checkpoint_interval_steps,
                                          env.checkpoint_interval_seconds)
+            fraction = env.checkpoint_continuous_max_loop_fraction
+            self.continuous = ContinuousSaving(fraction) if fraction is not None else None
             self.watcher = PreemptionWatcher(self._guard) if env.save_on_preemption else None
         return self._checkpoints
 
@@ -432,30 +435,38 @@ class TrainingSession:
             self.log({"event": "checkpoint_loop_time_lost", **previous})
 
     def save_reason(self, step: int) -> str | None:
-        """Why `step` must be saved ("preemption", "interval", "final"), or None.
+        """Why `step` must be saved ("preemption", "interval", "continuous", "final"), or
+        None.
 
         Every rank must call it at every step: it is where the gang agrees on the step to
-        save at after SIGTERM, and where process 0's clock decides a time-based save."""
+        save at after SIGTERM, and where process 0 decides a time-based or continuous save
+        (by its clock and its view of the save in flight)."""
         import jax
         import numpy as np
         from jax.experimental import multihost_utils
+        from tardigrade_checkpoint import SaveContext
 
         self._open_checkpoints()  # the interval and the watcher come with it
         self._begin_training()
         preempted = self.watcher is not None and self.watcher.should_stop(step)
-        due = self.interval.due_by_step(step)
-        if self.interval.seconds is not None:
-            # Clocks differ between hosts: process 0 decides, everyone follows.
-            by_time = np.int32(self.interval.due_by_time())
+        reason = "interval" if self.interval.due_by_step(step) else None
+        if self.interval.seconds is not None or self.continuous is not None:
+            # Clocks (and what each host knows of the save in flight) differ between hosts:
+            # process 0 decides, everyone follows. 1: interval, 2: continuous.
+            decided = 1 if self.interval.due_by_time() else 0
+            if not decided and self.continuous is not None and self.continuous.should_save(
+                    SaveContext(step=step, saving=bool(self.checkpoints.saving()))):
+                decided = 2
+            word = np.int32(decided)
             if jax.process_count() > 1:
-                by_time = multihost_utils.broadcast_one_to_all(by_time)
-            due = due or bool(by_time)
+                word = multihost_utils.broadcast_one_to_all(word)
+            reason = reason or {1: "interval", 2: "continuous"}.get(int(word))
         if preempted:
             self._notice_save_needed = self._save_needed_on_notice(step)
             return "preemption"
         if step == self.total_steps:
             return "final"
-        return "interval" if due else None
+        return reason
 
     def save(self, step: int, state: Any, reason: str = "interval",
              extra: Mapping[str, Any] | None = None,
@@ -469,12 +480,15 @@ class TrainingSession:
         from tardigrade_sdk.preemption import save_deadline
 
         if reason != "preemption":
+            started = time.monotonic()
             blocked = self.checkpoints.save(
                 step, state,
                 extra={"data_position": step + 1, "reason": reason, **(extra or {})},
                 mesh=mesh)
             self._saved(step, reason, blocked)
             self.interval.saved()
+            if self.continuous is not None:
+                self.continuous.saved(started, self._gang_held(time.monotonic() - started))
             return
         noticed_at = self.watcher.noticed_at if self.watcher is not None else None
         until = (save_deadline(noticed_at, self.env.shutdown_window_seconds)
@@ -502,6 +516,17 @@ class TrainingSession:
             ) from None
         self.interval.saved()
         self._stop_after_notice(step)
+
+    def _gang_held(self, seconds: float) -> float:
+        """The longest any rank's save call held its loop (all it waited for, the previous
+        save's end included): a gang's steps go at its slowest rank's pace."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        if jax.process_count() == 1:
+            return seconds
+        return float(np.max(multihost_utils.process_allgather(np.float32(seconds))))
 
     def _save_needed_on_notice(self, step: int) -> bool:
         """At the gang's agreed stop point: whether `step` must be saved, by process 0's view
