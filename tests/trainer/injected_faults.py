@@ -6,7 +6,8 @@ where action is "kill" (SIGKILL itself, like a node loss), "kill_later" (SIGKILL
 next, e.g. the writes of a save), "fail" (raise an OSError(EIO) there, as a storage error
 would; with "error": "bug", a RuntimeError, as a bug would), "pause" (write a marker file
 `<point>-<step>-<process>` into `marker_dir`, then block until killed) or "hold" (write that
-marker, then block until the test creates `<marker>.go` beside it).
+marker, then block until the test creates `<marker>.go` beside it) or "mark" (write that
+marker and go on).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class ScriptedFaults:
             elif hook["action"] == "pause":
                 (self.marker_dir / f"{point}-{step}-{process_id}").write_text(str(os.getpid()))
                 threading.Event().wait()
+            elif hook["action"] == "mark":
+                (self.marker_dir / f"{point}-{step}-{process_id}").write_text(str(os.getpid()))
             elif hook["action"] == "hold":
                 marker = self.marker_dir / f"{point}-{step}-{process_id}"
                 marker.write_text(str(os.getpid()))

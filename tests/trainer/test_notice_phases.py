@@ -65,6 +65,20 @@ def test_a_notice_during_start_up_ends_every_rank_cleanly(tmp_path):
     assert step_dirs(ckpt) == []
 
 
+def test_a_notice_while_jax_distributed_starts_ends_the_rank_cleanly(tmp_path):
+    """Rank 1 alone: it waits for rank 0 at the rendezvous, inside `distributed.initialize`,
+    until the notice comes (the marker says its session has started)."""
+    gang = launch(tmp_path, processes=2, ranks=[1], checkpoint_path=str(tmp_path / "ckpt"),
+                  config={"steps": 50}, hooks=[{"point": "start_up", "action": "mark"}],
+                  extra_env=WINDOW)
+    _hold(gang, ["start_up-0-1"], "rank 1 starting jax.distributed")
+    gang.signal(signal.SIGTERM)
+    assert gang.wait(60) == [SAVED], gang.describe()
+    message = gang.termination(1)
+    assert message is not None and message.reason == "PreemptedSaved"
+    assert message.message == "notice during start-up: nothing trained to save"
+
+
 def test_a_peer_notice_during_restore_stops_the_gang_without_saving(committed_at_4,
                                                                       tmp_path):
     """One rank's SIGTERM reaches the other through the coordination service; neither saves

@@ -17,8 +17,6 @@ commit by then fails cleanly, naming the deadline, instead of being killed half 
 
 from __future__ import annotations
 
-import datetime
-import logging
 import os
 import signal
 import threading
@@ -30,17 +28,14 @@ from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from tardigrade_checkpoint.deadline import Deadline
 
-from tardigrade_sdk.notice import NoticeGuard
+from tardigrade_sdk.notice import NOTICE_KEY, NoticeGuard, announce
 
-log = logging.getLogger(__name__)
+__all__ = ["NOTICE_KEY", "NoticeAnnouncer", "PreemptionWatcher", "save_deadline",
+           "window_overrun"]
 
 # The margin: a fifth of the window, at most 2 s (15 s window: the save has 13 s).
 MARGIN_FRACTION = 0.2
 MAX_MARGIN_SECONDS = 2.0
-# What JAX's sync manager listens for in the coordination service's key-value store: the
-# preempted task's death time, RFC 3339 (xla/tsl preemption_sync_manager.cc,
-# kPreemptionNoticeKey, parsed with absl::RFC3339_full).
-NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
 
 
 class NoticeAnnouncer:
@@ -91,11 +86,7 @@ class NoticeAnnouncer:
                 self.announce()
 
     def announce(self) -> None:
-        death_time = datetime.datetime.now(datetime.UTC).isoformat()
-        try:
-            self._client.key_value_set(NOTICE_KEY, death_time)
-        except Exception as err:  # already announced by a peer, or the service is gone
-            log.info("preemption notice not written (%s): a peer's notice stands", err)
+        announce(self._client)
 
 
 class PreemptionWatcher:
