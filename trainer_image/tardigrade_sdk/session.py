@@ -397,7 +397,6 @@ class TrainingSession:
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
         """Record that `step` is done: rank 0's /progress and metrics, a `step` log line."""
-        self._begin_training()  # a loop that never called steps()
         self.last_step = step
         self._time_save_stall()
         changes: dict[str, Any] = {"step": step, "total_steps": self.total_steps, **fields}
@@ -479,6 +478,7 @@ class TrainingSession:
 
         from tardigrade_sdk.preemption import save_deadline
 
+        self._begin_training()  # a loop that never called steps() or save_reason()
         if reason != "preemption":
             started = time.monotonic()
             blocked = self.checkpoints.save(
@@ -622,12 +622,14 @@ class TrainingSession:
         code, reason = inplace.stop_code(env)
         if code == contract.EXIT_RESTART_IN_PLACE and not connected:
             code, reason = contract.EXIT_PREEMPTED_SAVED, "PreemptedSaved"
+        from tardigrade_sdk.restore_choice import OWN_ROOT
+
         committed = self._checkpoints.committed() if self._checkpoints is not None else None
         # Mid-restore nothing is reported committed yet; the step being restored from this
         # job's root is (another job's, initFrom, is not this job's checkpoint).
         step = committed.step if committed is not None else (
             self.restore_step if self.restore_step >= 0
-            and getattr(self.restore_choice, "source", 0) == 0 else None)
+            and getattr(self.restore_choice, "source", OWN_ROOT) == OWN_ROOT else None)
         newest = (f"nothing newer than the committed step {step} to save"
                   if step is not None else "nothing trained to save")
         text = f"notice during {phase}: {newest}"
