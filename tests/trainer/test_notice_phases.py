@@ -3,8 +3,9 @@
 Each test holds real trainer processes in one phase (injected_faults.py: `pause` blocks the
 phase's thread until the process ends, `hold` until the test releases it), sends SIGTERM
 there, and checks the end: a save of the newest step not yet committed where there is one
-(never a torn one, never a second save behind one in flight), otherwise a clean exit 75 with
-a termination message that names the phase and the committed step."""
+(never a torn one; a save in flight commits first, and a second save follows only where the
+window has room for it), otherwise a clean exit 75 with a termination message that names the
+phase and the committed step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from tardigrade_contract import contract
+from tardigrade_sdk.notice import another_save_fits
 from trainer_harness import committed_steps, launch, step_dirs, wait_for
 
 pytestmark = pytest.mark.slow
@@ -119,7 +121,10 @@ def test_a_notice_while_the_step_compiles_stops_the_gang_at_once(tmp_path):
     assert step_dirs(ckpt) == []
 
 
-def test_a_notice_during_a_save_in_flight_commits_it_and_saves_no_second(tmp_path):
+def test_a_notice_during_a_save_in_flight_commits_it_first_then_the_agreed_step(tmp_path):
+    """The save in flight is committed before anything else; the agreed (newer) step is
+    saved after it only because this window has room for a second save (the other branch:
+    test_a_second_save_needs_room_in_the_window)."""
     ckpt = tmp_path / "ckpt"
     gang = launch(tmp_path, processes=2, checkpoint_path=str(ckpt), config={},
                   argv=[sys.executable, str(LOOP), "in_flight", str(tmp_path)],
@@ -130,16 +135,22 @@ def test_a_notice_during_a_save_in_flight_commits_it_and_saves_no_second(tmp_pat
     wait_for(lambda: all(gang.events("preemption_waits_for_save", r) for r in (0, 1))
              or any(p.poll() is not None for p in gang.procs), 60,
              "both ranks waiting for the save in flight")
+    assert all(gang.events("checkpoint_committed", r) == [] for r in (0, 1))
     (tmp_path / "after_write-4-0.go").write_text("")
     assert gang.wait(60) == [SAVED, SAVED], gang.describe()
+    agreed = gang.events("preemption_waits_for_save", 0)[0]["step"]
+    assert agreed > 4
     for rank in (0, 1):
         message = gang.termination(rank)
         assert message is not None and message.reason == "PreemptedSaved"
-        assert message.checkpoint_step == 4 and message.step > 4
-        assert [e["step"] for e in gang.events("checkpoint_started", rank)] == [4]
-        (preempted,) = gang.events("preempted", rank)
-        assert preempted["checkpoint_step"] == 4
-    assert step_dirs(ckpt) == committed_steps(ckpt) == [4]
+        assert (message.step, message.checkpoint_step) == (agreed, agreed)
+        records = gang.records(rank)
+        at = {(r["event"], r.get("step")): i for i, r in enumerate(records)}
+        assert at[("checkpoint_committed", 4)] < at[("checkpoint_started", agreed)]
+        assert [e["step"] for e in gang.events("checkpoint_started", rank)] == [4, agreed]
+        (second,) = gang.events("preemption_second_save", rank)
+        assert second["saved"] and second["seconds_left"] > 1.5 * second["estimate_s"]
+    assert step_dirs(ckpt) == committed_steps(ckpt) == [4, agreed]
 
 
 def test_a_notice_during_an_evaluation_saves_the_last_step_and_stops(tmp_path):
@@ -155,3 +166,13 @@ def test_a_notice_during_an_evaluation_saves_the_last_step_and_stops(tmp_path):
         assert message is not None and message.reason == "PreemptedSaved"
         assert (message.step, message.checkpoint_step) == (5, 5)
     assert step_dirs(ckpt) == committed_steps(ckpt) == [5]
+
+
+def test_a_second_save_needs_room_in_the_window():
+    """Behind a save in flight, the agreed step is saved only with half again the time the
+    committed save took left before the deadline; unknown, never."""
+    assert another_save_fits(left_seconds=10.0, estimate_seconds=6.0)
+    assert not another_save_fits(left_seconds=9.0, estimate_seconds=6.0)
+    assert not another_save_fits(left_seconds=0.0, estimate_seconds=0.1)
+    assert not another_save_fits(left_seconds=100.0, estimate_seconds=None)
+    assert another_save_fits(left_seconds=None, estimate_seconds=30.0)  # no deadline

@@ -42,6 +42,10 @@ TRAIN = "train"
 STOP = "stop"
 # How long one wait for a peer's notice lasts before the watcher looks whether training began.
 _WATCH_SLICE_MS = 500
+# A save on notice behind one that was in flight is started only with this much room: its
+# estimate is the in-flight save's own time, and a save that misses the window loses more
+# than it would have saved (the rank is killed half way; exit 74 at best).
+SECOND_SAVE_MARGIN = 1.5
 
 
 def fate_key(attempt: int) -> str:
@@ -228,3 +232,15 @@ def announce(client: Any) -> None:
         client.key_value_set(NOTICE_KEY, death_time)
     except Exception as err:  # already announced by a peer, or the service is gone
         log.info("preemption notice not written (%s): a peer's notice stands", err)
+
+
+def another_save_fits(left_seconds: float | None, estimate_seconds: float | None) -> bool:
+    """After a notice found a save in flight and that save committed: whether a save of the
+    newer agreed step also fits in what is left of the window (`left_seconds`; None: no
+    deadline). `estimate_seconds`: what the committed save took (None: unknown, no second
+    save)."""
+    if estimate_seconds is None:
+        return False
+    if left_seconds is None:
+        return True
+    return left_seconds > SECOND_SAVE_MARGIN * estimate_seconds

@@ -175,8 +175,10 @@ class TrainingSession:
         self._guard: NoticeGuard | None = None
         self._stopping = threading.Lock()
         # At the agreed step after a notice, process 0's word for every rank: False when a
-        # save is in flight or the step is committed (that save is waited for, no second one).
+        # save is in flight or the step is committed (that save is waited for first).
         self._notice_save_needed: bool | None = None
+        # What the last committed save took, snapshot and writes (a second save's estimate).
+        self._save_seconds: dict[str, float] = {}
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
@@ -296,7 +298,11 @@ class TrainingSession:
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:
         self.log(event)
+        if event["event"] == "checkpoint_started":
+            self._save_seconds["blocked"] = float(event.get("blocked_s") or 0.0)
         if event["event"] == "checkpoint_committed":
+            self._save_seconds["last"] = (self._save_seconds.get("blocked", 0.0)
+                                          + float(event.get("seconds") or 0.0))
             self.metrics.checkpoint_seconds.observe(event.get("seconds", 0.0))
         elif event["event"] == "checkpoint_failed":
             self.metrics.checkpoint_failures.inc()
@@ -368,8 +374,8 @@ class TrainingSession:
         """Between steps, in work that may outlast the shutdown window (an evaluation, a
         long data-loader refill): call it on every rank at the same points (each evaluation
         batch) with the state of the last step `end_step` was given. At the gang's agreed stop
-        point it saves that step (unless it is committed or a save is in flight: then that
-        save is waited for) and stops the loop as `end_step` does after a notice."""
+        point it saves that step as `end_step` would (a save in flight commits first) and
+        stops the loop as `end_step` does after a notice."""
         if self.watcher is None:
             self._open_checkpoints()
         if self.watcher is None or not self.watcher.should_stop(self.last_step):
@@ -495,11 +501,18 @@ class TrainingSession:
                  if noticed_at is not None else None)
         try:
             if self._notice_save_needed is False:
-                # The save in flight (or done) is the gang's newest: commit it, no second one
-                # (which would wait for it, then need the window a second time).
+                # A save was in flight: it commits first. The agreed step is saved too only
+                # where the window holds a second save (notice.another_save_fits).
                 self.log({"event": "preemption_waits_for_save", "step": step,
                           "seconds_since_notice": round(self._since_notice(), 3)})
                 self.checkpoints.wait(until)
+                if self._second_save_fits(step, until):
+                    blocked = self.checkpoints.save(
+                        step, state,
+                        extra={"data_position": step + 1, "reason": reason, **(extra or {})},
+                        mesh=mesh, deadline=until)
+                    self._saved(step, reason, blocked)
+                    self.checkpoints.wait(until)
             else:
                 blocked = self.checkpoints.save(
                     step, state,
@@ -516,6 +529,27 @@ class TrainingSession:
             ) from None
         self.interval.saved()
         self._stop_after_notice(step)
+
+    def _second_save_fits(self, step: int, until: Any) -> bool:
+        """Once the save in flight at a notice committed: whether to save the agreed `step`
+        too, by process 0's clock and estimate for every rank."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        from tardigrade_sdk.notice import another_save_fits
+
+        committed = self.checkpoints.committed()
+        if committed is not None and committed.step >= step:
+            return False  # every rank has seen the same commit: nothing newer to save
+        left = None if until is None else until.remaining()
+        fits = np.int32(another_save_fits(left, self._save_seconds.get("last")))
+        if jax.process_count() > 1:
+            fits = multihost_utils.broadcast_one_to_all(fits)
+        self.log({"event": "preemption_second_save", "step": step, "saved": bool(fits),
+                  "seconds_left": None if left is None else round(left, 3),
+                  "estimate_s": self._save_seconds.get("last")})
+        return bool(fits)
 
     def _gang_held(self, seconds: float) -> float:
         """The longest any rank's save call held its loop (all it waited for, the previous
