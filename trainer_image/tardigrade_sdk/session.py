@@ -12,9 +12,11 @@ operator's environment (contract.py), meets the gang and starts `jax.distributed
 the one checkpoint process 0 chose for every rank (restore_choice.py: the root's ownership
 and fencing by attempt, the operator's pin as a floor, a rollback, initFrom), applies the
 retention a save on notice skipped, decides when to save (every N steps, every S seconds by
-process 0's clock, at the last step, and at the step the gang agrees on after SIGTERM, that
-save bounded by the shutdown window), serves progress on rank 0 (metrics.py), and on leaving
-writes the termination message and exits with the contract's code (75 after a save on notice).
+process 0's clock, continuously within a budget of the loop's time, at the last step, and at
+the step the gang agrees on after SIGTERM, that save bounded by the shutdown window; a notice
+before the first step ends the rank at once, notice.py), serves progress on rank 0
+(metrics.py), and on leaving writes the termination message and exits with the contract's
+code (75 after a save on notice).
 The checkpoint format is a backend: ours (checkpoint_backend.py) or Orbax's (orbax_backend.py).
 """
 
