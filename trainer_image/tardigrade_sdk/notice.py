@@ -8,14 +8,15 @@ compiling the step, which can take longer than the window. So from the session's
 * SIGTERM is caught at once (before `jax.distributed` starts: the default action killed the
   rank, exit 143, with no termination message), by a thread that the signal wakes through
   `signal.set_wakeup_fd`, whatever the main thread is blocked in;
-* once the coordination service is up the notice is written to it (the key JAX's sync
-  manager listens for) and a peer's notice is watched for there;
-* the gang's fate before its first step is one write-once key: `stop` (a notice came first)
-  or `train` (process 0 writes it once every rank has met at the first step). A rank that
-  sees `stop` leaves at once, from whichever thread learnt it, with nothing to save; after
-  `train`, a notice is the training loop's (the sync point). Since the service refuses to
-  overwrite a key, every rank reads the same fate: no rank can be training while another has
-  left.
+* the gang's fate before its first step is one write-once key of the coordination service:
+  `stop` (a rank's notice came first) or `train` (process 0 writes it once every rank has met
+  at the first step). Every rank watches that key; one that reads `stop` leaves at once, from
+  whichever thread read it, with nothing to save. Since the service refuses to overwrite a
+  key, every rank reads the same fate: no rank can be training while another has left;
+* after `train`, a notice is the training loop's: it is written where JAX's sync manager
+  listens, and the gang agrees on a step to save at (preemption.py). Not before: the manager
+  would start computing a sync point no rank is going to reach, and its shutdown waits for
+  that computation, which hung the gang's exit.
 """
 
 from __future__ import annotations
@@ -117,9 +118,8 @@ class NoticeGuard:
         if not first:
             return
         self._noticed(now)
-        if client is not None:
-            announce(client)
-        self._react()
+        if self._react() and client is not None:
+            announce(client)  # the gang trains: the loop's sync point takes the notice
 
     def _noticed(self, when: float) -> None:
         with self._lock:
@@ -139,35 +139,38 @@ class NoticeGuard:
             self._client = client
             self._gang = gang
             self._connected = True
-            own = self.received_at is not None
-        if client is not None and own:
-            announce(client)
         if gang is not None:
-            threading.Thread(target=self._watch_peers, daemon=True,
+            threading.Thread(target=self._watch_fate, daemon=True,
                              name="preemption-peer-notice").start()
 
-    def _watch_peers(self) -> None:
-        """Until the gang's fate is settled: a peer's notice (or XLA's for a SIGTERM that came
-        while XLA's handler was installed) in the coordination service."""
-        client = self._client
+    def _watch_fate(self) -> None:
+        """Until the gang's fate is settled: a peer's `stop` (or process 0's `train`)."""
+        assert self._gang is not None
+        client, key = self._gang.client, fate_key(self._attempt)
         while not self._settled.is_set():
             began = time.monotonic()
             try:
-                client.blocking_key_value_get(NOTICE_KEY, _WATCH_SLICE_MS)
+                fate = str(client.blocking_key_value_get(key, _WATCH_SLICE_MS))
             except Exception:  # not there yet (deadline), or the service is going
                 if time.monotonic() - began < _WATCH_SLICE_MS / 2000:
                     self._settled.wait(_WATCH_SLICE_MS / 1000)  # an error at once: no spin
                 continue
-            self._noticed(time.monotonic())
-            self._react()
+            with self._lock:
+                self._fate = self._fate or fate
+                fate = self._fate
+            if fate == STOP:
+                self._noticed(time.monotonic())
+                self._settled.set()
+                self._on_stop(self.phase)
             return
 
     # --- the gang's fate before its first step ----------------------------------------------------
-    def _react(self) -> None:
-        """A notice came: stop now unless the gang already trains."""
+    def _react(self) -> bool:
+        """This rank's notice came: stop now unless the gang already trains (then True)."""
         if self._decide(STOP) == STOP:
             self._settled.set()
             self._on_stop(self.phase)
+        return True
 
     def _decide(self, wanted: str) -> str:
         """The gang's fate: `wanted` if it is the first word, else the one that was."""
