@@ -4,8 +4,10 @@
 where action is "kill" (SIGKILL itself, like a node loss), "kill_later" (SIGKILL itself
 "delay" seconds later, from a timer thread: a kill at an arbitrary moment of whatever runs
 next, e.g. the writes of a save), "fail" (raise an OSError(EIO) there, as a storage error
-would; with "error": "bug", a RuntimeError, as a bug would) or "pause" (write a marker file
-`<point>-<step>-<process>` into `marker_dir`, then block until killed).
+would; with "error": "bug", a RuntimeError, as a bug would), "pause" (write a marker file
+`<point>-<step>-<process>` into `marker_dir`, then block until killed) or "hold" (write that
+marker, then block until the test creates `<marker>.go` beside it) or "mark" (write that
+marker and go on).
 """
 
 from __future__ import annotations
@@ -49,3 +51,12 @@ class ScriptedFaults:
             elif hook["action"] == "pause":
                 (self.marker_dir / f"{point}-{step}-{process_id}").write_text(str(os.getpid()))
                 threading.Event().wait()
+            elif hook["action"] == "mark":
+                (self.marker_dir / f"{point}-{step}-{process_id}").write_text(str(os.getpid()))
+            elif hook["action"] == "hold":
+                marker = self.marker_dir / f"{point}-{step}-{process_id}"
+                marker.write_text(str(os.getpid()))
+                released = marker.with_name(marker.name + ".go")
+                woken = threading.Event()
+                while not released.exists():
+                    woken.wait(0.02)  # a file the test writes: nothing to block on

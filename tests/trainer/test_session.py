@@ -54,10 +54,13 @@ def test_the_documented_loop_survives_preemption_and_resize_with_no_step_lost(tm
     first.signal(signal.SIGTERM, ranks=[1])
     assert first.wait() == [contract.EXIT_PREEMPTED_SAVED] * 2, first.describe()
     notes = [first.termination(rank) for rank in (0, 1)]
-    saved = notes[0].step
+    stopped, saved = notes[0].step, notes[0].checkpoint_step
     assert all(n is not None and n.reason == "PreemptedSaved" for n in notes), notes
-    assert [(n.step, n.checkpoint_step) for n in notes] == [(saved, saved)] * 2
-    assert max(_losses(first)) == saved
+    assert [(n.step, n.checkpoint_step) for n in notes] == [(stopped, saved)] * 2
+    # The agreed step, or the interval save in flight when the gang reached it: committed,
+    # with no second save behind it (docs/trainer.md, "A notice at any moment").
+    assert saved == stopped or (saved % 7 == 0 and stopped - 7 < saved < stopped), notes
+    assert max(_losses(first)) == stopped
     # In the backend's own format: Orbax's step directories, or ours with its commit marker.
     marker = (checkpoints / str(saved) if backend == "orbax"
               else checkpoints / f"step_{saved:08d}" / "metadata.json")

@@ -62,15 +62,20 @@ from tardigrade_checkpoint.errors import (
 )
 from tardigrade_checkpoint.manager import CheckpointInfo, CheckpointManager
 from tardigrade_checkpoint.policy import (
+    AnySave,
+    ContinuousSaving,
     KeepEvery,
     KeepLast,
     KeepPolicy,
+    SaveContext,
     SaveInterval,
+    SavePolicy,
     keep_union,
 )
 from tardigrade_checkpoint.rootrecord import JobIdentity
 
 __all__ = [
+    "AnySave",
     "CheckpointCorruptError",
     "CheckpointDeadlineError",
     "CheckpointError",
@@ -79,12 +84,15 @@ __all__ = [
     "CheckpointManager",
     "CheckpointMissingError",
     "CheckpointUsageError",
+    "ContinuousSaving",
     "FencedError",
     "ForeignRootError",
     "JobIdentity",
     "KeepEvery",
     "KeepLast",
     "KeepPolicy",
+    "SaveContext",
     "SaveInterval",
+    "SavePolicy",
     "keep_union",
 ]

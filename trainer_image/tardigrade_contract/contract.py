@@ -44,6 +44,9 @@ ENV_INIT_FROM_PATH = "TARDIGRADE_INIT_FROM_PATH"
 ENV_INIT_FROM_STEP = "TARDIGRADE_INIT_FROM_STEP"
 ENV_CHECKPOINT_INTERVAL_STEPS = "TARDIGRADE_CHECKPOINT_INTERVAL_STEPS"
 ENV_CHECKPOINT_INTERVAL_SECONDS = "TARDIGRADE_CHECKPOINT_INTERVAL_SECONDS"
+# spec.checkpoint.interval.continuous.maxLoopFraction: continuous saving (the next save starts
+# once the last one is done) within that fraction of the loop's time; unset: off.
+ENV_CHECKPOINT_CONTINUOUS_MAX_LOOP_FRACTION = "TARDIGRADE_CHECKPOINT_CONTINUOUS_MAX_LOOP_FRACTION"
 ENV_CHECKPOINT_KEEP_LAST = "TARDIGRADE_CHECKPOINT_KEEP_LAST"
 ENV_CHECKPOINT_KEEP_EVERY = "TARDIGRADE_CHECKPOINT_KEEP_EVERY"
 ENV_SAVE_ON_PREEMPTION = "TARDIGRADE_SAVE_ON_PREEMPTION"
@@ -144,6 +147,10 @@ DEFAULT_SHUTDOWN_WINDOW_SECONDS = 15
 # spec.checkpoint.keep.last when the job does not say, and the trainer's keep policy when
 # TARDIGRADE_CHECKPOINT_KEEP_LAST is unset: one value for both sides.
 DEFAULT_CHECKPOINT_KEEP_LAST = 3
+# Continuous saving: the budget of the loop's time when the job does not say, and the most a
+# job may give (beyond half, saving would be the loop's main work). One value for both sides.
+DEFAULT_CONTINUOUS_MAX_LOOP_FRACTION = 0.05
+MAX_CONTINUOUS_MAX_LOOP_FRACTION = 0.5
 DEFAULT_INIT_TIMEOUT_SECONDS = 300.0
 # Defaults of the checkpoint library that the reference trainer's spec.trainer settings
 # (config.py) expose: stated once, here, because both sides must stay importable without jax.
@@ -200,6 +207,7 @@ class TrainerEnvironment:
     restore_step: str = RESTORE_LATEST
     checkpoint_interval_steps: int | None = None
     checkpoint_interval_seconds: float | None = None
+    checkpoint_continuous_max_loop_fraction: float | None = None
     checkpoint_keep_last: int | None = DEFAULT_CHECKPOINT_KEEP_LAST
     checkpoint_keep_every: int | None = None
     save_on_preemption: bool = True
@@ -253,6 +261,8 @@ class TrainerEnvironment:
         optional = {
             ENV_CHECKPOINT_INTERVAL_STEPS: self.checkpoint_interval_steps,
             ENV_CHECKPOINT_INTERVAL_SECONDS: self.checkpoint_interval_seconds,
+            ENV_CHECKPOINT_CONTINUOUS_MAX_LOOP_FRACTION:
+                self.checkpoint_continuous_max_loop_fraction,
             ENV_CHECKPOINT_KEEP_LAST: self.checkpoint_keep_last,
             ENV_CHECKPOINT_KEEP_EVERY: self.checkpoint_keep_every,
             ENV_PROGRESS_PORT: self.progress_port,
@@ -359,6 +369,13 @@ class TrainerEnvironment:
                                     f"{ENV_REPLICA_KEY} (the job's Secret key "
                                     f"{SECRET_REPLICA_KEY}): peers accept no unauthenticated "
                                     "replica")
+        continuous = optional_float(ENV_CHECKPOINT_CONTINUOUS_MAX_LOOP_FRACTION)
+        if continuous is not None and not 0 < continuous <= MAX_CONTINUOUS_MAX_LOOP_FRACTION:
+            raise ContractError(
+                f"{ENV_CHECKPOINT_CONTINUOUS_MAX_LOOP_FRACTION}={continuous:g} "
+                "(spec.checkpoint.interval.continuous.maxLoopFraction) must be above 0 and at "
+                f"most {MAX_CONTINUOUS_MAX_LOOP_FRACTION:g}: the share of the training loop's "
+                "time that saves may take")
         window = optional_float(ENV_SHUTDOWN_WINDOW_SECONDS)
         if window is not None and window <= 0:
             raise ContractError(f"{ENV_SHUTDOWN_WINDOW_SECONDS}={window:g} must be > 0 seconds")
@@ -374,6 +391,7 @@ class TrainerEnvironment:
             restore_step=restore_step,
             checkpoint_interval_steps=optional_int(ENV_CHECKPOINT_INTERVAL_STEPS),
             checkpoint_interval_seconds=optional_float(ENV_CHECKPOINT_INTERVAL_SECONDS),
+            checkpoint_continuous_max_loop_fraction=continuous,
             checkpoint_keep_last=optional_int(ENV_CHECKPOINT_KEEP_LAST),
             checkpoint_keep_every=optional_int(ENV_CHECKPOINT_KEEP_EVERY),
             save_on_preemption=save_flag not in ("false", "0", "no"),

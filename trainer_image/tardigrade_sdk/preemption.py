@@ -17,8 +17,6 @@ commit by then fails cleanly, naming the deadline, instead of being killed half 
 
 from __future__ import annotations
 
-import datetime
-import logging
 import os
 import signal
 import threading
@@ -30,15 +28,14 @@ from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from tardigrade_checkpoint.deadline import Deadline
 
-log = logging.getLogger(__name__)
+from tardigrade_sdk.notice import NOTICE_KEY, NoticeGuard, announce
+
+__all__ = ["NOTICE_KEY", "NoticeAnnouncer", "PreemptionWatcher", "save_deadline",
+           "window_overrun"]
 
 # The margin: a fifth of the window, at most 2 s (15 s window: the save has 13 s).
 MARGIN_FRACTION = 0.2
 MAX_MARGIN_SECONDS = 2.0
-# What JAX's sync manager listens for in the coordination service's key-value store: the
-# preempted task's death time, RFC 3339 (xla/tsl preemption_sync_manager.cc,
-# kPreemptionNoticeKey, parsed with absl::RFC3339_full).
-NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
 
 
 class NoticeAnnouncer:
@@ -89,16 +86,16 @@ class NoticeAnnouncer:
                 self.announce()
 
     def announce(self) -> None:
-        death_time = datetime.datetime.now(datetime.UTC).isoformat()
-        try:
-            self._client.key_value_set(NOTICE_KEY, death_time)
-        except Exception as err:  # already announced by a peer, or the service is gone
-            log.info("preemption notice not written (%s): a peer's notice stands", err)
+        announce(self._client)
 
 
 class PreemptionWatcher:
-    def __init__(self) -> None:
-        self._local = threading.Event()
+    """`guard`: the session's notice guard (notice.py), which has owned SIGTERM since the
+    session started; without one the watcher installs its own handler."""
+
+    def __init__(self, guard: NoticeGuard | None = None) -> None:
+        self._local = threading.Event() if guard is None else guard.noticed
+        self._guard = guard
         self._calls = 0
         # time.monotonic() of the notice: the SIGTERM itself with the Python handler; with
         # JAX's (which gives no time) the agreed step, so the measured time is a lower bound.
@@ -107,6 +104,8 @@ class PreemptionWatcher:
             jax_distributed.global_state.client is not None
             and jax_distributed.global_state.preemption_sync_manager is not None
         )
+        if guard is not None and guard.installed:
+            return  # the guard announces a SIGTERM to the gang and times it
         if self._uses_jax:
             self.announcer = NoticeAnnouncer(jax_distributed.global_state.client)
         else:
@@ -125,6 +124,8 @@ class PreemptionWatcher:
         """When this process got a SIGTERM of its own (its pod is being stopped); None while
         its notice is only a peer's. Where that cannot be told apart (XLA's own notifier), the
         notice counts as its own: the shorter wait."""
+        if self._guard is not None and self._guard.installed:
+            return self._guard.received_at
         if self._uses_jax and self.announcer.installed:
             return self.announcer.received_at
         return self.noticed_at
@@ -139,9 +140,16 @@ class PreemptionWatcher:
             # would set a sync point of 1, which a resumed run never reaches.
             reached = bool(multihost_utils.reached_preemption_sync_point(self._calls))
             if reached and self.noticed_at is None:
-                self.noticed_at = time.monotonic()
+                self.noticed_at = self._guard_noticed_at() or time.monotonic()
             return reached
+        if self._local.is_set() and self.noticed_at is None:
+            self.noticed_at = self._guard_noticed_at() or time.monotonic()
         return self._local.is_set()
+
+    def _guard_noticed_at(self) -> float | None:
+        """When the guard saw the notice (its own SIGTERM or a peer's), a closer time than
+        the agreed step's."""
+        return self._guard.noticed_at if self._guard is not None else None
 
 
 def window_overrun(seconds_used: float, window_seconds: float) -> str | None:

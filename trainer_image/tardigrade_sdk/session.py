@@ -12,10 +12,11 @@ operator's environment (contract.py), meets the gang and starts `jax.distributed
 the one checkpoint process 0 chose for every rank (restore_choice.py: the root's ownership
 and fencing by attempt, the operator's pin as a floor, a rollback, initFrom), applies the
 retention a save on notice skipped, decides when to save (every N steps, every S seconds by
-process 0's clock, at the last step, and at the step the gang agrees on after SIGTERM, that
-save bounded by the shutdown window), serves progress on rank 0 (metrics.py; with where the
-rank's time went, phase_clock.py), and on leaving writes the termination message and exits
-with the contract's code (75 after a save on notice).
+process 0's clock, continuously within a budget of the loop's time, at the last step, and at
+the step the gang agrees on after SIGTERM, that save bounded by the shutdown window; a notice
+before the first step ends the rank at once, notice.py), serves progress on rank 0
+(metrics.py; with where the rank's time went, phase_clock.py), and on leaving writes the
+termination message and exits with the contract's code (75 after a save on notice).
 The checkpoint format is a backend: ours (checkpoint_backend.py) or Orbax's (orbax_backend.py).
 """
 
@@ -23,17 +24,20 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from tardigrade_checkpoint.faults import RESTORE, START_UP
 from tardigrade_contract import contract
 from tardigrade_contract.contract import ConfigError
 
 from tardigrade_sdk import accelerator, attempts, distributed, inplace, phase_clock, phases
 from tardigrade_sdk.logs import JsonLog
+from tardigrade_sdk.notice import NoticeGuard
 from tardigrade_sdk.savestall import SaveStall
 
 if TYPE_CHECKING:  # the backends import jax and tensorstore: only once a session starts
@@ -166,12 +170,21 @@ class TrainingSession:
         self.total_steps: int | None = None
         self._server: Any = None
         self._reported: Any = None
+        self.continuous: Any = None  # ContinuousSaving, once the checkpoints are open
         self._stall = SaveStall()
         self._save_prepared = False
         # Where this rank's time goes (phase_clock.py), served in rank 0's progress report.
         self.phase_clock = phase_clock.PhaseClock(phase_clock.since_process_start())
         self._memory: Any = None  # memory_session.MemoryTier, when the memory tier is on
         self.restore_source = "none"
+        # SIGTERM from the start (notice.py); None when the job does not save on notice.
+        self._guard: NoticeGuard | None = None
+        self._stopping = threading.Lock()
+        # At the agreed step after a notice, process 0's word for every rank: False when a
+        # save is in flight or the step is committed (that save is waited for first).
+        self._notice_save_needed: bool | None = None
+        # What the last committed save took, snapshot and writes (a second save's estimate).
+        self._save_seconds: dict[str, float] = {}
 
     # --- start-up -----------------------------------------------------------------------------
     def __enter__(self) -> TrainingSession:
@@ -191,6 +204,10 @@ class TrainingSession:
             _fail(self.env.termination_log, contract.EXIT_RESTART_IN_PLACE, "StaleWorld", err,
                   err.termination(self.env.attempt))
             raise SystemExit(contract.EXIT_RESTART_IN_PLACE) from None
+        if self.env.save_on_preemption:
+            # Before jax.distributed: a notice during start-up ends the rank cleanly, not by
+            # SIGTERM's default action (exit 143, no termination message).
+            self._guard = NoticeGuard(self.env.attempt, self._stop_before_training)
         try:
             self._start()
         except BaseException as err:
@@ -201,6 +218,7 @@ class TrainingSession:
     def _start(self) -> None:
         from jax._src import distributed as jax_distributed
 
+        self.fault_point(START_UP, 0, self.env.process_id)
         if jax_distributed.global_state.client is None:
             try:
                 distributed.initialize(self.env)
@@ -217,6 +235,7 @@ class TrainingSession:
             _fail(self.env.termination_log, code, reason, err)
             raise SystemExit(code) from None
         import jax
+        from tardigrade_checkpoint import coordination
 
         from tardigrade_sdk.metrics import Metrics, ProgressServer
 
@@ -236,6 +255,9 @@ class TrainingSession:
             self._server = ProgressServer(self.metrics, env.progress_port,
                                           on_restart=self._restarts.answer,
                                           progress_token=env.progress_token).start()
+        if self._guard is not None:
+            # From here on the notice reaches the gang, and a peer's reaches this rank.
+            self._guard.connect(jax_distributed.global_state.client, coordination.current())
 
     @property
     def checkpoints(self) -> Checkpoints:
@@ -246,7 +268,7 @@ class TrainingSession:
         """Open the backend and agree on the restore step when the loop first needs them: a
         loop that cannot run as configured fails before anything touches storage."""
         if self._checkpoints is None:
-            from tardigrade_checkpoint import SaveInterval
+            from tardigrade_checkpoint import ContinuousSaving, SaveInterval
 
             from tardigrade_sdk.preemption import PreemptionWatcher
 
@@ -264,7 +286,9 @@ class TrainingSession:
                 self.restore_step if self.restore_step >= 0 else None))
             self.interval = SaveInterval(env.checkpoint_interval_steps,
                                          env.checkpoint_interval_seconds)
-            self.watcher = PreemptionWatcher() if env.save_on_preemption else None
+            fraction = env.checkpoint_continuous_max_loop_fraction
+            self.continuous = ContinuousSaving(fraction) if fraction is not None else None
+            self.watcher = PreemptionWatcher(self._guard) if env.save_on_preemption else None
         return self._checkpoints
 
     def _open_memory_tier(self) -> None:
@@ -318,7 +342,11 @@ class TrainingSession:
 
     def _on_checkpoint_event(self, event: dict[str, Any]) -> None:
         self.log(event)
+        if event["event"] == "checkpoint_started":
+            self._save_seconds["blocked"] = float(event.get("blocked_s") or 0.0)
         if event["event"] == "checkpoint_committed":
+            self._save_seconds["last"] = (self._save_seconds.get("blocked", 0.0)
+                                          + float(event.get("seconds") or 0.0))
             self.metrics.checkpoint_seconds.observe(event.get("seconds", 0.0))
         elif event["event"] == "checkpoint_failed":
             self.metrics.checkpoint_failures.inc()
@@ -346,6 +374,8 @@ class TrainingSession:
         else:
             if target is None:
                 target = _abstract_state(init)
+            self._set_phase("restore")
+            self.fault_point(RESTORE, self.restore_step, self.env.process_id)
             restored = self._restore_from_memory(target)
             if restored is None and self.restore_choice.restores:
                 restored = checkpoints.restore(self.restore_choice, target)
@@ -361,6 +391,7 @@ class TrainingSession:
             self._report_checkpoint()
         self.phase_clock.switch(was)
         self._after_restore()
+        self._set_phase("the first step's preparation")
         self.log({"event": "restore_done", "step": self.start_step - 1,
                   "source": self.restore_source})
         return state
@@ -379,6 +410,7 @@ class TrainingSession:
         self._open_checkpoints()
         self._after_restore()  # a loop that never called restore_or
         self.total_steps = total
+        self._begin_training()
         self.phase_clock.switch(phase_clock.TRAIN)
         return range(self.start_step, total + 1)
 
@@ -394,6 +426,19 @@ class TrainingSession:
         reason = self.save_reason(step)
         if reason is not None:
             self.save(step, state, reason)
+
+    def check_notice(self, state: Any) -> None:
+        """Between steps, in work that may outlast the shutdown window (an evaluation, a
+        long data-loader refill): call it on every rank at the same points (each evaluation
+        batch) with the state of the last step `end_step` was given. At the gang's agreed stop
+        point it saves that step as `end_step` would (a save in flight commits first) and
+        stops the loop as `end_step` does after a notice."""
+        if self.watcher is None:
+            self._open_checkpoints()
+        if self.watcher is None or not self.watcher.should_stop(self.last_step):
+            return
+        self._notice_save_needed = self._save_needed_on_notice(self.last_step)
+        self.save(self.last_step, state, "preemption")
 
     def prepare_save(self, state: Any, step_program: Any = None) -> None:
         """Once a step has run (later calls do nothing): get the checkpoints ready to save
@@ -454,30 +499,40 @@ class TrainingSession:
             self.log({"event": "checkpoint_loop_time_lost", **previous})
 
     def save_reason(self, step: int) -> str | None:
-        """Why `step` must be saved ("preemption", "interval", "final"), or None.
+        """Why `step` must be saved ("preemption", "interval", "continuous", "final"), or
+        None.
 
         Every rank must call it at every step: it is where the gang agrees on the step to
-        save at after SIGTERM, and where process 0's clock decides a time-based save."""
+        save at after SIGTERM, and where process 0 decides a time-based or continuous save
+        (by its clock and its view of the save in flight)."""
         import jax
         import numpy as np
         from jax.experimental import multihost_utils
+        from tardigrade_checkpoint import SaveContext
 
         self._open_checkpoints()  # the interval and the watcher come with it
+        self._begin_training()
         preempted = self.watcher is not None and self.watcher.should_stop(step)
-        due = self.interval.due_by_step(step)
-        if self.interval.seconds is not None:
-            # Clocks differ between hosts: process 0 decides, everyone follows.
-            by_time = np.int32(self.interval.due_by_time())
+        reason = "interval" if self.interval.due_by_step(step) else None
+        if self.interval.seconds is not None or self.continuous is not None:
+            # Clocks (and what each host knows of the save in flight) differ between hosts:
+            # process 0 decides, everyone follows. 1: interval, 2: continuous.
+            decided = 1 if self.interval.due_by_time() else 0
+            if not decided and self.continuous is not None and self.continuous.should_save(
+                    SaveContext(step=step, saving=bool(self.checkpoints.saving()))):
+                decided = 2
+            word = np.int32(decided)
             if jax.process_count() > 1:
-                by_time = multihost_utils.broadcast_one_to_all(by_time)
-            due = due or bool(by_time)
+                word = multihost_utils.broadcast_one_to_all(word)
+            reason = reason or {1: "interval", 2: "continuous"}.get(int(word))
         if preempted:
+            self._notice_save_needed = self._save_needed_on_notice(step)
             return "preemption"
         if step == self.total_steps:
             return "final"
-        if due:
-            return "interval"
-        return "memory" if self._memory is not None and self._memory.due(step) else None
+        if reason is None and self._memory is not None and self._memory.due(step):
+            return "memory"
+        return reason
 
     def save(self, step: int, state: Any, reason: str = "interval",
              extra: Mapping[str, Any] | None = None,
@@ -496,30 +551,49 @@ class TrainingSession:
 
         from tardigrade_sdk.preemption import save_deadline
 
+        self._begin_training()  # a loop that never called steps() or save_reason()
         if reason == "memory":  # the memory tier alone (memory_session.py)
             self._memory.snapshot(step, state, {"data_position": step + 1, "reason": reason,
                                                 **(extra or {})}, mesh)
             return
         if reason != "preemption":
+            started = time.monotonic()
             blocked = self.checkpoints.save(
                 step, state,
                 extra={"data_position": step + 1, "reason": reason, **(extra or {})},
                 mesh=mesh)
             self._saved(step, reason, blocked)
             self.interval.saved()
-            if self._memory is not None and reason == "interval" and self._memory.due(step):
-                self.save(step, state, "memory", extra, mesh)
+            if self.continuous is not None:
+                self.continuous.saved(started, self._gang_held(time.monotonic() - started))
+            if self._memory is not None and reason in ("interval", "continuous") \
+                    and self._memory.due(step):
+                self._save(step, state, "memory", extra, mesh)
             return
         noticed_at = self.watcher.noticed_at if self.watcher is not None else None
         until = (save_deadline(noticed_at, self.env.shutdown_window_seconds)
                  if noticed_at is not None else None)
         try:
-            blocked = self.checkpoints.save(
-                step, state,
-                extra={"data_position": step + 1, "reason": reason, **(extra or {})},
-                mesh=mesh, deadline=until)
-            self._saved(step, reason, blocked)
-            self.checkpoints.wait(until)
+            if self._notice_save_needed is False:
+                # A save was in flight: it commits first. The agreed step is saved too only
+                # where the window holds a second save (notice.another_save_fits).
+                self.log({"event": "preemption_waits_for_save", "step": step,
+                          "seconds_since_notice": round(self._since_notice(), 3)})
+                self.checkpoints.wait(until)
+                if self._second_save_fits(step, until):
+                    blocked = self.checkpoints.save(
+                        step, state,
+                        extra={"data_position": step + 1, "reason": reason, **(extra or {})},
+                        mesh=mesh, deadline=until)
+                    self._saved(step, reason, blocked)
+                    self.checkpoints.wait(until)
+            else:
+                blocked = self.checkpoints.save(
+                    step, state,
+                    extra={"data_position": step + 1, "reason": reason, **(extra or {})},
+                    mesh=mesh, deadline=until)
+                self._saved(step, reason, blocked)
+                self.checkpoints.wait(until)
         except CheckpointIOError as err:
             # Not "PreemptedSaved": the operator must resume from the older commit.
             self.log({"event": "preempted_unsaved", "step": step, "error": str(err),
@@ -530,6 +604,54 @@ class TrainingSession:
         self.interval.saved()
         self._stop_after_notice(step)
 
+    def _second_save_fits(self, step: int, until: Any) -> bool:
+        """Once the save in flight at a notice committed: whether to save the agreed `step`
+        too, by process 0's clock and estimate for every rank."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        from tardigrade_sdk.notice import another_save_fits
+
+        committed = self.checkpoints.committed()
+        if committed is not None and committed.step >= step:
+            return False  # every rank has seen the same commit: nothing newer to save
+        left = None if until is None else until.remaining()
+        fits = np.int32(another_save_fits(left, self._save_seconds.get("last")))
+        if jax.process_count() > 1:
+            fits = multihost_utils.broadcast_one_to_all(fits)
+        self.log({"event": "preemption_second_save", "step": step, "saved": bool(fits),
+                  "seconds_left": None if left is None else round(left, 3),
+                  "estimate_s": self._save_seconds.get("last")})
+        return bool(fits)
+
+    def _gang_held(self, seconds: float) -> float:
+        """The longest any rank's save call held its loop (all it waited for, the previous
+        save's end included): a gang's steps go at its slowest rank's pace."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        if jax.process_count() == 1:
+            return seconds
+        return float(np.max(multihost_utils.process_allgather(np.float32(seconds))))
+
+    def _save_needed_on_notice(self, step: int) -> bool:
+        """At the gang's agreed stop point: whether `step` must be saved, by process 0's view
+        for every rank (a rank may learn of a commit later than process 0): not when a save
+        is in flight or `step` is committed already."""
+        import jax
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        checkpoints = self.checkpoints
+        committed = checkpoints.committed()
+        needed = np.int32(not checkpoints.saving()
+                          and (committed is None or committed.step < step))
+        if jax.process_count() > 1:
+            needed = multihost_utils.broadcast_one_to_all(needed)
+        return bool(needed)
+
     def _since_notice(self) -> float:
         return self.watcher.seconds_since_notice() if self.watcher is not None else 0.0
 
@@ -538,14 +660,17 @@ class TrainingSession:
 
         self._report_checkpoint()
         used = self._since_notice()
-        self.log({"event": "preempted", "step": step, "seconds_since_notice": round(used, 3),
+        committed = self._checkpoints.committed() if self._checkpoints is not None else None
+        saved = committed.step if committed is not None else step
+        self.log({"event": "preempted", "step": step, "checkpoint_step": saved,
+                  "seconds_since_notice": round(used, 3),
                   "shutdown_window_seconds": self.env.shutdown_window_seconds})
         overrun = window_overrun(used, self.env.shutdown_window_seconds)
         if overrun is not None:
             self.log({"event": "shutdown_window_exceeded", "level": "warning", "step": step,
                       "message": overrun})
         code, reason = inplace.stop_code(self.env)
-        message = self.termination(reason, f"saved step {step} on SIGTERM")
+        message = self.termination(reason, f"saved step {saved} on SIGTERM")
         if code == contract.EXIT_RESTART_IN_PLACE:
             inplace.remember_exit(self.env, message)
             released = self._wait_for_word()
@@ -555,19 +680,87 @@ class TrainingSession:
             raise StopTraining(code, message, next_attempt_in_process=in_process)
         raise StopTraining(code, message)
 
-    def _wait_for_word(self) -> bool:
+    def _wait_for_word(self, since_notice: float | None = None) -> bool:
         """After the save on notice, the operator's request (inplace.release_deadline)."""
         saved_at = time.monotonic()
         watcher = self.watcher
-        notice_at = saved_at - self._since_notice()
+        notice_at = saved_at - (self._since_notice() if since_notice is None else since_notice)
+        guard = self._guard
 
         def own_notice_at() -> float | None:
             # Without a watcher's word the notice counts as the rank's own: the shorter wait.
-            return watcher.own_notice_at if watcher is not None else notice_at
+            if watcher is not None:
+                return watcher.own_notice_at
+            return guard.received_at if guard is not None and guard.installed else notice_at
 
         return self._restarts.wait_released_until(lambda: inplace.release_deadline(
             saved_at, notice_at, own_notice_at(), self.env.num_processes,
             self.env.shutdown_window_seconds))
+
+    # --- a notice before the first step (notice.py) ------------------------------------------
+    def _set_phase(self, phase: str) -> None:
+        if self._guard is not None:
+            self._guard.phase = phase
+
+    def fault_point(self, point: str, step: int, process_id: int) -> None:
+        """For tests only: the faults given to the session, at `point` (checkpoint/faults.py)."""
+        if self._faults is not None:
+            self._faults.at(point, step, process_id)
+
+    def _begin_training(self) -> None:
+        """Every rank, once, before its first step: the gang trains, or a notice came first
+        and the rank stops here with nothing to save."""
+        guard = self._guard
+        if guard is None or guard.training:
+            return
+        if not guard.begin_training(self.env.init_timeout_seconds):
+            self._stop_before_training(guard.phase)
+        guard.phase = "training"
+
+    def _stop_before_training(self, phase: str) -> None:
+        """A notice before the gang's first step: nothing is newer than the committed
+        checkpoint, so leave at once with the contract's code for a stop on notice. Called
+        from whichever thread learnt it; ends the process (a second caller waits for that)."""
+        self._stopping.acquire()
+        env = self.env
+        guard = self._guard
+        since = guard.seconds_since_notice() if guard is not None else 0.0
+        # jax.distributed is up (and the notice was written to it): leave with the gang.
+        connected = guard is not None and guard.connected
+        code, reason = inplace.stop_code(env)
+        if code == contract.EXIT_RESTART_IN_PLACE and not connected:
+            code, reason = contract.EXIT_PREEMPTED_SAVED, "PreemptedSaved"
+        from tardigrade_sdk.restore_choice import OWN_ROOT
+
+        committed = self._checkpoints.committed() if self._checkpoints is not None else None
+        # Mid-restore nothing is reported committed yet; the step being restored from this
+        # job's root is (another job's, initFrom, is not this job's checkpoint).
+        step = committed.step if committed is not None else (
+            self.restore_step if self.restore_step >= 0
+            and getattr(self.restore_choice, "source", OWN_ROOT) == OWN_ROOT else None)
+        newest = (f"nothing newer than the committed step {step} to save"
+                  if step is not None else "nothing trained to save")
+        text = f"notice during {phase}: {newest}"
+        message = contract.TerminationMessage(
+            reason=reason, step=self.last_step or step, checkpoint_step=step,
+            checkpoint_path=committed.path if committed is not None else None, message=text,
+            attempt=env.attempt)
+        record = {"event": "preempted_before_training", "phase": phase,
+                  "checkpoint_step": step, "seconds_since_notice": round(since, 3)}
+        (self.log if connected else JsonLog(env.process_id, attempt=env.attempt))(record)
+        exit_code = code
+        if code == contract.EXIT_RESTART_IN_PLACE:
+            inplace.remember_exit(env, message)
+            self._wait_for_word(since)
+            if self._restarts.restarts_in_process(env) and attempts.in_child():
+                exit_code = attempts.EXIT_NEXT_ATTEMPT
+        write_termination(env.termination_log, message)
+        self._stop_server()
+        if connected:
+            exit_gang(exit_code)  # every rank stops too: they meet, then leave together
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
 
     def _report_checkpoint(self) -> None:
         committed = self._checkpoints.committed() if self._checkpoints is not None else None
@@ -621,6 +814,10 @@ class TrainingSession:
         jax.distributed.shutdown()
 
     def _leave_on_error(self, err: BaseException) -> None:
+        if self._stopping.locked():
+            # A stop on notice is ending the process from another thread (and may have taken
+            # the coordination service down under this one): its message stands.
+            self._stopping.acquire()
         if isinstance(err, SystemExit | KeyboardInterrupt | GeneratorExit):
             return
         code, reason = exit_code_for(err)

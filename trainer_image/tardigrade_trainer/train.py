@@ -14,6 +14,7 @@ import haliax as hax
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
+from tardigrade_checkpoint.faults import COMPILE
 from tardigrade_checkpoint.manager import gathered_state_hash
 from tardigrade_checkpoint.storage import StorageRetries
 from tardigrade_sdk import distributed, phase_clock
@@ -165,6 +166,7 @@ class Trainer:
         cache, preload = self._step_cache, self._preload
 
         def compile_step(traced: threading.Event) -> tuple[Any, step_cache.Outcome]:
+            self.session.fault_point(COMPILE, 0, jax.process_index())
             # The mesh and the axis mapping are the thread's own: enter the loop's.
             with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
                 lowered = compiled_step.lower_abstract(

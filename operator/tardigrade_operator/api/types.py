@@ -472,15 +472,35 @@ class PodTemplateOverride(ApiModel):
         return value
 
 
+class ContinuousSaving(ApiModel):
+    """Continuous saving: the next save starts as soon as the last one is done."""
+
+    max_loop_fraction: float = Field(
+        contract.DEFAULT_CONTINUOUS_MAX_LOOP_FRACTION, gt=0,
+        le=contract.MAX_CONTINUOUS_MAX_LOOP_FRACTION,
+        description="The share of the training loop's time saves may hold it: a save that held "
+        "the loop for b seconds lets the next one start b / maxLoopFraction seconds after it "
+        "started, at the earliest (0.05: a 0.2 s snapshot, a save every 4 s at most).")
+
+
 class CheckpointInterval(ApiModel):
-    """When to save; whichever comes first."""
+    """When to save: every N steps and/or S seconds (whichever comes first), or
+    continuously."""
 
     steps: int | None = Field(None, ge=1, description="Save every this many steps.")
     seconds: float | None = Field(None, gt=0, description="Save at least this often.")
+    continuous: ContinuousSaving | None = Field(
+        None, description="Save continuously (Orbax's continuous checkpointing): a save "
+        "starts as soon as the last one committed, within a budget of the loop's time. "
+        "Replaces steps and seconds.")
 
     cel_rules = (
-        CelRule("has(self.steps) || has(self.seconds)",
-                "checkpoint.interval: set steps, seconds or both", ".steps"),
+        CelRule("has(self.steps) || has(self.seconds) || has(self.continuous)",
+                "checkpoint.interval: set steps, seconds (or both), or continuous", ".steps"),
+        CelRule("!has(self.continuous) || !(has(self.steps) || has(self.seconds))",
+                "checkpoint.interval.continuous replaces steps and seconds: a continuous save "
+                "starts as soon as the last one is done; remove steps and seconds, or "
+                "continuous", ".continuous"),
     )
 
 
@@ -558,7 +578,7 @@ class CheckpointSpec(ApiModel):
         "own root has no committed step; afterwards the job resumes from its own.")
     interval: CheckpointInterval = Field(
         default_factory=lambda: CheckpointInterval(steps=100),
-        description="Save every N steps and/or every S seconds.",
+        description="Save every N steps and/or every S seconds, or continuously.",
         json_schema_extra={"default": {"steps": 100}},
     )
     keep: KeepPolicy = nested(KeepPolicy, "Which checkpoints to keep.")

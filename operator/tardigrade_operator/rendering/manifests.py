@@ -116,6 +116,9 @@ def trainer_environment(
         init_from_step=checkpoint.init_from.step if checkpoint.init_from else None,
         checkpoint_interval_steps=checkpoint.interval.steps,
         checkpoint_interval_seconds=checkpoint.interval.seconds,
+        checkpoint_continuous_max_loop_fraction=(
+            checkpoint.interval.continuous.max_loop_fraction
+            if checkpoint.interval.continuous is not None else None),
         checkpoint_keep_last=checkpoint.keep.last,
         checkpoint_keep_every=checkpoint.keep.every,
         save_on_preemption=checkpoint.save_on_preemption,
