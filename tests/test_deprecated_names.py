@@ -22,7 +22,7 @@ def _modules(package: str) -> list[str]:
 
 
 # SDK modules written after the move: they never had an old name.
-SDK_SINCE_THE_MOVE = {"memory_session", "phase_clock", "replica_server"}
+SDK_SINCE_THE_MOVE = {"memory_session", "notice", "phase_clock", "replica_server"}
 # Old name -> new name, from the files that moved (every SDK module used to be a module of
 # tardigrade_trainer; the checkpoint library was its `checkpoint` package, but coordination).
 MOVED = {
