@@ -1,0 +1,177 @@
+"""TrainingJobs behind a ProvisioningRequest admission check (real Kueue v0.19.2, its
+provisioning controller on because the ProvisioningRequest CRD is installed), served by the
+local cluster's GKE queued provisioning (`kubelet/provisioning.py`, class
+`queued-provisioning.gke.io`) from a node pool that has no node until a request asks for
+some: the job's Workload reserves quota, Kueue creates the ProvisioningRequest, the job
+waits with no pod until GKE reports Provisioned, then Kueue admits it and the gang runs on
+the nodes provisioned for it, its pods carrying the check's podSetUpdates (the
+consume-provisioning-request annotations); deleting the job gives the nodes back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tardigrade_local.cluster import LocalCluster, simulated_nodes
+from tardigrade_local.kubelet.autoscaler import NodePool
+from tardigrade_local.kubelet.config import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.kubelet.provisioning import QUEUED_PROVISIONING_CLASS, REQUEST_LABEL
+from tardigrade_local.kueue import WaitForPodsReady
+from tardigrade_operator.decision import queueing
+
+from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+PROVREQ = ("autoscaling.x-k8s.io", "v1")
+QUEUE = "dws-queue"
+POOL = "dws-pool"
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+CHECK = "dws-prov"
+# Kueue's pod annotations for a provisioned request (the autoscaler API's
+# ProvisioningRequestPodAnnotationKey and ProvisioningClassPodAnnotationKey).
+CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
+CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
+# Long enough to see the job wait with no pod; the booked nodes come together after it.
+PROVISION_SECONDS = 8.0
+
+
+def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
+    meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
+    return [
+        ("resourceflavors", {**meta, "kind": "ResourceFlavor", "metadata": {"name": "dws"},
+                             "spec": {"nodeLabels": {POOL_LABEL: POOL}}}),
+        ("provisioningrequestconfigs", {
+            **meta, "kind": "ProvisioningRequestConfig", "metadata": {"name": "dws-config"},
+            "spec": {"provisioningClassName": QUEUED_PROVISIONING_CLASS,
+                     "managedResources": ["cpu"]}}),
+        ("admissionchecks", {
+            **meta, "kind": "AdmissionCheck", "metadata": {"name": CHECK},
+            "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request",
+                     "parameters": {"apiGroup": "kueue.x-k8s.io",
+                                    "kind": "ProvisioningRequestConfig",
+                                    "name": "dws-config"}}}),
+        ("clusterqueues", {**meta, "kind": "ClusterQueue", "metadata": {"name": "dws"},
+                           "spec": {"namespaceSelector": {},
+                                    "admissionChecksStrategy": {
+                                        "admissionChecks": [{"name": CHECK}]},
+                                    "resourceGroups": [{
+                                        "coveredResources": ["cpu"],
+                                        "flavors": [{"name": "dws", "resources": [
+                                            {"name": "cpu", "nominalQuota": "4"}]}]}]}}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("kueue-dws")
+    template = NodeConfig("template", capacity={**DEFAULT_NODE_CAPACITY, "cpu": "1"},
+                          simulated=True)
+    pool = NodePool(POOL, max_size=4, template=template, provision_seconds=PROVISION_SECONDS,
+                    queued_provisioning=True)
+    with LocalCluster(root / "cluster", nodes=simulated_nodes(1, capacity={"cpu": "1"}),
+                      with_gcs=False, kueue=True, node_pools=[pool],
+                      kueue_wait_for_pods_ready=WaitForPodsReady(timeout_seconds=300)
+                      ) as local:
+        cluster = Cluster(local)
+        for plural, body in kueue_objects():
+            cluster.custom.create_cluster_custom_object(*KUEUE, plural, body)
+        cluster.custom.create_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": QUEUE, "namespace": NAMESPACE},
+            "spec": {"clusterQueue": "dws"}})
+        wait_for(lambda: condition(cluster.custom.get_cluster_custom_object(
+            *KUEUE, "admissionchecks", CHECK), "Active") == "True", 60,
+            "Kueue's provisioning controller marking the check Active")
+        yield cluster
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> str | None:
+    found = [c for c in ((obj or {}).get("status") or {}).get("conditions") or []
+             if c["type"] == kind]
+    return found[0]["status"] if found else None
+
+
+def job(name: str, checkpoints: Path, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {queueing.QUEUE_LABEL: QUEUE}},
+        "spec": {"replicas": replicas,
+                 "image": "ghcr.io/tardigrade-dev/tardigrade-trainer:0.1.0",
+                 "resources": {"requests": {"cpu": "1"}},
+                 "trainer": {"steps": 1_000_000, "step_seconds": 0.05},
+                 "checkpoint": {"path": str(checkpoints / name), "interval": {"steps": 1000},
+                                "saveOnPreemption": True},
+                 "failurePolicy": {"backoffSeconds": 0}},
+    }
+
+
+def workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    listed = cluster.custom.list_namespaced_custom_object(*KUEUE, NAMESPACE, "workloads")
+    return next((w for w in listed["items"]
+                 if w["metadata"]["labels"].get("tardigrade.dev/job") == name), None)
+
+
+def requests(cluster: Cluster) -> list[dict[str, Any]]:
+    return list(cluster.custom.list_namespaced_custom_object(
+        *PROVREQ, NAMESPACE, "provisioningrequests")["items"])
+
+
+def pool_nodes(cluster: Cluster) -> dict[str, dict[str, str]]:
+    return {n.metadata.name: n.metadata.labels
+            for n in cluster.core.list_node(label_selector=f"{POOL_LABEL}={POOL}").items}
+
+
+def check_state(workload: dict[str, Any] | None) -> dict[str, Any] | None:
+    return next((c for c in ((workload or {}).get("status") or {}).get("admissionChecks")
+                 or [] if c["name"] == CHECK), None)
+
+
+def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    assert pool_nodes(cluster) == {}
+    cluster.apply(job("booked", tmp_path, replicas=2))
+    request = wait_for(lambda: next(iter(requests(cluster)), None), 60,
+                       "Kueue's ProvisioningRequest")
+    assert request["spec"]["provisioningClassName"] == QUEUED_PROVISIONING_CLASS
+    assert [p["count"] for p in request["spec"]["podSets"]] == [2]
+    # Quota reserved, the check pending: the job waits, no pod, no node yet.
+    waiting = wait_for(lambda: (w := workload_of(cluster, "booked"))
+                       and condition(w, "QuotaReserved") == "True"
+                       and (check_state(w) or {}).get("state") == "Pending" and w, 60,
+                       "the Workload holding quota, its check Pending")
+    assert condition(waiting, "Admitted") != "True"
+    status = cluster.status("booked")
+    assert status["phase"] == "Queued" and not cluster.pods("booked"), status
+    assert pool_nodes(cluster) == {}
+    # GKE provisions the nodes together, then says Provisioned; Kueue admits the Workload.
+    provisioned = wait_for(lambda: (r := next(iter(requests(cluster)), None))
+                           and condition(r, "Provisioned") == "True" and r, 120,
+                           "the request Provisioned")
+    assert condition(provisioned, "Accepted") == "True"
+    nodes = pool_nodes(cluster)
+    assert len(nodes) == 2 and {labels[REQUEST_LABEL] for labels in nodes.values()} == {
+        provisioned["metadata"]["name"]}, nodes
+    admitted = wait_for(lambda: (w := workload_of(cluster, "booked"))
+                        and condition(w, "Admitted") == "True" and w, 60, "admitted")
+    assert check_state(admitted)["state"] == "Ready"
+    updates = check_state(admitted)["podSetUpdates"]
+    assert [u["annotations"][CONSUME] for u in updates] == [provisioned["metadata"]["name"]]
+    cluster.wait_phase("booked", {"Running"}, 120)
+    pods = cluster.pods("booked")
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod.metadata.annotations[CONSUME] == provisioned["metadata"]["name"]
+        assert pod.metadata.annotations[CLASS_ANNOTATION] == QUEUED_PROVISIONING_CLASS
+        assert pod.spec.node_name in nodes
+    assert len({p.spec.node_name for p in pods}) == 2
+    # Deleted, the job gives its nodes back: its Workload and request go, and GKE the nodes.
+    cluster.kubectl("delete", "tj/booked", "--wait=false")
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+             "the request and its nodes released")
+    operator.assert_alive()
+    cluster.clear_jobs()
