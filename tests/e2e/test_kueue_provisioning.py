@@ -36,7 +36,7 @@ CHECK = "dws-prov"
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 # Long enough to see the job wait with no pod; the booked nodes come together after it.
-PROVISION_SECONDS = 8.0
+PROVISION_SECONDS = 20.0
 
 
 def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
@@ -145,7 +145,9 @@ def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
                        and (check_state(w) or {}).get("state") == "Pending" and w, 60,
                        "the Workload holding quota, its check Pending")
     assert condition(waiting, "Admitted") != "True"
-    status = cluster.status("booked")
+    status = wait_for(lambda: (s := cluster.status("booked")).get("message", "").startswith(
+        f"waiting in LocalQueue {QUEUE}: quota reserved, admission check {CHECK} Pending: "
+        "provisioning 2 node(s)") and s, 60, "the job saying which check it waits for")
     assert status["phase"] == "Queued" and not cluster.pods("booked"), status
     assert pool_nodes(cluster) == {}
     # GKE provisions the nodes together, then says Provisioned; Kueue admits the Workload.

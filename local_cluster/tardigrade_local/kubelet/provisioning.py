@@ -13,8 +13,10 @@ What this models, as the cluster autoscaler with GKE's identity (`identities.CLO
   podSets (`podTemplateRef` x `count`) fits new nodes of one queued-provisioning pool below
   its max size (the same packing as the autoscaler's scale-up, `plan_scale_up`); while it
   does not, `Provisioned=False` says why;
-- all its nodes are created together, after the pool's provisioning delay; once every one
-  is Ready and untainted, `Provisioned=True`;
+- booked, `Provisioned=False` says how many nodes are coming; all its nodes are created
+  together, after the pool's provisioning delay; once every one is Ready and untainted,
+  `Provisioned=True` (Kueue copies the Provisioned message into its check's message while
+  the request is Accepted, `controller.go`, so the job's status shows it);
 - the request deleted (Kueue deletes it, or it goes with its Workload), its nodes go too.
 Not modelled: `BookingExpired` (GKE releases capacity no pod consumed within its booking
 time), `CapacityRevoked`, `Failed` (a request GKE cannot ever serve), `maxRunDurationSeconds`
@@ -143,11 +145,15 @@ class QueuedProvisioner:
                         generation)])
                 await asyncio.sleep(RETRY_SECONDS)
             names = self._book(meta["uid"], booking)
+            count = sum(booking.grow.values())
+            pools = ", ".join(f"{n} in {pool}" for pool, n in sorted(booking.grow.items()))
+            await self._set_conditions(request, [accepted, _condition(
+                "Provisioned", "False", "Provisioning",
+                f"provisioning {count} node(s) ({pools}), all at once", generation)])
             await self._create_nodes(meta["name"], names)
             if self._gone(request):
                 await self._release(meta["uid"])
                 return
-            count = sum(booking.grow.values())
             await self._set_conditions(request, [accepted, _condition(
                 "Provisioned", "True", "Provisioned",
                 f"{count} node(s) provisioned: {', '.join(sorted(names))}", generation)])

@@ -254,6 +254,9 @@ class WorkloadView:
     podset_hash: str | None = None
     # The admission checks' podSetUpdates for our podSet.
     updates: PodSetUpdate = PodSetUpdate()
+    # Admission checks not Ready yet: (name, state, message), e.g. a ProvisioningRequest
+    # check Pending until the cloud provisions the nodes.
+    pending_checks: tuple[tuple[str, str, str], ...] = ()
     # The admission's topologyAssignment (Topology Aware Scheduling) for our podSet, if any.
     topology: TopologyAssignment | None = None
     # The podSet's topologyRequest as the Workload carries it (what the pods' TAS annotation
@@ -296,6 +299,10 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
                 topology = parse_topology_assignment(assignment["topologyAssignment"])
     updates = [u for check in status.get("admissionChecks") or []
                for u in check.get("podSetUpdates") or [] if u.get("name") == PODSET]
+    pending_checks = tuple((str(c.get("name")), str(c.get("state") or "Pending"),
+                            str(c.get("message") or ""))
+                           for c in status.get("admissionChecks") or []
+                           if c.get("state") != "Ready")
     reclaimable = sum(int(r.get("count") or 0) for r in status.get("reclaimablePods") or []
                       if r.get("name") == PODSET)
     priority_class = (spec.get("priorityClassRef") or {}).get("name")
@@ -312,7 +319,7 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         active=spec.get("active") is not False,
         suspended_by_job=(meta.get("annotations") or {}).get(SUSPENDED_ANNOTATION) == "true",
         podset_hash=(meta.get("annotations") or {}).get(PODSET_HASH_ANNOTATION),
-        updates=_merge_updates(updates), topology=topology,
+        updates=_merge_updates(updates), pending_checks=pending_checks, topology=topology,
         topology_request=podsets[0].get("topologyRequest") or None)
 
 
@@ -584,6 +591,10 @@ class QueueGate:
                     f"gang after a save, then requeued in LocalQueue {self.queue} at the new "
                     "size")
         reserved = workload.conditions.get("QuotaReserved")
+        if workload.true("QuotaReserved") and workload.pending_checks:
+            checks = "; ".join(f"admission check {name} {state}" + (f": {text}" if text else "")
+                               for name, state, text in workload.pending_checks)
+            return f"waiting in LocalQueue {self.queue}: quota reserved, {checks}"
         if reserved is not None and reserved.message:
             return f"waiting in LocalQueue {self.queue}: {reserved.message}"
         return f"waiting in LocalQueue {self.queue} for Kueue to admit the Workload"
