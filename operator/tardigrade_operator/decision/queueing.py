@@ -277,6 +277,13 @@ class WorkloadView:
                 and self.admitted_count is not None)
 
 
+def _checks_message(workload: WorkloadView) -> str:
+    """A Workload holding quota while admission checks are not Ready, in Kueue's words."""
+    return "quota reserved, " + "; ".join(
+        f"admission check {name} {state}" + (f": {text}" if text else "")
+        for name, state, text in workload.pending_checks)
+
+
 def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
@@ -475,11 +482,13 @@ class QueueGate:
 
     @property
     def grow_reserved(self) -> bool:
-        """Kueue reserved quota for exactly the extra replicas the job still asks for."""
+        """Kueue reserved quota for exactly the extra replicas the job still asks for, and
+        every admission check passed (a ProvisioningRequest check: the extra nodes are
+        provisioned), so the gang trains on at its size until the new capacity is there."""
         grow = self.grow
         return (self.growing and grow is not None and not grow.deleting
                 and grow.count == self.grow_extra and grow.true("QuotaReserved")
-                and not grow.true("Evicted"))
+                and not grow.pending_checks and not grow.true("Evicted"))
 
     @property
     def resizing(self) -> bool:
@@ -592,9 +601,7 @@ class QueueGate:
                     "size")
         reserved = workload.conditions.get("QuotaReserved")
         if workload.true("QuotaReserved") and workload.pending_checks:
-            checks = "; ".join(f"admission check {name} {state}" + (f": {text}" if text else "")
-                               for name, state, text in workload.pending_checks)
-            return f"waiting in LocalQueue {self.queue}: quota reserved, {checks}"
+            return f"waiting in LocalQueue {self.queue}: {_checks_message(workload)}"
         if reserved is not None and reserved.message:
             return f"waiting in LocalQueue {self.queue}: {reserved.message}"
         return f"waiting in LocalQueue {self.queue} for Kueue to admit the Workload"
@@ -605,6 +612,8 @@ class QueueGate:
         reserved = self.grow.conditions.get("QuotaReserved") if self.grow else None
         why = (reserved.message if reserved is not None and reserved.message
                else "waiting for Kueue to reserve quota")
+        if self.grow is not None and self.grow.true("QuotaReserved") and self.grow.pending_checks:
+            why = _checks_message(self.grow)
         return (f"growing to {self.replicas} replicas: {self.grow_extra} more wait in LocalQueue "
                 f"{self.queue} ({why}); the gang trains at {self.held} meanwhile")
 
