@@ -5,10 +5,13 @@ local cluster's GKE queued provisioning (`kubelet/provisioning.py`, class
 some: the job's Workload reserves quota, Kueue creates the ProvisioningRequest, the job
 waits with no pod until GKE reports Provisioned, then Kueue admits it and the gang runs on
 the nodes provisioned for it, its pods carrying the check's podSetUpdates (the
-consume-provisioning-request annotations); deleting the job gives the nodes back."""
+consume-provisioning-request annotations); deleting the job gives the nodes back. A running
+job grown trains on at its size while the extra replicas' request is provisioned, then
+saves, and resumes at the new size on nodes provisioned for the new Workload."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +73,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("kueue-dws")
     template = NodeConfig("template", capacity={**DEFAULT_NODE_CAPACITY, "cpu": "1"},
                           simulated=True)
-    pool = NodePool(POOL, max_size=4, template=template, provision_seconds=PROVISION_SECONDS,
+    # Room for a grow's peak: the gang's 2 nodes, the extra one, and the 3 of the Workload
+    # made again at the new size, before the old requests' nodes are given back.
+    pool = NodePool(POOL, max_size=6, template=template, provision_seconds=PROVISION_SECONDS,
                     queued_provisioning=True)
     with LocalCluster(root / "cluster", nodes=simulated_nodes(1, capacity={"cpu": "1"}),
                       with_gcs=False, kueue=True, node_pools=[pool],
@@ -173,6 +178,81 @@ def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
     assert len({p.spec.node_name for p in pods}) == 2
     # Deleted, the job gives its nodes back: its Workload and request go, and GKE the nodes.
     cluster.kubectl("delete", "tj/booked", "--wait=false")
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+             "the request and its nodes released")
+    operator.assert_alive()
+    cluster.clear_jobs()
+
+
+def request_of(cluster: Cluster, workload: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Kueue's request for `workload` (owned by it)."""
+    uid = (workload or {}).get("metadata", {}).get("uid")
+    return next((r for r in requests(cluster)
+                 if any(o["uid"] == uid for o in r["metadata"].get("ownerReferences") or [])),
+                None)
+
+
+def grow_workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    listed = cluster.custom.list_namespaced_custom_object(*KUEUE, NAMESPACE, "workloads")
+    return next((w for w in listed["items"]
+                 if w["metadata"]["labels"].get("tardigrade.dev/job") == name
+                 and w["metadata"]["labels"].get(queueing.ROLE_LABEL) == queueing.GROW_ROLE),
+                None)
+
+
+def saved_step(cluster: Cluster, pods: set[str]) -> int:
+    messages = [json.loads(cluster.local.layout.termination_log(NAMESPACE, pod, "trainer")
+                           .read_text()) for pod in sorted(pods)]
+    saved = {m["checkpoint_step"] for m in messages}
+    assert len(saved) == 1, messages
+    return int(saved.pop())
+
+
+def test_a_grow_trains_on_at_its_size_until_the_extra_nodes_are_provisioned(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    cluster.apply(job("grower", tmp_path, replicas=2))
+    cluster.wait_phase("grower", {"Running"}, 180)
+    first = {p.metadata.name for p in cluster.pods("grower")}
+    before = workload_of(cluster, "grower")
+    assert before is not None and len(pool_nodes(cluster)) == 2
+    cluster.kubectl("scale", "tj/grower", "--replicas=3")
+    grow = wait_for(lambda: grow_workload_of(cluster, "grower"), 60, "the grow Workload")
+    extra = wait_for(lambda: request_of(cluster, grow), 60, "the grow's ProvisioningRequest")
+    assert [p["count"] for p in extra["spec"]["podSets"]] == [1]
+    # Quota for the extra replica reserved, its node being provisioned: training goes on.
+    status = wait_for(lambda: (s := cluster.status("grower"))["queue"].get("growingTo") == 3
+                      and f"admission check {CHECK} Pending: provisioning 1 node(s)"
+                      in s["queue"].get("message", "") and s, 60,
+                      "the grow waiting for its node, in the job's status")
+    step = int(status.get("step") or 0)
+    wait_for(lambda: int(cluster.status("grower").get("step") or 0) > step + 20, 60,
+             "training on while the extra node is provisioned")
+    waiting = cluster.status("grower")
+    assert waiting["phase"] == "Running" and waiting["replicas"] == 2, waiting
+    assert {p.metadata.name for p in cluster.pods("grower")} == first
+    assert condition(request_of(cluster, grow), "Provisioned") != "True"
+    # Provisioned: the gang saves, the Workload is made at 3, its own request provisioned,
+    # and the gang of 3 resumes from the saved step on the nodes booked for it.
+    status = wait_for(lambda: (s := cluster.status("grower")).get("phase") == "Running"
+                      and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
+                      and s, 240, "the gang of 3 resumed")
+    assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first) > step + 20
+    after = workload_of(cluster, "grower")
+    assert after is not None and after["metadata"]["uid"] != before["metadata"]["uid"]
+    booked = request_of(cluster, after)
+    assert booked is not None and condition(booked, "Provisioned") == "True"
+    pods = [p for p in cluster.pods("grower") if p.metadata.name not in first]
+    assert len(pods) == 3
+    nodes = pool_nodes(cluster)
+    for pod in pods:
+        assert pod.metadata.annotations[CONSUME] == booked["metadata"]["name"]
+        assert nodes[pod.spec.node_name][REQUEST_LABEL] == booked["metadata"]["name"]
+    # The first and the grow's requests went with their Workloads, and their nodes with them.
+    wait_for(lambda: [r["metadata"]["name"] for r in requests(cluster)] == [
+        booked["metadata"]["name"]] and len(pool_nodes(cluster)) == 3, 120,
+        "only the new request's nodes left")
+    assert status["restarts"]["failures"] == 0
+    cluster.kubectl("delete", "tj/grower", "--wait=false")
     wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
              "the request and its nodes released")
     operator.assert_alive()

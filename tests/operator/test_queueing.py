@@ -319,7 +319,13 @@ def test_a_grow_under_a_pending_admission_check_trains_on_until_the_check_passes
     cluster.run_all()
     cluster.reconcile()
     cluster.spec["replicas"] = 3
-    provisioning = dataclasses.replace(grow_view(ADMITTED), pending_checks=(
+    reserved_only = {"QuotaReserved": ADMITTED["QuotaReserved"],
+                     "Admitted": WorkloadCondition("False", "UnsatisfiedChecks", "")}
+    # Kueue lists the checks on the Workload a moment after it reserved quota: not yet a grow.
+    unlisted = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3,
+                        grow_view(reserved_only))
+    assert unlisted.growing and not unlisted.grow_reserved and not unlisted.resizing
+    provisioning = dataclasses.replace(grow_view(reserved_only), pending_checks=(
         ("dws", "Pending", "provisioning 1 node(s)"),))
     waiting = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3, provisioning)
     assert waiting.growing and not waiting.grow_reserved and not waiting.resizing

@@ -482,13 +482,17 @@ class QueueGate:
 
     @property
     def grow_reserved(self) -> bool:
-        """Kueue reserved quota for exactly the extra replicas the job still asks for, and
-        every admission check passed (a ProvisioningRequest check: the extra nodes are
-        provisioned), so the gang trains on at its size until the new capacity is there."""
+        """Kueue admitted exactly the extra replicas the job still asks for: quota reserved
+        and every admission check passed (a ProvisioningRequest check: the extra nodes are
+        provisioned), so the gang trains on at its size until the new capacity is there.
+        Admitted, not only QuotaReserved: Kueue lists a ClusterQueue's checks on the
+        Workload only after it reserved quota, and sets Admitted with QuotaReserved where
+        the ClusterQueue has none (its scheduler's `admit`)."""
         grow = self.grow
         return (self.growing and grow is not None and not grow.deleting
                 and grow.count == self.grow_extra and grow.true("QuotaReserved")
-                and not grow.pending_checks and not grow.true("Evicted"))
+                and grow.true("Admitted") and not grow.pending_checks
+                and not grow.true("Evicted"))
 
     @property
     def resizing(self) -> bool:
