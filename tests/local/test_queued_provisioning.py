@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tardigrade_local import kueue
 from tardigrade_local.cluster import ClusterConfig
 from tardigrade_local.kubelet import NodeConfig
 from tardigrade_local.kubelet.autoscaler import NodeAutoscaler, NodePool
@@ -56,3 +57,10 @@ def test_the_pool_flag_round_trips_and_keeps_the_pool_from_the_autoscaler():
     # The cluster autoscaler never grows it for an unschedulable pod.
     host: Any = SimpleNamespace(cloud=SimpleNamespace(client=None))
     assert [p.name for p in NodeAutoscaler(host, again.node_pools).pools] == ["plain"]
+
+
+def test_the_provisioning_request_crd_comes_from_the_autoscaler_module_kueue_pins():
+    crd = kueue.provisioning_request_crd()
+    assert crd["metadata"]["name"] == "provisioningrequests.autoscaling.x-k8s.io"
+    served = {v["name"] for v in crd["spec"]["versions"] if v["served"]}
+    assert "v1" in served and crd["spec"]["scope"] == "Namespaced"
