@@ -257,3 +257,40 @@ def test_a_grow_trains_on_at_its_size_until_the_extra_nodes_are_provisioned(
              "the request and its nodes released")
     operator.assert_alive()
     cluster.clear_jobs()
+
+
+def test_an_evicted_job_gives_its_nodes_back_and_is_provisioned_again_when_requeued(
+        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+    """Suspended, the job's Workload is evicted (Deactivated); Kueue v0.19 deletes an evicted
+    Workload's request (CleanupProvisioningRequestsOnEviction, beta, on) and GKE takes the
+    nodes back. Resumed, the Workload gets a new request and the gang resumes on its nodes."""
+    cluster.apply(job("evictee", tmp_path, replicas=2))
+    cluster.wait_phase("evictee", {"Running"}, 180)
+    first_request = requests(cluster)[0]["metadata"]["uid"]
+    first_nodes = set(pool_nodes(cluster))
+    first = {p.metadata.name for p in cluster.pods("evictee")}
+    wait_for(lambda: int(cluster.status("evictee").get("step") or 0) > 5, 60, "training")
+    cluster.kubectl("patch", "tj/evictee", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    cluster.wait_phase("evictee", {"Suspended"}, 120)
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+             "the evicted Workload's request and nodes given back")
+    step = saved_step(cluster, first)
+    cluster.kubectl("patch", "tj/evictee", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    status = wait_for(lambda: (s := cluster.status("evictee")).get("phase") == "Running"
+                      and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
+                      and s, 180, "resumed on newly provisioned nodes")
+    assert status["recoveries"][-1]["restoreStep"] == step
+    [again] = requests(cluster)
+    assert again["metadata"]["uid"] != first_request
+    assert condition(again, "Provisioned") == "True"
+    nodes = pool_nodes(cluster)
+    assert len(nodes) == 2 and not set(nodes) & first_nodes, nodes
+    for pod in cluster.pods("evictee"):
+        assert pod.metadata.annotations[CONSUME] == again["metadata"]["name"]
+        assert nodes[pod.spec.node_name][REQUEST_LABEL] == again["metadata"]["name"]
+    assert status["restarts"]["failures"] == 0
+    cluster.kubectl("delete", "tj/evictee", "--wait=false")
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+             "the request and its nodes released")
+    operator.assert_alive()
+    cluster.clear_jobs()

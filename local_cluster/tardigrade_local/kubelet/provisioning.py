@@ -17,7 +17,9 @@ What this models, as the cluster autoscaler with GKE's identity (`identities.CLO
   together, after the pool's provisioning delay; once every one is Ready and untainted,
   `Provisioned=True` (Kueue copies the Provisioned message into its check's message while
   the request is Accepted, `controller.go`, so the job's status shows it);
-- the request deleted (Kueue deletes it, or it goes with its Workload), its nodes go too.
+- the request deleted (Kueue deletes it, or it goes with its Workload), its nodes go too,
+  each once no pod runs on it (scale-down of an empty node; GKE's scale-down delay is not
+  modelled): Kueue deletes an evicted Workload's request at once, while the gang still saves.
 Not modelled: `BookingExpired` (GKE releases capacity no pod consumed within its booking
 time), `CapacityRevoked`, `Failed` (a request GKE cannot ever serve), `maxRunDurationSeconds`
 and the end of a run at it, and GKE's placement of only the consuming pods on the booked
@@ -50,6 +52,7 @@ QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
 # Ours, not GKE's: which request a node was created for.
 REQUEST_LABEL = "tardigrade.dev/provisioning-request"
 RETRY_SECONDS = 2.0
+EMPTY_POLL_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,13 +188,28 @@ class QueuedProvisioner:
         await self.host.wait_schedulable(names=set(names))
 
     async def _release(self, uid: str) -> None:
-        """The request is gone: GKE scales its nodes down."""
+        """The request is gone: its nodes are scaled down, each once no pod runs on it (Kueue
+        deletes an evicted Workload's request at once, while its pods still save)."""
         self._serving.discard(uid)
-        for name in self.booked.pop(uid, {}):
-            agent = self.host.agents.get(name)
-            if agent is not None and agent.state != "gone":
-                await self.host.lose_node(name)
-                log.info("queued provisioning: node %s released", name)
+        nodes = self.booked.get(uid, {})
+        await asyncio.gather(*(self._scale_down_when_empty(name) for name in nodes))
+        self.booked.pop(uid, None)
+
+    async def _scale_down_when_empty(self, name: str) -> None:
+        while await self._pods_on(name):
+            await asyncio.sleep(EMPTY_POLL_SECONDS)
+        agent = self.host.agents.get(name)
+        if agent is not None and agent.state != "gone":
+            await self.host.lose_node(name)
+            log.info("queued provisioning: node %s released", name)
+
+    async def _pods_on(self, name: str) -> int:
+        """Pods bound to the node that have not finished (a deleted one still counts until
+        its kubelet reports it gone)."""
+        listing = await self.client.request("GET", core_path("pods"), params={
+            "fieldSelector": f"spec.nodeName={name}"})
+        return sum(1 for pod in listing.get("items") or []
+                   if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
 
     def _sizes(self) -> Counter[str]:
         sizes: Counter[str] = Counter(a.config.pool for a in self.host.agents.values()
