@@ -54,6 +54,7 @@ from tardigrade_local.kubelet.config import (
     PODSITE_DIR,
     project_python_path,
 )
+from tardigrade_local.kubelet.provisioning import QueuedProvisioner
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.paths import StateLayout
@@ -165,7 +166,8 @@ class ClusterConfig:
     # pool's managed instance group recreates it; None: never. `tardigrade local up` turns it
     # on (disruptions.DEFAULT_REPLACE_AFTER_SECONDS); tests choose per preemption.
     replace_after_seconds: float | None = None
-    # Pools a cluster autoscaler may grow for unschedulable pods (none: no autoscaler).
+    # Pools a cluster autoscaler may grow for unschedulable pods (none: no autoscaler); those
+    # with `queued_provisioning` grow only for ProvisioningRequests (needs `kueue`).
     node_pools: list[NodePool] = dataclasses.field(default_factory=list)
     autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
@@ -391,6 +393,11 @@ async def serve(config: ClusterConfig) -> None:
             autoscaler = NodeAutoscaler(host, config.node_pools, config.autoscaler_scan_seconds)
             await autoscaler.start()
             stack.push_async_callback(autoscaler.stop)
+        if config.kueue and any(p.queued_provisioning for p in config.node_pools):
+            # The ProvisioningRequest CRD comes with Kueue here (kueue.py).
+            provisioner = QueuedProvisioner(host, config.node_pools)
+            await provisioner.start()
+            stack.push_async_callback(provisioner.stop)
         runner = web.AppRunner(_control_app(host, plane, proxy), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

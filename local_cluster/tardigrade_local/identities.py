@@ -60,6 +60,11 @@ ROLES: dict[Identity, list[dict[str, Any]]] = {
         _rule([""], ["nodes"], [*READ, "patch", "update", "delete"]),
         _rule([""], ["pods"], READ),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"]),
+        # GKE's queued provisioning (kubelet/provisioning.py): the cluster autoscaler reads
+        # ProvisioningRequests and their PodTemplates and answers in their status.
+        _rule(["autoscaling.x-k8s.io"], ["provisioningrequests"], READ),
+        _rule(["autoscaling.x-k8s.io"], ["provisioningrequests/status"], ["patch", "update"]),
+        _rule([""], ["podtemplates"], READ),
     ],
     CLUSTER_DNS: [  # CoreDNS's system:coredns ClusterRole, plus pods for hostnames
         _rule([""], ["pods", "services", "namespaces"], ["list", "watch"]),

@@ -19,6 +19,11 @@ Every webhook's `clientConfig.service` becomes a URL on 127.0.0.1 with the clust
 The manager's configuration (`config/components/manager/controller_manager_config.yaml` is
 the upstream example) lists TrainingJob as an external framework
 (`integrations.externalFrameworks`), so Kueue knows our kind as the owner of its Workloads.
+The ProvisioningRequest CRD (autoscaling.x-k8s.io/v1) comes from the cluster autoscaler's API
+module at the version Kueue's own go.mod pins (`k8s.io/autoscaler/cluster-autoscaler/apis`,
+`config/crd/`): on GKE the cluster autoscaler installs it; with it present before the manager
+starts, Kueue sets up its ProvisioningRequest admission check controller
+(`cmd/kueue/main.go`, `provisioning.ServerSupportsProvisioningRequest`; no feature gate).
 Everything else is Kueue's default, `waitForPodsReady` included (on, 30 min, from v0.19;
 off before), unless the cluster sets it (`WaitForPodsReady`: a test shortens the timeout).
 Cross-checked notes: `local_cluster/README.md`, "Kueue".
@@ -64,6 +69,8 @@ TRAININGJOB_READER_ROLE = "kueue-tardigrade-trainingjob-reader"
 # fixed path whenever its internal certificate management is off, and exits without it.
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 READY_TIMEOUT_SECONDS = 120.0
+AUTOSCALER_APIS = "k8s.io/autoscaler/cluster-autoscaler/apis"
+PROVISIONING_REQUEST_CRD_FILE = "autoscaling.x-k8s.io_provisioningrequests.yaml"
 
 
 class KueueError(RuntimeError):
@@ -87,6 +94,18 @@ def module_source() -> Path:
     if not (path / "config" / "components").is_dir():
         raise KueueError(f"{MODULE_PATH} module at {path} has no config/components")
     return path
+
+
+def provisioning_request_crd() -> dict[str, Any]:
+    """The ProvisioningRequest CRD of the autoscaler API module Kueue's build pins."""
+    cwd = gobuild.kueue_module().directory
+    done = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", AUTOSCALER_APIS], cwd=cwd,
+                          env=gobuild.go_env(), capture_output=True, text=True)
+    path = Path(done.stdout.strip()) / "config" / "crd" / PROVISIONING_REQUEST_CRD_FILE
+    if done.returncode != 0 or not path.is_file():
+        raise KueueError(f"no ProvisioningRequest CRD at {path} (module {AUTOSCALER_APIS} "
+                         f"of Kueue's build): {done.stderr.strip()}")
+    return _documents(path)[0]
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -331,7 +350,8 @@ async def install(session: aiohttp.ClientSession, api_url: str, source: Path,
     for plural, body in rbac_objects(source, IDENTITY.common_name):
         await _create(session, f"{api_url}/apis/{RBAC}/{plural}", body)
     crd_base = f"{api_url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    documents = crds(source, webhook_url, ca_pem)
+    documents = [*crds(source, webhook_url, ca_pem),
+                 await asyncio.to_thread(provisioning_request_crd)]
     for doc in documents:
         await _create(session, crd_base, doc)
     try:

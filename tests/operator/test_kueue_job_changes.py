@@ -367,6 +367,28 @@ def test_admission_checks_pod_set_updates_reach_every_pod():
             "tolerations"]
 
 
+def test_quota_reserved_but_an_admission_check_pending_waits_with_the_checks_words():
+    """A ProvisioningRequest check Pending (GKE still provisioning): Kueue holds Admitted
+    False, no pod is made, and the job says which check it waits for, in Kueue's words."""
+    body = admitted_body(admissionChecks=[
+        {"name": "dws", "state": "Pending", "message": "provisioning 2 node(s)"},
+        {"name": "other", "state": "Ready"}])
+    body["status"]["conditions"] = [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
+         "message": "Quota reserved in ClusterQueue team"},
+        {"type": "Admitted", "status": "False", "reason": "UnsatisfiedChecks",
+         "message": "The workload has not all admission checks Ready"}]
+    view = queueing.parse_workload(body)
+    assert view.pending_checks == (("dws", "Pending", "provisioning 2 node(s)"),)
+    the_gate = gate_for("team-queue", view, FLAVORS, 2, spec=parse_spec(spec()))
+    assert not the_gate.admitted
+    assert the_gate.waiting_message() == ("waiting in LocalQueue team-queue: quota reserved, "
+                                          "admission check dws Pending: provisioning 2 node(s)")
+    cluster = FakeCluster(spec(), queue=the_gate)
+    assert cluster.reconcile().create_pods == []
+    assert cluster.status.phase == "Queued"
+
+
 def held(view: WorkloadView, flavors: dict[str, Flavor], body: dict[str, Any] | None = None
          ) -> FakeCluster:
     body = body or spec()

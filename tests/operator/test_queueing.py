@@ -310,6 +310,38 @@ def test_a_running_job_grown_trains_on_until_kueue_reserves_the_extra_replicas()
     assert cluster.status.restarts.total == 0 and cluster.status.restarts.failures == 0
 
 
+def test_a_grow_under_a_pending_admission_check_trains_on_until_the_check_passes():
+    """Quota for the extra replica reserved, its ProvisioningRequest check still Pending (the
+    nodes not provisioned yet): the gang of 2 trains on and says what it waits for; once the
+    check is Ready, the grow goes ahead (the gang stops after a save)."""
+    cluster = FakeCluster(spec(), queue=gate(ADMITTED, admitted=2, replicas=2))
+    cluster.reconcile()
+    cluster.run_all()
+    cluster.reconcile()
+    cluster.spec["replicas"] = 3
+    reserved_only = {"QuotaReserved": ADMITTED["QuotaReserved"],
+                     "Admitted": WorkloadCondition("False", "UnsatisfiedChecks", "")}
+    # Kueue lists the checks on the Workload a moment after it reserved quota: not yet a grow.
+    unlisted = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3,
+                        grow_view(reserved_only))
+    assert unlisted.growing and not unlisted.grow_reserved and not unlisted.resizing
+    provisioning = dataclasses.replace(grow_view(reserved_only), pending_checks=(
+        ("dws", "Pending", "provisioning 1 node(s)"),))
+    waiting = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3, provisioning)
+    assert waiting.growing and not waiting.grow_reserved and not waiting.resizing
+    cluster.queue = waiting
+    plan = cluster.reconcile()
+    assert plan.delete_pods == [] and cluster.status.phase == "Running"
+    assert ("quota reserved, admission check dws Pending: provisioning 1 node(s)"
+            in cluster.status.queue.message)
+    assert "the gang trains at 2 meanwhile" in cluster.status.queue.message
+    provisioned = gate_for("team-queue", workload(READY, 2, 2), {"spot": SPOT}, 3,
+                           grow_view(ADMITTED))
+    assert provisioned.grow_reserved and provisioned.resizing
+    cluster.queue = provisioned
+    assert sorted(n for n, _ in cluster.reconcile().delete_pods) == ["tiny-a1-0", "tiny-a1-1"]
+
+
 def test_a_grow_request_goes_when_it_is_no_longer_wanted_or_kueue_evicts_it():
     name = queueing.grow_workload_name(JOB.name, JOB.uid)
     running = TrainingJobStatus(phase="Running")

@@ -49,12 +49,18 @@ COMPONENT = "cluster-autoscaler"
 
 @dataclasses.dataclass(frozen=True)
 class NodePool:
-    """A pool the autoscaler may grow: new nodes look like `template` (its name is unused)."""
+    """A pool the autoscaler may grow: new nodes look like `template` (its name is unused).
+
+    `queued_provisioning`: GKE's `--enable-queued-provisioning` (the API's
+    `NodePool.queuedProvisioning.enabled`: nodes "can be only obtained through queuing via
+    the Cluster Autoscaler ProvisioningRequest API"): no ordinary scale-up grows it, only a
+    ProvisioningRequest does (kubelet/provisioning.py)."""
 
     name: str
     max_size: int
     template: NodeConfig = dataclasses.field(default_factory=lambda: NodeConfig("template"))
     provision_seconds: float = 30.0
+    queued_provisioning: bool = False
 
     def __post_init__(self) -> None:
         if self.max_size < 0:
@@ -71,11 +77,13 @@ class NodePool:
     def from_dict(cls, data: Mapping[str, Any]) -> NodePool:
         template = NodeConfig.from_dict({"name": "template", **(data.get("template") or {})})
         return cls(name=str(data["name"]), max_size=int(data["maxSize"]), template=template,
-                   provision_seconds=float(data.get("provisionSeconds", 30.0)))
+                   provision_seconds=float(data.get("provisionSeconds", 30.0)),
+                   queued_provisioning=bool(data.get("queuedProvisioning", False)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "maxSize": self.max_size,
-                "template": self.template.to_dict(), "provisionSeconds": self.provision_seconds}
+                "template": self.template.to_dict(), "provisionSeconds": self.provision_seconds,
+                "queuedProvisioning": self.queued_provisioning}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +178,8 @@ class NodeAutoscaler:
     def __init__(self, host: KubeletHost, pools: Iterable[NodePool],
                  scan_interval_seconds: float = SCAN_INTERVAL_SECONDS) -> None:
         self.host = host
-        self.pools = list(pools)
+        # A queued-provisioning pool grows only for a ProvisioningRequest.
+        self.pools = [p for p in pools if not p.queued_provisioning]
         self.scan_interval_seconds = scan_interval_seconds
         self.provisioning: dict[str, NodeConfig] = {}  # nodes being created, by name
         self._told: dict[str, str] = {}  # pod uid -> the last verdict's message

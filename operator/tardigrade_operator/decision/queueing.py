@@ -254,6 +254,9 @@ class WorkloadView:
     podset_hash: str | None = None
     # The admission checks' podSetUpdates for our podSet.
     updates: PodSetUpdate = PodSetUpdate()
+    # Admission checks not Ready yet: (name, state, message), e.g. a ProvisioningRequest
+    # check Pending until the cloud provisions the nodes.
+    pending_checks: tuple[tuple[str, str, str], ...] = ()
     # The admission's topologyAssignment (Topology Aware Scheduling) for our podSet, if any.
     topology: TopologyAssignment | None = None
     # The podSet's topologyRequest as the Workload carries it (what the pods' TAS annotation
@@ -272,6 +275,13 @@ class WorkloadView:
     def admitted(self) -> bool:
         return (self.true("QuotaReserved") and self.true("Admitted") and not self.true("Evicted")
                 and self.admitted_count is not None)
+
+
+def _checks_message(workload: WorkloadView) -> str:
+    """A Workload holding quota while admission checks are not Ready, in Kueue's words."""
+    return "quota reserved, " + "; ".join(
+        f"admission check {name} {state}" + (f": {text}" if text else "")
+        for name, state, text in workload.pending_checks)
 
 
 def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
@@ -296,6 +306,10 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
                 topology = parse_topology_assignment(assignment["topologyAssignment"])
     updates = [u for check in status.get("admissionChecks") or []
                for u in check.get("podSetUpdates") or [] if u.get("name") == PODSET]
+    pending_checks = tuple((str(c.get("name")), str(c.get("state") or "Pending"),
+                            str(c.get("message") or ""))
+                           for c in status.get("admissionChecks") or []
+                           if c.get("state") != "Ready")
     reclaimable = sum(int(r.get("count") or 0) for r in status.get("reclaimablePods") or []
                       if r.get("name") == PODSET)
     priority_class = (spec.get("priorityClassRef") or {}).get("name")
@@ -312,7 +326,7 @@ def parse_workload(body: Mapping[str, Any]) -> WorkloadView:
         active=spec.get("active") is not False,
         suspended_by_job=(meta.get("annotations") or {}).get(SUSPENDED_ANNOTATION) == "true",
         podset_hash=(meta.get("annotations") or {}).get(PODSET_HASH_ANNOTATION),
-        updates=_merge_updates(updates), topology=topology,
+        updates=_merge_updates(updates), pending_checks=pending_checks, topology=topology,
         topology_request=podsets[0].get("topologyRequest") or None)
 
 
@@ -468,10 +482,16 @@ class QueueGate:
 
     @property
     def grow_reserved(self) -> bool:
-        """Kueue reserved quota for exactly the extra replicas the job still asks for."""
+        """Kueue admitted exactly the extra replicas the job still asks for: quota reserved
+        and every admission check passed (a ProvisioningRequest check: the extra nodes are
+        provisioned), so the gang trains on at its size until the new capacity is there.
+        Admitted, not only QuotaReserved: Kueue lists a ClusterQueue's checks on the
+        Workload only after it reserved quota, and sets Admitted with QuotaReserved where
+        the ClusterQueue has none (its scheduler's `admit`)."""
         grow = self.grow
         return (self.growing and grow is not None and not grow.deleting
                 and grow.count == self.grow_extra and grow.true("QuotaReserved")
+                and grow.true("Admitted") and not grow.pending_checks
                 and not grow.true("Evicted"))
 
     @property
@@ -584,6 +604,8 @@ class QueueGate:
                     f"gang after a save, then requeued in LocalQueue {self.queue} at the new "
                     "size")
         reserved = workload.conditions.get("QuotaReserved")
+        if workload.true("QuotaReserved") and workload.pending_checks:
+            return f"waiting in LocalQueue {self.queue}: {_checks_message(workload)}"
         if reserved is not None and reserved.message:
             return f"waiting in LocalQueue {self.queue}: {reserved.message}"
         return f"waiting in LocalQueue {self.queue} for Kueue to admit the Workload"
@@ -594,6 +616,8 @@ class QueueGate:
         reserved = self.grow.conditions.get("QuotaReserved") if self.grow else None
         why = (reserved.message if reserved is not None and reserved.message
                else "waiting for Kueue to reserve quota")
+        if self.grow is not None and self.grow.true("QuotaReserved") and self.grow.pending_checks:
+            why = _checks_message(self.grow)
         return (f"growing to {self.replicas} replicas: {self.grow_extra} more wait in LocalQueue "
                 f"{self.queue} ({why}); the gang trains at {self.held} meanwhile")
 
