@@ -28,6 +28,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -58,6 +59,9 @@ BRIDGE = "tdg0"
 # One record per running real node, naming its directory and the process that started it, so
 # a later process can tear down the nodes of one that was killed (`sweep_orphans`).
 RECORDS_DIR = Path("/run/tardigrade-realnodes")
+# A unix socket's path holds at most 107 bytes; the kubelet's longest under the node's
+# directory is `/kubelet/device-plugins/kubelet.sock` (36).
+MAX_DIRECTORY_CHARS = 107 - len("/kubelet/device-plugins/kubelet.sock")
 START_TIMEOUT_SECONDS = 180.0
 STOP_TIMEOUT_SECONDS = 60.0
 
@@ -126,8 +130,15 @@ class RealNode:
         return self.footprint.cgroup_root
 
     @property
+    def socket_dir(self) -> Path:
+        """containerd's sockets, on a short path: a unix socket's path has a limit (104
+        bytes for containerd's ttrpc one), which a node directory under a test's temporary
+        folder can exceed on its own."""
+        return RECORDS_DIR / self.id
+
+    @property
     def containerd_socket(self) -> Path:
-        return self.directory / "containerd" / "containerd.sock"
+        return self.socket_dir / "containerd.sock"
 
     @property
     def logs_dir(self) -> Path:
@@ -158,6 +169,12 @@ class RealNode:
     def start(self, timeout: float = START_TIMEOUT_SECONDS) -> RealNode:
         if os.geteuid() != 0:
             raise RealNodeError("a real node needs root (network namespace, mounts, cgroups)")
+        if len(str(self.directory)) > MAX_DIRECTORY_CHARS:
+            raise RealNodeError(
+                f"the node directory {self.directory} is {len(str(self.directory))} characters "
+                f"long: the kubelet's sockets under it (kubelet/device-plugins/kubelet.sock) "
+                f"would pass the 108-byte limit of a unix socket's path; give the node a "
+                f"directory of at most {MAX_DIRECTORY_CHARS} characters")
         for program in ("kubelet", "containerd", "runc", "crictl", "bridge"):
             gobuild.binary(program)  # BuildError naming the fix if a program is not built
         try:
@@ -181,6 +198,7 @@ class RealNode:
 
     def _start(self, deadline: float) -> None:
         self._write_record()
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         for sub in ("etc", "pki", "logs", "pod-logs", "kubelet", "containerd", "cni/conf",
                     "cni/ipam"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
@@ -275,7 +293,7 @@ imports = []
 [plugins."io.containerd.server.v1.grpc"]
   address = "{self.containerd_socket}"
 [plugins."io.containerd.server.v1.ttrpc"]
-  address = "{c / 'containerd.sock.ttrpc'}"
+  address = "{self.socket_dir / 'containerd.sock.ttrpc'}"
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -401,6 +419,7 @@ imports = []
         for log in self._logs:
             log.close()
         self._logs.clear()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
         self._record.unlink(missing_ok=True)
 
     def _terminate(self, name: str) -> None:

@@ -71,7 +71,9 @@ def _evicted(cluster: Cluster, pod: str) -> object | None:
 def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
         cluster: Cluster, operator: OperatorProcess):
     name = "e2e-halt"
-    job = trainingjob(name, steps=60)
+    # Long enough that the gang is still training when the VM halts, however late the status
+    # shows the first commit on a loaded machine.
+    job = trainingjob(name, steps=200)
     job["spec"]["checkpoint"]["interval"] = {"steps": 5}
     job["spec"].setdefault("podTemplate", {})["tolerations"] = [{
         "key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",

@@ -87,3 +87,16 @@ async def test_the_egress_proxy_relays_to_loopback_and_refuses_anything_else(tmp
             await proxy
         target.close()
         await target.wait_closed()
+
+
+def test_a_node_directory_too_long_for_the_kubelets_sockets_is_refused_naming_the_limit(
+        monkeypatch):
+    from tardigrade_local import realnode
+
+    monkeypatch.setattr(realnode.os, "geteuid", lambda: 0)
+    fits = Path("/") / ("d" * (realnode.MAX_DIRECTORY_CHARS - 1))
+    assert len(str(fits / "kubelet/device-plugins/kubelet.sock")) <= 107
+    too_long = Path("/") / ("d" * realnode.MAX_DIRECTORY_CHARS)
+    node = realnode.RealNode("n", too_long, "", too_long)
+    with pytest.raises(realnode.RealNodeError, match="108-byte limit"):
+        node.start()

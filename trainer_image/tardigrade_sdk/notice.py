@@ -49,6 +49,43 @@ _WATCH_SLICE_MS = 500
 SECOND_SAVE_MARGIN = 1.5
 
 
+def _wake_only(signum: int, frame: FrameType | None) -> None:
+    pass  # the work is done by the thread the wakeup fd woke
+
+
+def listen_for_sigterm(on_sigterm: Callable[[], None]) -> bool:
+    """Call `on_sigterm` from a thread of its own whenever SIGTERM arrives, at once, whatever
+    the main thread is doing (a Python handler alone runs only between bytecodes of the main
+    thread, which may sit in a long XLA call): the signal wakes a pipe (`set_wakeup_fd`) that
+    the thread reads. False, and nothing installed, off the main thread or where someone else
+    (an event loop) holds the wakeup fd."""
+    if threading.current_thread() is not threading.main_thread():
+        return False  # signals are the main thread's to set up
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+        return False
+    signal.signal(signal.SIGTERM, _wake_only)
+
+    def listen() -> None:
+        while True:
+            try:
+                woke = os.read(read, 64)
+            except OSError:
+                return
+            if not woke:
+                return
+            if signal.SIGTERM in woke:
+                on_sigterm()
+
+    threading.Thread(target=listen, daemon=True, name="preemption-notice").start()
+    return True
+
+
 def fate_key(attempt: int) -> str:
     return f"tardigrade-notice-fate-{attempt}"
 
@@ -77,36 +114,11 @@ class NoticeGuard:
         self.received_at: float | None = None
         self.noticed_at: float | None = None
         self.installed = False
-        if threading.current_thread() is not threading.main_thread():
-            return  # signals are the main thread's to set up
-        self._read, write = os.pipe()
-        os.set_blocking(write, False)
-        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        if previous != -1:
-            # Someone (an event loop) has the wakeup fd: leave it to them; notices then come
-            # only between steps, through JAX's own notifier.
-            signal.set_wakeup_fd(previous)
-            os.close(self._read)
-            os.close(write)
-            return
-        self.installed = True
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        threading.Thread(target=self._listen, daemon=True, name="preemption-notice").start()
+        # Where another holds the wakeup fd (an event loop), notices come only between steps,
+        # through JAX's own notifier.
+        self.installed = listen_for_sigterm(self._own_notice)
 
     # --- the process's own SIGTERM --------------------------------------------------------------
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        pass  # the work is done by the thread the wakeup fd woke
-
-    def _listen(self) -> None:
-        while True:
-            try:
-                woke = os.read(self._read, 64)
-            except OSError:
-                return
-            if not woke:
-                return
-            if signal.SIGTERM in woke:
-                self._own_notice()
 
     def _own_notice(self) -> None:
         now = time.monotonic()
@@ -134,7 +146,7 @@ class NoticeGuard:
         installed by `jax.distributed.initialize`, is replaced by ours again (it looks for the
         signal once a second; ours writes the notice at once)."""
         if self.installed:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(signal.SIGTERM, _wake_only)
         with self._lock:
             self._client = client
             self._gang = gang

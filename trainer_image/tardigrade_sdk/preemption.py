@@ -17,7 +17,6 @@ commit by then fails cleanly, naming the deadline, instead of being killed half 
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -28,7 +27,7 @@ from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from tardigrade_checkpoint.deadline import Deadline
 
-from tardigrade_sdk.notice import NOTICE_KEY, NoticeGuard, announce
+from tardigrade_sdk.notice import NOTICE_KEY, NoticeGuard, announce, listen_for_sigterm
 
 __all__ = ["NOTICE_KEY", "NoticeAnnouncer", "PreemptionWatcher", "save_deadline",
            "window_overrun"]
@@ -53,37 +52,14 @@ class NoticeAnnouncer:
         # time.monotonic() of this process's first SIGTERM (a peer's notice reaches it through
         # the coordination service instead, and sets nothing here).
         self.received_at: float | None = None
-        if threading.current_thread() is not threading.main_thread():
-            return  # signals are the main thread's to set up: the notice stays XLA's
-        self._read, write = os.pipe()
-        os.set_blocking(write, False)
-        previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        if previous != -1:
-            # Someone (an event loop) has the wakeup fd: leave it to them, and the notice to
-            # XLA's notifier.
-            signal.set_wakeup_fd(previous)
-            os.close(self._read)
-            os.close(write)
-            return
-        self.installed = True
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        threading.Thread(target=self._listen, daemon=True, name="preemption-notice").start()
+        # Not installed (off the main thread, or another holds the wakeup fd): the notice
+        # stays XLA's notifier's.
+        self.installed = listen_for_sigterm(self._own_notice)
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        pass  # the work is done by the thread the wakeup fd woke
-
-    def _listen(self) -> None:
-        while True:
-            try:
-                woke = os.read(self._read, 64)
-            except OSError:
-                return
-            if not woke:
-                return
-            if signal.SIGTERM in woke:
-                if self.received_at is None:
-                    self.received_at = time.monotonic()
-                self.announce()
+    def _own_notice(self) -> None:
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+        self.announce()
 
     def announce(self) -> None:
         announce(self._client)
