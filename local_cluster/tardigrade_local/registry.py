@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from tardigrade_local import gobuild
+from tardigrade_local import gobuild, lifetime
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.ports import free_port
 
@@ -141,12 +141,7 @@ class Registry:
     def stop(self) -> None:
         if self._proc is None:
             return
-        self._proc.terminate()
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        lifetime.stop(self._proc)
         self._proc = None
 
     def __enter__(self) -> Registry:
