@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from tardigrade_contract import contract
 from tardigrade_operator.api.types import Recovery, TrainingJobStatus
 from tardigrade_operator.apply.kube import ClusterWriter
@@ -260,8 +261,12 @@ def test_exit_77_is_a_restart_while_the_pod_lives_and_a_save_once_it_ended():
     assert view is not None and classify(view).outcome is Outcome.PREEMPTED
 
 
-def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back_off():
+@pytest.mark.parametrize("memory_tier", [False, True])
+def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back_off(
+        memory_tier: bool):
     cluster = running_gang()
+    if memory_tier:
+        cluster.spec["checkpoint"]["memoryTier"] = {"interval": 5}
     for name, minutes_ago in (("tiny-a1-0", 11), ("tiny-a1-2", 2)):
         status = cluster.pods[name]["status"]["containerStatuses"][0]
         status["restartCount"] = 1
@@ -270,6 +275,11 @@ def test_a_pod_restarted_in_place_lately_is_recreated_to_escape_the_kubelet_back
                                               "finishedAt": iso(finished)}}
     cluster.disrupt(cluster.pods["tiny-a1-1"])
     plan = cluster.reconcile()
+    if memory_tier:
+        # Its memory tier would go with its pod: the 10 s back-off is the smaller loss.
+        assert kept(plan) == ["tiny-a1-0", "tiny-a1-2"]
+        assert names(plan.create_pods) == ["tiny-a2-1"]
+        return
     # Its next restart would wait 10 s of back-off; the one that ran 11 minutes has none.
     assert kept(plan) == ["tiny-a1-0"]
     assert names(plan.create_pods) == ["tiny-a2-1", "tiny-a2-2"]
@@ -612,3 +622,61 @@ def test_rank_ranges_round_trip():
         text = carry.rank_ranges(ranks)
         assert carry.parse_rank_ranges(text) == set(ranks)
     assert carry.rank_ranges([7, 5, 6, 3]) == "3,5-7"
+
+
+def _lose_node_of(cluster: FakeCluster, pod: str, down_seconds: float) -> str:
+    node = cluster.pods[pod]["spec"]["nodeName"]
+    cluster.nodes_ready = {n: n != node for n in cluster.kubelet_versions}
+    cluster.nodes_not_ready_since = {node: cluster.now - timedelta(seconds=down_seconds)}
+    return node
+
+
+def test_the_kept_ranks_are_told_which_ranks_were_lost_without_notice():
+    cluster = running_gang()
+    cluster.progress = contract.ProgressReport(step=30, checkpoint_step=20)
+    cluster.reconcile()
+    # Rank 1's VM stopped: its node is Unknown past the operator's tolerance and rank 0's step
+    # stopped advancing (its collective waits for rank 1).
+    cluster.advance(ON.node_lost_after.total_seconds() + 1)
+    _lose_node_of(cluster, "tiny-a1-1", ON.node_lost_after.total_seconds() + 1)
+    plan = cluster.reconcile()
+    assert plan.status.recoveries[-1].cause == "Preemption"
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-2"]
+    for trigger in plan.restart_in_place:
+        assert trigger.url.endswith(f"?attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=1")
+    assert names(plan.create_pods) == ["tiny-a2-1"]
+
+
+def test_a_taint_eviction_on_an_unready_node_is_a_loss_without_notice_but_a_reclaim_is_not():
+    cluster = running_gang()
+    # Evicted by the taint manager while its node is not Ready (its toleration ran out
+    # before the operator's tolerance): lost, no notice.
+    _lose_node_of(cluster, "tiny-a1-2", 5)
+    cluster.disrupt(cluster.pods["tiny-a1-2"], reason=in_place.TAINT_EVICTION)
+    plan = cluster.reconcile()
+    assert kept(plan) == ["tiny-a1-0", "tiny-a1-1"]
+    assert all(t.url.endswith(f"&{contract.RESTART_LOST_RANKS_PARAM}=2")
+               for t in plan.restart_in_place)
+    # A spot reclaim: the kubelet's SIGTERM reached the rank, which saves with the gang.
+    _, plan = reclaimed_rank_1()
+    assert plan.restart_in_place
+    assert not any(contract.RESTART_LOST_RANKS_PARAM in t.url for t in plan.restart_in_place)
+
+
+def test_survivors_outlive_jax_s_heartbeat_only_where_the_memory_tier_keeps_them():
+    def heartbeat(settings: DecisionSettings, memory: bool) -> str | None:
+        extra = {"checkpoint": {"path": "gs://bucket/tiny",
+                                "memoryTier": {"interval": 5}}} if memory else {}
+        cluster = FakeCluster(spec(replicas=2, **extra), settings=settings,
+                              kubelet_versions={"node-0": NEW, "node-1": NEW})
+        cluster.reconcile()
+        env = {e["name"]: e.get("value") for e in
+               cluster.pods["tiny-a1-0"]["spec"]["containers"][0]["env"]}
+        return env.get(contract.ENV_HEARTBEAT_TIMEOUT_SECONDS)
+
+    # The node monitor's grace (50 s), the operator's tolerance and a minute for its request.
+    assert heartbeat(ON, memory=True) == str(50 + 60 + 60)
+    slow = DecisionSettings(restart_in_place=True, node_lost_after=timedelta(seconds=600))
+    assert heartbeat(slow, memory=True) == str(50 + 600 + 60)
+    assert heartbeat(ON, memory=False) is None
+    assert heartbeat(DecisionSettings(), memory=True) is None

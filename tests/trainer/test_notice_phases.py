@@ -176,3 +176,49 @@ def test_a_second_save_needs_room_in_the_window():
     assert not another_save_fits(left_seconds=0.0, estimate_seconds=0.1)
     assert not another_save_fits(left_seconds=100.0, estimate_seconds=None)
     assert another_save_fits(left_seconds=None, estimate_seconds=30.0)  # no deadline
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_kept_rank_waiting_for_its_peers_takes_its_next_world_and_restarts_in_its_pod(
+        tmp_path, lost):
+    """Rank 1 alone at the rendezvous (its peer lost, or a new pod that cannot be placed):
+    the operator's restart request with a newer world reaches it there (the progress port is
+    served from the start, progress itself only once the gang met) and it exits 77 for its
+    kubelet to restart it in its pod, the world kept for the restarted container."""
+    import json
+    import urllib.request
+
+    from trainer_harness import free_port
+
+    keep_dir = tmp_path / "in-place"
+    keep_dir.mkdir()
+    port = free_port()
+    key = "k" * 32
+    gang = launch(tmp_path, processes=2, ranks=[1], checkpoint_path=str(tmp_path / "ckpt"),
+                  config={"steps": 50}, hooks=[{"point": "start_up", "action": "mark"}],
+                  extra_env={**WINDOW, contract.ENV_RESTART_IN_PLACE_DIR: str(keep_dir),
+                             contract.ENV_RESTART_KEY: key,
+                             contract.ENV_PROGRESS_PORT: str(port)})
+    _hold(gang, ["start_up-0-1"], "rank 1 starting jax.distributed")
+    world = {"attempt": 1, "numProcesses": 1, "processId": 0,
+             "coordinatorAddress": "127.0.0.1:1", "restoreStep": "latest"}
+    query = "attempt=1" + (f"&{contract.RESTART_LOST_RANKS_PARAM}=0" if lost else "")
+
+    def ask() -> int | None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{contract.RESTART_IN_PLACE_PATH}?{query}",
+            data=json.dumps(world).encode(), method="POST",
+            headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status
+        except OSError:
+            return None  # not listening yet
+
+    assert wait_for(ask, 60, "the restart request taken") == 202
+    assert gang.wait(60) == [contract.EXIT_RESTART_IN_PLACE], gang.describe()
+    message = gang.termination(1)
+    assert message is not None and message.reason == "RestartInPlace", message
+    assert json.loads((keep_dir / "world.json").read_text()) == world
+    event = "restart_for_lost_ranks" if lost else "preempted_before_training"
+    assert gang.events(event, 1), gang.describe()

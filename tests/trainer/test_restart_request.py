@@ -284,3 +284,98 @@ def test_the_wait_for_the_word_ends_when_the_request_comes() -> None:
     requests.released.set()
     assert requests.wait_released_until(lambda: 1e9, poll_seconds=0.01) is True
     assert inplace.RestartRequests("k").wait_released_until(lambda: 0.0) is False
+
+
+def test_a_rank_told_of_lost_ranks_answers_then_leaves_without_a_notice(tmp_path):
+    env = _env(tmp_path)
+    notices: list[str] = []
+    left: list[tuple[int, ...]] = []
+    requests = inplace.RestartRequests(env.restart_key, env.attempt, env.restart_in_place_dir)
+    answered: list[int] = []
+
+    def leave(lost: tuple[int, ...]) -> None:
+        # What the session does here ends the process: the caller has its answer by then.
+        assert answered, "left before the answer was sent"
+        left.append(lost)
+
+    requests.on_lost_ranks = leave
+
+    def answer(auth: str | None, query: str, body: bytes) -> tuple[int, str]:
+        code, why = requests.answer(auth, query, body, notice=lambda: notices.append("SIGTERM"))
+        return code, why
+
+    def after() -> None:
+        answered.append(1)
+        requests.after_answer()
+
+    server = ProgressServer(Metrics(), 0, "127.0.0.1", on_restart=answer,
+                            after_restart=after).start()
+
+    def send(query: str, body: bytes) -> tuple[int, str]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}{contract.RESTART_IN_PLACE_PATH}?{query}",
+            data=body, method="POST", headers={"Authorization": f"Bearer {env.restart_key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    world = json.dumps(_world()).encode()
+    try:
+        code, why = send(f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=1,x", world)
+        assert code == 400 and contract.RESTART_LOST_RANKS_PARAM in why
+        assert left == [] and not requests.released.is_set()
+        code, why = send(f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=3,1", world)
+        assert code == 202 and "ranks 1, 3 lost" in why
+        # No notice: a save cannot commit without the lost ranks. The world is kept for the
+        # restarted container, and the rank left once, after its answer.
+        assert notices == [] and left == [(1, 3)] and requests.released.is_set()
+        assert json.loads((tmp_path / inplace.WORLD_FILE).read_text()) == _world()
+        assert send(f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=1", world)[0] == 202
+        assert left == [(1, 3)]
+    finally:
+        server.stop()
+    assert inplace.parse_lost_ranks("attempt=2") == ()
+    assert inplace.parse_lost_ranks(f"{contract.RESTART_LOST_RANKS_PARAM}=") == ()
+    assert inplace.parse_lost_ranks(f"{contract.RESTART_LOST_RANKS_PARAM}=-1") is None
+
+
+def test_a_rank_whose_pod_goes_is_not_told_to_leave_at_once_even_with_lost_ranks(tmp_path):
+    env = _env(tmp_path)
+    notices: list[str] = []
+    left: list[tuple[int, ...]] = []
+    requests = inplace.RestartRequests(env.restart_key, env.attempt, env.restart_in_place_dir)
+    requests.on_lost_ranks = left.append
+    # No world: its pod is being deleted; it saves with the gang if it can (the notice).
+    code, _ = requests.answer(f"Bearer {env.restart_key}",
+                              f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=1", b"",
+                              notice=lambda: notices.append("SIGTERM"))
+    requests.after_answer()
+    assert code == 202 and notices == ["SIGTERM"] and left == []
+
+
+def test_a_server_started_before_the_gang_met_takes_requests_but_serves_no_progress_yet():
+    env = _env(None)
+    notices: list[str] = []
+    requests = inplace.RestartRequests(env.restart_key, env.attempt)
+    server = ProgressServer(Metrics(), 0, "127.0.0.1", ready=False, on_restart=lambda a, q, b:
+                            requests.answer(a, q, b, notice=lambda: notices.append("SIGTERM"))
+                            ).start()
+
+    def get(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}",
+                                        timeout=5) as answer:
+                return answer.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        # Rank 0's report means every rank met: not before.
+        assert get("/progress") == 503 and get("/metrics") == 503
+        assert _post(server.port, env.restart_key) == 202 and notices == ["SIGTERM"]
+        server.serve_progress()
+        assert get("/progress") == 200 and get("/metrics") == 200
+    finally:
+        server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import urllib.request
@@ -70,6 +71,12 @@ def test_contract_round_trip_and_new_exit_code():
     )
     assert contract.TrainerEnvironment.from_env(env.to_env()) == env
     assert contract.EXIT_CHECKPOINT_CORRUPT not in contract.RETRYABLE_EXIT_CODES
+    beating = dataclasses.replace(env, heartbeat_timeout_seconds=170)
+    assert beating.to_env()[contract.ENV_HEARTBEAT_TIMEOUT_SECONDS] == "170"
+    assert contract.TrainerEnvironment.from_env(beating.to_env()) == beating
+    with pytest.raises(contract.ContractError, match=contract.ENV_HEARTBEAT_TIMEOUT_SECONDS):
+        contract.TrainerEnvironment.from_env(
+            {**env.to_env(), contract.ENV_HEARTBEAT_TIMEOUT_SECONDS: "0"})
 
 
 def _env(rank: int, n: int, port: int, attempt: int = 0) -> contract.TrainerEnvironment:

@@ -54,6 +54,11 @@ ENV_PROGRESS_PORT = "TARDIGRADE_PROGRESS_PORT"
 ENV_TRAINER_CONFIG = "TARDIGRADE_TRAINER_CONFIG"  # JSON object: spec.trainer
 ENV_TERMINATION_LOG = "TARDIGRADE_TERMINATION_LOG"
 ENV_INIT_TIMEOUT_SECONDS = "TARDIGRADE_INIT_TIMEOUT_SECONDS"
+# How long JAX's coordination service waits for a silent rank before it aborts every rank
+# (`jax.distributed.initialize(heartbeat_timeout_seconds=...)`; JAX's default 100 s when
+# unset). The operator sets it past its own detection of a lost node for gangs whose
+# survivors it keeps (memory tier): an aborted survivor would take its memory along.
+ENV_HEARTBEAT_TIMEOUT_SECONDS = "TARDIGRADE_HEARTBEAT_TIMEOUT_SECONDS"
 # Seconds between SIGTERM and SIGKILL on a node shutdown: the save-on-notice deadline.
 ENV_SHUTDOWN_WINDOW_SECONDS = "TARDIGRADE_SHUTDOWN_WINDOW_SECONDS"
 # spec.accelerator.kind: what the job asked to train on. A rank whose JAX backend is not that
@@ -98,6 +103,10 @@ ENV_RESTART_KEY = "TARDIGRADE_RESTART_KEY"
 # the container's restart rule stays for a rank that exits 77 anyway.
 ENV_RESTART_IN_PROCESS = "TARDIGRADE_RESTART_IN_PROCESS"
 RESTART_IN_PLACE_PATH = "/restart-in-place"
+# The restart request's query parameter naming the ranks lost without notice (comma-separated):
+# the gang cannot save without them, so a kept rank restarts at once, without a save on
+# notice, and restores the newest step its memory tier and the bucket hold.
+RESTART_LOST_RANKS_PARAM = "lost"
 # How long a rank that got no SIGTERM of its own (its notice came from a peer: its pod is not
 # being stopped) waits for the operator's word. Nothing kills it meanwhile, and without the
 # word it can only restart on the world it ran: on a busy control plane the word came more
@@ -215,6 +224,7 @@ class TrainerEnvironment:
     trainer_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     termination_log: str = DEFAULT_TERMINATION_LOG
     init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS
+    heartbeat_timeout_seconds: int | None = None  # None: JAX's default
     shutdown_window_seconds: float = DEFAULT_SHUTDOWN_WINDOW_SECONDS
     rendezvous_token_file: str | None = None
     rendezvous_insecure: bool = False
@@ -266,6 +276,7 @@ class TrainerEnvironment:
             ENV_CHECKPOINT_KEEP_LAST: self.checkpoint_keep_last,
             ENV_CHECKPOINT_KEEP_EVERY: self.checkpoint_keep_every,
             ENV_PROGRESS_PORT: self.progress_port,
+            ENV_HEARTBEAT_TIMEOUT_SECONDS: self.heartbeat_timeout_seconds,
             ENV_JOB_UID: self.job_uid or None,
             ENV_ROLLBACK_STEP: self.rollback_step,
             ENV_ROLLBACK_REQUEST: self.rollback_request,
@@ -353,6 +364,10 @@ class TrainerEnvironment:
         memory_replicas = optional_int(ENV_MEMORY_TIER_REPLICAS)
         memory_replicas = 1 if memory_replicas is None else memory_replicas
         replica_port = optional_int(ENV_REPLICA_PORT)
+        heartbeat = optional_int(ENV_HEARTBEAT_TIMEOUT_SECONDS)
+        if heartbeat is not None and heartbeat < 1:
+            raise ContractError(f"{ENV_HEARTBEAT_TIMEOUT_SECONDS}={heartbeat} must be >= 1 "
+                                "second")
         if memory_interval is not None:
             if memory_interval < 1:
                 raise ContractError(f"{ENV_MEMORY_TIER_INTERVAL}={memory_interval} must be >= 1 "
@@ -400,6 +415,7 @@ class TrainerEnvironment:
             termination_log=env.get(ENV_TERMINATION_LOG) or DEFAULT_TERMINATION_LOG,
             init_timeout_seconds=(optional_float(ENV_INIT_TIMEOUT_SECONDS)
                                   or DEFAULT_INIT_TIMEOUT_SECONDS),
+            heartbeat_timeout_seconds=heartbeat,
             shutdown_window_seconds=DEFAULT_SHUTDOWN_WINDOW_SECONDS if window is None else window,
             rendezvous_token_file=env.get(ENV_RENDEZVOUS_TOKEN_FILE) or None,
             rendezvous_insecure=switched_on(env, ENV_RENDEZVOUS_INSECURE),

@@ -502,6 +502,8 @@ def initialize(env: TrainerEnvironment, timeout: float | None = None) -> None:
         process_id=env.process_id,
         initialization_timeout=int(remaining),
         coordinator_bind_address=bind,
+        **({"heartbeat_timeout_seconds": env.heartbeat_timeout_seconds}
+           if env.heartbeat_timeout_seconds is not None else {}),
     )
     phases.mark("distributed_initialized")
     # No device count here: the first backend call belongs to the accelerator check

@@ -176,6 +176,11 @@ class RestartRequests:
         # The attempt of the newest world a request brought (None: none came, or none with a
         # world): what a rank restarting in process (attempts.py) starts into.
         self.world_attempt: int | None = None
+        # Ranks the operator said were lost without notice (RESTART_LOST_RANKS_PARAM), once a
+        # request brought them with a world; `after_answer` then calls `on_lost_ranks`.
+        self.lost_ranks: tuple[int, ...] = ()
+        self.on_lost_ranks: Callable[[tuple[int, ...]], None] | None = None
+        self._lost_reported = False
 
     def answer(self, authorization: str | None, query: str = "", body: bytes = b"",
                notice: Callable[[], None] | None = None) -> tuple[int, str]:
@@ -197,11 +202,21 @@ class RestartRequests:
             return 400, f"attempt={wanted!r}: must be an attempt after {self._attempt}"
         if len(body) > contract.MAX_WORLD_BYTES:
             return 413, f"the world is over {contract.MAX_WORLD_BYTES} bytes"
+        lost = parse_lost_ranks(query)
+        if lost is None:
+            return 400, (f"{contract.RESTART_LOST_RANKS_PARAM}= must be comma-separated rank "
+                         "numbers")
         if body:
             refused = self._keep_world(body, int(wanted))
             if refused:
                 return 400, refused
         self.released.set()
+        if lost and body:
+            # No save on notice can commit without the lost ranks, and this rank's loop waits
+            # in a collective that will never complete: it restarts at once (after_answer).
+            with self._lock:
+                self.lost_ranks = lost
+            return 202, f"ranks {', '.join(map(str, lost))} lost: restarting without a save"
         with self._lock:
             first, self._noticed = not self._noticed, True
         if first:
@@ -210,6 +225,15 @@ class RestartRequests:
             else:
                 notice()
         return 202, ""
+
+    def after_answer(self) -> None:
+        """Called once the answer is on its way: a rank told of lost ranks leaves now
+        (`on_lost_ranks`), and only once."""
+        with self._lock:
+            lost, report = self.lost_ranks, not self._lost_reported and bool(self.lost_ranks)
+            self._lost_reported = self._lost_reported or report
+        if report and self.on_lost_ranks is not None:
+            self.on_lost_ranks(lost)
 
     def _keep_world(self, body: bytes, attempt: int) -> str:
         """Check the request's world and write it for the restarted container; why not, or ""."""
@@ -233,13 +257,17 @@ class RestartRequests:
                 self.world_attempt = max(self.world_attempt or 0, attempt)
         return ""
 
+    def restarts_into_newer(self, env: contract.TrainerEnvironment) -> bool:
+        """A request brought a world newer than the one this rank runs (kept for its next
+        start): the rank is kept, and restarts in its pod."""
+        return (env.restart_in_place_dir is not None and self.released.is_set()
+                and self.world_attempt is not None and self.world_attempt > env.attempt)
+
     def restarts_in_process(self, env: contract.TrainerEnvironment) -> bool:
         """Whether this rank, released, starts its new world in process (attempts.py): restart
         in process is on and a request brought a world newer than the one it ran (written
         where the next attempt reads it, `newest_world`). Otherwise it exits 77."""
-        return (env.restart_in_process and env.restart_in_place_dir is not None
-                and self.released.is_set() and self.world_attempt is not None
-                and self.world_attempt > env.attempt)
+        return env.restart_in_process and self.restarts_into_newer(env)
 
     def wait_released_until(self, deadline: Callable[[], float],
                             clock: Callable[[], float] = time.monotonic,
@@ -255,6 +283,19 @@ class RestartRequests:
                 return self.released.is_set()
             if self.released.wait(min(poll_seconds, left)):
                 return True
+
+
+def parse_lost_ranks(query: str) -> tuple[int, ...] | None:
+    """The lost ranks a request names (empty: none); None when the parameter is malformed."""
+    values = urllib.parse.parse_qs(query).get(contract.RESTART_LOST_RANKS_PARAM, [])
+    ranks: list[int] = []
+    for part in ",".join(values).split(","):
+        if not part:
+            continue
+        if not part.isdigit():
+            return None
+        ranks.append(int(part))
+    return tuple(sorted(set(ranks)))
 
 
 def _written_attempt(path: Path) -> int:

@@ -64,6 +64,7 @@ class MemoryTier:
         self._pending: concurrent.futures.Future[None] | None = None
         self._server: replica_server.ReplicaServer | None = None
         self.peers: list[str] = []
+        self._newest: int | None = None  # this rank's newest snapshot written and sent
         # One id for this launch of the gang, process 0's, on every rank (memory_tier.Manifest).
         gang = coordination.current()
         own_launch = secrets.token_hex(8)
@@ -127,10 +128,15 @@ class MemoryTier:
             self.log({"event": "memory_snapshot_failed", "level": "warning", "step": step,
                       "error": str(err)})
             return
+        self._newest = step
         self.log({"event": "memory_snapshot_committed", "step": step,
                   "bytes": manifest.data_bytes, "replicas": sent,
                   "write_s": round(written - started, 6),
                   "seconds": round(time.perf_counter() - started, 6)})
+
+    def newest_step(self) -> int | None:
+        """This rank's newest snapshot of this attempt written and sent to its holders."""
+        return self._newest
 
     def wait(self) -> None:
         pending, self._pending = self._pending, None

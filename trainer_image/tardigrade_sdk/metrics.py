@@ -160,13 +160,22 @@ class ProgressServer:
 
     def __init__(self, metrics: Metrics, port: int, host: str = "",
                  on_restart: Callable[[str | None, str, bytes], tuple[int, str]] | None = None,
-                 progress_token: str | None = None) -> None:
+                 progress_token: str | None = None,
+                 after_restart: Callable[[], None] | None = None,
+                 ready: bool = True) -> None:
         """`on_restart(authorization header, query, body)`: the HTTP status and why for a POST
         to RESTART_IN_PLACE_PATH (inplace.RestartRequests.answer); without it the path is
         unknown. `progress_token` (contract.ENV_PROGRESS_TOKEN): GET /progress then answers
         only a caller that sends it as a bearer token; without it (a trainer run outside the
-        operator) /progress is open."""
+        operator) /progress is open. `after_restart()`: called once a POST's answer is sent
+        (a rank that leaves at once must not leave its caller without one). `ready=False`: a
+        server started before the gang met takes restart requests only, and answers GET with
+        503 until `serve_progress()` (rank 0's report must mean that every rank met)."""
         metrics_ref = metrics
+        self.progress_ready = threading.Event()
+        if ready:
+            self.progress_ready.set()
+        progress_ready = self.progress_ready
         deadline_seconds = REQUEST_TIMEOUT_SECONDS
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -175,6 +184,10 @@ class ProgressServer:
 
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
+                if not progress_ready.is_set() and path in ("/progress", "/metrics"):
+                    self._answer(503, b"starting: the gang has not met yet\n",
+                                 "text/plain; charset=utf-8")
+                    return
                 if path == "/progress":
                     # The report names the checkpoint's path: the job's own business.
                     if progress_token and not bearer.matches(self.headers.get("Authorization"),
@@ -211,6 +224,9 @@ class ProgressServer:
                     code, why = on_restart(self.headers.get("Authorization"),
                                            self.path.partition("?")[2], body)
                 self._answer(code, why.encode(), "text/plain; charset=utf-8")
+                if after_restart is not None:
+                    self.wfile.flush()
+                    after_restart()
 
             def _answer(self, code: int, body: bytes, ctype: str,
                         headers: dict[str, str] | None = None) -> None:
@@ -239,6 +255,9 @@ class ProgressServer:
     def start(self) -> ProgressServer:
         self._thread.start()
         return self
+
+    def serve_progress(self) -> None:
+        self.progress_ready.set()
 
     def stop(self) -> None:
         self._server.shutdown()

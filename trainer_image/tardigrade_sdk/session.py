@@ -169,6 +169,11 @@ class TrainingSession:
         self.last_step = 0
         self.total_steps: int | None = None
         self._server: Any = None
+        # preemption.PreemptionWatcher once the checkpoints are open (None before, or when the
+        # job does not save on notice).
+        self.watcher: Any = None
+        # The operator's restart requests (none taken until `_serve_early` has the env's key).
+        self._restarts = inplace.RestartRequests(None)
         self._reported: Any = None
         self.continuous: Any = None  # ContinuousSaving, once the checkpoints are open
         self._stall = SaveStall()
@@ -209,11 +214,32 @@ class TrainingSession:
             # SIGTERM's default action (exit 143, no termination message).
             self._guard = NoticeGuard(self.env.attempt, self._stop_before_training)
         try:
+            self._serve_early()
             self._start()
         except BaseException as err:
             self._leave_on_error(err)
             raise
         return self
+
+    def _serve_early(self) -> None:
+        """Before the gang meets: the progress port, for the operator's restart requests only
+        (rank 0 serves progress once every rank met, `_start`). A kept rank still waiting for
+        its peers (a rank lost, a shrink while a new pod cannot be placed) then takes its next
+        world and restarts in its pod, its memory tier kept, instead of being recreated."""
+        from tardigrade_sdk.metrics import Metrics, ProgressServer
+
+        env = self.env
+        self.metrics = Metrics()
+        self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
+                                                 env.restart_in_place_dir)
+        self._restarts.on_lost_ranks = self._restart_for_lost_ranks
+        # Rank 0 serves progress; with restart in place every rank takes the operator's word.
+        if env.progress_port is not None and (env.process_id == 0 or env.restart_key):
+            self._server = ProgressServer(self.metrics, env.progress_port,
+                                          on_restart=self._restarts.answer,
+                                          progress_token=env.progress_token,
+                                          after_restart=self._restarts.after_answer,
+                                          ready=False).start()
 
     def _start(self) -> None:
         from jax._src import distributed as jax_distributed
@@ -237,7 +263,6 @@ class TrainingSession:
         import jax
         from tardigrade_checkpoint import coordination
 
-        from tardigrade_sdk.metrics import Metrics, ProgressServer
 
         env = self.env
         self.log = JsonLog(jax.process_index(), attempt=env.attempt)
@@ -245,16 +270,11 @@ class TrainingSession:
         keeper = {"pid": os.getpid(), "keeper_pid": os.getppid()} if attempts.in_child() else {}
         self.log({"event": "startup", **phases.marks(), **keeper,
                   "coordination_service": jax_distributed.global_state.client is not None})
-        self.metrics = Metrics()
         self.phase_clock.switch(None)  # devices up, jax.distributed initialised
         self.metrics.live = self.phase_clock.seconds
-        self._restarts = inplace.RestartRequests(env.restart_key, env.attempt,
-                                                 env.restart_in_place_dir)
-        # Rank 0 serves progress; with restart in place every rank takes the operator's word.
-        if env.progress_port is not None and (jax.process_index() == 0 or env.restart_key):
-            self._server = ProgressServer(self.metrics, env.progress_port,
-                                          on_restart=self._restarts.answer,
-                                          progress_token=env.progress_token).start()
+        if self._server is not None:
+            # Every rank met: rank 0's report may be read from now on.
+            self._server.serve_progress()
         if self._guard is not None:
             # From here on the notice reaches the gang, and a peer's reaches this rank.
             self._guard.connect(jax_distributed.global_state.client, coordination.current())
@@ -697,6 +717,40 @@ class TrainingSession:
             saved_at, notice_at, own_notice_at(), self.env.num_processes,
             self.env.shutdown_window_seconds))
 
+    # --- ranks lost without notice (inplace.RestartRequests.lost_ranks) ----------------------
+    def _restart_for_lost_ranks(self, lost: tuple[int, ...]) -> None:
+        """The operator's word that `lost` ranks are gone without a notice, with this rank's
+        new world: no save can commit without them, and the loop waits in a collective that
+        never completes. So the rank leaves at once from the server's thread, with the code
+        that restarts it in its pod (its memory tier's volume kept); the new attempt restores
+        the newest step complete across the memory tier and the bucket. Ends the process."""
+        if not self._stopping.acquire(blocking=False):
+            return  # already on its way out (a save on notice, a failure): that exit stands
+        env = self.env
+        committed = self._checkpoints.committed() if self._checkpoints is not None else None
+        memory = self._memory.newest_step() if self._memory is not None else None
+        text = (f"ranks {', '.join(map(str, lost))} lost without notice at step "
+                f"{self.last_step}: restarting in place without a save (memory tier's newest "
+                f"step here: {memory}, bucket's: "
+                f"{committed.step if committed is not None else None})")
+        # No checkpoint step: the step restored is decided by the new gang, and the operator
+        # reads it from rank 0's first report (recovery.strategy.note_gang_formed).
+        message = contract.TerminationMessage(
+            reason="RestartInPlace", step=self.last_step, checkpoint_step=None,
+            checkpoint_path=None, message=text, attempt=env.attempt)
+        log = getattr(self, "log", None) or JsonLog(env.process_id, attempt=env.attempt)
+        log({"event": "restart_for_lost_ranks", "lost": list(lost), "step": self.last_step,
+                  "memory_step": memory,
+                  "bucket_step": committed.step if committed is not None else None})
+        code, _ = inplace.stop_code(env)
+        if code == contract.EXIT_RESTART_IN_PLACE:
+            inplace.remember_exit(env, message)
+        write_termination(env.termination_log, message)
+        in_process = self._restarts.restarts_in_process(env) and attempts.in_child()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(attempts.EXIT_NEXT_ATTEMPT if in_process else code)
+
     # --- a notice before the first step (notice.py) ------------------------------------------
     def _set_phase(self, phase: str) -> None:
         if self._guard is not None:
@@ -728,7 +782,8 @@ class TrainingSession:
         # jax.distributed is up (and the notice was written to it): leave with the gang.
         connected = guard is not None and guard.connected
         code, reason = inplace.stop_code(env)
-        if code == contract.EXIT_RESTART_IN_PLACE and not connected:
+        if code == contract.EXIT_RESTART_IN_PLACE and not connected \
+                and not self._restarts.restarts_into_newer(env):
             code, reason = contract.EXIT_PREEMPTED_SAVED, "PreemptedSaved"
         from tardigrade_sdk.restore_choice import OWN_ROOT
 

@@ -263,7 +263,8 @@ def _watch_running_gang(plan: Plan, obs: Observed, spec: TrainingJobSpec,
         until, pools = _maintenance_avoidance(obs, spec, launched_by(status))
         launch = GangLaunch(status.attempt, status.replicas, restore_step(status), until, pools,
                             restart_in_place=strategies.pods_may_restart_in_place(obs, spec),
-                            restart_in_process=obs.settings.restart_in_process)
+                            restart_in_process=obs.settings.restart_in_process,
+                            heartbeat_timeout_seconds=strategies.survivor_heartbeat(obs, spec))
         plan.create_pods = slice_placement.to_create(
             spec, status.replicas,
             [pod for pod in build_gang(obs.job, spec, launch)
@@ -729,7 +730,8 @@ def _launch(plan: Plan, obs: Observed, spec: TrainingJobSpec, attempt: int, repl
     launch = GangLaunch(attempt=attempt, replicas=replicas, restore_step=restore,
                         avoid_maintenance_until=until, avoid_pools=pools, rollback=rollback,
                         restart_in_place=strategies.pods_may_restart_in_place(obs, spec),
-                        restart_in_process=obs.settings.restart_in_process)
+                        restart_in_process=obs.settings.restart_in_process,
+                        heartbeat_timeout_seconds=strategies.survivor_heartbeat(obs, spec))
     plan.create_pods = slice_placement.to_create(
         spec, replicas, build_gang(obs.job, spec, launch), {}, obs.node_pools)
     phase = "Pending" if recovery is None else (

@@ -33,12 +33,17 @@ class Trigger:
     world: str | None = None  # the rank's new world (`world`); None: its pod goes away
 
 
-def requests_to(pods: Iterable[PodView], attempt: int) -> tuple[Trigger, ...]:
+def requests_to(pods: Iterable[PodView], attempt: int,
+                lost: Iterable[int] = ()) -> tuple[Trigger, ...]:
     """The restart requests for those of `pods` whose trainers take one (they hold the job's
-    restart key), into `attempt`."""
+    restart key), into `attempt`. `lost`: ranks gone without notice, named in the request
+    (contract.RESTART_LOST_RANKS_PARAM): the kept ranks then restart without a save."""
+    ranks = ",".join(str(r) for r in sorted(set(lost)))
+    query = f"?attempt={attempt}" + (
+        f"&{contract.RESTART_LOST_RANKS_PARAM}={ranks}" if ranks else "")
     return tuple(
         Trigger(p.name, f"http://{p.pod_ip}:{contract.DEFAULT_PROGRESS_PORT}"
-                        f"{contract.RESTART_IN_PLACE_PATH}?attempt={attempt}")
+                        f"{contract.RESTART_IN_PLACE_PATH}{query}")
         for p in pods if p.pod_ip and p.restart_keyed)
 
 

@@ -67,6 +67,9 @@ class GangLaunch:
     restart_in_place: bool = False
     # With restart in place: kept trainers restart in process (contract.ENV_RESTART_IN_PROCESS).
     restart_in_process: bool = False
+    # JAX's heartbeat timeout for the trainers (contract.ENV_HEARTBEAT_TIMEOUT_SECONDS); None:
+    # JAX's default (decision/recovery/in_place.survivor_heartbeat_seconds).
+    heartbeat_timeout_seconds: int | None = None
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -139,6 +142,7 @@ def trainer_environment(
         # The trainer refuses to run on another backend than the one asked for (a GPU or TPU
         # job never trains on the CPU).
         accelerator=spec.accelerator.kind,
+        heartbeat_timeout_seconds=launch.heartbeat_timeout_seconds,
         **memory_tier_environment(checkpoint.memory_tier),
     )
 

@@ -75,6 +75,16 @@ CAUSES: tuple[RecoveryCause, ...] = ("Preemption", "Resize")
 # util/flowcontrol/backoff.go, `hasExpired`, as kuberuntime_manager.go's doBackOff uses it). A
 # pod restarted in place more recently is recreated: a new pod has no back-off.
 BACK_OFF_MEMORY = timedelta(seconds=600)
+# kube-controller-manager's --node-monitor-grace-period default (50 s since 1.32): a lost node
+# turns Unknown this long after its kubelet's last Lease renewal, before the operator's
+# `node_lost_after` starts counting (nodeloss.py).
+NODE_MONITOR_GRACE = timedelta(seconds=50)
+# The operator's passes and the requests' round trips after its verdict, with room for a
+# loaded control plane.
+SURVIVOR_REQUEST_MARGIN = timedelta(seconds=60)
+# The DisruptionTarget reason of kube-controller-manager's taint eviction
+# (pkg/controller/tainteviction).
+TAINT_EVICTION = "DeletionByTaintManager"
 # How long a kept rank 0 that did not take its request is asked again (`ask_again`).
 ASK_AGAIN_FOR = timedelta(seconds=PEER_NOTICE_RELEASE_WAIT_SECONDS)
 
@@ -106,6 +116,20 @@ class InPlaceRecovery:
                 "step they save")
 
 
+def survivor_heartbeat_seconds(spec: TrainingJobSpec, restart_in_place: bool,
+                               node_lost_after: timedelta) -> int | None:
+    """JAX's heartbeat timeout for the gang's trainers (contract.ENV_HEARTBEAT_TIMEOUT_SECONDS),
+    or None for JAX's default. A rank lost without notice stops heartbeating, and JAX's
+    coordination service then aborts every rank (SIGABRT, exit 134): a survivor's pod would
+    end, its memory tier with it. Where the memory tier is on and pods are kept, that abort
+    must come after the operator's own verdict on the node (the node monitor's grace, then
+    `node_lost_after`) and its request, which restarts the survivors in place instead."""
+    if spec.checkpoint.memory_tier is None or not restart_in_place:
+        return None
+    verdict = NODE_MONITOR_GRACE + node_lost_after + SURVIVOR_REQUEST_MARGIN
+    return int(verdict.total_seconds())
+
+
 def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
     # TPU hosts get their slice's worker list at creation (manifests._tpu_worker_env), which
     # a restarted container could not update: TPU gangs recreate.
@@ -113,9 +137,14 @@ def enabled(spec: TrainingJobSpec, switched_on: bool) -> bool:
 
 
 def members(gang: Sequence[PodView], nodes: NodeWatch,
-            kubelet_versions: Mapping[str, str]) -> list[keepers.Member]:
+            kubelet_versions: Mapping[str, str],
+            memory_tier: bool = False) -> list[keepers.Member]:
+    """`memory_tier`: the pods hold the job's memory tier, which a new pod would not have: a
+    pod is kept even through its kubelet's back-off (10 s for a second restart within ten
+    minutes, doubling to at most 300 s), a shorter wait than retraining the steps since the
+    bucket's last commit."""
     def backed_off(p: PodView) -> bool:
-        if p.restart_count == 0:
+        if p.restart_count == 0 or memory_tier:
             return False
         last = p.last_finished_at
         return last is None or nodes.now - last < BACK_OFF_MEMORY
@@ -143,13 +172,23 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
     return [keepers.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
 
 
+def lost_without_notice(pod: PodView, nodes: NodeWatch) -> bool:
+    """The rank's node stopped without a shutdown: judged lost by the operator, or its pod
+    evicted by the taint manager while the node is not Ready (the unreachable taint's
+    toleration may end first). Its trainer got no SIGTERM and saves nothing."""
+    return nodes.lost(pod) or (pod.active and pod.disruption == TAINT_EVICTION
+                               and nodes.down_for(pod) is not None)
+
+
 def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
                   nodes: NodeWatch, kubelet_versions: Mapping[str, str],
-                  job: JobRef, attempt: int) -> InPlaceRecovery | None:
+                  job: JobRef, attempt: int, memory_tier: bool = False
+                  ) -> InPlaceRecovery | None:
     """What an in-place recovery to `attempt` does, or None: recreate the whole gang."""
     if cause not in CAUSES:
         return None
-    chosen = keepers.plan(members(gang, nodes, kubelet_versions), replicas, enabled=True)
+    chosen = keepers.plan(members(gang, nodes, kubelet_versions, memory_tier), replicas,
+                          enabled=True)
     if not chosen.in_place:
         return None
     by_name = {p.name: p for p in gang}
@@ -160,7 +199,10 @@ def plan_recovery(gang: Sequence[PodView], cause: RecoveryCause, replicas: int,
     # word that would never come (their kubelet does not restart a pod being deleted).
     going = [by_name[name] for name in chosen.delete
              if by_name[name].active and not by_name[name].deleting]
-    triggers = requests_to([*kept, *going], attempt)
+    # Ranks on lost nodes got no notice and will save nothing: the kept ones are told, and
+    # restart at once (their loops wait on the lost ranks), keeping their memory tier.
+    lost = [p.rank for p in gang if lost_without_notice(p, nodes)]
+    triggers = requests_to([*kept, *going], attempt, lost)
     if not any(t.pod in {p.name for p in kept} for t in triggers):
         # Nothing would make the kept trainers save and stop: recreate instead.
         return None

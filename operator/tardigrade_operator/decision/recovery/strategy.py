@@ -52,12 +52,19 @@ def pods_may_restart_in_place(obs: Observed, spec: TrainingJobSpec) -> bool:
     return in_place.enabled(spec, obs.settings.restart_in_place)
 
 
+def survivor_heartbeat(obs: Observed, spec: TrainingJobSpec) -> int | None:
+    """JAX's heartbeat timeout for pods launched now (in_place.survivor_heartbeat_seconds)."""
+    return in_place.survivor_heartbeat_seconds(spec, pods_may_restart_in_place(obs, spec),
+                                               obs.settings.node_lost_after)
+
+
 def choose(obs: Observed, spec: TrainingJobSpec, gang: list[PodView], cause: RecoveryCause,
            replicas: int, attempt: int) -> RecoveryStrategy:
     """The strategy of a recovery into `attempt`, chosen once, as it is recorded."""
     if pods_may_restart_in_place(obs, spec):
         kept = in_place.plan_recovery(gang, cause, replicas, node_watch(obs),
-                                      obs.kubelet_versions, obs.job, attempt)
+                                      obs.kubelet_versions, obs.job, attempt,
+                                      memory_tier=spec.checkpoint.memory_tier is not None)
         if kept is not None:
             return InPlace(kept)
     return Recreate()
