@@ -8,9 +8,9 @@ The registry (`registry.py`, distribution v3) listens on the host's loopback
 - containerd's CRI reads the registry's host configuration from a `config_path` directory
   (containerd's docs/hosts.md): `<config_path>/127.0.0.1:PORT/hosts.toml` says plain HTTP
   (the registry has no TLS) and that this host may resolve and pull. Without it containerd
-  2.4 also guesses HTTP for a loopback host with a port (`core/remotes/docker/config/
-  hosts.go`), trying TLS first; the file makes the choice explicit, as a user pulling from a
-  registry without TLS would write it.
+  2.4 guesses for a loopback host with a port (`core/remotes/docker/config/hosts.go`): it
+  logs "host will try HTTPS first" and falls back to HTTP (tried here: the pull worked); the
+  file makes the choice explicit, as a user of a registry without TLS writes it.
 
 The kubelet pulls through the CRI as on GKE (`imagePullPolicy` decides), nothing is imported.
 """
