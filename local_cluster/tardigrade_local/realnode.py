@@ -43,7 +43,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from tardigrade_local import gobuild, identities, nodeimage
+from tardigrade_local import gobuild, identities, nodeimage, noderegistry
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
@@ -93,14 +93,19 @@ class RealNode:
 
     def __init__(self, name: str, directory: Path, api_url: str, pki_dir: Path,
                  index: int = 1, node_lease_seconds: int = 40,
-                 egress_routes: Path | None = None) -> None:
+                 egress_routes: Path | None = None, registry: str | None = None) -> None:
         """`egress_routes`: the cluster's egress proxy's routes (`egressproxy.py`), without
-        which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward)."""
+        which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward).
+        `registry`: an image registry on this host's loopback (`Registry.host`,
+        127.0.0.1:PORT), which the node pulls from under the same name (`noderegistry.py`)."""
         self.name = name
         self.directory = directory.absolute()
         self.api_url = api_url
         self.pki_dir = pki_dir
         self.egress_routes = egress_routes
+        self.registry = registry
+        if registry is not None:
+            noderegistry.split_host(registry)  # refused early, naming the form it needs
         self.index = index
         self.addresses = Addresses.for_index(index)
         self.node_lease_seconds = node_lease_seconds
@@ -113,12 +118,13 @@ class RealNode:
 
     @classmethod
     def for_cluster(cls, info: Mapping[str, Any], name: str, directory: Path,
-                    index: int = 1) -> RealNode:
+                    index: int = 1, registry: str | None = None) -> RealNode:
         """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
         start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
         routes = info.get("egress_routes")
         return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
-                   index=index, egress_routes=Path(routes) if routes else None)
+                   index=index, egress_routes=Path(routes) if routes else None,
+                   registry=registry)
 
     # --- where things are --------------------------------------------------------------------
     @property
@@ -209,6 +215,7 @@ class RealNode:
         self._spawn("netnsproxy", [sys.executable, "-m", "tardigrade_local.netnsproxy",
                                    str(self.netns_path), str(API_PORT_IN_NODE),
                                    self._api_host_port()], in_node=False)
+        self._reach_registry()
         self._spawn("containerd", [str(gobuild.binary("containerd")), "--config",
                                    str(self._write_containerd_config())])
         self._wait(deadline, "containerd's socket", self._containerd_up)
@@ -219,6 +226,18 @@ class RealNode:
             f"--root-dir={self.directory / 'kubelet'}", f"--hostname-override={self.name}",
             f"--node-ip={self.addresses.node_ip}", "--v=2"])
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
+
+    @property
+    def registry_config_path(self) -> Path:
+        """containerd's registry host configurations (`config_path`, docs/hosts.md)."""
+        return self.directory / "containerd" / "certs.d"
+
+    def _reach_registry(self) -> None:
+        if self.registry is None:
+            return
+        noderegistry.write_hosts(self.registry_config_path, self.registry)
+        self._spawn(noderegistry.PROXY_NAME, noderegistry.proxy_argv(
+            sys.executable, self.netns_path, self.registry), in_node=False)
 
     def _api_host_port(self) -> str:
         parsed = urllib.parse.urlsplit(self.api_url)
@@ -298,6 +317,8 @@ imports = []
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{nodeimage.SANDBOX_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{self.registry_config_path}"
 [{runtime}]
   # Our machines lack CAP_SYS_RESOURCE: no container may get a lower OOM score than this.
   restrict_oom_score_adj = true
@@ -413,6 +434,7 @@ imports = []
                 self.crictl("rmp", "--all", "--force", timeout=STOP_TIMEOUT_SECONDS)
         self._terminate("containerd")
         self._terminate("netnsproxy")
+        self._terminate(noderegistry.PROXY_NAME)
         if self.egress_routes is not None:
             self._route_file.unlink(missing_ok=True)
         self.footprint.clear()

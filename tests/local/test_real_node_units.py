@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tomllib
 from pathlib import Path
 
 import pytest
-from tardigrade_local import egressproxy, gobuild
-from tardigrade_local.realnode import Addresses
+from tardigrade_local import egressproxy, gobuild, noderegistry
+from tardigrade_local.realnode import Addresses, RealNode
 
 
 def test_node_programs_are_stamped_with_their_pinned_versions():
@@ -100,3 +101,21 @@ def test_a_node_directory_too_long_for_the_kubelets_sockets_is_refused_naming_th
     node = realnode.RealNode("n", too_long, "", too_long)
     with pytest.raises(realnode.RealNodeError, match="108-byte limit"):
         node.start()
+
+
+def test_a_nodes_registry_configuration_is_plain_http_for_that_host_only(tmp_path):
+    written = noderegistry.write_hosts(tmp_path, "127.0.0.1:5123")
+    # containerd's directory for a host with a port is `host:port` (docs/hosts.md).
+    assert written == tmp_path / "127.0.0.1:5123" / "hosts.toml"
+    config = tomllib.loads(written.read_text())
+    assert config == {"server": "http://127.0.0.1:5123", "host": {
+        "http://127.0.0.1:5123": {"capabilities": ["pull", "resolve"]}}}
+    argv = noderegistry.proxy_argv("python3", Path("/run/netns/tdg-x"), "127.0.0.1:5123")
+    assert argv[-3:] == ["/run/netns/tdg-x", "5123", "127.0.0.1:5123"]
+
+
+@pytest.mark.parametrize("registry", ["localhost:5000", "10.0.0.1:5000", "127.0.0.1",
+                                      "127.0.0.1:http", "127.0.0.1:70000", "127.0.0.2:5000"])
+def test_a_registry_a_node_cannot_reach_under_the_same_name_is_refused(registry, tmp_path):
+    with pytest.raises(noderegistry.NodeRegistryError, match=r"127\.0\.0\.1:PORT"):
+        RealNode("n", tmp_path, "https://127.0.0.1:6443", tmp_path, registry=registry)
