@@ -102,8 +102,9 @@ class LogindControl:
         return self._ask({"op": "shutdown"}, timeout=timeout)
 
 
-def bus_commands(node_directory: Path, socket_dir: Path,
-                 python: str) -> tuple[list[str], list[str], dict[str, str]]:
+def bus_commands(node_directory: Path, socket_dir: Path, python: str,
+                 delay_usec: int = INHIBIT_DELAY_MAX_USEC,
+                 ) -> tuple[list[str], list[str], dict[str, str]]:
     """The bus daemon's and the logind stand-in's command lines, and the environment that
     points the kubelet at the bus. Writes the bus's configuration under the node's `etc`."""
     bus_socket = socket_dir / BUS_SOCKET
@@ -113,7 +114,7 @@ def bus_commands(node_directory: Path, socket_dir: Path,
     daemon = ["dbus-daemon", f"--config-file={config}", "--nofork", "--nopidfile",
               "--nosyslog"]
     logind = [python, "-m", "tardigrade_local.logind", address,
-              str(socket_dir / CONTROL_SOCKET), str(INHIBIT_DELAY_MAX_USEC)]
+              str(socket_dir / CONTROL_SOCKET), str(delay_usec)]
     return daemon, logind, {"DBUS_SYSTEM_BUS_ADDRESS": address}
 
 
