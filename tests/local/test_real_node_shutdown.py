@@ -1,6 +1,7 @@
 """A real node's shutdown reaches the real kubelet's graceful node shutdown through logind on
 the node's system bus, as a VM's does (a spot reclaim); a node lost without a shutdown gets no
-say. One node at a time: the shutdown's, then the halt's."""
+say; GKE's spot reclaim of a real node (the cluster's control endpoint) is its shutdown. One
+node at a time."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tardigrade_local.disruptions import (
     REASON_TERMINATION_BY_KUBELET,
     REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
     SHUTDOWN_GRACE_PERIOD_SECONDS,
+    DisruptionError,
+    Disruptor,
 )
 from tardigrade_local.realnode import RealNode, sweep_orphans
 
@@ -185,3 +188,30 @@ def test_a_halt_kills_everything_at_once_with_no_word_from_the_kubelet(
     assert pod["status"]["phase"] == "Running"
     assert condition(pod, DISRUPTION_TARGET) is None
     assert ready(kube, node.name)["status"] == "True"
+
+
+def test_gkes_spot_reclaim_of_a_real_node_is_its_shutdown_then_the_node_goes(
+        cluster, kube, tmp_path_factory):
+    disruptor = Disruptor(cluster.info["control_url"])
+    node = RealNode.for_cluster(cluster.info, "real-node-3", tmp_path_factory.mktemp("node"),
+                                index=3)
+    try:
+        node.start()
+        kube.create_pod(trapping_pod("reclaimed", node.name, EXIT_PREEMPTED_SAVED))
+        started(kube, "reclaimed")
+        wait_for(lambda: "started" in container_log(node, "reclaimed"), POD_TIMEOUT_SECONDS,
+                 what="the pod's first line")
+        with pytest.raises(DisruptionError, match="replaceAfterSeconds"):
+            disruptor.preempt_node(node.name, replace_after_seconds=5)
+        disruptor.preempt_node(node.name, wait=True)
+        # The cluster process powered the machine off: nothing of it is left on ours.
+        assert node.leftovers() == NOTHING_LEFT
+    finally:
+        node.stop()
+    # GKE's cloud node lifecycle controller deleted the Node of the VM that is gone.
+    assert node.name not in kube.node_names()
+    pod = kube.pod("reclaimed")
+    assert pod is not None
+    assert pod["status"]["phase"] == "Failed", pod["status"]
+    assert condition(pod, DISRUPTION_TARGET)["reason"] == REASON_TERMINATION_BY_KUBELET
+    assert "SIGTERM received" in container_log(node, "reclaimed")
