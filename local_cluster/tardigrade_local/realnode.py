@@ -224,7 +224,7 @@ class RealNode:
             str(gobuild.binary("kubelet")), f"--config={self._write_kubelet_config()}",
             f"--kubeconfig={self.directory / 'etc' / 'kubelet.kubeconfig'}",
             f"--root-dir={self.directory / 'kubelet'}", f"--hostname-override={self.name}",
-            f"--node-ip={self.addresses.node_ip}", "--v=2"], env=bus_env)
+            f"--node-ip={self.addresses.node_ip}", "--v=2"], extra_env=bus_env)
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
         # Its shutdown manager starts beside the node's registration: a shutdown before it
         # holds its lock would find no kubelet listening.
@@ -376,7 +376,7 @@ imports = []
         return path
 
     def _spawn(self, name: str, argv: list[str], in_node: bool = True,
-               env: Mapping[str, str] | None = None) -> None:
+               extra_env: Mapping[str, str] | None = None) -> None:
         if in_node:
             argv = ["nsenter", f"--net={self.netns_path}", "--", *argv]
         log = open(self.logs_dir / f"{name}.log", "a")  # noqa: SIM115
@@ -387,7 +387,7 @@ imports = []
                                         os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")]),
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                               os.environ.get("PYTHONPATH", "")]),
-               **(env or {})}
+               **(extra_env or {})}
         self._procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env,
                                              cwd=self.directory, preexec_fn=die_with_parent)
