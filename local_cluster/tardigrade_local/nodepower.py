@@ -38,9 +38,12 @@ from tardigrade_local.disruptions import (
 LOGIND_NAME = "org.freedesktop.login1"
 BUS_SOCKET = "system_bus_socket"
 CONTROL_SOCKET = "logind.control"
-# GKE's grace for spot VMs (disruptions.py), in the kubelet's configuration: the graceful node
-# shutdown feature gate is on by default (beta since 1.21, still beta in 1.36:
-# pkg/features/kube_features.go), so these two settings are what turns it on.
+# GKE's grace for spot VMs (disruptions.py; GKE on AWS/Azure "Graceful node shutdown" pages:
+# ShutdownGracePeriod 30 s, ShutdownGracePeriodCriticalPods 15 s, the kubelet "instructing
+# systemd to delay the system shutdown"), in the kubelet's configuration. The feature gate
+# GracefulNodeShutdown is on by default (beta since 1.21, still beta in 1.36:
+# pkg/features/kube_features.go; Kubernetes "Node Shutdowns" page), so these two settings are
+# what turns it on.
 KUBELET_SHUTDOWN_CONFIG = {
     "shutdownGracePeriod": f"{SHUTDOWN_GRACE_PERIOD_SECONDS:g}s",
     "shutdownGracePeriodCriticalPods": f"{SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS_SECONDS:g}s",
