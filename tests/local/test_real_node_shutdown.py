@@ -98,7 +98,12 @@ def test_a_shutdown_goes_through_the_kubelets_graceful_node_shutdown(
     node = RealNode.for_cluster(cluster.info, "real-node-1", tmp_path_factory.mktemp("node"))
     try:
         node.start()
+        # The kubelet took its lock, so it found logind's InhibitDelayMaxUSec enough and did
+        # not try to override it (which writes into /etc, then calls systemd).
         assert node.logind.holders() == [nodepower.KUBELET_LOCK_HOLDER]
+        kubelet_log = (node.logs_dir / "kubelet.log").read_text()
+        assert 'shutdownGracePeriodRequested="30s"' in kubelet_log
+        assert "Failed to start node shutdown manager" not in kubelet_log
         # A trainer that saved on SIGTERM (exit 75), a pod that exits 0 on it, and one that
         # ignores it.
         kube.create_pod(trapping_pod("saved", node.name, EXIT_PREEMPTED_SAVED))
