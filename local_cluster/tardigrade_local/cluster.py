@@ -35,7 +35,7 @@ import psutil
 from aiohttp import web
 
 import tardigrade_local
-from tardigrade_local import gcs, gobuild, imagevenv, podnet
+from tardigrade_local import gcs, gobuild, imagevenv, podnet, realreclaim
 from tardigrade_local.apiproxy import ApiProxy
 from tardigrade_local.controlplane import (
     NODE_MONITOR_GRACE_SECONDS,
@@ -235,6 +235,21 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
     """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses."""
     background: set[asyncio.Task[Any]] = set()
 
+    def real_node(name: str) -> realreclaim.RealNode | None:
+        """A real node of this cluster (`realnode.py`): its kubelet is the real one, so GKE
+        acts on its machine, not on a node agent."""
+        if name in host.agents:
+            return None
+        return realreclaim.recorded_node(name, plane.egress_routes)
+
+    def refuse_for_real_node(name: str, body: dict[str, Any], *fields: str) -> None:
+        given = [f for f in fields if body.get(f) is not None]
+        if given:
+            raise web.HTTPBadRequest(text=(
+                f"{', '.join(given)}: not for {name}, a real node: its grace is its kubelet's "
+                f"shutdownGracePeriod, and the process that started it would have to start "
+                f"it again; leave {' and '.join(given)} out"))
+
     async def run(coro: Any, wait: bool) -> None:
         task = asyncio.create_task(coro)
         background.add(task)
@@ -249,6 +264,10 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
                                           request.match_info["pod"])
         else:
             node = request.match_info["node"]
+        if (real := real_node(node)) is not None:
+            refuse_for_real_node(node, body, "graceSeconds", "replaceAfterSeconds")
+            await run(realreclaim.reclaim(host.cloud, real), bool(body.get("wait")))
+            return web.json_response({"node": node})
         host._agent(node)  # unknown node -> KeyError -> 404
         await run(host.preempt_node(node, body.get("graceSeconds"),
                                     body.get("replaceAfterSeconds")), bool(body.get("wait")))
@@ -257,6 +276,10 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
     async def halt(request: web.Request) -> web.Response:
         body = await request.json()
         node = request.match_info["node"]
+        if (real := real_node(node)) is not None:
+            refuse_for_real_node(node, body, "backAfterSeconds")
+            await run(realreclaim.lose(real), bool(body.get("wait")))
+            return web.json_response({"node": node})
         host._agent(node)  # unknown node -> KeyError -> 404
         await run(host.halt_node(node, body.get("backAfterSeconds")), bool(body.get("wait")))
         return web.json_response({"node": node})

@@ -15,7 +15,10 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
 - the kubelet, with a client certificate for `system:node:NAME` in `system:nodes` signed by
   the cluster's CA (what the Node authorizer and NodeRestriction check), a serving
   certificate for the node's address, cgroup v1 with `failCgroupV1: false` under a
-  `cgroupRoot` of this node's only.
+  `cgroupRoot` of this node's only;
+- a system bus of its own with a logind stand-in on it (`nodepower.py`, `logind.py`), through
+  which `shutdown` reaches the kubelet's graceful node shutdown as a VM's shutdown does;
+  `halt` is the VM lost without one.
 
 Needs root (namespaces, mounts, cgroups) and Linux.
 """
@@ -43,7 +46,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from tardigrade_local import gobuild, identities, nodeimage, noderegistry
+from tardigrade_local import gobuild, identities, nodeimage, nodepower, noderegistry
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
@@ -183,6 +186,9 @@ class RealNode:
                 f"directory of at most {MAX_DIRECTORY_CHARS} characters")
         for program in ("kubelet", "containerd", "runc", "crictl", "bridge"):
             gobuild.binary(program)  # BuildError naming the fix if a program is not built
+        if shutil.which("dbus-daemon") is None:
+            raise RealNodeError("a real node's system bus needs dbus-daemon: apt-get install "
+                                "dbus-daemon (scripts/setup does)")
         try:
             self._start(time.monotonic() + timeout)
         except BaseException:
@@ -220,12 +226,31 @@ class RealNode:
                                    str(self._write_containerd_config())])
         self._wait(deadline, "containerd's socket", self._containerd_up)
         nodeimage.import_into(gobuild.binary("ctr"), str(self.containerd_socket))
+        bus_env = self._start_system_bus(deadline)
         self._spawn("kubelet", [
             str(gobuild.binary("kubelet")), f"--config={self._write_kubelet_config()}",
             f"--kubeconfig={self.directory / 'etc' / 'kubelet.kubeconfig'}",
             f"--root-dir={self.directory / 'kubelet'}", f"--hostname-override={self.name}",
-            f"--node-ip={self.addresses.node_ip}", "--v=2"])
+            f"--node-ip={self.addresses.node_ip}", "--v=2"], extra_env=bus_env)
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
+        # Its shutdown manager starts beside the node's registration: a shutdown before it
+        # holds its lock would find no kubelet listening.
+        self._wait(deadline, "the kubelet's shutdown delay lock on logind",
+                   lambda: nodepower.KUBELET_LOCK_HOLDER in (self.logind.holders() or []))
+
+    def _start_system_bus(self, deadline: float) -> dict[str, str]:
+        """The node's system bus and logind on it; the kubelet's environment to reach them."""
+        daemon, logind, env = nodepower.bus_commands(self.directory, self.socket_dir,
+                                                     sys.executable)
+        self._spawn("dbus", daemon)
+        self._spawn("logind", logind)
+        self._wait(deadline, "logind on the node's system bus",
+                   lambda: self.logind.holders() is not None)
+        return env
+
+    @property
+    def logind(self) -> nodepower.LogindControl:
+        return nodepower.LogindControl(self.socket_dir / nodepower.CONTROL_SOCKET)
 
     @property
     def registry_config_path(self) -> Path:
@@ -364,12 +389,15 @@ imports = []
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "nodeLeaseDurationSeconds": self.node_lease_seconds,
             "serializeImagePulls": False,
+            # Graceful node shutdown with GKE's grace (nodepower.py).
+            **nodepower.KUBELET_SHUTDOWN_CONFIG,
         }
         path = self.directory / "etc" / "kubelet.json"
         path.write_text(json.dumps(config, indent=2))
         return path
 
-    def _spawn(self, name: str, argv: list[str], in_node: bool = True) -> None:
+    def _spawn(self, name: str, argv: list[str], in_node: bool = True,
+               extra_env: Mapping[str, str] | None = None) -> None:
         if in_node:
             argv = ["nsenter", f"--net={self.netns_path}", "--", *argv]
         log = open(self.logs_dir / f"{name}.log", "a")  # noqa: SIM115
@@ -379,7 +407,8 @@ imports = []
                "PATH": os.pathsep.join([str(gobuild.binary("containerd").parent),
                                         os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")]),
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                              os.environ.get("PYTHONPATH", "")])}
+                                              os.environ.get("PYTHONPATH", "")]),
+               **(extra_env or {})}
         self._procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env,
                                              cwd=self.directory, preexec_fn=die_with_parent)
@@ -421,6 +450,34 @@ imports = []
             return False
         return any(c["type"] == "Ready" and c["status"] == "True"
                    for c in node.get("status", {}).get("conditions", []))
+
+    # --- power -------------------------------------------------------------------------------
+    def shutdown(self) -> dict[str, Any]:
+        """The VM shuts down (a spot reclaim, a maintenance event): logind emits
+        PrepareForShutdown(true) and waits until the kubelet releases its delay lock (its
+        graceful node shutdown: the Node Ready=False, the pods killed by priority group and
+        marked with DisruptionTarget) or InhibitDelayMaxUSec passes; then the machine powers
+        off (`halt`). Returns logind's account: `released`, `seconds`, `holders`."""
+        try:
+            account = self.logind.prepare_for_shutdown(
+                timeout=nodepower.INHIBIT_DELAY_MAX_USEC / 1e6 + STOP_TIMEOUT_SECONDS)
+        except (OSError, ValueError) as err:
+            raise RealNodeError(f"node {self.name}: logind did not answer ({err}): is the "
+                                f"node started?") from err
+        self.halt()
+        return account
+
+    def halt(self) -> None:
+        """The VM is lost without a shutdown: the kubelet, containerd, the containers and
+        everything else of the node are killed at once, with no notice to anyone; then what
+        the dead machine leaves on ours goes (`stop`)."""
+        alive = [proc for proc in self._procs.values() if proc.poll() is None]
+        first = [self._procs[name].pid for name in ("kubelet", "containerd")
+                 if name in self._procs and self._procs[name] in alive]
+        nodepower.kill_at_once([*first, *self.footprint.processes(),
+                                *(proc.pid for proc in alive)])
+        nodepower.reap(alive)
+        self.stop()
 
     # --- teardown ----------------------------------------------------------------------------
     def stop(self) -> None:

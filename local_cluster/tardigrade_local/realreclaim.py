@@ -1,0 +1,51 @@
+"""GKE's part for real nodes: a spot reclaim or a lost VM of a `realnode.RealNode`.
+
+The cluster process's control endpoint (`Disruptor.preempt_node`, `halt_node`) reclaims the
+node agents itself (`KubeletHost`); a real node is started by another process (a test), which
+holds its processes. The endpoint finds it by its record (`realnode.RECORDS_DIR`: its name and
+the egress routes of the cluster it joined) and acts on the machine as the cloud does:
+- a spot reclaim shuts the VM down (`RealNode.shutdown`: logind, the real kubelet's graceful
+  node shutdown, the power-off), then the VM is gone and GKE's cloud node lifecycle controller
+  deletes its Node object (`kubelet/cloud.py`). The node pool does not recreate it here: the
+  process that started it would have to;
+- a lost VM (`RealNode.halt`): everything killed at once; the Node object stays.
+What the dead machine leaves on ours is removed at once; its starter's `stop()` then finds
+nothing left to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+from tardigrade_local.kubelet.cloud import GkeCloud
+from tardigrade_local.realnode import RECORDS_DIR, RealNode
+
+
+def recorded_node(name: str, egress_routes: Path | None) -> RealNode | None:
+    """The running real node `name` of the cluster whose egress routes are `egress_routes`
+    (real nodes join a cluster started with `node_egress`), or None."""
+    if egress_routes is None or not RECORDS_DIR.is_dir():
+        return None
+    for record in sorted(RECORDS_DIR.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            data = json.loads(record.read_text())
+            if data["name"] == name and data.get("egress_routes") == str(egress_routes):
+                return RealNode(name, Path(data["directory"]), "", Path(),
+                                index=data["index"], egress_routes=egress_routes)
+    return None
+
+
+async def reclaim(cloud: GkeCloud, node: RealNode) -> None:
+    """Spot reclaim: the VM shuts down (the kubelet's graceful node shutdown), then its Node
+    object goes."""
+    await asyncio.to_thread(node.shutdown)
+    await cloud.delete_node(node.name)
+
+
+async def lose(node: RealNode) -> None:
+    """The VM stops without a shutdown; its Node object stays (the node lifecycle controller
+    turns it Unknown)."""
+    await asyncio.to_thread(node.halt)
