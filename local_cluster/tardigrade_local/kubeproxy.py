@@ -28,11 +28,11 @@ from tardigrade_local.pki import Authority
 MODE = "nftables"
 
 
-def config(node_name: str, kubeconfig: Path, cluster_cidr: str, mode: str = MODE
+def config(node_name: str, kubeconfig: Path, cluster_cidr: str, mode: str | None = None
            ) -> dict[str, Any]:
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "mode": mode,
+        "mode": mode or MODE,
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "hostnameOverride": node_name,
         # Inside the node's namespace: no other node's kube-proxy shares these ports.
@@ -41,6 +41,9 @@ def config(node_name: str, kubeconfig: Path, cluster_cidr: str, mode: str = MODE
         # Traffic from a pod range is the cluster's own (not masqueraded); the Node objects
         # carry no spec.podCIDR (no --allocate-node-cidrs), so not NodeCIDR.
         "detectLocalMode": "ClusterCIDR", "clusterCIDR": cluster_cidr,
+        # NodePorts on the node's own address only, as kube-proxy advises when this is
+        # unset ("Consider using `--nodeport-addresses primary`", cmd/kube-proxy/app).
+        "nodePortAddresses": ["primary"],
         "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s",
                       "tcpCloseWaitTimeout": "0s"},
         # Our machines lack CAP_SYS_RESOURCE (REAL_NODES.md): it may not lower its own score.

@@ -189,3 +189,31 @@ def test_stopping_the_nodes_and_the_network_leaves_nothing_behind(nodes, dns, ne
     network.destroy()
     assert network.leftovers() == {"netns": [], "processes": [], "host_links": [],
                                    "host_addresses": [], "host_firewall": []}
+
+
+# A process that makes a cluster network and is then killed before it can remove it.
+NETWORK_OWNER = """
+import sys, time
+from pathlib import Path
+from tardigrade_local.nodenet import ClusterNetwork
+ClusterNetwork(Path(sys.argv[1])).create()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_network_of_a_killed_process_is_swept(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("orphan-net")
+    owner = subprocess.Popen([sys.executable, "-c", NETWORK_OWNER, str(directory)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "ready", "the network was not made"
+    finally:
+        owner.kill()
+        owner.wait()
+    orphan = ClusterNetwork(directory)
+    assert orphan.leftovers()["netns"], "a namespace outlives the process that made it"
+    assert orphan.id in nodenet.sweep_orphans()
+    assert orphan.leftovers()["netns"] == []
+    assert orphan.id not in nodenet.sweep_orphans()
