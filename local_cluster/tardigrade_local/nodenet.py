@@ -41,8 +41,9 @@ DNS_ADDRESS = str(NODE_NETWORK[-3])  # 10.250.255.253, CoreDNS (clusterdns.py)
 NETWORK_BRIDGE = "tdgnet0"
 NODE_INTERFACE = "eth0"
 # One record per cluster network (its directory, the process that made it), so a later
-# process can remove the network of one that was killed (`sweep_orphans`).
-RECORDS_DIR = Path("/run/tardigrade-realnodes")
+# process can remove the network of one that was killed (`sweep_orphans`); beside the real
+# nodes' records (`realnode.RECORDS_DIR`), in a folder of their own.
+RECORDS_DIR = Path("/run/tardigrade-realnodes/networks")
 
 
 class NetworkError(RuntimeError):
@@ -82,7 +83,7 @@ class ClusterNetwork:
 
     @property
     def _record(self) -> Path:
-        return RECORDS_DIR / f"{self.id}.network.json"
+        return RECORDS_DIR / f"{self.id}.json"
 
     def __enter__(self) -> ClusterNetwork:
         return self.create()
@@ -93,7 +94,7 @@ class ClusterNetwork:
 
     def create(self) -> ClusterNetwork:
         self.directory.mkdir(parents=True, exist_ok=True)
-        RECORDS_DIR.mkdir(mode=0o700, exist_ok=True)
+        RECORDS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
         me = psutil.Process()
         self._record.write_text(json.dumps({"directory": str(self.directory), "owner": me.pid,
                                             "owner_started": me.create_time()}))
@@ -220,7 +221,7 @@ def _mentions(line: str, network: ipaddress.IPv4Network) -> bool:
 def sweep_orphans() -> list[str]:
     """Remove the cluster networks whose making process is gone (a killed test run)."""
     swept = []
-    for record in sorted(RECORDS_DIR.glob("*.network.json")) if RECORDS_DIR.is_dir() else []:
+    for record in sorted(RECORDS_DIR.glob("*.json")) if RECORDS_DIR.is_dir() else []:
         try:
             data = json.loads(record.read_text())
         except (OSError, ValueError):
