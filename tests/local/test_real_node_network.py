@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
 import subprocess
 import sys
 
 import pytest
 from kube_helpers import Kube, condition, wait_for
 from kubernetes import client as k8s
-from tardigrade_local import clusterdns, nodeimage, nodenet
+from tardigrade_local import clusterdns, gobuild, netnsproxy, nodeimage, nodenet
 from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.clusterapi import ClusterAPI
 from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realnode import RealNode, sweep_orphans
@@ -59,7 +61,13 @@ def dns(cluster, network, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def nodes(cluster, network, dns, tmp_path_factory):
+def api(cluster, network, tmp_path_factory):
+    with ClusterAPI(network, cluster.info, tmp_path_factory.mktemp("api")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster, network, dns, api, tmp_path_factory):
     one = RealNode.for_cluster(cluster.info, NODE_1, tmp_path_factory.mktemp("n1"), index=1,
                                network=network)
     two = RealNode.for_cluster(cluster.info, NODE_2, tmp_path_factory.mktemp("n2"), index=2,
@@ -175,7 +183,28 @@ def test_a_headless_service_name_of_a_pod_on_node_2_resolves_from_node_1(nodes, 
     assert "search default.svc.cluster.local svc.cluster.local cluster.local" in log
 
 
-def test_stopping_the_nodes_and_the_network_leaves_nothing_behind(nodes, dns, network):
+def test_a_pod_reaches_the_api_server_through_the_kubernetes_service(nodes, kube, cluster):
+    # As an in-cluster client finds it (the trainer's TokenReview); busybox speaks no TLS, so
+    # plain HTTP, which kube-apiserver's Go TLS server answers with its own 400.
+    log = _client(kube, "to-api", NODE_1, RETRY.format(
+        attempt="echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT && "
+                "printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | nc -w 5 "
+                "kubernetes.default.svc.cluster.local 443 | grep 'HTTPS server'"))
+    assert "10.0.0.1:443" in log
+    assert "Client sent an HTTP request to an HTTPS server" in log
+    # And with TLS, from node 1's namespace: the certificate names the Service's address.
+    context = ssl.create_default_context(cafile=cluster.info["ca_file"])
+    with netnsproxy.socket_in(str(nodes[0].netns_path)) as sock:
+        sock.setblocking(True)
+        sock.settimeout(10)
+        sock.connect(("10.0.0.1", 443))
+        with context.wrap_socket(sock, server_hostname="10.0.0.1") as tls:
+            tls.sendall(b"GET /version HTTP/1.0\r\nHost: 10.0.0.1\r\n\r\n")
+            answer = b"".join(iter(lambda: tls.recv(65536), b""))
+    assert f'"gitVersion": "{gobuild.kubernetes_version()}"'.encode() in answer
+
+
+def test_stopping_the_nodes_and_the_network_leaves_nothing_behind(nodes, dns, api, network):
     for node in nodes:
         running = node.leftovers()
         assert running["processes"] and running["netns"]
@@ -186,6 +215,7 @@ def test_stopping_the_nodes_and_the_network_leaves_nothing_behind(nodes, dns, ne
                                     "log_links": [], "netns": [], "host_links": []}
     assert network.links() == [] and network.routes() == []
     dns.stop()
+    api.stop()
     network.destroy()
     assert network.leftovers() == {"netns": [], "processes": [], "host_links": [],
                                    "host_addresses": [], "host_firewall": []}

@@ -13,8 +13,10 @@ from tardigrade_local.realnode import Addresses
 
 def test_the_cluster_networks_own_addresses_are_no_nodes_and_dns_is_in_the_service_range():
     nodes = {Addresses.for_index(i).node_ip for i in range(1, 251)}
+    own = {nodenet.ROUTER_ADDRESS, nodenet.DNS_ADDRESS, nodenet.API_ADDRESS}
+    assert len(own) == 3 and not own & nodes
     assert nodenet.ROUTER_ADDRESS not in nodes and nodenet.DNS_ADDRESS not in nodes
-    for address in (nodenet.ROUTER_ADDRESS, nodenet.DNS_ADDRESS):
+    for address in own:
         assert ipaddress.ip_address(address) in nodenet.NODE_NETWORK
     service_range = ipaddress.ip_network(controlplane.SERVICE_CIDR)
     assert ipaddress.ip_address(clusterdns.SERVICE_IP) in service_range
