@@ -16,6 +16,9 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
   the cluster's CA (what the Node authorizer and NodeRestriction check), a serving
   certificate for the node's address, cgroup v1 with `failCgroupV1: false` under a
   `cgroupRoot` of this node's only.
+On a cluster network (`network=`, `nodenet.py`) the node's address is on a veth pair to the
+cluster's bridge instead of its loopback, kube-proxy runs beside the kubelet (`kubeproxy.py`)
+and pods get the cluster's DNS (`clusterdns.py`).
 
 Needs root (namespaces, mounts, cgroups) and Linux.
 """
