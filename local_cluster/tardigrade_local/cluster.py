@@ -189,6 +189,10 @@ class ClusterConfig:
     # Real nodes may join (`realnode.py`): kube-apiserver reaches kubelets and webhooks
     # through the egress proxy (`egressproxy.py`), which enters their network namespaces.
     node_egress: bool = False
+    # kube-controller-manager runs the endpoint controllers (off while pods have loopback
+    # addresses, which EndpointSlices refuse): for real nodes, whose Services kube-proxy and
+    # CoreDNS serve (`nodenet.py`, `clusterdns.py`).
+    endpoint_controllers: bool = False
 
     def control_plane_settings(self) -> ControlPlaneSettings:
         return ControlPlaneSettings(
@@ -197,7 +201,7 @@ class ClusterConfig:
             node_monitor_grace_seconds=self.node_monitor_grace_seconds,
             default_toleration_seconds=self.default_toleration_seconds,
             component_qps=self.component_qps, component_burst=self.component_burst,
-            node_egress=self.node_egress)
+            node_egress=self.node_egress, endpoint_controllers=self.endpoint_controllers)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

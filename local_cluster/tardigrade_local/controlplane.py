@@ -89,6 +89,9 @@ class ControlPlaneSettings:
     # kube-apiserver reaches kubelets and webhooks through `egressproxy.py` (its egress
     # selector), which can enter real nodes' network namespaces (`realnode.py`).
     node_egress: bool = False
+    # Run the endpoint controllers (`DISABLED_CONTROLLERS`): only for pods with real
+    # addresses (real nodes), whose Services kube-proxy and CoreDNS serve.
+    endpoint_controllers: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -451,6 +454,11 @@ class ControlPlane:
                      "--audit-log-maxbackup=1"]
         return argv
 
+    def _controllers_flag(self) -> str:
+        if self.settings.endpoint_controllers:
+            return "--controllers=*"
+        return f"--controllers=*,{','.join('-' + c for c in DISABLED_CONTROLLERS)}"
+
     def _controller_manager_argv(self) -> list[str]:
         s, p = self.settings, self.pki_dir
         argv = [
@@ -462,7 +470,7 @@ class ControlPlane:
             "--use-service-account-credentials=true",
             f"--root-ca-file={p / 'ca.crt'}",
             f"--service-account-private-key-file={p / 'service-account.key'}",
-            f"--controllers=*,{','.join('-' + c for c in DISABLED_CONTROLLERS)}",
+            self._controllers_flag(),
             f"--node-monitor-period={_seconds(s.node_monitor_period_seconds)}",
             f"--node-monitor-grace-period={_seconds(s.node_monitor_grace_seconds)}",
             f"--node-startup-grace-period={_seconds(s.node_startup_grace_seconds)}",

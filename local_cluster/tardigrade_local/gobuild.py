@@ -113,7 +113,12 @@ CNI_PLUGINS = Module("cni-plugins", (
     ("host-local", f"{_CNI}/plugins/ipam/host-local"),
     ("portmap", f"{_CNI}/plugins/meta/portmap"),
 ), version_variables=((f"{_CNI}/pkg/utils/buildversion.BuildVersion", _CNI),))
-NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS)
+# CoreDNS, the cluster DNS real nodes' pods resolve Service names with (clusterdns.py), as
+# GKE's kube-dns does. Its Makefile builds with `CGO_ENABLED=0`, tag `grpcnotrace`, and
+# stamps only a git commit (`coremain.GitCommit`, not a version: `coremain.CoreVersion` is
+# in its source), which a module build has none of.
+COREDNS = Module("coredns", (("coredns", "github.com/coredns/coredns"),), tags="grpcnotrace")
+NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS, COREDNS)
 # distribution v3 (the Docker registry), which the images built here are pushed to and pulled
 # from (registry.py, imagebuild.py); built when a registry starts or when asked for by name.
 REGISTRY = Module("registry", (

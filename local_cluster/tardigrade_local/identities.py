@@ -8,8 +8,8 @@ the identities that are ours (not Kubernetes' own).
 - `gke-cloud`: what GKE does that no kubelet does (deleting a reclaimed node's object,
   maintenance labels and taints, the autoscaler's events), with a role of its own, as GKE's
   own controllers have theirs;
-- `cluster-dns`: the names pods resolve (`kubelet/network.py`'s hosts file), with the
-  read access CoreDNS's `system:coredns` role gives it;
+- `cluster-dns`: the names pods resolve (`kubelet/network.py`'s hosts file, and CoreDNS for
+  real nodes, `clusterdns.py`), with the read access CoreDNS's `system:coredns` role gives it;
 - `simulated-kubelet`: the one identity of all simulated nodes, as kwok's controller has one
   (its nodes run no processes and mount no volumes).
 Process nodes are not here: each gets `system:node:NAME` in `system:nodes` when it registers,
@@ -41,6 +41,9 @@ APISERVER_KUBELET_CLIENT = Identity("apiserver-kubelet-client", "kube-apiserver-
 CLOUD = Identity("gke-cloud", "local:gke-cloud")
 CLUSTER_DNS = Identity("cluster-dns", "local:cluster-dns")
 SIMULATED_KUBELET = Identity("simulated-kubelet", "local:simulated-kubelet")
+# A real node's kube-proxy (kubeproxy.py): the user of kube-apiserver's bootstrap binding
+# `system:node-proxier`, so it needs no role of ours.
+KUBE_PROXY = Identity("kube-proxy", "system:kube-proxy")
 CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, APISERVER_KUBELET_CLIENT, CLOUD, CLUSTER_DNS,
            SIMULATED_KUBELET)
 
@@ -95,7 +98,8 @@ AUDIT_POLICY: dict[str, Any] = {
     "rules": [
         {"level": "None", "users": [ADMIN.common_name, CONTROLLER_MANAGER.common_name,
                                     SCHEDULER.common_name, "system:apiserver",
-                                    CLUSTER_DNS.common_name, SIMULATED_KUBELET.common_name]},
+                                    CLUSTER_DNS.common_name, SIMULATED_KUBELET.common_name,
+                                    KUBE_PROXY.common_name]},
         {"level": "None", "userGroups": [NODE_GROUP, "system:serviceaccounts:kube-system"]},
         {"level": "None", "nonResourceURLs": ["/healthz*", "/readyz*", "/livez*", "/version"]},
         {"level": "Metadata"},

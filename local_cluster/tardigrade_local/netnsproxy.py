@@ -7,7 +7,8 @@ each connection to the host address, so the kubelet reaches the API server at
 `https://127.0.0.1:PORT` inside its namespace, where the API server's serving certificate
 names 127.0.0.1. No address or route is added to the host for it.
 
-`python -m tardigrade_local.netnsproxy NETNS_PATH PORT TARGET_HOST:TARGET_PORT`
+`python -m tardigrade_local.netnsproxy NETNS_PATH [ADDRESS:]PORT TARGET_HOST:TARGET_PORT`
+(ADDRESS: one of the namespace's, 127.0.0.1 if not given)
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ def socket_in(netns_path: str) -> socket.socket:
     return sock
 
 
-def listen_in(netns_path: str, port: int) -> socket.socket:
-    """A listening socket on 127.0.0.1:`port` of the namespace at `netns_path`."""
+def listen_in(netns_path: str, port: int, address: str = "127.0.0.1") -> socket.socket:
+    """A listening socket on `address`:`port` of the namespace at `netns_path`."""
     sock = socket_in(netns_path)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    sock.bind((address, port))
     sock.listen(128)
     return sock
 
@@ -87,9 +88,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 3:
         sys.exit(__doc__.strip().splitlines()[-1])
-    netns_path, port, target = args[0], int(args[1]), args[2]
+    netns_path, listen, target = args
+    address, _, port = listen.rpartition(":")
     host, _, target_port = target.rpartition(":")
-    sock = listen_in(netns_path, port)
+    sock = listen_in(netns_path, int(port), address or "127.0.0.1")
     print("listening", flush=True)
     asyncio.run(serve(sock, host, int(target_port)))
 

@@ -3,7 +3,9 @@
 A real node (`realnode.py`) is known by its directory and its id (`tdg-<hash>`): its network
 namespace `/run/netns/<id>`, its cgroups `/<id>` in every hierarchy, its mounts under the
 directory, the kubelet's log links to it in /var/log/containers, and its processes (in its
-cgroups or namespace, or naming its directory: containerd's shims). `NodeFootprint` lists
+cgroups or namespace, or naming its directory: containerd's shims); on a cluster network
+(`nodenet.py`) a veth pair whose ends are in its namespace and the cluster's, none on the
+host (`host_links`). `NodeFootprint` lists
 them (`leftovers`, what a test asserts empty) and removes them (`clear`), also for a node
 whose starter was killed (nothing else knows about its processes then).
 """
@@ -139,10 +141,20 @@ class NodeFootprint:
         return [link for link in CONTAINER_LOG_LINKS.iterdir()
                 if link.is_symlink() and os.readlink(link).startswith(prefix)]
 
+    def host_links(self) -> list[str]:
+        """Links in the host's namespace named after this node (a veth end of its cluster
+        network link, `nodenet.py`, would be; there must be none)."""
+        out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
+                             text=True).stdout
+        names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
+                 if line.count(":") >= 2]
+        return [name for name in names if name.startswith(self.id)]
+
     def leftovers(self) -> dict[str, list[str]]:
         """What of this node is still on the machine (all empty once stopped)."""
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         return {"processes": [str(p) for p in self.processes()], "mounts": self.mounts(),
                 "cgroups": [str(p) for p in self.cgroups()],
                 "log_links": [str(p) for p in self.log_links()],
-                "netns": [line for line in netns.splitlines() if line.split()[:1] == [self.id]]}
+                "netns": [line for line in netns.splitlines() if line.split()[:1] == [self.id]],
+                "host_links": self.host_links()}

@@ -19,6 +19,9 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
 - a system bus of its own with a logind stand-in on it (`nodepower.py`, `logind.py`), through
   which `shutdown` reaches the kubelet's graceful node shutdown as a VM's shutdown does;
   `halt` is the VM lost without one.
+On a cluster network (`network=`, `nodenet.py`) the node's address is on a veth pair to the
+cluster's bridge instead of its loopback, kube-proxy runs beside the kubelet (`kubeproxy.py`)
+and pods get the cluster's DNS (`clusterdns.py`).
 
 Needs root (namespaces, mounts, cgroups) and Linux.
 """
@@ -28,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import ipaddress
 import json
 import os
 import shutil
@@ -46,16 +48,23 @@ from typing import Any, TextIO
 
 import psutil
 
-from tardigrade_local import gobuild, identities, nodeimage, nodepower, noderegistry
+from tardigrade_local import (
+    clusterdns,
+    gobuild,
+    identities,
+    kubeproxy,
+    nodeimage,
+    nodepower,
+    noderegistry,
+)
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
+from tardigrade_local.nodenet import NODE_NETWORK, POD_NETWORK, ClusterNetwork
 from tardigrade_local.pki import Authority
 
 # Inside the node's namespace only (never on the host): the node's address is NODE_NETWORK's
-# <index>th host, its pods get POD_NETWORK's <index>th /24.
-NODE_NETWORK = ipaddress.ip_network("10.250.0.0/16")
-POD_NETWORK = ipaddress.ip_network("10.251.0.0/16")
+# <index>th host, its pods get POD_NETWORK's <index>th /24 (nodenet.py).
 API_PORT_IN_NODE = 6443
 KUBELET_PORT = 10250
 BRIDGE = "tdg0"
@@ -96,11 +105,14 @@ class RealNode:
 
     def __init__(self, name: str, directory: Path, api_url: str, pki_dir: Path,
                  index: int = 1, node_lease_seconds: int = 40,
-                 egress_routes: Path | None = None, registry: str | None = None) -> None:
+                 egress_routes: Path | None = None, registry: str | None = None,
+                 network: ClusterNetwork | None = None) -> None:
         """`egress_routes`: the cluster's egress proxy's routes (`egressproxy.py`), without
         which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward).
         `registry`: an image registry on this host's loopback (`Registry.host`,
-        127.0.0.1:PORT), which the node pulls from under the same name (`noderegistry.py`)."""
+        127.0.0.1:PORT), which the node pulls from under the same name (`noderegistry.py`).
+        `network`: the cluster network the node joins (`nodenet.py`): its pods then reach
+        other nodes' pods, Services (kube-proxy runs) and cluster DNS (`clusterdns.py`)."""
         self.name = name
         self.directory = directory.absolute()
         self.api_url = api_url
@@ -109,6 +121,7 @@ class RealNode:
         self.registry = registry
         if registry is not None:
             noderegistry.split_host(registry)  # refused early, naming the form it needs
+        self.network = network
         self.index = index
         self.addresses = Addresses.for_index(index)
         self.node_lease_seconds = node_lease_seconds
@@ -121,13 +134,14 @@ class RealNode:
 
     @classmethod
     def for_cluster(cls, info: Mapping[str, Any], name: str, directory: Path,
-                    index: int = 1, registry: str | None = None) -> RealNode:
+                    index: int = 1, registry: str | None = None,
+                    network: ClusterNetwork | None = None) -> RealNode:
         """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
         start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
         routes = info.get("egress_routes")
         return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
                    index=index, egress_routes=Path(routes) if routes else None,
-                   registry=registry)
+                   registry=registry, network=network)
 
     # --- where things are --------------------------------------------------------------------
     @property
@@ -232,6 +246,8 @@ class RealNode:
             f"--kubeconfig={self.directory / 'etc' / 'kubelet.kubeconfig'}",
             f"--root-dir={self.directory / 'kubelet'}", f"--hostname-override={self.name}",
             f"--node-ip={self.addresses.node_ip}", "--v=2"], extra_env=bus_env)
+        if self.network is not None:
+            self._start_kube_proxy()
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
         # Its shutdown manager starts beside the node's registration: a shutdown before it
         # holds its lock would find no kubelet listening.
@@ -271,9 +287,13 @@ class RealNode:
     def _make_netns(self) -> None:
         _run("ip", "netns", "add", self.id)
         _run("ip", "-n", self.id, "link", "set", "lo", "up")
-        # The kubelet refuses a loopback node address (validateNodeIP); this one is on the
-        # namespace's loopback device but is not 127/8.
-        _run("ip", "-n", self.id, "addr", "add", f"{self.addresses.node_ip}/32", "dev", "lo")
+        if self.network is not None:
+            self.network.join(self.id, self.addresses.node_ip, self.addresses.pod_cidr)
+        else:
+            # The kubelet refuses a loopback node address (validateNodeIP); this one is on
+            # the namespace's loopback device but is not 127/8.
+            _run("ip", "-n", self.id, "addr", "add", f"{self.addresses.node_ip}/32", "dev",
+                 "lo")
         if self.egress_routes is not None:
             self.egress_routes.mkdir(parents=True, exist_ok=True)
             self._route_file.write_text(str(self.netns_path))
@@ -316,6 +336,9 @@ class RealNode:
                  "hairpinMode": True,
                  "ipam": {"type": "host-local", "ranges": [[{"subnet": self.addresses.pod_cidr,
                                                              "gateway": self.addresses.gateway}]],
+                          # The pod's default route via its node (the bridge plugin adds
+                          # only what IPAM returns): other nodes' pods, Services, DNS.
+                          "routes": [{"dst": "0.0.0.0/0"}],
                           # Not /var/lib/cni: each node keeps its own leases.
                           "dataDir": str(self.directory / "cni" / "ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": True}},
@@ -391,10 +414,23 @@ imports = []
             "serializeImagePulls": False,
             # Graceful node shutdown with GKE's grace (nodepower.py).
             **nodepower.KUBELET_SHUTDOWN_CONFIG,
+            **self._cluster_dns_config(),
         }
         path = self.directory / "etc" / "kubelet.json"
         path.write_text(json.dumps(config, indent=2))
         return path
+
+    def _cluster_dns_config(self) -> dict[str, Any]:
+        """On a cluster network, pods with `dnsPolicy: ClusterFirst` get the cluster's DNS
+        (`clusterdns.py`) and its search path; `resolvConf` stays empty (no host DNS)."""
+        if self.network is None:
+            return {}
+        return {"clusterDNS": [clusterdns.SERVICE_IP], "clusterDomain": clusterdns.DOMAIN}
+
+    def _start_kube_proxy(self) -> None:
+        self._spawn("kube-proxy", kubeproxy.command(
+            self.directory / "etc", self.name, f"https://127.0.0.1:{API_PORT_IN_NODE}",
+            self.pki_dir, str(POD_NETWORK)))
 
     def _spawn(self, name: str, argv: list[str], in_node: bool = True,
                extra_env: Mapping[str, str] | None = None) -> None:
@@ -486,6 +522,7 @@ imports = []
         namespace; unmount everything under the node's directory; remove its cgroups and
         its network namespace. Idempotent."""
         self._terminate("kubelet")
+        self._terminate("kube-proxy")
         if "containerd" in self._procs and self._procs["containerd"].poll() is None:
             with contextlib.suppress(RealNodeError, subprocess.TimeoutExpired):
                 self.crictl("rmp", "--all", "--force", timeout=STOP_TIMEOUT_SECONDS)
@@ -494,6 +531,8 @@ imports = []
         self._terminate(noderegistry.PROXY_NAME)
         if self.egress_routes is not None:
             self._route_file.unlink(missing_ok=True)
+        if self.network is not None:
+            self.network.leave(self.id, self.addresses.pod_cidr)
         self.footprint.clear()
         for log in self._logs:
             log.close()

@@ -127,7 +127,7 @@ def test_the_nodes_of_a_killed_process_are_swept(cluster, kube, tmp_path_factory
     wait_for(lambda: orphan.leftovers()["processes"], what="the orphan's container")
     assert "real-node-2" in sweep_orphans()
     assert orphan.leftovers() == {"processes": [], "mounts": [], "cgroups": [],
-                                  "log_links": [], "netns": []}
+                                  "log_links": [], "netns": [], "host_links": []}
     assert "real-node-2" not in sweep_orphans()
 
 
@@ -137,6 +137,6 @@ def test_stopping_the_node_leaves_nothing_behind(node):
     assert running["log_links"], "the kubelet links the container's log in /var/log/containers"
     node.stop()
     assert node.leftovers() == {"processes": [], "mounts": [], "cgroups": [], "log_links": [],
-                                "netns": []}
+                                "netns": [], "host_links": []}
     assert not node.netns_path.exists()
     assert not node.containerd_socket.exists()

@@ -1,0 +1,237 @@
+"""The network between real nodes: a namespace the cluster makes, standing for GKE's VPC.
+
+A `ClusterNetwork` is a network namespace (`tdgnet-<hash of its directory>`) holding a bridge
+(`NETWORK_BRIDGE`) with the router's address (`ROUTER_ADDRESS`, the last usable address of
+`NODE_NETWORK`). A real node joins it (`join`, called by `RealNode` when given a network)
+through a veth pair: `eth0` in the node's namespace, carrying the node's address
+(`10.250.0.N/16`, as a GKE node's primary address is on its VPC subnet) with a default route
+via the router, and its peer on the bridge, named after the node's id. The router gets a
+route to the node's pod range via the node's address: what a VPC-native GKE cluster's VPC
+does for each node's alias IP range (GKE docs, "VPC-native clusters": pod ranges are routed
+by the VPC, not by routes on the nodes), so a pod on one node reaches a pod on another by its
+pod IP, without NAT, and no node needs to know the others.
+
+Every private address lives inside the namespaces this module and `realnode.py` create: the
+host gets no address, route, interface or firewall rule. Deleting a node's namespace deletes
+its veth pair (a veth pair goes when either end's namespace goes); `leave` removes its route;
+`destroy` removes the cluster's namespace with its bridge.
+
+Needs root and Linux.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import json
+import subprocess
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+# Inside namespaces of ours only: a real node's address is NODE_NETWORK's <index>th host,
+# its pods get POD_NETWORK's <index>th /24 (realnode.Addresses).
+NODE_NETWORK = ipaddress.ip_network("10.250.0.0/16")
+POD_NETWORK = ipaddress.ip_network("10.251.0.0/16")
+# The cluster network's own addresses, at the end of the node range (nodes count from 1).
+ROUTER_ADDRESS = str(NODE_NETWORK[-2])  # 10.250.255.254
+DNS_ADDRESS = str(NODE_NETWORK[-3])  # 10.250.255.253, CoreDNS (clusterdns.py)
+API_ADDRESS = str(NODE_NETWORK[-4])  # 10.250.255.252, kube-apiserver for pods (clusterapi.py)
+NETWORK_BRIDGE = "tdgnet0"
+NODE_INTERFACE = "eth0"
+# One record per cluster network (its directory, the process that made it), so a later
+# process can remove the network of one that was killed (`sweep_orphans`); beside the real
+# nodes' records (`realnode.RECORDS_DIR`), in a folder of their own.
+RECORDS_DIR = Path("/run/tardigrade-realnodes/networks")
+
+
+class NetworkError(RuntimeError):
+    pass
+
+
+def run_ip(*args: str, check: bool = True) -> str:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise NetworkError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _sysctl(netns: str, key: str, value: str) -> None:
+    """Inside `netns`: `net.ipv4.*` sysctls are each namespace's own (a new namespace starts
+    with forwarding off), so this never changes the host's."""
+    path = "/proc/sys/" + key.replace(".", "/")
+    done = subprocess.run(["ip", "netns", "exec", netns, "sh", "-c", f"echo {value} > {path}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NetworkError(f"sysctl {key}={value} in {netns}: {done.stderr.strip()}")
+
+
+class ClusterNetwork:
+    """```
+    with ClusterNetwork(tmp / "net") as network:
+        RealNode.for_cluster(info, "real-node-1", dir1, index=1, network=network).start()
+    ```"""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory.absolute()
+        self.id = "tdgnet-" + hashlib.sha256(str(self.directory).encode()).hexdigest()[:8]
+
+    @property
+    def netns_path(self) -> Path:
+        return Path("/run/netns") / self.id
+
+    @property
+    def _record(self) -> Path:
+        return RECORDS_DIR / f"{self.id}.json"
+
+    def __enter__(self) -> ClusterNetwork:
+        return self.create()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.destroy()
+
+    def create(self) -> ClusterNetwork:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        RECORDS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        me = psutil.Process()
+        self._record.write_text(json.dumps({"directory": str(self.directory), "owner": me.pid,
+                                            "owner_started": me.create_time()}))
+        try:
+            run_ip("netns", "add", self.id)
+            run_ip("-n", self.id, "link", "set", "lo", "up")
+            run_ip("-n", self.id, "link", "add", NETWORK_BRIDGE, "type", "bridge")
+            run_ip("-n", self.id, "addr", "add",
+                   f"{ROUTER_ADDRESS}/{NODE_NETWORK.prefixlen}", "dev", NETWORK_BRIDGE)
+            for address in (DNS_ADDRESS, API_ADDRESS):
+                run_ip("-n", self.id, "addr", "add",
+                       f"{address}/{NODE_NETWORK.prefixlen}", "dev", NETWORK_BRIDGE)
+            run_ip("-n", self.id, "link", "set", NETWORK_BRIDGE, "up")
+            _sysctl(self.id, "net.ipv4.ip_forward", "1")
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def join(self, node_id: str, node_ip: str, pod_cidr: str) -> None:
+        """Wire the node namespace `node_id` (made by the caller, loopback up) to the bridge,
+        its address on `eth0`, and route its pod range via it."""
+        peer = node_id  # "tdg-" + 10 hex digits: within the 15 characters of a link name
+        run_ip("-n", self.id, "link", "add", peer, "type", "veth", "peer", "name",
+               NODE_INTERFACE, "netns", node_id)
+        run_ip("-n", self.id, "link", "set", peer, "master", NETWORK_BRIDGE, "up")
+        run_ip("-n", node_id, "addr", "add", f"{node_ip}/{NODE_NETWORK.prefixlen}", "dev",
+               NODE_INTERFACE)
+        run_ip("-n", node_id, "link", "set", NODE_INTERFACE, "up")
+        run_ip("-n", node_id, "route", "add", "default", "via", ROUTER_ADDRESS)
+        # The node forwards between its pods' bridge and eth0 (the bridge CNI plugin turns
+        # this on too, with isGateway, but only once the first pod starts).
+        _sysctl(node_id, "net.ipv4.ip_forward", "1")
+        run_ip("-n", self.id, "route", "replace", pod_cidr, "via", node_ip)
+
+    def leave(self, node_id: str, pod_cidr: str) -> None:
+        """Remove the node's route and link (they also go with its namespace). Idempotent."""
+        if not self.netns_path.exists():
+            return
+        run_ip("-n", self.id, "route", "del", pod_cidr, check=False)
+        run_ip("-n", self.id, "link", "del", node_id, check=False)
+
+    def routes(self) -> list[str]:
+        """The router's routes to pod ranges (`10.251.N.0/24 via 10.250.0.N`)."""
+        if not self.netns_path.exists():
+            return []
+        return [line for line in run_ip("-n", self.id, "route", "show").splitlines()
+                if " via " in line]
+
+    def links(self) -> list[str]:
+        """The nodes' veth ends on the bridge."""
+        if not self.netns_path.exists():
+            return []
+        out = run_ip("-n", self.id, "-o", "link", "show", "master", NETWORK_BRIDGE)
+        return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+
+    def destroy(self) -> None:
+        """Kill what still runs in the namespace (clusterdns.py stops its own first), remove
+        it with its bridge. Idempotent."""
+        for pid in self.processes():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        if self.netns_path.exists():
+            run_ip("netns", "del", self.id, check=False)
+        self._record.unlink(missing_ok=True)
+
+    def processes(self) -> list[int]:
+        try:
+            inode = self.netns_path.stat().st_ino
+        except OSError:
+            return []
+        found = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if Path(f"/proc/{proc.pid}/ns/net").stat().st_ino == inode:
+                    found.append(proc.pid)
+        return found
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of this network is still on the machine (all empty once destroyed)."""
+        netns = run_ip("netns", "list")
+        return {"netns": [line for line in netns.splitlines() if line.split()[:1] == [self.id]],
+                "processes": [str(p) for p in self.processes()],
+                "host_links": host_links(), "host_addresses": host_addresses(),
+                "host_firewall": host_firewall_rules()}
+
+
+def host_links() -> list[str]:
+    """Links of the host's own namespace named as ours (a veth end left on the host)."""
+    out = run_ip("-o", "link", "show")
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+    return [n for n in names if n.startswith(("tdg-", "tdgnet", "tdg0")) or n == NETWORK_BRIDGE]
+
+
+def host_addresses() -> list[str]:
+    """The host's addresses and routes in our ranges (there must be none)."""
+    found = []
+    for kind in ("addr", "route"):
+        for line in run_ip("-o", kind, "show").splitlines():
+            if any(_mentions(line, net) for net in (NODE_NETWORK, POD_NETWORK)):
+                found.append(line.strip())
+    return found
+
+
+def host_firewall_rules() -> list[str]:
+    """Rules of the host's own namespace that name our ranges, or kube-proxy's nftables table
+    (there must be none: kube-proxy and the kubelet write only in their node's namespace).
+    Not any `KUBE-` chain: a kubelet run in the host's namespace leaves its canary and
+    firewall chains there (`pkg/kubelet/kubelet_network_linux.go`), which are not ours."""
+    found = []
+    for argv in (["nft", "list", "ruleset"], ["iptables-legacy-save"]):
+        with contextlib.suppress(OSError):
+            out = subprocess.run(argv, capture_output=True, text=True).stdout
+            found += [line.strip() for line in out.splitlines()
+                      if "table ip kube-proxy" in line or "table ip6 kube-proxy" in line
+                      or any(_mentions(line, net) for net in (NODE_NETWORK, POD_NETWORK))]
+    return found
+
+
+def _mentions(line: str, network: ipaddress.IPv4Network) -> bool:
+    prefix = ".".join(str(network.network_address).split(".")[:2]) + "."
+    return any(word.startswith(prefix) for word in line.replace("/", " ").split())
+
+
+def sweep_orphans() -> list[str]:
+    """Remove the cluster networks whose making process is gone (a killed test run)."""
+    swept = []
+    for record in sorted(RECORDS_DIR.glob("*.json")) if RECORDS_DIR.is_dir() else []:
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(data["owner"]).create_time() == data["owner_started"]:
+                continue
+        network = ClusterNetwork(Path(data["directory"]))
+        network.destroy()
+        swept.append(network.id)
+    return swept
