@@ -40,6 +40,10 @@ def cgroup_hierarchies(v2: bool = True) -> list[Path]:
     return found
 
 
+# What `NodeFootprint.leftovers` reports, by kind.
+LEFTOVER_KINDS = ("processes", "mounts", "cgroups", "log_links", "netns", "host_links")
+
+
 class NodeFootprint:
     def __init__(self, directory: Path, node_id: str) -> None:
         self.directory = directory
@@ -149,6 +153,10 @@ class NodeFootprint:
         names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
                  if line.count(":") >= 2]
         return [name for name in names if name.startswith(self.id)]
+
+    def nothing_left(self) -> dict[str, list[str]]:
+        """What `leftovers` says once nothing is left (every kind it looks for, empty)."""
+        return {kind: [] for kind in LEFTOVER_KINDS}
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of this node is still on the machine (all empty once stopped)."""

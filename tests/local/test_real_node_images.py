@@ -260,5 +260,4 @@ def test_stopping_the_node_stops_its_way_to_the_registry(node):
     assert len(proxies()) == 2  # the API server's and the registry's
     node.stop()
     assert proxies() == []
-    assert node.leftovers() == {"processes": [], "mounts": [], "cgroups": [], "log_links": [],
-                                "netns": []}
+    assert node.leftovers() == node.footprint.nothing_left()

@@ -25,6 +25,7 @@ from tardigrade_local.disruptions import (
     DisruptionError,
     Disruptor,
 )
+from tardigrade_local.nodefootprint import LEFTOVER_KINDS
 from tardigrade_local.realnode import RealNode, sweep_orphans
 
 pytestmark = [
@@ -35,7 +36,7 @@ pytestmark = [
 
 POD_TIMEOUT_SECONDS = 180.0
 POD_GRACE_SECONDS = 10  # below the regular pods' 15 s: the pod's own grace applies
-NOTHING_LEFT = {"processes": [], "mounts": [], "cgroups": [], "log_links": [], "netns": []}
+NOTHING_LEFT = {kind: [] for kind in LEFTOVER_KINDS}
 # Traps SIGTERM the way a trainer does (save, then exit with EXIT_CODE), writing to its log.
 TRAPPING_POD = """
 trap 'echo SIGTERM received; sleep 1; echo saved; exit $EXIT_CODE' TERM
