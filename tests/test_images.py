@@ -54,6 +54,17 @@ def test_image_runs_as_non_root(dockerfile):
     assert user is not None and user.split(":")[0] not in ("root", "0")
 
 
+@pytest.mark.parametrize("accelerator", ["cpu", "gpu"])
+def test_cpu_and_gpu_trainer_images_run_as_the_user_the_operator_renders(accelerator):
+    """The pod's runAsUser wins over the image's USER: they must name the same user, or the
+    trainer runs as a uid its image has no passwd entry for."""
+    from tardigrade_operator.rendering.manifests import TRAINER_UID
+
+    recipe = _recipe(REPO_ROOT / "trainer_image" / f"Dockerfile.{accelerator}")
+    assert recipe.user == f"{TRAINER_UID}:{TRAINER_UID}"
+    assert any(f"useradd --uid {TRAINER_UID} --user-group" in run for run in recipe.runs)
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)
 def test_installed_extras_exist_and_the_local_cluster_is_not_shipped(dockerfile):
     recipe = _recipe(dockerfile)
