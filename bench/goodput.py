@@ -31,7 +31,12 @@ number of steps) runs through the local cluster and the operator, one arm after 
     in process     trainer starts its new world in a new child of its container's main process;
   j resized        (h) with restart in process.
     in process
-Arms g and h run on a second local cluster whose operator has restart in place on, i and j on
+  k halted,        one halt as in (e), periodic checkpoints every 100 steps, restart in place
+    bucket only    on: what a loss without notice costs with the bucket alone;
+  l halted,        (k) with a memory tier every 5 steps (spec.checkpoint.memoryTier): the
+    memory tier    survivor restarts in place with its memory, the lost rank's new pod reads
+                   its shards from the survivor's replica (docs/memory-tier.md).
+Arms g, h, k and l run on a second local cluster whose operator has restart in place on, i and j on
 a third with restart in process too; every cluster's nodes run a 1.36 kubelet with
 ContainerRestartRules and its API server the gate, so the arms differ only in the operator's
 switches. Each rank has a node of its own (it asks for a whole node's CPUs), as a trainer has
@@ -54,7 +59,8 @@ Targets: b's goodput >= 0.9 x a's; no step lost when the preemption gives notice
 h); g's time to recover p50 <= 0.5 x b's (issue 18: half of today's);
 f's save on notice inside the window; e's relaunched gang training within the node monitor
 grace period + the operator's TARDIGRADE_NODE_LOST_AFTER_SECONDS + the survivors' SIGTERM grace
-+ RELAUNCH_SLACK_SECONDS. An arm that saw no disruption judges no target.
++ RELAUNCH_SLACK_SECONDS; l's steps lost per halt <= its memory interval (5; issue 42), k's
+beside it. An arm that saw no disruption judges no target.
 """
 
 from __future__ import annotations
@@ -119,6 +125,11 @@ BIG_STATE_TRAINER = {"embed_dim": 256, "mlp_dim": 8192, "num_layers": 2, "num_he
                      "global_batch_size": 4, "seq_len": 8}
 
 
+# (k, l): issue 42's bucket interval and memory tier interval.
+BUCKET_INTERVAL_STEPS = 100
+MEMORY_INTERVAL_STEPS = 5
+
+
 @dataclasses.dataclass(frozen=True)
 class Arm:
     key: str
@@ -137,6 +148,8 @@ class Arm:
     in_place: bool = False
     # ... and restart in process.
     in_process: bool = False
+    # spec.checkpoint.memoryTier.interval (None: no memory tier).
+    memory_interval: int | None = None
 
 
 ARMS = {
@@ -156,6 +169,14 @@ ARMS = {
     "h": Arm("h", "resized-in-place", "resize", in_place=True),
     "i": Arm("i", "preempted-in-process", "preemption", in_place=True, in_process=True),
     "j": Arm("j", "resized-in-process", "resize", in_place=True, in_process=True),
+    # Issue 42's target: one loss without notice under a bucket interval of 100 steps, without
+    # (k) and with (l) a memory tier every 5 steps; both keep the survivor (restart in place),
+    # so they differ only in the tier. Their own 1,200 steps: the halt comes 20-60 s into
+    # training, past the first bucket commit.
+    "k": Arm("k", "halted-bucket-only", "halt", interval_steps=BUCKET_INTERVAL_STEPS,
+             at_most=1, steps=1200, in_place=True),
+    "l": Arm("l", "halted-memory-tier", "halt", interval_steps=BUCKET_INTERVAL_STEPS,
+             at_most=1, steps=1200, in_place=True, memory_interval=MEMORY_INTERVAL_STEPS),
 }
 KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
 NODE_CPU = DEFAULT_NODE_CAPACITY["cpu"]
@@ -242,6 +263,8 @@ class Bench:
         checkpoint["saveOnPreemption"] = arm.save_on_preemption
         if arm.interval_steps is not None:
             checkpoint["interval"] = {"steps": arm.interval_steps}
+        if arm.memory_interval is not None:
+            checkpoint["memoryTier"] = {"interval": arm.memory_interval, "replicas": 1}
         job["spec"]["trainer"].update(dict(arm.trainer))
         return job
 
@@ -445,6 +468,18 @@ def verdicts(results: list[ArmResult]) -> list[str]:
             share = max(used / limit for used, limit in window.notice_saves)
             lines.append(f"{target}: {share:.2f} of it at most -> "
                          f"{'met' if share < 1 else 'MISSED'}")
+    if "l" in by_key:
+        target = (f"target (l) steps lost <= {MEMORY_INTERVAL_STEPS} when a host is lost "
+                  "without notice (memory tier)")
+        costs = by_key["l"].costs
+        if not costs:
+            lines.append(f"{target}: not judged, arm (l) saw no halt")
+        else:
+            lost = max(c.steps_lost for c in costs)
+            bucket = (f", against {max(c.steps_lost for c in by_key['k'].costs)} with the "
+                      "bucket alone (k)" if "k" in by_key and by_key["k"].costs else "")
+            lines.append(f"{target}: {lost}{bucket} -> "
+                         f"{'met' if lost <= MEMORY_INTERVAL_STEPS else 'MISSED'}")
     if "e" in by_key:
         bound = (NODE_MONITOR_GRACE_SECONDS + NODE_LOST_AFTER_SECONDS + SURVIVOR_GRACE_SECONDS
                  + RELAUNCH_SLACK_SECONDS)
