@@ -539,7 +539,7 @@ def plot(results: list[ArmResult], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(9, 4.8), dpi=110)
     colors = {"a": "0.45", "b": "tab:blue", "c": "tab:red", "d": "tab:orange", "e": "tab:purple",
               "f": "tab:green", "g": "tab:cyan", "h": "tab:brown", "i": "tab:olive",
-              "j": "tab:pink"}
+              "j": "tab:pink", "k": "tab:gray", "l": "gold"}
     for result in results:
         color = colors[result.arm.key]
         runs = sorted(result.runs, key=lambda r: r["time"])
