@@ -326,7 +326,7 @@ def prune(name: str, keep: int = KEEP_BUILDS) -> list[str]:
 def push(built: Built, registry: str, version: str) -> str:
     """Copy the image to `registry` (host:port, plain HTTP) as
     `<registry>/tardigrade-dev/<title>:<tag>`; returns that reference."""
-    return push_to(built, f"{registry}/{REPOSITORY}", version, tls_verify=False)
+    return push_to(built, f"{registry}/{REPOSITORY}", version, tls_verify=False)[0]
 
 
 def shipped_name(built_image: Image, prefix: str, version: str) -> str:
@@ -334,15 +334,19 @@ def shipped_name(built_image: Image, prefix: str, version: str) -> str:
     return f"{prefix}/{built_image.recipe.title}:{built_image.tag(version)}"
 
 
-def push_to(built: Built, prefix: str, version: str, tls_verify: bool = True) -> str:
+def push_to(built: Built, prefix: str, version: str,
+            tls_verify: bool = True) -> tuple[str, str]:
     """Copy the image to `<prefix>/<title>:<tag>` (prefix: a registry host with an optional
-    path, e.g. an Artifact Registry repository); returns that reference. Credentials are
-    buildah's (`buildah login`, or a Docker config's)."""
+    path, e.g. an Artifact Registry repository); returns that reference and the digest of the
+    manifest pushed (what `image@sha256:...` pins). Credentials are buildah's (`buildah
+    login`, or a Docker config's)."""
     target = shipped_name(built.image, prefix, version)
-    buildah("push", f"--tls-verify={'true' if tls_verify else 'false'}", "--quiet",
-            built.reference, f"docker://{target}",
-            what=f"pushing {built.image.name} to {target}", timeout=1800)
-    return target
+    with tempfile.TemporaryDirectory(prefix="tardigrade-push-") as tmp:
+        digest_file = Path(tmp) / "digest"
+        buildah("push", f"--tls-verify={'true' if tls_verify else 'false'}", "--quiet",
+                "--digestfile", str(digest_file), built.reference, f"docker://{target}",
+                what=f"pushing {built.image.name} to {target}", timeout=1800)
+        return target, digest_file.read_text().strip()
 
 
 def pull(reference: str) -> str:

@@ -161,7 +161,7 @@ class ShipPlan:
 @dataclasses.dataclass(frozen=True)
 class Shipped:
     plan: ShipPlan
-    images: dict[str, str]  # imagebuild name -> pushed reference
+    images: dict[str, tuple[str, str]]  # imagebuild name -> (pushed reference, digest)
     chart: str  # what `helm push` reported (oci://...:version)
 
 
@@ -219,14 +219,14 @@ def package_chart(plan: ShipPlan, into: Path, chart: Path = CHART_DIR) -> Path:
 def ship(plan: ShipPlan, out: TextIO = sys.stderr) -> Shipped:
     helm_binary()  # before the builds, which take minutes
     base = imagebuild.ensure_public_base(plan.base, out) if plan.base else None
-    pushed: dict[str, str] = {}
+    pushed: dict[str, tuple[str, str]] = {}
     for name in plan.images:
         built = imagebuild.build(name, out, base=base)
         print(f"ship: pushing {name} ({'cached' if built.cached else 'built'})", file=out,
               flush=True)
         pushed[name] = imagebuild.push_to(built, plan.registry, plan.tag,
                                           tls_verify=not plan.plain_http)
-        assert pushed[name] == plan.reference(name)
+        assert pushed[name][0] == plan.reference(name)
     with tempfile.TemporaryDirectory(prefix="tardigrade-chart-") as tmp:
         packaged = package_chart(plan, Path(tmp))
         said = _helm("push", str(packaged), plan.chart_repository,
@@ -238,7 +238,8 @@ def ship(plan: ShipPlan, out: TextIO = sys.stderr) -> Shipped:
 
 def summary(shipped: Shipped) -> str:
     plan = shipped.plan
-    lines = ["Pushed:", *(f"  {reference}" for reference in shipped.images.values()),
+    lines = ["Pushed:", *(f"  {reference} ({digest})"
+                          for reference, digest in shipped.images.values()),
              f"  {shipped.chart}", "", "Install the operator:", f"  {plan.helm_install()}", "",
              "Trainer images for a TrainingJob's spec.image:"]
     lines += [f"  {accelerator}: {plan.reference(f'trainer-{accelerator}')}"
