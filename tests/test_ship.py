@@ -204,6 +204,11 @@ def test_the_pushed_chart_names_the_pushed_operator_image(registry, shipped, tmp
     assert image == f"{registry.host}/team/tardigrade-operator:{TAG}"
     # ...and it is one the registry serves.
     registry.manifest("team/tardigrade-operator", TAG)
+    installed = subprocess.run(["helm", "install", "tg", str(tmp_path / "chart" / "tardigrade"),
+                                "--dry-run=client"], capture_output=True, text=True,
+                               timeout=120, env=env)
+    assert installed.returncode == 0, installed.stderr
+    assert "placeholder" not in installed.stdout.split("NOTES:", 1)[1]
     # The rest of the chart is the checkout's.
     assert Path(tmp_path / "chart" / "tardigrade" / "templates" / "deployment.yaml"
                 ).read_text() == (ship.CHART_DIR / "templates" / "deployment.yaml").read_text()
