@@ -124,6 +124,16 @@ def test_the_command_refuses_bad_input_before_building_anything(args, says):
     assert "imagebuild" not in result.stderr
 
 
+def test_the_command_says_what_each_flag_does():
+    result = _cli("--help")
+    assert result.returncode == 0, result.stderr
+    for flag in ("--registry", "--tag", "--accelerators", "--chart-version", "--plain-http",
+                 "--local-base"):
+        assert flag in result.stdout
+    # Help text is rich markup: a [bracketed] default would vanish (or fail to render).
+    assert "appVersion" in result.stdout and "Chart.yaml" in result.stdout
+
+
 # --- a real run against a local registry ----------------------------------------------------
 TOOLS = ("buildah", "mmdebstrap", "go", "helm")
 

@@ -312,15 +312,15 @@ def status(state_dir: Path | None = StateDir,
 @app.command()
 def ship(
     registry: str = typer.Option(
-        ..., help="Where to push: host[:port][/path], e.g. "
-        "us-central1-docker.pkg.dev/PROJECT/REPOSITORY or ghcr.io/ORG."),
+        ..., help="Where to push: a registry host with an optional port and path, e.g. "
+        "us-central1-docker.pkg.dev/PROJECT/REPOSITORY, ghcr.io/ORG or localhost:5000."),
     tag: str | None = typer.Option(
-        None, help="Image tag [default: the chart's appVersion]; trainers get TAG-cpu, "
+        None, help="Image tag (default: the chart's appVersion); trainers get TAG-cpu, "
         "TAG-tpu, TAG-gpu."),
     accelerators: str = typer.Option(
         "cpu,tpu,gpu", help="Trainer images to ship, comma-separated (the GPU image is 6 GB)."),
     chart_version: str | None = typer.Option(
-        None, help="The chart's version (SemVer) [default: charts/tardigrade/Chart.yaml's]."),
+        None, help="The chart's version, SemVer (default: charts/tardigrade/Chart.yaml's)."),
     plain_http: bool = typer.Option(
         False, "--plain-http", help="The registry speaks HTTP without TLS (a local registry)."),
     local_base: bool = typer.Option(
