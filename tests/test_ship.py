@@ -4,6 +4,8 @@ after which the registry serves the images and a chart whose values name them.""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
 import shutil
@@ -132,6 +134,14 @@ def test_the_command_says_what_each_flag_does():
         assert flag in result.stdout
     # Help text is rich markup: a [bracketed] default would vanish (or fail to render).
     assert "appVersion" in result.stdout and "Chart.yaml" in result.stdout
+
+
+def test_a_base_that_cannot_be_pulled_names_the_local_base_flag(tmp_path):
+    plan = ship.ShipPlan.parse("localhost:1", accelerators="cpu")
+    unreachable = "127.0.0.1:1/library/python:3.11-slim"  # nothing listens on port 1
+    with pytest.raises(ship.ShipError, match="pulling the base") as err:
+        ship.ship(dataclasses.replace(plan, base=unreachable), out=io.StringIO())
+    assert str(err.value).endswith("builds on a base of its own: --local-base")
 
 
 # --- a real run against a local registry ----------------------------------------------------

@@ -218,7 +218,11 @@ def package_chart(plan: ShipPlan, into: Path, chart: Path = CHART_DIR) -> Path:
 
 def ship(plan: ShipPlan, out: TextIO = sys.stderr) -> Shipped:
     helm_binary()  # before the builds, which take minutes
-    base = imagebuild.ensure_public_base(plan.base, out) if plan.base else None
+    try:
+        base = imagebuild.ensure_public_base(plan.base, out) if plan.base else None
+    except imagebuild.ImageBuildError as err:
+        raise ShipError(f"{err}\nA machine that cannot reach {str(plan.base).split('/')[0]} "
+                        "builds on a base of its own: --local-base") from err
     pushed: dict[str, tuple[str, str]] = {}
     for name in plan.images:
         built = imagebuild.build(name, out, base=base)
