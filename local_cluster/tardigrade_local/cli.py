@@ -307,3 +307,41 @@ def status(state_dir: Path | None = StateDir,
     for node in report["nodes"]:
         typer.echo(f"node {node['name']} ({node['state']}, {node['pool']}, {node['ip']}): "
                    f"{', '.join(node['pods']) or 'no pods'}")
+
+
+@app.command()
+def ship(
+    registry: str = typer.Option(
+        ..., help="Where to push: a registry host with an optional port and path, e.g. "
+        "us-central1-docker.pkg.dev/PROJECT/REPOSITORY, ghcr.io/ORG or localhost:5000."),
+    tag: str | None = typer.Option(
+        None, help="Image tag (default: the chart's appVersion); trainers get TAG-cpu, "
+        "TAG-tpu, TAG-gpu."),
+    accelerators: str = typer.Option(
+        "cpu,tpu,gpu", help="Trainer images to ship, comma-separated (the GPU image is 6 GB)."),
+    chart_version: str | None = typer.Option(
+        None, help="The chart's version, SemVer (default: charts/tardigrade/Chart.yaml's)."),
+    plain_http: bool = typer.Option(
+        False, "--plain-http", help="The registry speaks HTTP without TLS (a local registry)."),
+    local_base: bool = typer.Option(
+        False, "--local-base", help="Build on a Python 3.11 base made from Debian's packages "
+        "instead of python:3.11-slim from Docker Hub (docs/images.md), for a machine "
+        "without Docker Hub."),
+) -> None:
+    """Build the operator and trainer images, push them and the Helm chart (OCI) to REGISTRY,
+    and print the helm install line and the trainer images (docs/images.md, "Shipping")."""
+    from tardigrade_local import imagebuild
+    from tardigrade_local import ship as shipping
+
+    try:
+        plan = shipping.ShipPlan.parse(registry, tag, accelerators, chart_version, plain_http,
+                                       local_base)
+    except shipping.ShipInputError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        shipped = shipping.ship(plan)
+    except (shipping.ShipError, imagebuild.ImageBuildError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(shipping.summary(shipped), nl=False)

@@ -46,6 +46,8 @@ DOCKERFILES = {"operator": "operator/Dockerfile", "trainer-cpu": "trainer_image/
 # Built by default (setup, tests). The GPU image is 3.2 GB of CUDA wheels: built only by name.
 DEFAULT_IMAGES = ("operator", "trainer-cpu", "trainer-tpu")
 BASE_ARG = "BASE_IMAGE"
+# The Dockerfiles' default base, fully qualified (buildah resolves no short names unasked).
+PUBLIC_BASE = "docker.io/library/python:3.11-slim"
 REPOSITORY = "tardigrade-dev"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 BUILD_TIMEOUT_SECONDS = 3600
@@ -245,13 +247,27 @@ class Built:
     seconds: float
 
 
-def build(name: str, out: TextIO = sys.stderr, root: Path = REPO_ROOT) -> Built:
-    """Build `name` from its Dockerfile unless an image with the same inputs is stored."""
+def ensure_public_base(reference: str = PUBLIC_BASE, out: TextIO = sys.stderr) -> str:
+    """Pull the Dockerfiles' own base (`python:3.11-slim` from Docker Hub) into our store, so
+    that a build for shipping uses what `docker build` would; returns the reference. Pulled
+    each time: the tag moves with Python's patch releases, and the image key follows it."""
+    print(f"imagebuild: pulling the base {reference}", file=out, flush=True)
+    buildah("pull", "--quiet", f"docker://{reference}", what=f"pulling the base {reference} "
+            "(a machine without Docker Hub builds on the local base instead)", timeout=1800)
+    return reference
+
+
+def build(name: str, out: TextIO = sys.stderr, root: Path = REPO_ROOT,
+          base: str | None = None) -> Built:
+    """Build `name` from its Dockerfile unless an image with the same inputs is stored.
+    `base`: the base image, already in our store (`ensure_public_base`); default the local
+    base made from Debian's packages (`ensure_base`)."""
     started = time.monotonic()
     img = image(name, root)
-    base = ensure_base(out)
+    base = base or ensure_base(out)
     base_id = image_id(base)
-    assert base_id is not None
+    if base_id is None:
+        raise ImageBuildError(f"the base image {base} is not in the store")
     key = img.key(base_id)
     reference = img.local_reference(key)
     found = image_id(reference)
@@ -310,10 +326,27 @@ def prune(name: str, keep: int = KEEP_BUILDS) -> list[str]:
 def push(built: Built, registry: str, version: str) -> str:
     """Copy the image to `registry` (host:port, plain HTTP) as
     `<registry>/tardigrade-dev/<title>:<tag>`; returns that reference."""
-    target = f"{registry}/{REPOSITORY}/{built.image.recipe.title}:{built.image.tag(version)}"
-    buildah("push", "--tls-verify=false", "--quiet", built.reference, f"docker://{target}",
-            what=f"pushing {built.image.name} to {registry}", timeout=1800)
-    return target
+    return push_to(built, f"{registry}/{REPOSITORY}", version, tls_verify=False)[0]
+
+
+def shipped_name(built_image: Image, prefix: str, version: str) -> str:
+    """`<prefix>/<title>:<tag>`: tardigrade-operator:0.1.0, tardigrade-trainer:0.1.0-cpu."""
+    return f"{prefix}/{built_image.recipe.title}:{built_image.tag(version)}"
+
+
+def push_to(built: Built, prefix: str, version: str,
+            tls_verify: bool = True) -> tuple[str, str]:
+    """Copy the image to `<prefix>/<title>:<tag>` (prefix: a registry host with an optional
+    path, e.g. an Artifact Registry repository); returns that reference and the digest of the
+    manifest pushed (what `image@sha256:...` pins). Credentials are buildah's (`buildah
+    login`, or a Docker config's)."""
+    target = shipped_name(built.image, prefix, version)
+    with tempfile.TemporaryDirectory(prefix="tardigrade-push-") as tmp:
+        digest_file = Path(tmp) / "digest"
+        buildah("push", f"--tls-verify={'true' if tls_verify else 'false'}", "--quiet",
+                "--digestfile", str(digest_file), built.reference, f"docker://{target}",
+                what=f"pushing {built.image.name} to {target}", timeout=1800)
+        return target, digest_file.read_text().strip()
 
 
 def pull(reference: str) -> str:

@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import kubernetes_validate
+import pytest
 import yaml
 
 from tests.chart.test_helm import CHART, _helm, render
@@ -104,6 +105,21 @@ def test_notes_say_how_to_check_the_operator_and_run_a_job():
     assert "kubectl -n ops rollout status deployment/tg-tardigrade" in notes
     assert "watching namespaces ml" in notes
     assert "kubectl apply -n ml -f examples/trainingjob.yaml" in notes
+
+
+@pytest.mark.parametrize(("values", "warns"), [
+    ((), True), (("image.repository=registry.example/team/tardigrade-operator",), False)])
+def test_notes_warn_when_the_operator_image_is_the_docs_placeholder(values, warns):
+    # Nobody publishes the images: the checkout's default names the docs' placeholder
+    # registry, and `tardigrade local ship` pushes a chart naming the user's.
+    args = ["install", "tg", str(CHART), "-n", "ops", "--dry-run=client"]
+    for value in values:
+        args += ["--set", value]
+    result = subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert ("WARNING: image.repository is the placeholder" in notes) is warns
+    assert ("tardigrade local ship --registry REGISTRY" in notes) is warns
 
 
 def test_uninstall_hook_grants_live_only_with_the_hook_and_only_for_it():
