@@ -118,7 +118,13 @@ CNI_PLUGINS = Module("cni-plugins", (
 # stamps only a git commit (`coremain.GitCommit`, not a version: `coremain.CoreVersion` is
 # in its source), which a module build has none of.
 COREDNS = Module("coredns", (("coredns", "github.com/coredns/coredns"),), tags="grpcnotrace")
-NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS, COREDNS)
+# kube-network-policies, the NetworkPolicy enforcer a real node runs when asked
+# (`netpolicy.py`): upstream's Makefile builds `cmd/main.go` with `CGO_ENABLED=0`, no tags and
+# no version stamp (the binary has no version variable).
+NETWORK_POLICIES = Module("kube-network-policies", (
+    ("kube-network-policies", "sigs.k8s.io/kube-network-policies/cmd"),), tags="")
+NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS, COREDNS,
+                NETWORK_POLICIES)
 # distribution v3 (the Docker registry), which the images built here are pushed to and pulled
 # from (registry.py, imagebuild.py); built when a registry starts or when asked for by name.
 REGISTRY = Module("registry", (

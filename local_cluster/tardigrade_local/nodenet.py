@@ -201,8 +201,9 @@ def host_addresses() -> list[str]:
 
 
 def host_firewall_rules() -> list[str]:
-    """Rules of the host's own namespace that name our ranges, or kube-proxy's nftables table
-    (there must be none: kube-proxy and the kubelet write only in their node's namespace).
+    """Rules of the host's own namespace that name our ranges, or a table of kube-proxy or
+    the NetworkPolicy enforcer (there must be none: they and the kubelet write only in their
+    node's namespace).
     Not any `KUBE-` chain: a kubelet run in the host's namespace leaves its canary and
     firewall chains there (`pkg/kubelet/kubelet_network_linux.go`), which are not ours."""
     found = []
@@ -210,9 +211,19 @@ def host_firewall_rules() -> list[str]:
         with contextlib.suppress(OSError):
             out = subprocess.run(argv, capture_output=True, text=True).stdout
             found += [line.strip() for line in out.splitlines()
-                      if "table ip kube-proxy" in line or "table ip6 kube-proxy" in line
+                      if _names_a_node_table(line)
                       or any(_mentions(line, net) for net in (NODE_NETWORK, POD_NETWORK))]
     return found
+
+
+# The nftables tables real nodes' daemons write in their own namespace: kube-proxy's and the
+# NetworkPolicy enforcer's (`netpolicy.py`).
+NODE_TABLES = ("kube-proxy", "kube-network-policies")
+
+
+def _names_a_node_table(line: str) -> bool:
+    words = line.split()
+    return len(words) >= 3 and words[0] == "table" and words[2] in NODE_TABLES
 
 
 def _mentions(line: str, network: ipaddress.IPv4Network) -> bool:
