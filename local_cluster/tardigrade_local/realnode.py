@@ -58,6 +58,7 @@ from tardigrade_local import (
     nodepower,
     noderegistry,
 )
+from tardigrade_local.controlplane import SERVICE_CIDR
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
@@ -261,9 +262,10 @@ class RealNode:
             f"--node-ip={self.addresses.node_ip}", "--v=2"], extra_env=bus_env)
         if self.network is not None:
             self._start_kube_proxy()
-        if self.network_policies:
-            self._start_network_policies()
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
+        if self.network_policies:
+            # After the Node exists (it reads its address there), as a DaemonSet's pod would.
+            self._start_network_policies()
         # Its shutdown manager starts beside the node's registration: a shutdown before it
         # holds its lock would find no kubelet listening.
         self._wait(deadline, "the kubelet's shutdown delay lock on logind",
@@ -449,8 +451,8 @@ imports = []
 
     def _start_network_policies(self) -> None:
         self._spawn(netpolicy.NAME, netpolicy.command(
-            self.directory / "etc", self.name, self.api_url, self.pki_dir),
-            extra_env=netpolicy.environment(API_PORT_IN_NODE))
+            self.directory / "etc", self.name, f"https://127.0.0.1:{API_PORT_IN_NODE}",
+            self.pki_dir, SERVICE_CIDR))
 
     def _spawn(self, name: str, argv: list[str], in_node: bool = True,
                extra_env: Mapping[str, str] | None = None) -> None:

@@ -30,11 +30,11 @@ def test_node_programs_are_stamped_with_their_pinned_versions():
 def test_the_node_group_names_every_node_module_and_a_plain_setup_builds_none():
     assert {m.name for m in gobuild.GROUPS["node"]} == {
         "kubernetes-node", "containerd", "runc", "cri-tools", "cni-plugins", "coredns",
-        "kube-network-policies"}
+        "kube-router"}
     assert not set(gobuild.NODE_MODULES) & set(gobuild.MODULES)
     for program in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr",
                     "runc", "crictl", "bridge", "host-local", "loopback", "portmap", "coredns",
-                    "kube-network-policies"):
+                    "kube-router"):
         assert gobuild.PROGRAMS[program] in gobuild.NODE_MODULES
 
 
