@@ -21,7 +21,8 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
   `halt` is the VM lost without one.
 On a cluster network (`network=`, `nodenet.py`) the node's address is on a veth pair to the
 cluster's bridge instead of its loopback, kube-proxy runs beside the kubelet (`kubeproxy.py`)
-and pods get the cluster's DNS (`clusterdns.py`).
+and pods get the cluster's DNS (`clusterdns.py`); with `network_policies`, kube-router's
+controller enforces NetworkPolicy there (`netpolicy.py`).
 
 Needs root (namespaces, mounts, cgroups) and Linux.
 """
