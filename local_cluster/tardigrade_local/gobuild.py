@@ -118,7 +118,21 @@ CNI_PLUGINS = Module("cni-plugins", (
 # stamps only a git commit (`coremain.GitCommit`, not a version: `coremain.CoreVersion` is
 # in its source), which a module build has none of.
 COREDNS = Module("coredns", (("coredns", "github.com/coredns/coredns"),), tags="grpcnotrace")
-NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS, COREDNS)
+# kube-network-policies (kubernetes-sigs), built only when asked for by name: it runs here,
+# but cannot enforce on this kernel (no nftables `queue`, REAL_NODES.md). Upstream's Makefile
+# builds `cmd/main.go` with `CGO_ENABLED=0`, no tags and no version stamp.
+NETWORK_POLICIES = Module("kube-network-policies", (
+    ("kube-network-policies", "sigs.k8s.io/kube-network-policies/cmd"),), tags="")
+# kube-router's network policy controller (`--run-firewall` only), the enforcer real nodes
+# run (netpolicy.py): iptables and ipset, which this kernel has, where kube-network-policies
+# needs nftables' `queue` expression, which it lacks (REAL_NODES.md). CGO_ENABLED=0 and its
+# Makefile's `-X .../pkg/version.Version` (a git commit there; the pinned version here).
+KUBE_ROUTER = Module("kube-router", (
+    ("kube-router", "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"),), tags="",
+    version_variables=(("github.com/cloudnativelabs/kube-router/v2/pkg/version.Version",
+                        "github.com/cloudnativelabs/kube-router/v2"),))
+NODE_MODULES = (KUBERNETES_NODE, CONTAINERD, RUNC, CRI_TOOLS, CNI_PLUGINS, COREDNS,
+                KUBE_ROUTER)
 # distribution v3 (the Docker registry), which the images built here are pushed to and pulled
 # from (registry.py, imagebuild.py); built when a registry starts or when asked for by name.
 REGISTRY = Module("registry", (
@@ -128,8 +142,9 @@ REGISTRY = Module("registry", (
 # `python -m tardigrade_local.gobuild node` builds these (what scripts/setup runs as root).
 GROUPS = {"node": NODE_MODULES}
 MODULES = (KUBERNETES, ETCD, FAKE_GCS)
-OPTIONAL_MODULES = (KUEUE, KUEUE_OLDEST, *NODE_MODULES, REGISTRY)
-PROGRAMS = {program: module for module in (*MODULES, KUEUE, *NODE_MODULES, REGISTRY)
+OPTIONAL_MODULES = (KUEUE, KUEUE_OLDEST, *NODE_MODULES, NETWORK_POLICIES, REGISTRY)
+PROGRAMS = {program: module for module in (*MODULES, KUEUE, *NODE_MODULES, NETWORK_POLICIES,
+                                           REGISTRY)
             for program, _ in module.programs}
 
 

@@ -44,6 +44,8 @@ SIMULATED_KUBELET = Identity("simulated-kubelet", "local:simulated-kubelet")
 # A real node's kube-proxy (kubeproxy.py): the user of kube-apiserver's bootstrap binding
 # `system:node-proxier`, so it needs no role of ours.
 KUBE_PROXY = Identity("kube-proxy", "system:kube-proxy")
+# A real node's NetworkPolicy enforcer (netpolicy.py), with upstream's `kube-router` role.
+KUBE_ROUTER = Identity("kube-router", "local:kube-router")
 CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, APISERVER_KUBELET_CLIENT, CLOUD, CLUSTER_DNS,
            SIMULATED_KUBELET)
 
@@ -73,6 +75,13 @@ ROLES: dict[Identity, list[dict[str, Any]]] = {
         _rule([""], ["pods", "services", "namespaces"], ["list", "watch"]),
         _rule(["discovery.k8s.io"], ["endpointslices"], ["list", "watch"]),
     ],
+    KUBE_ROUTER: [  # kube-router v2.1.0's ClusterRole (daemonset/generic-kuberouter.yaml)
+        _rule([""], ["namespaces", "pods", "services", "nodes", "endpoints"], READ),
+        _rule(["networking.k8s.io", "extensions"], ["networkpolicies"], READ),
+        _rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
+        _rule([""], ["services/status"], ["update"]),
+        _rule(["discovery.k8s.io"], ["endpointslices"], READ),
+    ],
     SIMULATED_KUBELET: [
         _rule([""], ["nodes"], [*READ, "create", "patch", "update", "delete"]),
         _rule([""], ["nodes/status", "pods/status"], ["patch", "update"]),
@@ -99,7 +108,7 @@ AUDIT_POLICY: dict[str, Any] = {
         {"level": "None", "users": [ADMIN.common_name, CONTROLLER_MANAGER.common_name,
                                     SCHEDULER.common_name, "system:apiserver",
                                     CLUSTER_DNS.common_name, SIMULATED_KUBELET.common_name,
-                                    KUBE_PROXY.common_name]},
+                                    KUBE_PROXY.common_name, KUBE_ROUTER.common_name]},
         {"level": "None", "userGroups": [NODE_GROUP, "system:serviceaccounts:kube-system"]},
         {"level": "None", "nonResourceURLs": ["/healthz*", "/readyz*", "/livez*", "/version"]},
         {"level": "Metadata"},

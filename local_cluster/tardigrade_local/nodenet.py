@@ -201,18 +201,31 @@ def host_addresses() -> list[str]:
 
 
 def host_firewall_rules() -> list[str]:
-    """Rules of the host's own namespace that name our ranges, or kube-proxy's nftables table
-    (there must be none: kube-proxy and the kubelet write only in their node's namespace).
+    """Rules of the host's own namespace that name our ranges, kube-proxy's table, or the
+    NetworkPolicy enforcer's chains or ipsets (there must be none: they and the kubelet write
+    only in their node's namespace).
     Not any `KUBE-` chain: a kubelet run in the host's namespace leaves its canary and
     firewall chains there (`pkg/kubelet/kubelet_network_linux.go`), which are not ours."""
     found = []
-    for argv in (["nft", "list", "ruleset"], ["iptables-legacy-save"]):
+    for argv in (["nft", "list", "ruleset"], ["iptables-legacy-save"], ["ipset", "list", "-n"]):
         with contextlib.suppress(OSError):
             out = subprocess.run(argv, capture_output=True, text=True).stdout
             found += [line.strip() for line in out.splitlines()
-                      if "table ip kube-proxy" in line or "table ip6 kube-proxy" in line
+                      if _names_a_node_table(line)
                       or any(_mentions(line, net) for net in (NODE_NETWORK, POD_NETWORK))]
     return found
+
+
+# What real nodes' daemons write in their own namespace only: kube-proxy's nftables table, the
+# NetworkPolicy enforcer's iptables chains and ipsets (`netpolicy.py`).
+NODE_TABLES = ("kube-proxy",)
+ENFORCER_NAMES = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-", "KUBE-SRC-", "KUBE-DST-")
+
+
+def _names_a_node_table(line: str) -> bool:
+    words = line.split()
+    return (len(words) >= 3 and words[0] == "table" and words[2] in NODE_TABLES) or any(
+        name in line for name in ENFORCER_NAMES)
 
 
 def _mentions(line: str, network: ipaddress.IPv4Network) -> bool:

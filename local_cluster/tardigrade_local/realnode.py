@@ -21,7 +21,8 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
   `halt` is the VM lost without one.
 On a cluster network (`network=`, `nodenet.py`) the node's address is on a veth pair to the
 cluster's bridge instead of its loopback, kube-proxy runs beside the kubelet (`kubeproxy.py`)
-and pods get the cluster's DNS (`clusterdns.py`).
+and pods get the cluster's DNS (`clusterdns.py`); with `network_policies`, kube-router's
+controller enforces NetworkPolicy there (`netpolicy.py`).
 
 Needs root (namespaces, mounts, cgroups) and Linux.
 """
@@ -53,10 +54,12 @@ from tardigrade_local import (
     gobuild,
     identities,
     kubeproxy,
+    netpolicy,
     nodeimage,
     nodepower,
     noderegistry,
 )
+from tardigrade_local.controlplane import SERVICE_CIDR
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
@@ -106,13 +109,22 @@ class RealNode:
     def __init__(self, name: str, directory: Path, api_url: str, pki_dir: Path,
                  index: int = 1, node_lease_seconds: int = 40,
                  egress_routes: Path | None = None, registry: str | None = None,
-                 network: ClusterNetwork | None = None) -> None:
+                 network: ClusterNetwork | None = None,
+                 network_policies: bool = False) -> None:
         """`egress_routes`: the cluster's egress proxy's routes (`egressproxy.py`), without
         which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward).
         `registry`: an image registry on this host's loopback (`Registry.host`,
         127.0.0.1:PORT), which the node pulls from under the same name (`noderegistry.py`).
         `network`: the cluster network the node joins (`nodenet.py`): its pods then reach
-        other nodes' pods, Services (kube-proxy runs) and cluster DNS (`clusterdns.py`)."""
+        other nodes' pods, Services (kube-proxy runs) and cluster DNS (`clusterdns.py`).
+        `network_policies`: NetworkPolicies are enforced on the node (`netpolicy.py`); needs
+        `network`. Off by default, as on a GKE cluster without Dataplane V2 or network policy
+        enforcement: with it every new connection of a pod a policy selects waits on the
+        enforcer in userspace."""
+        if network_policies and network is None:
+            raise ValueError("network_policies=True needs a cluster network (network=): "
+                             "the enforcer filters traffic between nodes' pods")
+        self.network_policies = network_policies
         self.name = name
         self.directory = directory.absolute()
         self.api_url = api_url
@@ -135,13 +147,14 @@ class RealNode:
     @classmethod
     def for_cluster(cls, info: Mapping[str, Any], name: str, directory: Path,
                     index: int = 1, registry: str | None = None,
-                    network: ClusterNetwork | None = None) -> RealNode:
+                    network: ClusterNetwork | None = None,
+                    network_policies: bool = False) -> RealNode:
         """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
         start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
         routes = info.get("egress_routes")
         return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
                    index=index, egress_routes=Path(routes) if routes else None,
-                   registry=registry, network=network)
+                   registry=registry, network=network, network_policies=network_policies)
 
     # --- where things are --------------------------------------------------------------------
     @property
@@ -200,6 +213,8 @@ class RealNode:
                 f"directory of at most {MAX_DIRECTORY_CHARS} characters")
         for program in ("kubelet", "containerd", "runc", "crictl", "bridge"):
             gobuild.binary(program)  # BuildError naming the fix if a program is not built
+        if self.network_policies:
+            gobuild.binary(netpolicy.NAME)
         if shutil.which("dbus-daemon") is None:
             raise RealNodeError("a real node's system bus needs dbus-daemon: apt-get install "
                                 "dbus-daemon (scripts/setup does)")
@@ -249,6 +264,9 @@ class RealNode:
         if self.network is not None:
             self._start_kube_proxy()
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
+        if self.network_policies:
+            # After the Node exists (it reads its address there), as a DaemonSet's pod would.
+            self._start_network_policies()
         # Its shutdown manager starts beside the node's registration: a shutdown before it
         # holds its lock would find no kubelet listening.
         self._wait(deadline, "the kubelet's shutdown delay lock on logind",
@@ -432,6 +450,11 @@ imports = []
             self.directory / "etc", self.name, f"https://127.0.0.1:{API_PORT_IN_NODE}",
             self.pki_dir, str(POD_NETWORK)))
 
+    def _start_network_policies(self) -> None:
+        self._spawn(netpolicy.NAME, netpolicy.command(
+            self.directory / "etc", self.name, f"https://127.0.0.1:{API_PORT_IN_NODE}",
+            self.pki_dir, SERVICE_CIDR))
+
     def _spawn(self, name: str, argv: list[str], in_node: bool = True,
                extra_env: Mapping[str, str] | None = None) -> None:
         if in_node:
@@ -523,6 +546,7 @@ imports = []
         its network namespace. Idempotent."""
         self._terminate("kubelet")
         self._terminate("kube-proxy")
+        self._terminate(netpolicy.NAME)
         if "containerd" in self._procs and self._procs["containerd"].poll() is None:
             with contextlib.suppress(RealNodeError, subprocess.TimeoutExpired):
                 self.crictl("rmp", "--all", "--force", timeout=STOP_TIMEOUT_SECONDS)

@@ -29,10 +29,12 @@ def test_node_programs_are_stamped_with_their_pinned_versions():
 
 def test_the_node_group_names_every_node_module_and_a_plain_setup_builds_none():
     assert {m.name for m in gobuild.GROUPS["node"]} == {
-        "kubernetes-node", "containerd", "runc", "cri-tools", "cni-plugins", "coredns"}
+        "kubernetes-node", "containerd", "runc", "cri-tools", "cni-plugins", "coredns",
+        "kube-router"}
     assert not set(gobuild.NODE_MODULES) & set(gobuild.MODULES)
     for program in ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr",
-                    "runc", "crictl", "bridge", "host-local", "loopback", "portmap", "coredns"):
+                    "runc", "crictl", "bridge", "host-local", "loopback", "portmap", "coredns",
+                    "kube-router"):
         assert gobuild.PROGRAMS[program] in gobuild.NODE_MODULES
 
 
@@ -119,3 +121,8 @@ def test_a_nodes_registry_configuration_is_plain_http_for_that_host_only(tmp_pat
 def test_a_registry_a_node_cannot_reach_under_the_same_name_is_refused(registry, tmp_path):
     with pytest.raises(noderegistry.NodeRegistryError, match=r"127\.0\.0\.1:PORT"):
         RealNode("n", tmp_path, "https://127.0.0.1:6443", tmp_path, registry=registry)
+
+
+def test_network_policies_need_a_cluster_network(tmp_path):
+    with pytest.raises(ValueError, match=r"network_policies=True needs a cluster network"):
+        RealNode("n", tmp_path, "https://127.0.0.1:6443", tmp_path, network_policies=True)
