@@ -128,4 +128,12 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every outcome is decided and written by now (the termination message, the checkpoints
+    # closed). The interpreter's teardown runs static destructors while JAX's and
+    # TensorStore's C++ threads may still run, and once aborted a trainer that had finished
+    # ("terminate called ... exception not rethrown", SIGABRT after its "done"): a success
+    # must not end with a failure's exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
