@@ -270,6 +270,7 @@ def installed(cluster, kube, nodes, registry, images) -> dict[str, Any]:
     helm(cluster, "install", RELEASE, str(CHART), "-n", SYSTEM, "--create-namespace",
          "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
          "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
+         "--set", "operator.restartInPlace=true",
          "--wait", "--timeout", INSTALL_TIMEOUT)
     pods = operator_pods(kube)
     assert len(pods) == 1, pods
@@ -329,8 +330,11 @@ def test_a_training_job_forms_its_gang_on_real_nodes_and_checkpoints(
     assert resolved["status"]["phase"] == "Succeeded", answer
     for name, ip in names.items():
         assert name in answer and ip in answer, answer
-    # Rank 0 reported progress to the operator (in its pod) over the cluster network.
-    assert job_status(kube).get("phase") == "Running"
+    # The operator, in its pod, read rank 0's progress over the cluster network.
+    progress = wait_for(lambda: (lambda s: s if s.get("step") and s.get("lastCheckpoint")
+                                 else None)(job_status(kube)), 60,
+                        what="the operator's account of the job's progress")
+    assert progress["phase"] == "Running", progress
 
 
 def test_a_spot_reclaim_of_a_trainers_node_loses_no_step(installed, kube, cluster, nodes):
@@ -359,9 +363,19 @@ def test_a_spot_reclaim_of_a_trainers_node_loses_no_step(installed, kube, cluste
     target = [condition(p, DISRUPTION_TARGET) for p in recorder.seen.get(reclaimed, [])]
     assert any(t and t["reason"] == REASON_TERMINATION_BY_KUBELET for t in target), \
         (recorder.error, recorder.seen.get(reclaimed))
-    # The new gang runs on what is left: the survivor spot node.
-    relaunched = job_pods(kube, job_status(kube)["attempt"])
-    assert {p["spec"]["nodeName"] for p in relaunched} == {survivor}
+    # Restart in place (the chart's operator.restartInPlace): rank 0's pod on the healthy
+    # node is kept, the same pod, and its trainer restarted by the real kubelet's container
+    # restart rule once the operator's restart request (POST to the pod's restart port, over
+    # the cluster network) told it the new world; only the lost rank gets a new pod, on what
+    # is left: the survivor spot node.
+    after = {p["metadata"]["name"]: p for p in job_pods(kube)
+             if not p["metadata"].get("deletionTimestamp")}
+    kept = before["0"]["metadata"]["name"]
+    assert after[kept]["metadata"]["uid"] == before["0"]["metadata"]["uid"], after.keys()
+    assert container_status(after[kept])["restartCount"] >= 1, after[kept]["status"]
+    assert reclaimed not in after
+    assert {p["spec"]["nodeName"] for p in after.values()} == {survivor}
+    assert len(after) == 2
 
     def finished() -> dict[str, Any] | None:
         log.collect()
@@ -372,6 +386,8 @@ def test_a_spot_reclaim_of_a_trainers_node_loses_no_step(installed, kube, cluste
     final = wait_for(finished, FINISH_TIMEOUT_SECONDS, what=f"{JOB} Succeeded")
     recovery = final["recoveries"][-1]
     assert recovery["cause"] == "Preemption", recovery
+    assert recovery["keptPods"] == 1, recovery
+    assert final["restarts"]["preemptions"] == 1 and final["restarts"]["failures"] == 0
     assert recovery["stepsLost"] == 0, final["recoveries"]
     # The reclaimed trainer saved on SIGTERM: its log, as its kubelet wrote it under the node's
     # directory (the node is gone, and so is the API's way to it), ends with the save of the
