@@ -4,8 +4,10 @@ with the operator image from the local registry, so the operator runs as a pod o
 `kubernetes` Service; a 2-replica TrainingJob of the trainer-cpu image on two spot nodes
 forms its gang through the headless Service's names (CoreDNS), trains and checkpoints; a spot
 reclaim of one trainer's node goes through the kubelet's graceful node shutdown, the trainer
-saves on SIGTERM, the operator relaunches on what is left and the job resumes with no step
-lost, then succeeds; `helm uninstall` takes the operator away.
+saves on SIGTERM, the operator (restart in place on, as the chart offers it) keeps the other
+rank's pod, whose trainer the real kubelet restarts by its container restart rule, relaunches
+the lost rank on what is left, and the job resumes with no step lost, then succeeds; `helm
+uninstall` takes the operator away.
 
 Checkpoints go to a directory every node sees: one host directory, offered as a hostPath
 PersistentVolume bound to a ReadWriteMany claim, standing for a shared filesystem (Filestore
