@@ -1,0 +1,436 @@
+"""Tardigrade on real nodes, installed the way a user installs it: `helm install` of the chart
+with the operator image from the local registry, so the operator runs as a pod on a real node
+(real kubelet, containerd) under the chart's own RBAC and reaches kube-apiserver through the
+`kubernetes` Service; a 2-replica TrainingJob of the trainer-cpu image on two spot nodes
+forms its gang through the headless Service's names (CoreDNS), trains and checkpoints; a spot
+reclaim of one trainer's node goes through the kubelet's graceful node shutdown, the trainer
+saves on SIGTERM, the operator (restart in place on, as the chart offers it) keeps the other
+rank's pod, whose trainer the real kubelet restarts by its container restart rule, relaunches
+the lost rank on what is left, and the job resumes with no step lost, then succeeds; `helm
+uninstall` takes the operator away.
+
+Checkpoints go to a directory every node sees: one host directory, offered as a hostPath
+PersistentVolume bound to a ReadWriteMany claim, standing for a shared filesystem (Filestore
+over NFS on GKE). The trainers cannot reach the host's GCS emulator from the cluster network,
+and a claim is a volume type the chart's admission allows (an inline hostPath is not, nor is
+it allowed by Pod Security baseline); the admin's PersistentVolume is where the machine shows.
+
+One cluster, network, DNS, registry and three real nodes for the module; the tests run in
+order and build on each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_helpers import Kube, condition, container_status, wait_for
+from kubernetes import client, watch
+from tardigrade_local import imagebuild, nodeimage, nodenet
+from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.clusterapi import ClusterAPI
+from tardigrade_local.clusterdns import ClusterDNS
+from tardigrade_local.disruptions import (
+    DISRUPTION_TARGET,
+    REASON_TERMINATION_BY_KUBELET,
+    Disruptor,
+)
+from tardigrade_local.kubelet import crilog
+from tardigrade_local.nodenet import ClusterNetwork
+from tardigrade_local.realnode import RealNode, sweep_orphans
+from tardigrade_local.registry import Registry
+from tardigrade_local.steplog import StepLog
+from tardigrade_operator.api import types
+
+from tests.chart.test_helm import CHART, _helm
+from tests.conftest import EXAMPLES, load_yaml
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
+
+VERSION = "0.1.0"
+RELEASE, SYSTEM = "tardigrade", "tardigrade-system"
+NAMESPACE = "default"
+JOB = "real-run"
+# Node 1 is on-demand (the chart keeps the operator off spot nodes); 2 and 3 are spot, where
+# the job asks to run.
+SYSTEM_NODE, SPOT_NODES = "real-1", ("real-2", "real-3")
+SPOT_LABEL = "cloud.google.com/gke-spot"
+CHECKPOINTS = "/mnt/checkpoints"
+CLAIM = "shared-checkpoints"
+STEPS = 300
+INTERVAL_STEPS = 25
+# The reclaim comes after the first commit, well before the end.
+RECLAIM_AFTER_STEP = INTERVAL_STEPS + 5
+# Pulls of the operator image and of the 1 GB trainer image on each node, JAX's start and
+# compile, on a machine other test runs share.
+INSTALL_TIMEOUT = "300s"
+TRAIN_TIMEOUT_SECONDS = 600.0
+FINISH_TIMEOUT_SECONDS = 600.0
+POD_TIMEOUT_SECONDS = 180.0
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Iterator[Registry]:
+    root = tmp_path_factory.mktemp("registry")
+    with Registry(root / "storage", log_path=root / "registry.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def images(registry) -> dict[str, str]:
+    """Reference of each image in the registry (a lookup of the build when its inputs are
+    unchanged, then a push)."""
+    return {name: imagebuild.push(imagebuild.build(name), registry.host, VERSION)
+            for name in ("operator", "trainer-cpu")}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
+    sweep_orphans()
+    nodenet.sweep_orphans()
+    state = tmp_path_factory.mktemp("realjob") / "state"
+    # The chart installs the CRD, as for a user.
+    with LocalCluster(state, nodes=[], with_gcs=False, node_egress=True,
+                      endpoint_controllers=True, load_repo_crds=False) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def network(tmp_path_factory) -> Iterator[ClusterNetwork]:
+    with ClusterNetwork(tmp_path_factory.mktemp("net")) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def dns(cluster, network, tmp_path_factory) -> Iterator[ClusterDNS]:
+    with ClusterDNS(network, cluster.info, tmp_path_factory.mktemp("dns")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def api(cluster, network, tmp_path_factory) -> Iterator[ClusterAPI]:
+    with ClusterAPI(network, cluster.info, tmp_path_factory.mktemp("api")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kube(cluster) -> Kube:
+    return Kube(str(cluster.kubeconfig))
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster, network, dns, api, registry, images, kube, tmp_path_factory
+          ) -> Iterator[dict[str, RealNode]]:
+    made = {name: RealNode.for_cluster(cluster.info, name, tmp_path_factory.mktemp(name),
+                                       index=index, registry=registry.host, network=network)
+            for index, name in enumerate((SYSTEM_NODE, *SPOT_NODES), start=1)}
+    try:
+        for node in made.values():
+            node.start()
+        # GKE labels its spot nodes so; the chart's affinity keeps the operator off them.
+        for name in SPOT_NODES:
+            kube.core.patch_node(name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
+        yield made
+    finally:
+        for node in made.values():
+            node.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_checkpoints(kube, nodes, tmp_path_factory) -> Path:
+    """One host directory every node mounts (the nodes share the host's filesystem), offered
+    by the admin as a ReadWriteMany PersistentVolume bound to a claim of the job's
+    namespace."""
+    directory = tmp_path_factory.mktemp("shared-checkpoints")
+    directory.chmod(0o1777)  # the trainer runs as its image's non-root user
+    kube.core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": CLAIM},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "hostPath": {"path": str(directory), "type": "Directory"},
+                 "claimRef": {"namespace": NAMESPACE, "name": CLAIM}}})
+    kube.core.create_namespaced_persistent_volume_claim(NAMESPACE, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": CLAIM,
+                 "resources": {"requests": {"storage": "1Gi"}}}})
+    wait_for(lambda: kube.core.read_namespaced_persistent_volume_claim(
+        CLAIM, NAMESPACE).status.phase == "Bound", 60, what="the claim bound")
+    return directory
+
+
+def helm(cluster: LocalCluster, *args: str) -> str:
+    result = subprocess.run([_helm(), *args], env={**os.environ, **cluster.client_env()},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def operator_pods(kube: Kube) -> list[dict[str, Any]]:
+    return [kube.plain(p) for p in kube.core.list_namespaced_pod(
+        SYSTEM, label_selector="app.kubernetes.io/name=tardigrade-operator").items]
+
+
+def registry_digest(registry: Registry, reference: str) -> str:
+    """`<registry>/<repository>@<digest>`: the imageID the kubelet reports for a pull."""
+    repository, tag = reference.removeprefix(f"{registry.host}/").rsplit(":", 1)
+    _, digest = registry.manifest(repository, tag)
+    return f"{registry.host}/{repository}@{digest}"
+
+
+def job_pods(kube: Kube, attempt: int | None = None) -> list[dict[str, Any]]:
+    selector = f"tardigrade.dev/job={JOB}"
+    if attempt is not None:
+        selector += f",tardigrade.dev/attempt={attempt}"
+    return [kube.plain(p) for p in
+            kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items]
+
+
+def trainer_records(node: RealNode, pod: str) -> list[dict[str, Any]]:
+    """The trainer's JSON-lines records, from the log files the node's kubelet wrote."""
+    files = sorted(node.pod_logs_dir.glob(f"{NAMESPACE}_{pod}_*/trainer/*.log"))
+    assert files, f"no log of {pod} under {node.pod_logs_dir}"
+    records = []
+    for line in crilog.text(files[-1].read_bytes()).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "event" in record:
+            records.append(record)
+    return records
+
+
+def job_status(kube: Kube) -> dict[str, Any]:
+    found = client.CustomObjectsApi(kube.api).get_namespaced_custom_object(
+        types.GROUP, types.VERSION, NAMESPACE, types.PLURAL, JOB)
+    return found.get("status") or {}
+
+
+def training_job(image: str) -> dict[str, Any]:
+    """The example, on the spot nodes, short, checkpointing to the shared claim."""
+    body = copy.deepcopy(load_yaml(EXAMPLES / "trainingjob.yaml"))
+    body["metadata"] = {"name": JOB, "namespace": NAMESPACE}
+    spec = body["spec"]
+    spec.update(replicas=2, minReplicas=1, maxReplicas=2, image=image,
+                resources={"requests": {"cpu": "300m", "memory": "512Mi"},
+                           "limits": {"memory": "3Gi"}})
+    spec["trainer"].update(steps=STEPS, global_batch_size=8, seq_len=16,
+                           devices_per_process=1)
+    spec["checkpoint"].update(path=f"{CHECKPOINTS}/{JOB}", interval={"steps": INTERVAL_STEPS})
+    spec["podTemplate"] = {
+        "terminationGracePeriodSeconds": 30, "nodeSelector": {SPOT_LABEL: "true"},
+        "volumes": [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": CLAIM}}],
+        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINTS}]}
+    return body
+
+
+class PodRecorder:
+    """Every state of the job's pods the API server sends a watch, kept by pod name: the
+    operator deletes a disrupted pod soon after it sees it, so a poll could miss it."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.seen: dict[str, list[dict[str, Any]]] = {}
+        self.error: Exception | None = None
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.stop()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            for event in self._watch.stream(self.kube.core.list_namespaced_pod, NAMESPACE,
+                                            label_selector=f"tardigrade.dev/job={JOB}",
+                                            timeout_seconds=900):
+                pod = self.kube.plain(event["object"])
+                self.seen.setdefault(pod["metadata"]["name"], []).append(pod)
+        except Exception as err:  # the watch ends with the cluster: kept for a message
+            self.error = err
+
+
+@pytest.fixture(scope="module")
+def installed(cluster, kube, nodes, registry, images) -> dict[str, Any]:
+    repository, tag = images["operator"].rsplit(":", 1)
+    helm(cluster, "install", RELEASE, str(CHART), "-n", SYSTEM, "--create-namespace",
+         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+         "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
+         "--set", "operator.restartInPlace=true",
+         # Rank 0's progress read every 2 s (resyncSeconds), not backed off up to 60 s: the
+         # test waits for the operator's account of a checkpoint before the reclaim, and the
+         # steps take hundredths of a second.
+         "--set", "operator.progressMaxIntervalSeconds=2",
+         "--wait", "--timeout", INSTALL_TIMEOUT)
+    pods = operator_pods(kube)
+    assert len(pods) == 1, pods
+    return pods[0]
+
+
+def test_helm_installs_the_operator_as_a_pod_of_our_image_on_a_real_node(
+        installed, registry, images):
+    pod = installed
+    # Off the spot nodes, by the chart's own affinity.
+    assert pod["spec"]["nodeName"] == SYSTEM_NODE
+    status = container_status(pod)
+    assert status["containerID"].startswith("containerd://")
+    assert status["imageID"] == registry_digest(registry, images["operator"])
+    assert status["ready"] is True
+    assert condition(pod, "Ready")["status"] == "True"
+
+
+def test_a_training_job_forms_its_gang_on_real_nodes_and_checkpoints(
+        installed, kube, cluster, nodes, registry, images, shared_checkpoints):
+    client.CustomObjectsApi(kube.api).create_namespaced_custom_object(
+        types.GROUP, types.VERSION, NAMESPACE, types.PLURAL, training_job(images["trainer-cpu"]))
+
+    def running() -> list[dict[str, Any]] | None:
+        pods = job_pods(kube)
+        states = [c.get("state") or {} for p in pods
+                  for c in p["status"].get("containerStatuses") or []]
+        for state in states:
+            waiting = state.get("waiting") or {}
+            assert waiting.get("reason") not in PULL_FAILURES, waiting
+        return pods if len(pods) == 2 and sum("running" in s for s in states) == 2 else None
+
+    # The names are checked while JAX starts and compiles, so that the reclaim (next test)
+    # follows the first commit closely: steps take a few hundredths of a second.
+    pods = wait_for(running, TRAIN_TIMEOUT_SECONDS, what="both trainers running")
+    # The trainers run on the two spot nodes, as containers of our image from the registry.
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(SPOT_NODES)
+    digest = registry_digest(registry, images["trainer-cpu"])
+    for pod in pods:
+        status = container_status(pod)
+        assert status["containerID"].startswith("containerd://"), status
+        assert status["imageID"] == digest, status
+    # The gang meets through the headless Service's names: each rank's name resolves, from a
+    # pod on the third node, to that rank's pod IP.
+    service = pods[0]["spec"]["subdomain"]
+    names = {f"{p['spec']['hostname']}.{service}.{NAMESPACE}.svc.cluster.local":
+             p["status"]["podIP"] for p in pods}
+    lookups = " && ".join(f"nslookup {name}" for name in names)
+    kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "resolve"},
+                     "spec": {"restartPolicy": "Never",
+                              "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
+                              "containers": [{"name": "main", "image": nodeimage.BUSYBOX_IMAGE,
+                                              "imagePullPolicy": "Never",
+                                              "command": ["sh", "-c", lookups]}]}})
+    resolved = kube.wait_phase("resolve", ("Succeeded", "Failed"), timeout=POD_TIMEOUT_SECONDS)
+    answer = kube.core.read_namespaced_pod_log("resolve", NAMESPACE)
+    assert resolved["status"]["phase"] == "Succeeded", answer
+    for name, ip in names.items():
+        assert name in answer and ip in answer, answer
+
+    log = StepLog(kube.core, NAMESPACE, JOB)
+
+    def trained() -> bool:
+        log.collect()
+        status = job_status(kube)
+        assert status.get("phase") != "Failed", status
+        # The operator, in its pod, read rank 0's progress over the cluster network.
+        told = bool(status.get("step")) and bool(status.get("lastCheckpoint"))
+        return told and bool(log.committed) and log.last_step >= RECLAIM_AFTER_STEP
+
+    wait_for(trained, TRAIN_TIMEOUT_SECONDS, what="training past a committed checkpoint")
+    assert job_status(kube)["phase"] == "Running"
+    # The commit is in the shared directory, written from the node.
+    assert (shared_checkpoints / JOB).is_dir() and any((shared_checkpoints / JOB).iterdir())
+
+
+def test_a_spot_reclaim_of_a_trainers_node_loses_no_step(installed, kube, cluster, nodes):
+    status = job_status(kube)
+    attempt = status["attempt"]
+    before = {p["metadata"]["labels"]["tardigrade.dev/rank"]: p for p in job_pods(kube, attempt)}
+    # Rank 1's node: rank 0's log stays readable through the API server.
+    victim = before["1"]["spec"]["nodeName"]
+    survivor = before["0"]["spec"]["nodeName"]
+    log = StepLog(kube.core, NAMESPACE, JOB)
+    with PodRecorder(kube) as recorder:
+        Disruptor(cluster.info["control_url"]).preempt_node(victim, wait=True)
+        assert victim not in kube.node_names()
+
+        def resumed() -> bool:
+            log.collect()
+            current = job_status(kube)
+            assert current.get("phase") != "Failed", current
+            return current.get("attempt", 0) > attempt and any(
+                r.get("attempt", 0) > attempt and r.get("event") == "step"
+                for r in log.records)
+
+        wait_for(resumed, TRAIN_TIMEOUT_SECONDS, what="the relaunched gang training")
+    # The reclaimed pod went through the kubelet's graceful node shutdown.
+    reclaimed = before["1"]["metadata"]["name"]
+    target = [condition(p, DISRUPTION_TARGET) for p in recorder.seen.get(reclaimed, [])]
+    assert any(t and t["reason"] == REASON_TERMINATION_BY_KUBELET for t in target), \
+        (recorder.error, recorder.seen.get(reclaimed))
+    # Restart in place (the chart's operator.restartInPlace): rank 0's pod on the healthy
+    # node is kept, the same pod, and its trainer restarted by the real kubelet's container
+    # restart rule once the operator's restart request (POST to the pod's restart port, over
+    # the cluster network) told it the new world; only the lost rank gets a new pod, on what
+    # is left: the survivor spot node.
+    after = {p["metadata"]["name"]: p for p in job_pods(kube)
+             if not p["metadata"].get("deletionTimestamp")}
+    kept = before["0"]["metadata"]["name"]
+    assert after[kept]["metadata"]["uid"] == before["0"]["metadata"]["uid"], after.keys()
+    assert container_status(after[kept])["restartCount"] >= 1, after[kept]["status"]
+    assert reclaimed not in after
+    assert {p["spec"]["nodeName"] for p in after.values()} == {survivor}
+    assert len(after) == 2
+
+    def finished() -> dict[str, Any] | None:
+        log.collect()
+        current = job_status(kube)
+        assert current.get("phase") != "Failed", current
+        return current if current.get("phase") == "Succeeded" else None
+
+    final = wait_for(finished, FINISH_TIMEOUT_SECONDS, what=f"{JOB} Succeeded")
+    recovery = final["recoveries"][-1]
+    assert recovery["cause"] == "Preemption", recovery
+    assert recovery["keptPods"] == 1, recovery
+    assert final["restarts"]["preemptions"] == 1 and final["restarts"]["failures"] == 0
+    assert recovery["stepsLost"] == 0, final["recoveries"]
+    # The reclaimed trainer saved on SIGTERM: its log, as its kubelet wrote it under the node's
+    # directory (the node is gone, and so is the API's way to it), ends with the save of the
+    # step it was on, which the new gang restored.
+    victim_log = trainer_records(nodes[victim], reclaimed)
+    preempted = [r for r in victim_log if r.get("event") == "preempted"]
+    assert preempted, victim_log[-10:]
+    last_step = max(r["step"] for r in victim_log if r.get("event") == "step")
+    assert preempted[-1]["step"] == preempted[-1]["checkpoint_step"] == last_step
+    assert recovery["restoreStep"] == last_step
+    assert log.restored[-1] == last_step
+    # Every step trained once: up to the save in attempt 1, after it in attempt 2. The
+    # operator deletes a finished job's pods, so rank 0's last lines may be gone before the
+    # test reads them: attempt 2's steps are checked as far as they were read.
+    first = sorted(r["step"] for r in victim_log if r.get("event") == "step")
+    second = sorted(r["step"] for r in log.records
+                    if r.get("event") == "step" and r["attempt"] > attempt)
+    assert first == list(range(1, last_step + 1))
+    assert second and second == list(range(last_step + 1, last_step + 1 + len(second)))
+
+
+def test_helm_uninstall_takes_the_operator_away(installed, kube, cluster):
+    out = helm(cluster, "uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "180s")
+    assert "uninstalled" in out
+    wait_for(lambda: not operator_pods(kube), POD_TIMEOUT_SECONDS, what="the operator pod gone")
+    apps = client.AppsV1Api(kube.api)
+    assert not apps.list_namespaced_deployment(SYSTEM).items
+    # The CRD stays (crds.keep), and so does the finished job.
+    assert job_status(kube)["phase"] == "Succeeded"
