@@ -87,6 +87,9 @@ class TrialResult:
     corrupt: list[str] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)  # anything else unexpected
     seconds: float = 0.0
+    # The notice came before the gang's first step (the trainer logged
+    # `preempted_before_training`): nothing newer than the restored step to save.
+    stopped_before_training: bool = False
 
     @property
     def ok(self) -> bool:
@@ -293,6 +296,7 @@ class Campaign:
             result.problems.append(f"exit codes {codes} on SIGTERM:\n{gang.describe()[-2000:]}")
         self._check_restore(gang, result, partial_before)
         self._audit(gang, result, committed_before)
+        result.stopped_before_training = bool(gang.events("preempted_before_training"))
         saved = gang.termination(0)
         if saved is None or not result.committed or saved.checkpoint_step != result.committed[-1]:
             result.problems.append(f"termination message {saved} does not name the newest "
