@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import signal
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
 
 _PR_SET_PDEATHSIG = 1
 # Loaded in the parent: between fork and exec a multi-threaded parent's child should do as
@@ -26,3 +32,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def orphan_records(directory: Path) -> Iterator[tuple[Path, dict]]:
+    """The JSON records in `directory` whose owner process (`owner`, `owner_started`) is gone:
+    what a killed run left for a later one to tear down."""
+    for record in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(data["owner"]).create_time() == data["owner_started"]:
+                continue  # its owner still runs and will tear it down itself
+        yield record, data

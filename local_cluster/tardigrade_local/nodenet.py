@@ -31,6 +31,8 @@ from types import TracebackType
 
 import psutil
 
+from tardigrade_local.lifetime import orphan_records
+
 # Inside namespaces of ours only: a real node's address is NODE_NETWORK's <index>th host,
 # its pods get POD_NETWORK's <index>th /24 (realnode.Addresses).
 NODE_NETWORK = ipaddress.ip_network("10.250.0.0/16")
@@ -236,14 +238,7 @@ def _mentions(line: str, network: ipaddress.IPv4Network) -> bool:
 def sweep_orphans() -> list[str]:
     """Remove the cluster networks whose making process is gone (a killed test run)."""
     swept = []
-    for record in sorted(RECORDS_DIR.glob("*.json")) if RECORDS_DIR.is_dir() else []:
-        try:
-            data = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(data["owner"]).create_time() == data["owner_started"]:
-                continue
+    for _, data in orphan_records(RECORDS_DIR):
         network = ClusterNetwork(Path(data["directory"]))
         network.destroy()
         swept.append(network.id)

@@ -61,7 +61,7 @@ from tardigrade_local import (
 )
 from tardigrade_local.controlplane import SERVICE_CIDR
 from tardigrade_local.kubeconfig import write_kubeconfig
-from tardigrade_local.lifetime import die_with_parent
+from tardigrade_local.lifetime import die_with_parent, orphan_records
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
 from tardigrade_local.nodenet import NODE_NETWORK, POD_NETWORK, ClusterNetwork
 from tardigrade_local.pki import Authority
@@ -584,14 +584,7 @@ def sweep_orphans() -> list[str]:
     """Tear down the real nodes whose starting process is gone (a test run killed before its
     teardown): their containers, shims, mounts, cgroups and namespaces. Returns their names."""
     swept = []
-    for record in sorted(RECORDS_DIR.glob("*.json")) if RECORDS_DIR.is_dir() else []:
-        try:
-            data = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(data["owner"]).create_time() == data["owner_started"]:
-                continue  # its owner still runs and will stop it
+    for record, data in orphan_records(RECORDS_DIR):
         routes = data.get("egress_routes")
         node = RealNode(data["name"], Path(data["directory"]), "", Path(),
                         index=data["index"], egress_routes=Path(routes) if routes else None)
