@@ -203,7 +203,7 @@ def test_the_operators_policy_keeps_other_namespaces_off_the_gang(nodes, kube, t
 def test_stopping_the_nodes_leaves_nothing_behind(nodes, network):
     for node in nodes:
         enforcers = [pid for pid in node.leftovers()["processes"]
-                     if netpolicy.NAME in " ".join(psutil.Process(int(pid)).cmdline())]
+                     if netpolicy.NAME in " ".join(_cmdline(int(pid)))]
         assert enforcers, "no enforcer runs in the node's namespace"
     for node in nodes:
         node.stop()
@@ -213,3 +213,12 @@ def test_stopping_the_nodes_leaves_nothing_behind(nodes, network):
     assert network.leftovers() == {"netns": [], "processes": [], "host_links": [],
                                    "host_addresses": [], "host_firewall": []}
     # host_firewall: no chain or ipset of the enforcer's on the host.
+
+
+def _cmdline(pid: int) -> list[str]:
+    """A process's command line, or none for one that ended since it was listed (the node's
+    short-lived helpers come and go between the listing and the look)."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return []
