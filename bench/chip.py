@@ -101,6 +101,11 @@ def parse_args() -> argparse.Namespace:
                              "arm). Default: unset, the trainer's automatic budget")
     parser.add_argument("--staging", default="0.25,0.5,1",
                         help="the checkpoint bench's --staging fractions")
+    parser.add_argument("--memory-tier", default="", metavar="INTERVALS",
+                        help="also runs of --memory-tier-steps steps with the memory tier on at "
+                             "each of these intervals (comma-separated), and one without it: "
+                             "the tier's cost to the loop's throughput")
+    parser.add_argument("--memory-tier-steps", type=int, default=60)
     parser.add_argument("--compare-recompute", type=int, default=0, metavar="STEPS",
                         help="also a run of STEPS steps that keeps attention's probabilities "
                              "for the backward pass (recompute_attention: false), the "
@@ -133,7 +138,8 @@ class Run:
     """One trainer process, its JSON log read as it comes."""
 
     def __init__(self, workdir: Path, name: str, checkpoint: Path, config: dict[str, Any],
-                 interval: int, log_compiles: bool) -> None:
+                 interval: int, log_compiles: bool, extra_env: dict[str, str] | None = None
+                 ) -> None:
         self.name = name
         env = {k: v for k, v in os.environ.items() if not k.startswith("TARDIGRADE_")}
         env.update({
@@ -151,6 +157,7 @@ class Run:
             [p for p in (env.get("PYTHONPATH"), str(REPO / "trainer_image")) if p])
         if log_compiles:
             env["JAX_LOG_COMPILES"] = "1"
+        env.update(extra_env or {})
         self.stderr_path = workdir / f"{name}.err"
         self.log = open(workdir / f"{name}.jsonl", "w")  # noqa: SIM115
         self.events: list[dict[str, Any]] = []
@@ -282,7 +289,7 @@ def relaunch(args: argparse.Namespace, workdir: Path, checkpoint: Path,
     restored = run.of("restore_done")[0]["step"] if run.of("restore_done") else None
     shown = ", ".join(f"{k} {v:.1f}" for k, v in sorted(found.items(), key=lambda kv: kv[1]))
     cache = {k: compiled[k] for k in ("cache_hits", "cache_requests", "backend_compile_seconds",
-                                       "step_cache") if k in compiled}
+                                       "step_cache", "step_untraced") if k in compiled}
     read = run.of("checkpoint_restored")[0] if run.of("checkpoint_restored") else {}
     spent = {k: read[k] for k in ("seconds", "marker_s", "read_wait_s", "device_put_s")
              if k in read}
@@ -336,6 +343,8 @@ def main() -> int:
         if name == "cache-first":
             shutil.rmtree(cache, ignore_errors=True)
         results[name] = relaunch(args, workdir, checkpoint, config, name)
+    if args.memory_tier:
+        memory_tier_arms(args, workdir, base)
     if args.headroom_batch:
         seed_run(args, workdir, workdir / "checkpoints-headroom",
                  {**base, "global_batch_size": args.headroom_batch,
@@ -350,6 +359,59 @@ def main() -> int:
         # the copy holds them as the trainer loads them.
         floor(workdir, Path(where.local), warm["first step"])
     return 0
+
+
+def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, Any]) -> None:
+    """The memory tier's cost (issue 42: < 2% of throughput): the same steps without the tier
+    and with it at each interval, each arm a fresh job with no bucket save in its window. One
+    process holds the chip, so no peer takes a copy (replicas 0): what the chip adds, the
+    copy off the device and the write to host memory, is all there. The arms share a local
+    compilation cache: only the first compiles."""
+    # A pod's memory volume is a tmpfs; where this host's is too small for two snapshots of
+    # each arm, the local disk stands in (and says so).
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shutil.disk_usage(shm).free < 8 << 30:
+        shm = workdir
+    print(f"memory tier arms: snapshots in {shm} ({shutil.disk_usage(shm).free / 2**30:.1f} GiB "
+          "free)")
+    steps = args.memory_tier_steps
+    config = {**base, "compilation_cache_dir": str(workdir / "memory-tier-cache"),
+              "compilation_cache_in_root": False}
+    rates: dict[str, float] = {}
+    for interval in ["none", *args.memory_tier.split(",")]:
+        name = f"memory-{interval}"
+        env = {} if interval == "none" else {
+            "TARDIGRADE_MEMORY_TIER_DIR": str(shm / f"tardigrade-bench-{name}"),
+            "TARDIGRADE_MEMORY_TIER_INTERVAL": interval,
+            "TARDIGRADE_MEMORY_TIER_REPLICAS": "0"}
+        run = Run(workdir, name, workdir / f"checkpoints-{name}", config, 10**6,
+                  args.log_compiles, env)
+        run.read_until(lambda e: e.get("event") == "step" and e["step"] >= steps)
+        code = run.finish(signal.SIGKILL)
+        shutil.rmtree(shm / f"tardigrade-bench-{name}", ignore_errors=True)
+        times = [e["time"] for e in run.of("step")]
+        if len(times) < 10:
+            print(f"{name}: {len(times)} steps (exit {code}): not judged\n{run.tail()}")
+            return
+        # Whole steps over the window after the first 5, snapshots included: a median
+        # of per-step rates would leave out the steps a snapshot blocked.
+        window = times[5:]
+        rates[interval] = (len(window) - 1) / (window[-1] - window[0])
+        snaps = run.of("memory_snapshot_started")
+        blocked = [e["blocked_s"] for e in snaps]
+        committed = run.of("memory_snapshot_committed")
+        print(f"{name}: {rates[interval]:.3f} steps/s over steps {len(times) - len(window) + 1}"
+              f"-{len(times)}; {len(snaps)} snapshots started, {len(committed)} committed; "
+              f"loop blocked per snapshot {statistics.median(blocked) * 1e3 if blocked else 0:.0f}"
+              f" ms (median); write "
+              f"{statistics.median([e['seconds'] for e in committed]) if committed else 0:.2f} s")
+    for interval, rate in rates.items():
+        if interval == "none":
+            continue
+        cost = 1 - rate / rates["none"]
+        verdict = "met" if cost < 0.02 else "MISSED"
+        print(f"memory tier every {interval} steps: throughput {rate / rates['none']:.3f}x of "
+              f"none, cost {cost * 100:.1f}%: < 2%: {verdict}")
 
 
 def floor(workdir: Path, cache: Path, first_step: float) -> None:

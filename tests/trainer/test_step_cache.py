@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tardigrade_trainer import step_cache
+from tardigrade_trainer import compiled_step, step_cache, step_check
 from tardigrade_trainer.compiled_step import CompiledStep
 from tardigrade_trainer.step_cache import CorruptEntryError, StepCache, compile_or_load, entry_key
 
@@ -297,3 +297,72 @@ def test_the_key_named_without_tracing_follows_the_source_and_the_configuration(
     assert step_cache.source_digest(tmp_path) != before
     assert step_cache.identity_key(facts, base) != step_cache.identity_key(
         {**facts, "process_index": 1}, base)
+
+
+def _predicted(step, state, x, donate):
+    # The step returns its state and a NamedArray without axes.
+    loss = hax.NamedArray(jax.ShapeDtypeStruct((), jnp.float32), ())
+    return compiled_step.predicted_trees(step, donate, (state, x), (state, loss))
+
+
+def test_trees_worked_out_without_tracing_wrap_a_loaded_step_where_the_lowering_agreed(tmp_path):
+    """A relaunch may run its entry before it traces the step: the entry says whether the
+    argument and output trees its caller predicts were the lowering's, and wrapped in them the
+    loaded executable computes what the named_jit step does."""
+    cache = StepCache(tmp_path, rank=0)
+    devices = jax.devices()[:1]
+    key = step_cache.identity_key(step_cache.program_facts(devices), {"config": {"lr": 1}})
+    step, state, x = _named_step()
+    donate = (True, False)
+    jitted = hax.named_jit(step, donate_args=donate)
+    expected_state, expected_out = jitted({"w": jnp.ones(3), "tag": "kept static"}, x)
+    predicted = _predicted(step, state, x, donate)
+    assert compile_or_load(jitted.lower(state, x), cache, devices, key=key,
+                           predicted=predicted)[1].result == "miss"
+
+    loaded = step_cache.Preload(cache, key, devices).result().loaded
+    assert loaded is not None and loaded.trees_predicted
+    call = CompiledStep(step, loaded.compiled_with(*predicted), donate, (state, x))
+    new_state, out = call({"w": jnp.ones(3), "tag": "kept static"}, x)
+    np.testing.assert_array_equal(new_state["w"], expected_state["w"])
+    assert new_state["tag"] == "kept static" and float(out) == float(expected_out)
+
+
+@pytest.mark.parametrize("wrong", ["output", "arguments"])
+def test_an_entry_whose_predicted_trees_the_lowering_contradicts_is_not_marked(tmp_path, wrong):
+    cache = StepCache(tmp_path, rank=0)
+    devices = jax.devices()[:1]
+    key = step_cache.identity_key(step_cache.program_facts(devices), {"config": {"lr": 2}})
+    step, state, x = _named_step()
+    donate = (True, False)
+    in_tree, out_tree = _predicted(step, state, x, donate)
+    # A step that returned more than its state and loss, or took its batch as donated.
+    other = (_predicted(step, state, x, (True, True))[0], out_tree) if wrong == "arguments" \
+        else (in_tree, _predicted(step, (state, state), x, donate)[1])
+    lowered = hax.named_jit(step, donate_args=donate).lower(state, x)
+    compile_or_load(lowered, cache, devices, key=key, predicted=other)
+    loaded = step_cache.Preload(cache, key, devices).result().loaded
+    assert loaded is not None and not loaded.trees_predicted
+    # Without a prediction at all, no mark either.
+    compile_or_load(lowered, StepCache(tmp_path / "none", rank=0), devices, key=key)
+    unmarked = step_cache.Preload(StepCache(tmp_path / "none", rank=0), key, devices)
+    assert unmarked.expected and unmarked.result().loaded is not None
+    assert not unmarked.result().loaded.trees_predicted
+
+
+def test_the_late_check_replaces_a_step_whose_program_changed(tmp_path):
+    x = jnp.arange(8.0)
+    old = jax.jit(lambda v: jnp.sin(v) * 2.0 + 1.0).lower(x)
+    new = jax.jit(lambda v: jnp.cos(v) - 3.0).lower(x)
+    same = step_check.ProgramCheck(lambda: old, step_cache.program_digest(old.as_text()),
+                                   lambda lowered: pytest.fail("compiled a matching program"))
+    same.wait()
+    assert same.matches and same.replacement is None and same.fields()["matches"] is True
+    changed = step_check.ProgramCheck(lambda: new, step_cache.program_digest(old.as_text()),
+                                      lambda lowered: lowered.compile())
+    changed.wait()
+    assert changed.matches is False and "compiled again" in changed.fields()["detail"]
+    np.testing.assert_allclose(changed.replacement(x), np.cos(np.arange(8.0)) - 3.0, rtol=1e-6)
+    broken = step_check.ProgramCheck(lambda: 1 / 0, b"", lambda lowered: None)
+    broken.wait()
+    assert broken.matches is None and "ZeroDivisionError" in broken.fields()["error"]

@@ -3,6 +3,7 @@ and then runs that executable: the step's first call compiles nothing again."""
 
 from __future__ import annotations
 
+import hashlib
 import signal
 
 import haliax as hax
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tardigrade_contract import contract
+from tardigrade_trainer import compile_cache
 from tardigrade_trainer.compiled_step import CompiledStep, lower_abstract
+from tardigrade_trainer.step_cache import StepCache
 from trainer_harness import launch, wait_for
 
 Batch = hax.Axis("batch", 4)
@@ -93,7 +96,43 @@ def test_the_loop_runs_the_step_it_compiled_and_a_relaunch_compiles_none(tmp_pat
     assert relaunch.events("restore_done")[0]["step"] == saved
     assert min(relaunch.losses()) == saved + 1
     assert _train_step_compiles(relaunch) == 0, relaunch.describe()
-    assert relaunch.events("compiled")[0]["step_cache"] == "hit"
+    compiled = relaunch.events("compiled")[0]
+    # Run before it was traced, then checked beside the loop: the program it holds is the one
+    # this code lowers.
+    assert compiled["step_cache"] == "hit" and compiled["step_untraced"] is True
+    assert [e["matches"] for e in relaunch.events("step_checked")] == [True], relaunch.describe()
+
+
+@pytest.mark.slow
+def test_a_step_whose_stored_program_differs_is_found_by_the_check_and_replaced(tmp_path):
+    """What the key cannot see (here: the entry's record of its program, rewritten) the late
+    check does: the loop swaps to the step compiled from the program lowered now, stores it,
+    and the next relaunch's check finds the two agree."""
+    ckpt = tmp_path / "ckpt"
+    config = {"steps": 100000, "compilation_cache_dir": str(tmp_path / "cache")}
+    _preempted_after(launch(tmp_path / "first", processes=1, checkpoint_path=str(ckpt),
+                            config=config), 2)
+    copy = compile_cache.location(config["compilation_cache_dir"], "")
+    assert copy is not None
+    (entry,) = StepCache(copy.local, rank=0).entries()
+    key = entry.name.removesuffix(".step")
+    payload = bytearray(StepCache(copy.local, rank=0).read(key))
+    payload[:32] = hashlib.sha256(b"another program").digest()
+    StepCache(copy.local, rank=0).write(key, bytes(payload))
+
+    changed = launch(tmp_path / "second", processes=1, checkpoint_path=str(ckpt), config=config)
+    wait_for(lambda: changed.events("step_checked"), 180, "the step's check")
+    _preempted_after(changed, len(changed.events("step")) + 2)
+    assert changed.events("compiled")[0]["step_untraced"] is True
+    (checked,) = changed.events("step_checked")
+    assert checked["matches"] is False and "compiled again" in checked["detail"]
+    losses = changed.losses()
+    assert sorted(losses) == list(range(min(losses), max(losses) + 1))  # no step skipped
+
+    again = launch(tmp_path / "third", processes=1, checkpoint_path=str(ckpt), config=config)
+    wait_for(lambda: again.events("step_checked"), 180, "the step's check")
+    _preempted_after(again, len(again.events("step")) + 1)
+    assert [e["matches"] for e in again.events("step_checked")] == [True], again.describe()
 
 
 @pytest.mark.slow

@@ -72,6 +72,23 @@ def lower_abstract(fn: Callable[..., Any], donate_args: tuple[bool, ...],
         return jitted.lower(donated, kept, (static_fun, static_args))
 
 
+def predicted_trees(fn: Callable[..., Any], donate_args: tuple[bool, ...], args: tuple[Any, ...],
+                    out_example: Any) -> tuple[Any, Any]:
+    """The argument and output trees of `lower_abstract(fn, donate_args, _, *args)`, worked out
+    without tracing `fn`: the arguments' from their own partition (as the lowering splits
+    them), the outputs' from `out_example`, what the caller knows `fn` returns (for a step that
+    returns its state's structure, the state and its other outputs as abstract arrays). What
+    is known this way is a claim: step_cache.py keeps it only where the lowering agreed."""
+    from haliax.partitioning import Static
+
+    dynamic_fun, _ = hashable_partition(fn, eqx.is_array)
+    dynamic_args, _ = hashable_partition((args, {}), _array_or_abstract)
+    donated, kept = eqx.partition((dynamic_fun, dynamic_args), (False, (donate_args, {})))
+    out_dynamic, out_static = hashable_partition(out_example, _array_or_abstract)
+    return (jax.tree_util.tree_structure(((donated, kept), {})),
+            jax.tree_util.tree_structure((out_dynamic, Static(out_static))))
+
+
 def memory_analysis(compiled: Any) -> Any:
     """XLA's memory analysis of a compiled program (per device: temp, argument, output,
     alias and generated code sizes), or None where the backend does not say."""

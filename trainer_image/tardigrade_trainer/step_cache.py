@@ -56,9 +56,15 @@ FOLDER = "tardigrade-step-cache"
 # Entries kept per rank: a world size or a program that changed leaves its old entry behind,
 # and a gang that grows back finds the previous one.
 DEFAULT_KEEP = 4
-_MAGIC = b"tardigrade-step-cache 3\n"
-# Each entry's payload: the SHA-256 of the program it was compiled from, then the executable.
+_MAGIC = b"tardigrade-step-cache 4\n"
+# Each entry's payload: the SHA-256 of the program it was compiled from, a byte of flags, then
+# the executable.
 _PROGRAM_DIGEST_BYTES = 32
+_HEADER_BYTES = _PROGRAM_DIGEST_BYTES + 1
+# The flag: the argument and output trees the caller predicts without tracing (`predicted`)
+# were those of the lowering the entry was compiled from, so a relaunch may wrap the
+# executable in them before anything is traced.
+_TREES_PREDICTED = 1
 _SUFFIX = ".step"
 # A temporary file this old belongs to a writer that died before its rename.
 _STALE_TEMP_SECONDS = 3600.0
@@ -237,6 +243,8 @@ class Outcome:
     result: str
     seconds: float  # loading it, or compiling and storing it
     detail: str | None = None  # why an entry did not load, or could not be stored
+    # A hit used before the step was traced (its program is checked after the first step).
+    untraced: bool = False
 
     def fields(self) -> dict[str, Any]:
         """For the trainer's `compiled` log line."""
@@ -244,6 +252,8 @@ class Outcome:
                                  "step_cache_seconds": round(self.seconds, 3)}
         if self.detail:
             found["step_cache_detail"] = self.detail
+        if self.untraced:
+            found["step_untraced"] = True
         return found
 
 
@@ -256,13 +266,21 @@ class Loaded:
     executable: Any  # the loaded executable
     args_info_flat: Any
     no_kwargs: bool
+    trees_predicted: bool = False  # stored with the _TREES_PREDICTED flag
 
     def compiled(self, lowered: Any) -> Any:
         import jax
 
-        in_tree = jax.tree_util.tree_structure(lowered.args_info)
+        return self.compiled_with(jax.tree_util.tree_structure(lowered.args_info),
+                                  lowered.out_tree)
+
+    def compiled_with(self, in_tree: Any, out_tree: Any) -> Any:
+        """Wrapped in the argument and output trees of the program (a lowering's, or those
+        predicted without tracing where the entry says they were the lowering's)."""
+        import jax
+
         return jax.stages.Compiled(self.executable, [], in_tree.unflatten(self.args_info_flat),
-                                   lowered.out_tree, no_kwargs=self.no_kwargs)
+                                   out_tree, no_kwargs=self.no_kwargs)
 
 
 def _load(payload: bytes, devices: Sequence[Any]) -> Loaded:
@@ -272,10 +290,12 @@ def _load(payload: bytes, devices: Sequence[Any]) -> Loaded:
     from jax.experimental import serialize_executable
 
     program = payload[:_PROGRAM_DIGEST_BYTES]
+    flags = payload[_PROGRAM_DIGEST_BYTES]
     unpickler = serialize_executable._JaxPjrtUnpickler(
-        io.BytesIO(payload[_PROGRAM_DIGEST_BYTES:]), devices[0].client, list(devices))
+        io.BytesIO(payload[_HEADER_BYTES:]), devices[0].client, list(devices))
     unloaded, args_info_flat, no_kwargs = unpickler.load()
-    return Loaded(program, unloaded.load(), args_info_flat, no_kwargs)
+    return Loaded(program, unloaded.load(), args_info_flat, no_kwargs,
+                  trees_predicted=bool(flags & _TREES_PREDICTED))
 
 
 def _can_preload() -> bool:
@@ -302,6 +322,9 @@ class Preload:
         self.cache, self.key, self.devices = cache, key, list(devices)
         self._done = threading.Event()
         self._result = Preloaded(None, 0.0, False)
+        # Known at once (no read): whether the caller may count on an entry before its load
+        # is done, and skip the tracing it would otherwise start now.
+        self.expected = _can_preload() and cache.path(key).exists()
         if not _can_preload():
             self._done.set()
             return
@@ -333,14 +356,17 @@ class Preload:
 
 def compile_or_load(lowered: Any, cache: StepCache | None, devices: Sequence[Any],
                     on_backend: Callable[[], None] = lambda: None, key: str | None = None,
-                    preload: Preload | None = None) -> tuple[Any, Outcome]:
+                    preload: Preload | None = None,
+                    predicted: tuple[Any, Any] | None = None) -> tuple[Any, Outcome]:
     """The `jax.stages.Compiled` of `lowered` (compiled for `devices`, in that order), from
     `cache` when it holds it, else compiled and stored there. `on_backend` is called once the
     Python side is done, as the backend starts loading or compiling (which release the GIL).
 
     The entry is named `key` where the caller names it without tracing (`identity_key`),
     else by the lowered program (`entry_key`); `preload` is that entry already being loaded.
-    Either way an entry is used only for the program it was stored with."""
+    Either way an entry is used only for the program it was stored with. `predicted`: the
+    argument and output trees the caller works out without tracing; an entry stored here
+    says whether they were the lowering's (`Loaded.trees_predicted`)."""
     started = time.perf_counter()
     if cache is None:
         on_backend()
@@ -373,7 +399,7 @@ def compile_or_load(lowered: Any, cache: StepCache | None, devices: Sequence[Any
                 import jax
 
                 compiled = serialize_executable.deserialize_and_load(
-                    payload[_PROGRAM_DIGEST_BYTES:],
+                    payload[_HEADER_BYTES:],
                     jax.tree_util.tree_structure(lowered.args_info), lowered.out_tree,
                     backend=devices[0].client, execution_devices=list(devices))
                 return compiled, Outcome("hit", time.perf_counter() - started)
@@ -386,11 +412,22 @@ def compile_or_load(lowered: Any, cache: StepCache | None, devices: Sequence[Any
     compiled = lowered.compile()
     if _jax_cache_hits_so_far() > hits_before:
         return compiled, Outcome("jax_cache", time.perf_counter() - started, why)
+    flags = _TREES_PREDICTED if predicted is not None and predicted_trees_hold(
+        predicted, lowered) else 0
     try:
-        cache.write(key, program + serialize_executable.serialize(compiled)[0])
+        cache.write(key, program + bytes([flags]) + serialize_executable.serialize(compiled)[0])
     except Exception as err:  # a full disk or an executable JAX cannot serialize
         note = f"not stored ({type(err).__name__}: {err})"
         log.warning("step cache: %s", note)
         why = f"{why}; {note}" if why else note
     return compiled, Outcome("fallback" if found else "miss",
                              time.perf_counter() - started, why)
+
+
+def predicted_trees_hold(predicted: tuple[Any, Any], lowered: Any) -> bool:
+    """Whether trees worked out without tracing are those of `lowered`."""
+    import jax
+
+    in_tree, out_tree = predicted
+    return bool(in_tree == jax.tree_util.tree_structure(lowered.args_info)
+                and out_tree == lowered.out_tree)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 import equinox as eqx
 import haliax as hax
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from tardigrade_checkpoint.faults import COMPILE
@@ -28,6 +30,7 @@ from tardigrade_trainer import (
     mesh,
     model,
     step_cache,
+    step_check,
 )
 from tardigrade_trainer.config import TrainerConfig
 
@@ -77,10 +80,15 @@ class StepCompile:
     train leaves without waiting for it."""
 
     def __init__(self, compile_step: Callable[[threading.Event], tuple[Any, step_cache.Outcome]],
-                 example_args: tuple[Any, ...]) -> None:
+                 example_args: tuple[Any, ...], lower: Callable[[], Any],
+                 predicted: tuple[Any, Any]) -> None:
         """`compile_step(traced)` sets `traced` once its Python work (tracing, lowering) is
-        done and the backend's (loading or compiling the program) begins."""
+        done and the backend's (loading or compiling the program) begins. `lower()`: the step
+        traced and lowered (for a step used untraced, its later check); `predicted`: its
+        argument and output trees, worked out without tracing."""
         self.example_args = example_args
+        self.lower = lower
+        self.predicted = predicted
         self._done = threading.Event()
         self._traced = threading.Event()
         self._result: tuple[Any, step_cache.Outcome] | None = None
@@ -134,6 +142,7 @@ class Trainer:
         self.cache = compilation_cache
         self.mirror = mirror
         self._compiling: StepCompile | None = None
+        self._check: step_check.ProgramCheck | None = None
         self._step_cache: step_cache.StepCache | None = None
         self._preload: step_cache.Preload | None = None
         self.cache_pulled = cache_pulled or {}
@@ -164,18 +173,54 @@ class Trainer:
         two long phases of its start (seconds each on an accelerator)."""
         x, y = data.sharded_batch(self.config, 1, batch_sharding)
         cache, preload = self._step_cache, self._preload
+        devices = list(self.plan.mesh.devices.flat)
+        # The step returns the state's structure and its loss.
+        predicted = compiled_step.predicted_trees(
+            self._train_step, self.DONATE, (target, x, y),
+            (target, jax.ShapeDtypeStruct((), jnp.float32)))
+
+        def lower() -> Any:
+            # The mesh and the axis mapping are the thread's own: enter the loop's.
+            with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
+                return compiled_step.lower_abstract(
+                    self._train_step, self.DONATE, self.plan.axis_mapping, target, x, y)
 
         def compile_step(traced: threading.Event) -> tuple[Any, step_cache.Outcome]:
             self.session.fault_point(COMPILE, 0, jax.process_index())
-            # The mesh and the axis mapping are the thread's own: enter the loop's.
-            with jax.set_mesh(self.plan.mesh), hax.axis_mapping(self.plan.axis_mapping):
-                lowered = compiled_step.lower_abstract(
-                    self._train_step, self.DONATE, self.plan.axis_mapping, target, x, y)
-                return step_cache.compile_or_load(
-                    lowered, cache, list(self.plan.mesh.devices.flat), on_backend=traced.set,
-                    key=preload.key if preload is not None else None, preload=preload)
+            if preload is not None and preload.expected and jax.process_count() == 1:
+                # An entry named by what determines the program is there: the restore need
+                # not wait for a trace. Used untraced where it was stored with trees the
+                # lowering agreed with; its program is checked once the loop runs
+                # (step_check.py). A gang traces first: ranks swapping programs at
+                # different steps could disagree on their collectives.
+                traced.set()
+                got = preload.result()
+                if got.loaded is not None and got.loaded.trees_predicted:
+                    return (got.loaded.compiled_with(*predicted),
+                            step_cache.Outcome("hit", got.seconds, untraced=True))
+            return step_cache.compile_or_load(
+                lower(), cache, devices, on_backend=traced.set,
+                key=preload.key if preload is not None else None, preload=preload,
+                predicted=predicted)
 
-        return StepCompile(compile_step, (target, x, y))
+        return StepCompile(compile_step, (target, x, y), lower, predicted)
+
+    def _start_checking(self, compiling: StepCompile) -> step_check.ProgramCheck | None:
+        """For a step used untraced (`step_untraced`), its program checked beside the loop."""
+        outcome = compiling.result()[1]
+        preload = self._preload
+        if not outcome.untraced or preload is None:
+            return None
+        loaded = preload.result().loaded
+        assert loaded is not None
+        cache, devices, key = self._step_cache, list(self.plan.mesh.devices.flat), preload.key
+        predicted = compiling.predicted
+
+        def compile_again(lowered: Any) -> Any:
+            return step_cache.compile_or_load(lowered, cache, devices, key=key,
+                                              predicted=predicted)[0]
+
+        return step_check.ProgramCheck(compiling.lower, loaded.program, compile_again)
 
     def _start_preloading(self) -> None:
         """Read and load this rank's cached step onto the devices from now on, before the step
@@ -193,6 +238,11 @@ class Trainer:
                                                      "optax"),
             "config": dataclasses.asdict(self.config),
             "donate": self.DONATE,
+            # What JAX and libtpu read from the environment may change the program (XLA_FLAGS
+            # is one of the process's facts); their logging and cache settings do not.
+            "environment": {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith(("JAX_", "LIBTPU_"))
+                            and "LOG" not in k and "CACHE" not in k},
         }
         key = step_cache.identity_key(step_cache.program_facts(devices), identity)
         self._preload = step_cache.Preload(self._step_cache, key, devices)
@@ -239,6 +289,11 @@ class Trainer:
             # "exception not rethrown"): a loop that returns early waits for its compile.
             if self._compiling is not None:
                 self._compiling.wait()
+            if self._check is not None:
+                # A run shorter than the check (a relaunch preempted at once) still says
+                # what it found.
+                self._check.wait()
+                self.log({"event": "step_checked", "step": None, **self._check.fields()})
             if self._preload is not None:
                 self._preload.wait()
 
@@ -303,12 +358,25 @@ class Trainer:
         unreported: tuple[int, jax.Array] | None = None
         # The step's needs, which the save's staging budget leaves to it.
         step_memory = self._compiling.memory if self._compiling is not None else None
+        checking = False
         for step in session.steps(config.steps):
             x, y = data.sharded_batch(config, step, batch_sharding)
             state, loss = step_fn(state, x, y)
+            if self._check is not None and self._check.done():
+                self.log({"event": "step_checked", "step": step, **self._check.fields()})
+                if self._check.replacement is not None:
+                    step_fn = compiled_step.CompiledStep(
+                        self._train_step, self._check.replacement, self.DONATE,
+                        self._compiling.example_args)
+                self._check = None
             session.prepare_save(state, step_program=step_memory)
             if unreported is not None:
                 report(*unreported)
+                if not checking and self._compiling is not None:
+                    # Once the first step is reported: the check's tracing then shares the
+                    # interpreter with the loop, not with the start (on a TPU, started with
+                    # the first step, it delayed that step's end by 0.6 s).
+                    checking, self._check = True, self._start_checking(self._compiling)
             unreported = (step, loss)
             reason = session.save_reason(step)
             if reason is not None:
