@@ -136,6 +136,14 @@ def up(
         typer.echo("error: --operator-set: only with --real-nodes (the operator is installed "
                    "with helm there); leave it out or add --real-nodes", err=True)
         raise typer.Exit(2)
+    root = _layout(state_dir).root
+    if (pid := realcluster.served_pid(root)) is not None:
+        typer.echo(f"error: a real-node cluster is already running in {root} (pid {pid}); "
+                   f"run `tardigrade local down` first", err=True)
+        raise typer.Exit(1)
+    if realcluster.is_served(root):
+        # What a killed real-node cluster left, before its directory is reused.
+        realcluster.clear_state(root)
     rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
         if image_map else []
     spot_labels = {"cloud.google.com/gke-spot": "true"}

@@ -46,7 +46,7 @@ from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.kubelet.config import project_python_path
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realnode import RealNode
-from tardigrade_local.registry import Registry
+from tardigrade_local.registry import Registry, RegistryError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ CONFIG_FILE = "realcluster-config.json"
 INFO_FILE = "realcluster.json"
 LOG_FILE = "realcluster.log"
 STOP_TIMEOUT_SECONDS = 300.0
+REGISTRY_ATTEMPTS = 3
 
 
 class RealClusterError(RuntimeError):
@@ -150,7 +151,7 @@ class RealNodeCluster:
         progress("control plane")
         stack.enter_context(self.cluster)
         progress("image registry")
-        stack.enter_context(self.registry)
+        self._start_registry()
         for name in IMAGES:
             progress(f"image {name} (built only when its inputs changed), pushed")
             self.images[name] = imagebuild.push(imagebuild.build(name), self.registry.host,
@@ -177,6 +178,24 @@ class RealNodeCluster:
                 core.patch_node(name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
             progress(f"checkpoint volume {CHECKPOINT_CLAIM} ({self.checkpoints})")
             self._offer_checkpoints(core)
+
+    def _start_registry(self) -> None:
+        """Its port is picked free, then bound by the registry a moment later: another
+        server of the machine may take it meanwhile, so a registry that exits at once gets
+        another port."""
+        for attempt in range(1, REGISTRY_ATTEMPTS + 1):
+            try:
+                self._stack.enter_context(self.registry)
+                return
+            except RegistryError as err:
+                tail = ""
+                if self.registry.log_path is not None:
+                    with contextlib.suppress(OSError):
+                        tail = self.registry.log_path.read_text(errors="replace")[-2000:]
+                if attempt == REGISTRY_ATTEMPTS:
+                    raise RealClusterError(f"{err}:\n{tail}") from err
+                log.warning("the registry did not start (%s), another port: %s", err, tail)
+                self.registry = Registry(self.registry.storage, log_path=self.registry.log_path)
 
     def _offer_checkpoints(self, core: kubernetes.client.CoreV1Api) -> None:
         """One host directory every node mounts (the nodes share the host's filesystem),
@@ -347,6 +366,12 @@ def _served_process(info: dict[str, Any] | None) -> psutil.Process | None:
     return None
 
 
+def served_pid(state_dir: Path) -> int | None:
+    """The pid of the `serve` process running the cluster in `state_dir`, if one runs."""
+    proc = _served_process(read_info(state_dir))
+    return proc.pid if proc is not None else None
+
+
 def is_served(state_dir: Path) -> bool:
     """Whether `state_dir` holds a real-node cluster of `tardigrade local up --real-nodes`."""
     return (state_dir / CONFIG_FILE).exists()
@@ -368,9 +393,13 @@ def start_served(state_dir: Path, config: ServeConfig, timeout: float,
     """Run `serve` in a process of its own (it outlives this one) and return its INFO_FILE
     once the cluster runs; RealClusterError (with its log's end) if it does not start.
     `progress`: where its log goes meanwhile."""
-    if (proc := _served_process(read_info(state_dir))) is not None:
+    if (pid := served_pid(state_dir)) is not None:
         raise RealClusterError(f"a real-node cluster is already running in {state_dir} (pid "
-                               f"{proc.pid}); run `tardigrade local down` first")
+                               f"{pid}); run `tardigrade local down` first")
+    running = LocalCluster(state_dir).read_info()
+    if running and psutil.pid_exists(int(running["pid"])):
+        raise RealClusterError(f"a local cluster is already running in {state_dir} (pid "
+                               f"{running['pid']}); run `tardigrade local down` first")
     clear_state(state_dir)
     state_dir.mkdir(parents=True)
     write_json(state_dir / CONFIG_FILE, dataclasses.asdict(config))
