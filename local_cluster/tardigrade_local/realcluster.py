@@ -334,6 +334,7 @@ def serve(state_dir: Path) -> int:
             real.install_operator(*config.helm_values)
     except BaseException as err:
         log.exception("the real-node cluster did not start")
+        running.set()  # a signal now must not cut the teardown short
         real.stop()
         write_json(state_dir / INFO_FILE, {**base, "state": "failed", "error": str(err)})
         return 1
