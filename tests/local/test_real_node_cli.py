@@ -68,6 +68,14 @@ def training_job(image: str) -> dict[str, Any]:
     return body
 
 
+def alive(proc: psutil.Process) -> bool:
+    """The same process (not a later one with its pid) still runs."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def mounts_under(directory: Path) -> list[str]:
     return [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
             if str(directory) in line]
@@ -136,8 +144,7 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
     assert not state.exists()
     # Nothing of it is left: processes, mounts, namespaces, cgroups, host links, addresses,
     # firewall rules.
-    assert [p.pid for p in ours if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert [p.pid for p in ours if alive(p)] == []
     assert mounts_under(state) == []
     left = {kind: items for node in info["nodes"]
             for kind, items in RealNode(node["name"], Path(node["directory"]), "", Path())
