@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
 
+from tardigrade_local import realcluster
 from tardigrade_local.cluster import (
     ClusterError,
     LocalCluster,
@@ -36,7 +39,13 @@ ImageMapOption = typer.Option(
     None, "--image-map", help="YAML list of image rules {pattern, entrypoint, cmd, env}; they "
     "take precedence over the built-in ones (e.g. *tardigrade-trainer).")
 LabelOption = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable.")
+OperatorSetOption = typer.Option(
+    None, "--operator-set", help="With --real-nodes: a `helm install --set` value for the "
+    "operator's release (e.g. operator.restartInPlace=true), repeatable.")
 SPOT_POOL = "spot-pool"
+# A cold start builds the operator and trainer images (many minutes); a warm one takes about
+# a minute.
+REAL_START_TIMEOUT_SECONDS = 3600.0
 
 
 def _layout(state_dir: Path | None) -> StateLayout:
@@ -44,8 +53,12 @@ def _layout(state_dir: Path | None) -> StateLayout:
 
 
 def _attach(state_dir: Path | None) -> LocalCluster:
+    root = _layout(state_dir).root
+    if realcluster.is_served(root):
+        # A real-node cluster (`up --real-nodes`): its control plane's own state directory.
+        root = root / "control"
     try:
-        return LocalCluster.attach(_layout(state_dir).root)
+        return LocalCluster.attach(root)
     except ClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
@@ -98,8 +111,39 @@ def up(
     tpu_slice_shape: str = typer.Option(
         "tpu-v5-lite-podslice:2x4:4", help="ACCELERATOR:TOPOLOGY:CHIPS_PER_HOST of each TPU "
         "slice (2x4 with 4 chips a host: 2 hosts)."),
+    real_nodes: bool = typer.Option(
+        False, "--real-nodes",
+        help="Real nodes instead of the process node agent: the real kubelet and containerd "
+        "per node, each in its own network namespace, with a cluster network, DNS, an image "
+        "registry and the operator installed with helm from the chart (Linux, root; "
+        "local_cluster/README.md, \"Real nodes\"). --nodes and --spot-nodes count them."),
+    operator_set: list[str] | None = OperatorSetOption,
 ) -> None:
     """Start the cluster and print the `export KUBECONFIG=...` line."""
+    if real_nodes:
+        unsupported = {"--simulated-nodes": simulated_nodes, "--tpu-slices": tpu_slices,
+                       "--autoscale-max": autoscale_max, "--kueue": kueue,
+                       "--operator-command": operator_command, "--image-map": image_map}
+        given = [flag for flag, value in unsupported.items() if value]
+        if given:
+            typer.echo(f"error: {', '.join(given)}: not with --real-nodes (yet); leave "
+                       f"{' and '.join(given)} out", err=True)
+            raise typer.Exit(2)
+        _up_real(_layout(state_dir), nodes, spot_nodes, operator, operator_set or [],
+                 foreground)
+        return
+    if operator_set:
+        typer.echo("error: --operator-set: only with --real-nodes (the operator is installed "
+                   "with helm there); leave it out or add --real-nodes", err=True)
+        raise typer.Exit(2)
+    root = _layout(state_dir).root
+    if (pid := realcluster.served_pid(root)) is not None:
+        typer.echo(f"error: a real-node cluster is already running in {root} (pid {pid}); "
+                   f"run `tardigrade local down` first", err=True)
+        raise typer.Exit(1)
+    if realcluster.is_served(root):
+        # What a killed real-node cluster left, before its directory is reused.
+        realcluster.clear_state(root)
     rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
         if image_map else []
     spot_labels = {"cloud.google.com/gke-spot": "true"}
@@ -143,6 +187,37 @@ def up(
     cluster.stop()
 
 
+def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
+             operator_set: list[str], foreground: bool) -> None:
+    if nodes + spot_nodes == 0:
+        typer.echo("error: --nodes/--spot-nodes: a real-node cluster needs at least one node",
+                   err=True)
+        raise typer.Exit(2)
+    if operator and nodes == 0:
+        typer.echo("error: --nodes: the chart keeps the operator off spot nodes; give at least "
+                   "one ordinary node (--nodes 1) or --no-operator", err=True)
+        raise typer.Exit(2)
+    config = realcluster.ServeConfig(
+        nodes=nodes, spot_nodes=spot_nodes, operator=operator,
+        helm_values=tuple(arg for value in operator_set for arg in ("--set", value)))
+    try:
+        # Progress (the cluster's log) on stderr; the export line alone on stdout.
+        info = realcluster.start_served(layout.root, config, REAL_START_TIMEOUT_SECONDS,
+                                        progress=sys.stderr)
+    except realcluster.RealClusterError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"export KUBECONFIG={shlex.quote(str(info['kubeconfig']))}")
+    if not foreground:
+        return
+    typer.echo("# real-node cluster running; Ctrl-C stops it", err=True)
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    realcluster.stop_served(layout.root)
+
+
 def _operator_command(enabled: bool, custom: str | None) -> list[str] | None:
     if custom:
         return shlex.split(custom)
@@ -153,6 +228,10 @@ def _operator_command(enabled: bool, custom: str | None) -> list[str] | None:
 def down(state_dir: Path | None = StateDir) -> None:
     """Stop the cluster and every pod, and remove the state directory."""
     layout = _layout(state_dir)
+    if realcluster.is_served(layout.root):
+        realcluster.stop_served(layout.root)
+        typer.echo(f"local cluster in {layout.root} is down")
+        return
     try:
         LocalCluster.attach(layout.root).stop(remove=True)
     except ClusterError:
@@ -177,6 +256,18 @@ def preempt(
     """Spot reclaim: SIGTERM, grace, SIGKILL, the Node disappears; its pool recreates it."""
     cluster = _attach(state_dir)
     nodes = {n["name"] for n in cluster.status()["nodes"]}
+    real = _real_info(state_dir)
+    if real is not None:
+        # GKE's spot reclaim of a real node: its VM shuts down (the kubelet's graceful node
+        # shutdown, its own grace), then its Node goes; it does not come back.
+        given = [flag for flag, value in (("--grace", grace), ("--replace-after", replace_after))
+                 if value is not None]
+        if given:
+            typer.echo(f"error: {', '.join(given)}: not on real nodes: a real node's grace is "
+                       f"its kubelet's shutdownGracePeriod and it is not recreated; leave "
+                       f"{' and '.join(given)} out", err=True)
+            raise typer.Exit(2)
+        nodes |= {n["name"] for n in real.get("nodes", [])}
     if target in nodes:
         cluster.preempt_node(target, grace, replace_after, wait)
         typer.echo(f"node/{target} preempted")
@@ -184,6 +275,12 @@ def preempt(
         ns, _, name = target.rpartition("/")
         node = cluster.preempt_pod(ns or namespace, name, grace, replace_after, wait)
         typer.echo(f"node/{node} (running pod {ns or namespace}/{name}) preempted")
+
+
+def _real_info(state_dir: Path | None) -> dict[str, Any] | None:
+    """What `up --real-nodes` started there, or None for a cluster of node agents."""
+    root = _layout(state_dir).root
+    return realcluster.read_info(root) if realcluster.is_served(root) else None
 
 
 @app.command("delete-node")
@@ -297,6 +394,10 @@ def status(state_dir: Path | None = StateDir,
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Show the API server, GCS emulator, nodes and the pods each runs."""
     cluster = _attach(state_dir)
+    real = _real_info(state_dir)
+    if real is not None:
+        _status_real(cluster, real, as_json)
+        return
     report = {"api_url": cluster.api_url, "kubeconfig": str(cluster.kubeconfig),
               "gcs_url": cluster.gcs_url, **cluster.status()}
     if as_json:
@@ -306,6 +407,41 @@ def status(state_dir: Path | None = StateDir,
     typer.echo(f"GCS:        {report['gcs_url'] or '-'}")
     for node in report["nodes"]:
         typer.echo(f"node {node['name']} ({node['state']}, {node['pool']}, {node['ip']}): "
+                   f"{', '.join(node['pods']) or 'no pods'}")
+
+
+def _status_real(cluster: LocalCluster, info: dict[str, Any], as_json: bool) -> None:
+    """The real nodes as the API server sees them (Ready, the pods bound there)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    core = client.CoreV1Api(api)
+    registered = {n.metadata.name: n for n in core.list_node().items}
+    pods: dict[str, list[str]] = {}
+    for pod in core.list_pod_for_all_namespaces().items:
+        if pod.spec.node_name:
+            pods.setdefault(pod.spec.node_name, []).append(
+                f"{pod.metadata.namespace}/{pod.metadata.name}")
+    nodes = []
+    for node in info.get("nodes", []):
+        found = registered.get(node["name"])
+        ready = next((c.status for c in (found.status.conditions or [])
+                      if c.type == "Ready"), "Unknown") if found else None
+        state = "gone" if found is None else "Ready" if ready == "True" else "NotReady"
+        nodes.append({**node, "state": state, "pods": sorted(pods.get(node["name"], []))})
+    report = {"api_url": cluster.api_url, "kubeconfig": info["kubeconfig"],
+              "registry": info["registry"], "images": info["images"],
+              "operator": info["operator"], "checkpoints": info["checkpoints"],
+              "checkpoint_claim": info["checkpoint_claim"], "real_nodes": True, "nodes": nodes}
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"API server: {report['api_url']}\nkubeconfig: {report['kubeconfig']}")
+    typer.echo(f"registry:   {report['registry']}")
+    typer.echo(f"checkpoints: claim {report['checkpoint_claim']} -> {report['checkpoints']}")
+    for node in nodes:
+        kind = "spot" if node["spot"] else "on-demand"
+        typer.echo(f"real node {node['name']} ({node['state']}, {kind}, {node['ip']}): "
                    f"{', '.join(node['pods']) or 'no pods'}")
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -34,23 +33,27 @@ from typing import Any
 import pytest
 from kube_helpers import Kube, condition, container_status, wait_for
 from kubernetes import client, watch
-from tardigrade_local import imagebuild, nodeimage, nodenet
+from tardigrade_local import nodeimage
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.clusterapi import ClusterAPI
-from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.disruptions import (
     DISRUPTION_TARGET,
     REASON_TERMINATION_BY_KUBELET,
     Disruptor,
 )
 from tardigrade_local.kubelet import crilog
-from tardigrade_local.nodenet import ClusterNetwork
-from tardigrade_local.realnode import RealNode, sweep_orphans
+from tardigrade_local.realcluster import (
+    CHECKPOINT_CLAIM,
+    OPERATOR_NAMESPACE,
+    OPERATOR_RELEASE,
+    SPOT_LABEL,
+    RealNodeCluster,
+    plan_nodes,
+)
+from tardigrade_local.realnode import RealNode
 from tardigrade_local.registry import Registry
 from tardigrade_local.steplog import StepLog
 from tardigrade_operator.api import types
 
-from tests.chart.test_helm import CHART, _helm
 from tests.conftest import EXAMPLES, load_yaml
 
 pytestmark = [
@@ -59,23 +62,20 @@ pytestmark = [
                        reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
 ]
 
-VERSION = "0.1.0"
-RELEASE, SYSTEM = "tardigrade", "tardigrade-system"
+RELEASE, SYSTEM = OPERATOR_RELEASE, OPERATOR_NAMESPACE
 NAMESPACE = "default"
 JOB = "real-run"
 # Node 1 is on-demand (the chart keeps the operator off spot nodes); 2 and 3 are spot, where
 # the job asks to run.
 SYSTEM_NODE, SPOT_NODES = "real-1", ("real-2", "real-3")
-SPOT_LABEL = "cloud.google.com/gke-spot"
 CHECKPOINTS = "/mnt/checkpoints"
-CLAIM = "shared-checkpoints"
+CLAIM = CHECKPOINT_CLAIM
 STEPS = 300
 INTERVAL_STEPS = 25
 # The reclaim comes after the first commit, well before the end.
 RECLAIM_AFTER_STEP = INTERVAL_STEPS + 5
-# Pulls of the operator image and of the 1 GB trainer image on each node, JAX's start and
-# compile, on a machine other test runs share.
-INSTALL_TIMEOUT = "300s"
+# Pulls of the 1 GB trainer image on each node, JAX's start and compile, on a machine other
+# test runs share.
 TRAIN_TIMEOUT_SECONDS = 600.0
 FINISH_TIMEOUT_SECONDS = 600.0
 POD_TIMEOUT_SECONDS = 180.0
@@ -83,47 +83,30 @@ PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Iterator[Registry]:
-    root = tmp_path_factory.mktemp("registry")
-    with Registry(root / "storage", log_path=root / "registry.log") as running:
+def real(tmp_path_factory) -> Iterator[RealNodeCluster]:
+    """The cluster, the registry with our images, the network, DNS, the `kubernetes`
+    Service, the real nodes and the shared checkpoint claim, as `tardigrade local up
+    --real-nodes` starts them."""
+    with RealNodeCluster(tmp_path_factory.mktemp("real"), plan_nodes(1, len(SPOT_NODES))
+                         ) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def images(registry) -> dict[str, str]:
+def registry(real) -> Registry:
+    return real.registry
+
+
+@pytest.fixture(scope="module")
+def images(real) -> dict[str, str]:
     """Reference of each image in the registry (a lookup of the build when its inputs are
     unchanged, then a push)."""
-    return {name: imagebuild.push(imagebuild.build(name), registry.host, VERSION)
-            for name in ("operator", "trainer-cpu")}
+    return real.images
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
-    sweep_orphans()
-    nodenet.sweep_orphans()
-    state = tmp_path_factory.mktemp("realjob") / "state"
-    # The chart installs the CRD, as for a user.
-    with LocalCluster(state, nodes=[], with_gcs=False, node_egress=True,
-                      endpoint_controllers=True, load_repo_crds=False) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def network(tmp_path_factory) -> Iterator[ClusterNetwork]:
-    with ClusterNetwork(tmp_path_factory.mktemp("net")) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def dns(cluster, network, tmp_path_factory) -> Iterator[ClusterDNS]:
-    with ClusterDNS(network, cluster.info, tmp_path_factory.mktemp("dns")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def api(cluster, network, tmp_path_factory) -> Iterator[ClusterAPI]:
-    with ClusterAPI(network, cluster.info, tmp_path_factory.mktemp("api")) as running:
-        yield running
+def cluster(real) -> LocalCluster:
+    return real.cluster
 
 
 @pytest.fixture(scope="module")
@@ -132,50 +115,16 @@ def kube(cluster) -> Kube:
 
 
 @pytest.fixture(scope="module")
-def nodes(cluster, network, dns, api, registry, images, kube, tmp_path_factory
-          ) -> Iterator[dict[str, RealNode]]:
-    made = {name: RealNode.for_cluster(cluster.info, name, tmp_path_factory.mktemp(name),
-                                       index=index, registry=registry.host, network=network)
-            for index, name in enumerate((SYSTEM_NODE, *SPOT_NODES), start=1)}
-    try:
-        for node in made.values():
-            node.start()
-        # GKE labels its spot nodes so; the chart's affinity keeps the operator off them.
-        for name in SPOT_NODES:
-            kube.core.patch_node(name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
-        yield made
-    finally:
-        for node in made.values():
-            node.stop()
+def nodes(real) -> dict[str, RealNode]:
+    assert list(real.nodes) == [SYSTEM_NODE, *SPOT_NODES]
+    return real.nodes
 
 
 @pytest.fixture(scope="module")
-def shared_checkpoints(kube, nodes, tmp_path_factory) -> Path:
-    """One host directory every node mounts (the nodes share the host's filesystem), offered
-    by the admin as a ReadWriteMany PersistentVolume bound to a claim of the job's
-    namespace."""
-    directory = tmp_path_factory.mktemp("shared-checkpoints")
-    directory.chmod(0o1777)  # the trainer runs as its image's non-root user
-    kube.core.create_persistent_volume({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": CLAIM},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
-                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                 "hostPath": {"path": str(directory), "type": "Directory"},
-                 "claimRef": {"namespace": NAMESPACE, "name": CLAIM}}})
-    kube.core.create_namespaced_persistent_volume_claim(NAMESPACE, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": CLAIM,
-                 "resources": {"requests": {"storage": "1Gi"}}}})
-    wait_for(lambda: kube.core.read_namespaced_persistent_volume_claim(
-        CLAIM, NAMESPACE).status.phase == "Bound", 60, what="the claim bound")
-    return directory
-
-
-def helm(cluster: LocalCluster, *args: str) -> str:
-    result = subprocess.run([_helm(), *args], env={**os.environ, **cluster.client_env()},
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+def shared_checkpoints(real) -> Path:
+    """One host directory every node mounts, offered as a ReadWriteMany PersistentVolume
+    bound to the claim CLAIM of the job's namespace."""
+    return real.checkpoints
 
 
 def operator_pods(kube: Kube) -> list[dict[str, Any]]:
@@ -268,17 +217,13 @@ class PodRecorder:
 
 
 @pytest.fixture(scope="module")
-def installed(cluster, kube, nodes, registry, images) -> dict[str, Any]:
-    repository, tag = images["operator"].rsplit(":", 1)
-    helm(cluster, "install", RELEASE, str(CHART), "-n", SYSTEM, "--create-namespace",
-         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-         "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
-         "--set", "operator.restartInPlace=true",
-         # Rank 0's progress read every 2 s (resyncSeconds), not backed off up to 60 s: the
-         # test waits for the operator's account of a checkpoint before the reclaim, and the
-         # steps take hundredths of a second.
-         "--set", "operator.progressMaxIntervalSeconds=2",
-         "--wait", "--timeout", INSTALL_TIMEOUT)
+def installed(real, kube) -> dict[str, Any]:
+    real.install_operator(
+        "--set", "operator.restartInPlace=true",
+        # Rank 0's progress read every 2 s (resyncSeconds), not backed off up to 60 s: the
+        # test waits for the operator's account of a checkpoint before the reclaim, and the
+        # steps take hundredths of a second.
+        "--set", "operator.progressMaxIntervalSeconds=2")
     pods = operator_pods(kube)
     assert len(pods) == 1, pods
     return pods[0]
@@ -426,8 +371,8 @@ def test_a_spot_reclaim_of_a_trainers_node_loses_no_step(installed, kube, cluste
     assert second and second == list(range(last_step + 1, last_step + 1 + len(second)))
 
 
-def test_helm_uninstall_takes_the_operator_away(installed, kube, cluster):
-    out = helm(cluster, "uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "180s")
+def test_helm_uninstall_takes_the_operator_away(installed, kube, real):
+    out = real.helm("uninstall", RELEASE, "-n", SYSTEM, "--wait", "--timeout", "180s")
     assert "uninstalled" in out
     wait_for(lambda: not operator_pods(kube), POD_TIMEOUT_SECONDS, what="the operator pod gone")
     apps = client.AppsV1Api(kube.api)

@@ -1,0 +1,463 @@
+"""A local cluster of real nodes, made and taken down in one place.
+
+`RealNodeCluster` starts, in this order, what a GKE cluster with Tardigrade installed is made
+of here: the control plane (`LocalCluster`, with no node agent, node egress on, the endpoint
+controllers running, the CRD left to the chart), an image registry (`registry.py`) with the
+operator and trainer-cpu images built (`imagebuild.py`, a lookup when their inputs are
+unchanged) and pushed to it, the cluster network (`nodenet.py`), cluster DNS
+(`clusterdns.py`), the `kubernetes` Service's endpoint for pods (`clusterapi.py`), the real
+nodes (`realnode.py`; spot ones labelled `cloud.google.com/gke-spot=true`, as GKE does), and
+a ReadWriteMany PersistentVolume over one host directory every node mounts, bound to a claim
+(`CHECKPOINT_CLAIM`), where trainers checkpoint: the pods cannot reach the host's GCS
+emulator, and a claim is what the chart's admission lets a trainer mount. `install_operator`
+is `helm install` of the chart with the registry's operator image. `stop` takes everything
+down in the reverse order and leaves nothing on the machine (`leftovers`).
+
+`tardigrade local up --real-nodes` runs one in a process of its own (`serve`, `python -m
+tardigrade_local.realcluster STATE_DIR`), which every process of the cluster dies with; the
+real-node tests run one in the test process. Needs root and Linux (`realnode.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+import kubernetes
+import psutil
+
+from tardigrade_local import imagebuild, nodenet, realnode
+from tardigrade_local.cluster import LocalCluster, repo_root
+from tardigrade_local.clusterapi import ClusterAPI
+from tardigrade_local.clusterdns import ClusterDNS
+from tardigrade_local.kubelet.config import project_python_path
+from tardigrade_local.nodenet import ClusterNetwork
+from tardigrade_local.realnode import RealNode
+from tardigrade_local.registry import Registry, RegistryError
+
+log = logging.getLogger(__name__)
+
+SPOT_LABEL = "cloud.google.com/gke-spot"
+IMAGES = ("operator", "trainer-cpu")
+IMAGE_VERSION = "0.1.0"
+OPERATOR_RELEASE, OPERATOR_NAMESPACE = "tardigrade", "tardigrade-system"
+CHECKPOINT_CLAIM = "shared-checkpoints"
+CHECKPOINT_MOUNT = "/mnt/checkpoints"
+# Pulls of the operator image on a node, on a machine other runs share.
+INSTALL_TIMEOUT = "300s"
+CLAIM_TIMEOUT_SECONDS = 60.0
+# The files of a cluster run by `serve` (`tardigrade local up --real-nodes`), under its
+# state directory.
+CONFIG_FILE = "realcluster-config.json"
+INFO_FILE = "realcluster.json"
+LOG_FILE = "realcluster.log"
+STOP_TIMEOUT_SECONDS = 300.0
+REGISTRY_ATTEMPTS = 3
+
+
+class RealClusterError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePlan:
+    name: str
+    spot: bool = False
+
+
+def plan_nodes(nodes: int, spot_nodes: int) -> list[NodePlan]:
+    """`real-1`... in order: the ordinary nodes first (the chart keeps the operator off spot
+    nodes), then the spot ones."""
+    return [NodePlan(f"real-{i}", spot=i > nodes) for i in range(1, nodes + spot_nodes + 1)]
+
+
+def helm_binary() -> str:
+    found = shutil.which("helm") or str(repo_root() / ".ci" / "cache" / "helm")
+    if not Path(found).exists():
+        raise RealClusterError("no helm binary on PATH: run .ci/install-kube-clients.sh "
+                               ".ci/cache (or install helm 3)")
+    return found
+
+
+class RealNodeCluster:
+    """```
+    with RealNodeCluster(tmp / "real", plan_nodes(1, 2)) as real:
+        real.install_operator("--set", "operator.restartInPlace=true")
+        ...  # real.kubeconfig, real.images["trainer-cpu"], claim CHECKPOINT_CLAIM
+    ```
+    Every directory lives under `directory`; a node's must stay within
+    `realnode.MAX_DIRECTORY_CHARS` (unix socket paths), so keep `directory` short."""
+
+    def __init__(self, directory: Path, nodes: Sequence[NodePlan],
+                 checkpoint_namespace: str = "default") -> None:
+        names = [n.name for n in nodes]
+        if not names:
+            raise ValueError("a real-node cluster needs at least one node")
+        if len(set(names)) != len(names):
+            raise ValueError(f"node names repeat: {names}")
+        self.directory = directory.absolute()
+        self.plan = list(nodes)
+        self.checkpoint_namespace = checkpoint_namespace
+        self.cluster = LocalCluster(self.directory / "control", nodes=[], with_gcs=False,
+                                    node_egress=True, endpoint_controllers=True,
+                                    load_repo_crds=False)
+        self.registry = Registry(self.directory / "registry" / "storage",
+                                 log_path=self.directory / "registry" / "registry.log")
+        self.network = ClusterNetwork(self.directory / "net")
+        self.images: dict[str, str] = {}
+        self.dns: ClusterDNS | None = None
+        self.api: ClusterAPI | None = None
+        self.nodes: dict[str, RealNode] = {}
+        self.checkpoints = self.directory / "checkpoints"
+        self._stack = contextlib.ExitStack()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> RealNodeCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self, progress: Callable[[str], None] = log.info) -> RealNodeCluster:
+        """Start everything; on a failure, stop what was started and raise."""
+        # Whatever a killed run of ours left (its processes died with it; namespaces, mounts
+        # and cgroups did not).
+        realnode.sweep_orphans()
+        nodenet.sweep_orphans()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start(progress)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, progress: Callable[[str], None]) -> None:
+        stack = self._stack
+        progress("control plane")
+        stack.enter_context(self.cluster)
+        progress("image registry")
+        self._start_registry()
+        for name in IMAGES:
+            progress(f"image {name} (built only when its inputs changed), pushed")
+            self.images[name] = imagebuild.push(imagebuild.build(name), self.registry.host,
+                                                IMAGE_VERSION)
+        progress("cluster network, DNS and the kubernetes Service")
+        stack.enter_context(self.network)
+        self.dns = stack.enter_context(ClusterDNS(self.network, self.cluster.info,
+                                                  self.directory / "dns"))
+        self.api = stack.enter_context(ClusterAPI(self.network, self.cluster.info,
+                                                  self.directory / "api"))
+        for index, plan in enumerate(self.plan, start=1):
+            progress(f"node {plan.name}")
+            node = RealNode.for_cluster(self.cluster.info, plan.name,
+                                        self.directory / "nodes" / plan.name, index=index,
+                                        registry=self.registry.host, network=self.network)
+            # Registered before it starts: a node that fails half-way is stopped too.
+            self.nodes[plan.name] = node
+            stack.callback(node.stop)
+            node.start()
+        spot = [p.name for p in self.plan if p.spot]
+        with self.kube() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            for name in spot:
+                core.patch_node(name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
+            progress(f"checkpoint volume {CHECKPOINT_CLAIM} ({self.checkpoints})")
+            self._offer_checkpoints(core)
+
+    def _start_registry(self) -> None:
+        """Its port is picked free, then bound by the registry a moment later: another
+        server of the machine may take it meanwhile, so a registry that exits at once gets
+        another port."""
+        for attempt in range(1, REGISTRY_ATTEMPTS + 1):
+            try:
+                self._stack.enter_context(self.registry)
+                return
+            except RegistryError as err:
+                tail = ""
+                if self.registry.log_path is not None:
+                    with contextlib.suppress(OSError):
+                        tail = self.registry.log_path.read_text(errors="replace")[-2000:]
+                if attempt == REGISTRY_ATTEMPTS:
+                    raise RealClusterError(f"{err}:\n{tail}") from err
+                log.warning("the registry did not start (%s), another port: %s", err, tail)
+                self.registry = Registry(self.registry.storage, log_path=self.registry.log_path)
+
+    def _offer_checkpoints(self, core: kubernetes.client.CoreV1Api) -> None:
+        """One host directory every node mounts (the nodes share the host's filesystem),
+        offered by the admin as a ReadWriteMany PersistentVolume bound to a claim of the
+        jobs' namespace: a shared filesystem (Filestore over NFS on GKE)."""
+        self.checkpoints.mkdir(exist_ok=True)
+        self.checkpoints.chmod(0o1777)  # the trainer runs as its image's non-root user
+        namespace = self.checkpoint_namespace
+        if namespace != "default":
+            with contextlib.suppress(kubernetes.client.ApiException):
+                core.create_namespace({"metadata": {"name": namespace}})
+        core.create_persistent_volume({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": CHECKPOINT_CLAIM},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "hostPath": {"path": str(self.checkpoints), "type": "Directory"},
+                     "claimRef": {"namespace": namespace, "name": CHECKPOINT_CLAIM}}})
+        core.create_namespaced_persistent_volume_claim(namespace, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": CHECKPOINT_CLAIM},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "volumeName": CHECKPOINT_CLAIM,
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        deadline = time.monotonic() + CLAIM_TIMEOUT_SECONDS
+        while core.read_namespaced_persistent_volume_claim(
+                CHECKPOINT_CLAIM, namespace).status.phase != "Bound":
+            if time.monotonic() > deadline:
+                raise RealClusterError(f"the claim {namespace}/{CHECKPOINT_CLAIM} was not "
+                                       f"bound within {CLAIM_TIMEOUT_SECONDS:.0f} s")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Stop everything started, in the reverse order. Idempotent."""
+        self._stack.close()
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of the nodes and the network is still on the machine (all empty once
+        stopped), keyed `<node or network>: <kind>`."""
+        found: dict[str, list[str]] = {}
+        for name, node in self.nodes.items():
+            for kind, items in node.leftovers().items():
+                found[f"{name}: {kind}"] = items
+        for kind, items in self.network.leftovers().items():
+            found[f"network: {kind}"] = items
+        return found
+
+    # --- using it ----------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.kubeconfig
+
+    def kube(self) -> kubernetes.client.ApiClient:
+        return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def helm(self, *args: str, timeout: float = 600) -> str:
+        done = subprocess.run([helm_binary(), *args],
+                              env={**os.environ, **self.cluster.client_env()},
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RealClusterError(f"helm {' '.join(args[:2])} failed:\n"
+                                   f"{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def install_operator(self, *values: str) -> str:
+        """`helm install` of the chart with the registry's operator image, one replica, no
+        leader election; `values`: more helm arguments (`--set`, ...)."""
+        repository, tag = self.images["operator"].rsplit(":", 1)
+        return self.helm("install", OPERATOR_RELEASE, str(repo_root() / "charts" / "tardigrade"),
+                         "-n", OPERATOR_NAMESPACE, "--create-namespace",
+                         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                         "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
+                         *values, "--wait", "--timeout", INSTALL_TIMEOUT)
+
+    def describe(self) -> dict[str, Any]:
+        """What was started, for `tardigrade local status` and `down`."""
+        return {"kubeconfig": str(self.kubeconfig), "api_url": self.cluster.api_url,
+                "control_dir": str(self.cluster.layout.root),
+                "registry": self.registry.host, "images": dict(self.images),
+                "checkpoints": str(self.checkpoints), "checkpoint_claim": CHECKPOINT_CLAIM,
+                "checkpoint_namespace": self.checkpoint_namespace,
+                "nodes": [{"name": n.name, "spot": n.spot,
+                           "ip": self.nodes[n.name].addresses.node_ip,
+                           "directory": str(self.nodes[n.name].directory)}
+                          for n in self.plan],
+                "network": self.network.id}
+
+
+# --- run by `tardigrade local up --real-nodes` -------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    nodes: int = 1
+    spot_nodes: int = 0
+    operator: bool = True
+    # More `helm install` arguments for the operator.
+    helm_values: tuple[str, ...] = ()
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def read_info(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads((state_dir / INFO_FILE).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def serve(state_dir: Path) -> int:
+    """Start the cluster described by `state_dir`'s CONFIG_FILE, write INFO_FILE (`state`:
+    starting, then running or failed), run until SIGTERM or SIGINT, then stop it all."""
+    config = ServeConfig(**json.loads((state_dir / CONFIG_FILE).read_text()))
+    stopping, running = threading.Event(), threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if stopping.is_set():
+            return  # the first one is being acted on
+        stopping.set()
+        if not running.is_set():
+            # A `down` while it starts: what was started is stopped on the way out.
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    me = psutil.Process()
+    base = {"pid": me.pid, "started": me.create_time()}
+    write_json(state_dir / INFO_FILE, {**base, "state": "starting"})
+    real = RealNodeCluster(state_dir, plan_nodes(config.nodes, config.spot_nodes))
+    try:
+        real.start()
+        if config.operator:
+            log.info("operator: helm install")
+            real.install_operator(*config.helm_values)
+    except BaseException as err:
+        log.exception("the real-node cluster did not start")
+        running.set()  # a signal now must not cut the teardown short
+        real.stop()
+        write_json(state_dir / INFO_FILE, {**base, "state": "failed", "error": str(err)})
+        return 1
+    running.set()
+    # Where `tardigrade local up` without real nodes has it.
+    (state_dir / "kubeconfig").symlink_to(real.kubeconfig.relative_to(state_dir))
+    write_json(state_dir / INFO_FILE, {**base, "state": "running", "operator": config.operator,
+                                       **real.describe(),
+                                       "kubeconfig": str(state_dir / "kubeconfig")})
+    log.info("real-node cluster running")
+    stopping.wait()
+    log.info("stopping")
+    real.stop()
+    left = {k: v for k, v in real.leftovers().items() if v}
+    if left:
+        log.error("left behind: %s", left)
+    (state_dir / INFO_FILE).unlink(missing_ok=True)
+    return 0
+
+
+def _served_process(info: dict[str, Any] | None) -> psutil.Process | None:
+    """The `serve` process `info` names, if it still runs (the same process, not a later one
+    that got its pid)."""
+    if not info:
+        return None
+    with contextlib.suppress(psutil.Error, KeyError, ValueError):
+        proc = psutil.Process(int(info["pid"]))
+        if proc.create_time() == info["started"]:
+            return proc
+    return None
+
+
+def served_pid(state_dir: Path) -> int | None:
+    """The pid of the `serve` process running the cluster in `state_dir`, if one runs."""
+    proc = _served_process(read_info(state_dir))
+    return proc.pid if proc is not None else None
+
+
+def is_served(state_dir: Path) -> bool:
+    """Whether `state_dir` holds a real-node cluster of `tardigrade local up --real-nodes`."""
+    return (state_dir / CONFIG_FILE).exists()
+
+
+def clear_state(state_dir: Path) -> None:
+    """Tear down what a killed `serve` left (namespaces, mounts, cgroups of its nodes and
+    network; its processes died with it), then remove the state directory. Only once
+    nothing is mounted under it is it safe to remove: a pod's volume mount is the host's
+    directory."""
+    realnode.sweep_orphans()
+    nodenet.sweep_orphans()
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+
+
+def start_served(state_dir: Path, config: ServeConfig, timeout: float,
+                 progress: TextIO | None = None) -> dict[str, Any]:
+    """Run `serve` in a process of its own (it outlives this one) and return its INFO_FILE
+    once the cluster runs; RealClusterError (with its log's end) if it does not start.
+    `progress`: where its log goes meanwhile."""
+    if (pid := served_pid(state_dir)) is not None:
+        raise RealClusterError(f"a real-node cluster is already running in {state_dir} (pid "
+                               f"{pid}); run `tardigrade local down` first")
+    running = LocalCluster(state_dir).read_info()
+    if running and psutil.pid_exists(int(running["pid"])):
+        raise RealClusterError(f"a local cluster is already running in {state_dir} (pid "
+                               f"{running['pid']}); run `tardigrade local down` first")
+    clear_state(state_dir)
+    state_dir.mkdir(parents=True)
+    write_json(state_dir / CONFIG_FILE, dataclasses.asdict(config))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*project_python_path(),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    log_path = state_dir / LOG_FILE
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "tardigrade_local.realcluster",
+                                 str(state_dir)], stdout=log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    shown = 0
+    while True:
+        if progress is not None:
+            text = log_path.read_text(errors="replace")
+            progress.write(text[shown:])
+            progress.flush()
+            shown = len(text)
+        info = read_info(state_dir) or {}
+        if info.get("state") == "running":
+            return info
+        if info.get("state") == "failed" or proc.poll() is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(STOP_TIMEOUT_SECONDS)
+            raise RealClusterError(f"the real-node cluster did not start: "
+                                   f"{info.get('error', '')}\n"
+                                   f"{log_path.read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            stop_served(state_dir)
+            raise RealClusterError(f"the real-node cluster did not start within {timeout:.0f} "
+                                   f"s; its log was {log_path}")
+        time.sleep(0.5)
+
+
+def stop_served(state_dir: Path, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+    """Stop the `serve` process (SIGTERM: it takes the cluster down in order; SIGKILL after
+    `timeout`, its processes dying with it), tear down whatever is left, remove the state
+    directory."""
+    proc = _served_process(read_info(state_dir))
+    if proc is not None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                proc.wait(30)
+    # The control plane and every process of the nodes died with it (PR_SET_PDEATHSIG).
+    clear_state(state_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sys.exit(serve(Path(args[0]).absolute()))
+
+
+if __name__ == "__main__":
+    main()
