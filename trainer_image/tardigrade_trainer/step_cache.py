@@ -28,9 +28,12 @@ entry by what determines the program without tracing it (`identity_key`: the pro
 the trainer's source, the libraries' versions and the configuration), and `Preload` reads and
 loads that entry onto the devices in a thread of its own from the moment the devices are up,
 while the state's shapes are worked out, the step is traced and lowered and the state restored.
-The loaded executable is used only once the lowering is done and the program digest the entry
-was stored with equals the lowered program's: anything that changed the program without
-changing the key (a library's behaviour, an environment variable) is compiled, never run. Loading
+In a gang the loaded executable is used only once the lowering is done and the program digest
+the entry was stored with equals the lowered program's: anything that changed the program
+without changing the key (a library's behaviour, an environment variable) is compiled, never
+run. A gang of one runs it before any trace where the entry says the argument and output trees
+its caller worked out without tracing (`predicted`, compiled_step.predicted_trees) were the
+lowering's, and checks the program once the loop runs (step_check.py). Loading
 it before its trees are known takes the first half of JAX's `deserialize_and_load`
 (`_JaxPjrtUnpickler`, private in jax 0.10.2): where that is not there, the entry is loaded after
 the lowering, as before.
