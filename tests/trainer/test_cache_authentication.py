@@ -54,9 +54,10 @@ def _step_name(lowered) -> str:
 
 
 def _weapon(lowered, marker: Path) -> bytes:
-    """An entry's payload as StepCache stores it (the program's digest, then the pickled
-    executable) whose unpickling creates `marker`."""
-    return step_cache.program_digest(lowered.as_text()) + pickle.dumps(_Touch(marker))
+    """An entry's payload as StepCache stores it (the program's digest, its flags, then the
+    pickled executable) whose unpickling creates `marker`."""
+    return step_cache.payload_of(step_cache.program_digest(lowered.as_text()),
+                                 pickle.dumps(_Touch(marker)))
 
 
 def _step_file(scratch: Path, payload: bytes) -> bytes:

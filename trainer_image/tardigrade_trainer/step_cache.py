@@ -415,16 +415,21 @@ def compile_or_load(lowered: Any, cache: StepCache | None, devices: Sequence[Any
     compiled = lowered.compile()
     if _jax_cache_hits_so_far() > hits_before:
         return compiled, Outcome("jax_cache", time.perf_counter() - started, why)
-    flags = _TREES_PREDICTED if predicted is not None and predicted_trees_hold(
-        predicted, lowered) else 0
+    held = predicted is not None and predicted_trees_hold(predicted, lowered)
     try:
-        cache.write(key, program + bytes([flags]) + serialize_executable.serialize(compiled)[0])
+        cache.write(key, payload_of(program, serialize_executable.serialize(compiled)[0], held))
     except Exception as err:  # a full disk or an executable JAX cannot serialize
         note = f"not stored ({type(err).__name__}: {err})"
         log.warning("step cache: %s", note)
         why = f"{why}; {note}" if why else note
     return compiled, Outcome("fallback" if found else "miss",
                              time.perf_counter() - started, why)
+
+
+def payload_of(program: bytes, executable: bytes, trees_predicted: bool = False) -> bytes:
+    """An entry's payload: the digest of the program it was compiled from, its flags, then the
+    serialized executable."""
+    return program + bytes([_TREES_PREDICTED if trees_predicted else 0]) + executable
 
 
 def predicted_trees_hold(predicted: tuple[Any, Any], lowered: Any) -> bool:
