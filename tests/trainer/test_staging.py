@@ -30,6 +30,12 @@ class Budget:
     def staging_failed(self, device: object, nbytes: int) -> None:
         raise AssertionError("no staging copy fails here")
 
+    def staged(self, device: object, nbytes: int) -> None:
+        pass  # a fixed budget: what is staged does not lower it
+
+    def freed(self, device: object, nbytes: int) -> None:
+        pass
+
 
 class FakeDevice:
     def __init__(self, **stats: int) -> None:

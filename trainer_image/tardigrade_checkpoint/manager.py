@@ -215,6 +215,12 @@ class CheckpointManager:
         return self._snapshots.last_staged_bytes
 
     @property
+    def staging_budget(self) -> staging.DeviceBudget:
+        """The device memory this process's snapshots may stage: the memory tier's share it
+        with the saves (stagingbudget.py)."""
+        return self._snapshots.budget
+
+    @property
     def last_staging(self) -> dict[str, Any]:
         """What the last save staged on this host, as its `checkpoint_started` event says:
         `staged_bytes`, `staging_budget_bytes` (this host's devices' budgets, summed) and

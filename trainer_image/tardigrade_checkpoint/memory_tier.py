@@ -34,11 +34,14 @@ import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tardigrade_checkpoint import digest
+
+if TYPE_CHECKING:  # staging imports jax, which this module imports only where it uses it
+    from tardigrade_checkpoint import staging
 
 FORMAT = "tardigrade-memory/1"
 ROOT = "tardigrade-memory"
@@ -66,26 +69,73 @@ class Piece:
     region: str  # digest.region_key of the piece in the whole array
     dtype: str
     shape: tuple[int, ...]  # the piece's own shape
-    value: np.ndarray | None = None  # the host copy
+    # The host copy: numpy data, or (an accelerator's) a copy staged in device memory that
+    # the device reader brings to the host (staging.StagedShard; `np.asarray` waits for it).
+    value: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """One owner's pieces of one step, on the host."""
+    """One owner's pieces of one step, on the host (or staged on its devices)."""
 
     arrays: dict[str, dict[str, Any]]  # leaf -> {"shape", "dtype"[, "prng_impl"]}
     pieces: list[Piece]
 
     @property
     def nbytes(self) -> int:
-        return sum(p.value.nbytes for p in self.pieces if p.value is not None)
+        return sum(int(p.value.nbytes) for p in self.pieces if p.value is not None)
+
+    def release(self) -> None:
+        """Give back the device memory of pieces still staged (a commit that failed before
+        reading them); read ones gave it back already."""
+        from tardigrade_checkpoint import staging
+
+        for piece in self.pieces:
+            if isinstance(piece.value, staging.StagedShard):
+                piece.value.release()
 
 
-def take_snapshot(state: Any) -> Snapshot:
+def take_snapshot(state: Any, budget: staging.Budget | None = None,
+                  report: staging.StagingReport | None = None) -> Snapshot:
     """Copy this host's shards of `state` off its devices (the loop waits for this part only).
 
     Every addressable shard once per region; host values whole. Copies, not views: the
-    training step donates the state's buffers."""
+    training step donates the state's buffers.
+
+    `budget` (staging.DeviceBudget, the bucket save's): off the CPU, the shards that fit it
+    are staged in spare device memory (the loop waits only for the device-side copy) and
+    read to the host by the device reader while the loop trains on; the rest are copied to
+    the host here (staging.py). None, or on the CPU: every shard copied to the host here.
+    `report` (staging.StagingReport) is told what was staged."""
+    from tardigrade_checkpoint import staging
+
+    arrays, pieces, at, shards = _plan(state)
+    if budget is None or _on_cpu([device for device, _ in shards]):
+        # CPU "device" memory is host memory, and `np.asarray` of it may be a view of the
+        # buffer the next step donates: a copy of its own, now.
+        got: dict[int, Any] = {i: np.asarray(data).copy() for i, (_, data) in enumerate(shards)}
+    else:
+        got = staging.stage(shards, budget, report)
+    for i, position in enumerate(at):
+        pieces[position] = dataclasses.replace(pieces[position], value=got[i])
+    return Snapshot(arrays, pieces)
+
+
+def prepare(state: Any, budget: staging.Budget) -> None:
+    """Start compiling the staged copy's program for snapshots of `state`'s layout
+    (staging.prepare), so that the first one need not copy the slower way. Nothing to do on
+    the CPU."""
+    from tardigrade_checkpoint import staging
+
+    shards = _plan(state)[3]
+    if not _on_cpu([device for device, _ in shards]):
+        staging.prepare(shards, budget)
+
+
+def _plan(state: Any) -> tuple[dict[str, dict[str, Any]], list[Piece], list[int],
+                               list[tuple[Any, Any]]]:
+    """(the leaves' entries, the pieces with host values filled in, where each device piece
+    is among them, the device pieces' (device, single-device array))."""
     import jax
 
     from tardigrade_checkpoint import layout, leaves
@@ -93,6 +143,8 @@ def take_snapshot(state: Any) -> Snapshot:
     names = layout.leaf_names(state)
     arrays: dict[str, dict[str, Any]] = {}
     pieces: list[Piece] = []
+    at: list[int] = []
+    shards: list[tuple[Any, Any]] = []
     for name, leaf in zip(names, jax.tree_util.tree_leaves(state), strict=True):
         entry: dict[str, Any] = {}
         if leaves.is_prng_key(leaf):
@@ -105,16 +157,24 @@ def take_snapshot(state: Any) -> Snapshot:
                                 tuple(value.shape), value))
             continue
         shape = tuple(leaf.shape)
-        arrays[name] = {"shape": list(shape), "dtype": np.dtype(leaf.dtype).name, **entry}
+        dtype = np.dtype(leaf.dtype).name
+        arrays[name] = {"shape": list(shape), "dtype": dtype, **entry}
         seen: set[str] = set()
         for shard in leaf.addressable_shards:
             region = digest.region_key(shard.index, shape)
             if region in seen:
                 continue
             seen.add(region)
-            value = np.asarray(shard.data).copy()
-            pieces.append(Piece(name, region, value.dtype.name, tuple(value.shape), value))
-    return Snapshot(arrays, pieces)
+            data = shard.data
+            at.append(len(pieces))
+            pieces.append(Piece(name, region, dtype, tuple(data.shape)))
+            shards.append((shard.device, data))
+    return arrays, pieces, at, shards
+
+
+def _on_cpu(devices: Sequence[Any]) -> bool:
+    """Whether the shards are in host memory already (the CPU backend): nothing to stage."""
+    return all(device.platform == "cpu" for device in devices)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,9 +30,10 @@ in order, from the moment they are staged (docs/benchmarks/tpu-chip.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -140,21 +141,30 @@ class StagedShard:
     Takes what the writers take of a shard's host data (`np.asarray`, `.nbytes`, `.shape`,
     `.dtype`)."""
 
-    def __init__(self, copy: jax.Array, reader: SaveThread | None = None) -> None:
+    def __init__(self, copy: jax.Array, reader: SaveThread | None = None,
+                 on_free: Callable[[], None] | None = None) -> None:
         self.shape = tuple(copy.shape)
         self.dtype = np.dtype(copy.dtype)
         self.nbytes = int(copy.nbytes)
         # Only the read changes it, or `release` once the read was cancelled or has ended.
         self._copy: jax.Array | None = copy
+        self._on_free = on_free  # told once, when the device memory is given back
         self._read = (reader or _device_reader()).submit(self._to_host)
 
     def _to_host(self) -> np.ndarray:
-        copy = self._copy
-        assert copy is not None, "a released staged shard is never read"
-        host = np.asarray(copy)
-        copy.delete()  # its device memory is free from here
-        self._copy = None
-        return host
+        assert self._copy is not None, "a released staged shard is never read"
+        try:
+            return np.asarray(self._copy)
+        finally:  # read or not (a failed read is the save's error), it leaves the device
+            self._free()
+
+    def _free(self) -> None:
+        copy, self._copy = self._copy, None
+        if copy is None:
+            return
+        copy.delete()
+        if self._on_free is not None:
+            self._on_free()
 
     @property
     def device_bytes(self) -> int:
@@ -169,17 +179,20 @@ class StagedShard:
         """Free the device memory, read or not (a save that failed before its write)."""
         if not self._read.cancel():
             self._read.exception()  # a read under way ends first (and frees it)
-        if self._copy is not None:
-            self._copy.delete()
-            self._copy = None
+        self._free()
 
 
 class Budget(Protocol):
-    """What `stage` spends (stagingbudget.DeviceBudget)."""
+    """What `stage` spends (stagingbudget.DeviceBudget), and the account of what its staged
+    copies hold until they are read (shared by every snapshot that stages)."""
 
     def for_device(self, device: Any) -> int: ...
 
     def staging_failed(self, device: Any, nbytes: int) -> None: ...
+
+    def staged(self, device: Any, nbytes: int) -> None: ...
+
+    def freed(self, device: Any, nbytes: int) -> None: ...
 
 
 @dataclasses.dataclass
@@ -240,8 +253,11 @@ def stage(shards: Sequence[tuple[Any, jax.Array]], budget: Budget,
             direct.extend(positions)
             continue
         for i, copy in zip(positions, copies, strict=True):
-            staged[i] = StagedShard(copy)
-            report.staged_bytes += int(copy.nbytes)
+            nbytes = int(copy.nbytes)
+            budget.staged(device, nbytes)  # until its read gives the device memory back
+            staged[i] = StagedShard(copy, on_free=functools.partial(budget.freed, device,
+                                                                     nbytes))
+            report.staged_bytes += nbytes
     # Every direct copy in flight before the first wait: the device's DMA engines overlap.
     for i in direct:
         shards[i][1].copy_to_host_async()

@@ -26,11 +26,17 @@ stops the training, a host copy only slows one save.
 `checkpoint_snapshot_device_mib` (the trainer's setting; `snapshot_device_bytes` of the
 manager) caps the automatic budget, or turns staging off with 0. A platform that reports no
 memory figures (the CPU) stages nothing.
+
+One budget serves every snapshot of a process: the bucket save's and the memory tier's
+(docs/memory-tier.md). The headroom and the cap are for all staged copies at once, so the
+budget keeps account of the copies still on the devices (`staged`, `freed`) and gives a
+snapshot only what the others' outstanding copies leave of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -146,6 +152,11 @@ class DeviceBudget:
     may stage on that device, below the size that failed: the loop's memory use is steady, so
     the same size would fail at every save, each paying for a failed allocation and a host
     copy; halving finds a size that fits within a few saves and still stages what it can.
+
+    Copies staged and not yet read to the host (`outstanding`, kept by `staged` and `freed`)
+    count against the headroom, the cap and the size after a failure: a bucket save and a
+    memory snapshot staging one after the other never hold more than the budget together.
+    (What is free now needs no such account: the runtime counts those copies in use.)
     """
 
     def __init__(self, limit_bytes: int | None = None,
@@ -157,6 +168,8 @@ class DeviceBudget:
         self.program_extra: int | None = None
         self._headroom: dict[Any, int] = {}
         self._after_failure: dict[Any, int] = {}
+        self._outstanding: dict[Any, int] = {}
+        self._lock = threading.Lock()  # the device reader frees what save threads staged
 
     @property
     def source(self) -> str:
@@ -184,10 +197,32 @@ class DeviceBudget:
             return 0
         if device not in self._headroom:
             self._headroom[device] = headroom_bytes(figures, self.program_extra)
-        budget = min(self._headroom[device], free_now_bytes(figures))
+        held = self.outstanding(device)
+        budget = min(self._headroom[device] - held, free_now_bytes(figures))
         if device in self._after_failure:
-            budget = min(budget, self._after_failure[device])
-        return budget if self.limit_bytes is None else min(budget, self.limit_bytes)
+            budget = min(budget, self._after_failure[device] - held)
+        if self.limit_bytes is not None:
+            budget = min(budget, self.limit_bytes - held)
+        return max(0, budget)
+
+    def staged(self, device: Any, nbytes: int) -> None:
+        """`nbytes` were staged on `device`: they hold the budget until `freed`."""
+        with self._lock:
+            self._outstanding[device] = self._outstanding.get(device, 0) + nbytes
+
+    def freed(self, device: Any, nbytes: int) -> None:
+        """A staged copy of `nbytes` on `device` was read to the host (or released)."""
+        with self._lock:
+            left = self._outstanding.get(device, 0) - nbytes
+            if left > 0:
+                self._outstanding[device] = left
+            else:
+                self._outstanding.pop(device, None)
+
+    def outstanding(self, device: Any) -> int:
+        """Bytes staged on `device` and not yet freed, by every snapshot of this budget."""
+        with self._lock:
+            return self._outstanding.get(device, 0)
 
     def staging_failed(self, device: Any, nbytes: int) -> None:
         """The device could not allocate a staged copy of `nbytes`: stage less from now on."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tardigrade_checkpoint import coordination, memory_tier
+from tardigrade_checkpoint import coordination, memory_tier, stagingbudget
 from tardigrade_checkpoint.lineage import LEGACY_LINEAGE
 from tardigrade_contract import contract
 
@@ -37,7 +37,10 @@ class MemoryTier:
     """One rank's memory tier for one attempt."""
 
     def __init__(self, env: contract.TrainerEnvironment, log: Callable[[dict[str, Any]], None],
-                 timeout_seconds: float | None = None) -> None:
+                 timeout_seconds: float | None = None,
+                 budget: stagingbudget.DeviceBudget | None = None) -> None:
+        """`budget`: the bucket save's staging budget, which snapshots share (None: never
+        stage; memory_tier.take_snapshot)."""
         import jax
 
         assert env.memory_tier_dir is not None and env.memory_tier_interval is not None
@@ -48,6 +51,7 @@ class MemoryTier:
         self.interval = env.memory_tier_interval
         self.replicas = min(env.memory_tier_replicas, self.count - 1)
         self.timeout = timeout_seconds or env.init_timeout_seconds
+        self.budget = budget if budget is not None else stagingbudget.DeviceBudget(0)
         if self.replicas > 0:
             secret = memory_tier.check_key((env.replica_key or "").encode(),
                                            contract.ENV_REPLICA_KEY)
@@ -93,16 +97,34 @@ class MemoryTier:
     def due(self, step: int) -> bool:
         return step % self.interval == 0
 
+    def prepare(self, state: Any) -> None:
+        """Once a step has run: compile the staged copy's program for `state`'s layout in the
+        background (staging.prepare), so that the first snapshot need not copy the slower
+        way. Nothing to do on the CPU or with staging off."""
+        if self.budget.limit_bytes != 0:
+            memory_tier.prepare(state, self.budget)
+
     def snapshot(self, step: int, state: Any, extra: Mapping[str, Any],
                  mesh: Mapping[str, int] | None) -> float:
         """Start this rank's snapshot of `step`; the seconds the loop was blocked (the
-        previous snapshot's write and send, if still going, then the copy off the devices)."""
+        previous snapshot's write and send, if still going, then the copy off the devices:
+        to spare device memory within the staging budget, to the host for the rest)."""
+        from tardigrade_checkpoint import staging
+
         started = time.perf_counter()
-        self.wait()
-        snapshot = memory_tier.take_snapshot(state)
+        self.wait()  # the previous commit, which has read (and freed) its staged copies
+        report = staging.StagingReport()
+        snapshot = memory_tier.take_snapshot(state, self.budget, report)
         blocked = time.perf_counter() - started
         self.log({"event": "memory_snapshot_started", "step": step,
-                  "blocked_s": round(blocked, 6), "bytes": snapshot.nbytes})
+                  "blocked_s": round(blocked, 6), "bytes": snapshot.nbytes,
+                  "staged_bytes": report.staged_bytes,
+                  "staging_budget_bytes": report.budget_bytes,
+                  "staging_budget": self.budget.source})
+        if report.failed_bytes:
+            self.log({"event": "memory_snapshot_staging_failed", "level": "warning",
+                      "step": step, "failed_bytes": report.failed_bytes,
+                      "error": "; ".join(report.errors)})
         self._pending = self._executor.submit(self._commit, step, snapshot, dict(extra),
                                               dict(mesh or {}))
         return blocked
@@ -111,6 +133,8 @@ class MemoryTier:
                 mesh: dict[str, int]) -> None:
         started = time.perf_counter()
         try:
+            # `encode` reads each staged piece to the host (through the device reader, which
+            # began when it was staged) before it digests it.
             manifest, buffers = memory_tier.encode(
                 snapshot, step=step, attempt=self.env.attempt, owner=self.rank,
                 process_count=self.count, lineage=self.lineage, job_uid=self.env.job_uid,
@@ -128,6 +152,8 @@ class MemoryTier:
             self.log({"event": "memory_snapshot_failed", "level": "warning", "step": step,
                       "error": str(err)})
             return
+        finally:
+            snapshot.release()  # device memory of pieces never read (a failed commit)
         self._newest = step
         self.log({"event": "memory_snapshot_committed", "step": step,
                   "bytes": manifest.data_bytes, "replicas": sent,

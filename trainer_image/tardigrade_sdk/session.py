@@ -324,7 +324,8 @@ class TrainingSession:
         from tardigrade_sdk.memory_session import MemoryTier
         from tardigrade_sdk.restore_choice import OWN_ROOT
 
-        self._memory = MemoryTier(env, self.log)
+        # The bucket save's staging budget: the two never stage more than it together.
+        self._memory = MemoryTier(env, self.log, budget=manager.staging_budget)
         record = manager.root_record()
         bucket = self.restore_step if self.restore_choice.source == OWN_ROOT else -1
         step = self._memory.choose(bucket, record.lineage if record is not None else None)
@@ -478,6 +479,8 @@ class TrainingSession:
             self.checkpoints.prepare_save(state)
         else:  # a backend of the loop's own may predate the argument
             self.checkpoints.prepare_save(state, step_program=step_program)
+        if self._memory is not None:
+            self._memory.prepare(state)
         self.phase_clock.switch(was)
 
     def report(self, step: int, loss: Any = None, **fields: Any) -> None:
