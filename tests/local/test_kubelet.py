@@ -411,50 +411,6 @@ def test_memory_limit_gives_oom_killed(kube):
     assert (terminated["exitCode"], terminated["reason"]) == (137, "OOMKilled")
 
 
-def test_two_jax_gangs_on_one_port_through_headless_service_names(kube):
-    """Two 2-rank JAX gangs at once, both on coordinator port 18476.
-
-    gRPC (inside JAX) resolves names itself and cannot see the kubelet's hosts file, so a
-    rank resolves the coordinator name in Python first, which works the same on a real
-    cluster. Rank 0 binds the coordinator to its own pod IP (its hostname resolves to it), so
-    the gangs cannot collide on the shared loopback.
-    """
-    pytest.importorskip("jax")
-    script = """
-        import os, socket
-        gang = os.environ["GANG"]
-        host = f"{gang}-0.{gang}.default.svc.cluster.local"
-        import jax, jax.numpy as jnp
-        from jax.experimental import multihost_utils
-        me = socket.gethostbyname(socket.gethostname())
-        # A generous deadline: four JAX processes start at once on two cores, beside another
-        # test module, and one rank may be far behind the other through its imports.
-        jax.distributed.initialize(coordinator_address=socket.gethostbyname(host) + ":18476",
-                                   coordinator_bind_address=me + ":18476",
-                                   num_processes=2, process_id=int(os.environ["RANK"]),
-                                   initialization_timeout=150)
-        rank = jax.process_index() + 1
-        total = multihost_utils.process_allgather(jnp.array([rank * int(gang[-1])]))
-        print("sum", int(total.sum()), flush=True)
-    """
-    for gang in ("gang1", "gang2"):
-        kube.core.create_namespaced_service("default", {
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": gang},
-            "spec": {"clusterIP": "None", "selector": {"app": gang}, "ports": [{"port": 1}]}})
-        for rank in (0, 1):
-            env = [{"name": "RANK", "value": str(rank)}, {"name": "GANG", "value": gang},
-                   {"name": "JAX_PLATFORMS", "value": "cpu"}]
-            kube.create_pod(python_pod(f"{gang}-{rank}", script, labels={"app": gang},
-                                       hostname=f"{gang}-{rank}", subdomain=gang,
-                                       container={"env": env}))
-    for gang, expected in (("gang1", 3), ("gang2", 6)):
-        for rank in (0, 1):
-            pod = kube.wait_phase(f"{gang}-{rank}", ("Succeeded", "Failed"), timeout=180)
-            log = kube.core.read_namespaced_pod_log(f"{gang}-{rank}", "default")
-            assert pod["status"]["phase"] == "Succeeded", log
-            assert f"sum {expected}" in log
-
-
 def test_restart_always_restarts_a_completed_container(kube):
     kube.create_pod(python_pod("again", "print('run')", restart="Always"))
 
