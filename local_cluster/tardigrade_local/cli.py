@@ -179,11 +179,7 @@ def up(
     typer.echo(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
     if not foreground:
         return
-    typer.echo("# local cluster running; Ctrl-C stops it", err=True)
-    stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
-    stopped.wait()
+    _until_stopped("# local cluster running; Ctrl-C stops it")
     cluster.stop()
 
 
@@ -210,12 +206,17 @@ def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
     typer.echo(f"export KUBECONFIG={shlex.quote(str(info['kubeconfig']))}")
     if not foreground:
         return
-    typer.echo("# real-node cluster running; Ctrl-C stops it", err=True)
+    _until_stopped("# real-node cluster running; Ctrl-C stops it")
+    realcluster.stop_served(layout.root)
+
+
+def _until_stopped(banner: str) -> None:
+    """For `up --foreground`: wait for Ctrl-C or SIGTERM."""
+    typer.echo(banner, err=True)
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     stopped.wait()
-    realcluster.stop_served(layout.root)
 
 
 def _operator_command(enabled: bool, custom: str | None) -> list[str] | None:
