@@ -76,7 +76,8 @@ def up(
     state_dir: Path | None = StateDir,
     foreground: bool = typer.Option(False, "--foreground/--background",
                                     help="Stay attached; Ctrl-C stops the cluster."),
-    gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator."),
+    gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator (with "
+                             "--real-nodes, with the Service kube-system/fake-gcs for pods)."),
     shutdown_grace: float = typer.Option(
         REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
         help="Seconds a pod gets (at most its own grace) when its node shuts down: the kubelet's "
@@ -130,7 +131,7 @@ def up(
                        f"{' and '.join(given)} out", err=True)
             raise typer.Exit(2)
         _up_real(_layout(state_dir), nodes, spot_nodes, operator, operator_set or [],
-                 foreground)
+                 foreground, gcs)
         return
     if operator_set:
         typer.echo("error: --operator-set: only with --real-nodes (the operator is installed "
@@ -184,7 +185,7 @@ def up(
 
 
 def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
-             operator_set: list[str], foreground: bool) -> None:
+             operator_set: list[str], foreground: bool, gcs: bool) -> None:
     if nodes + spot_nodes == 0:
         typer.echo("error: --nodes/--spot-nodes: a real-node cluster needs at least one node",
                    err=True)
@@ -194,7 +195,7 @@ def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
                    "one ordinary node (--nodes 1) or --no-operator", err=True)
         raise typer.Exit(2)
     config = realcluster.ServeConfig(
-        nodes=nodes, spot_nodes=spot_nodes, operator=operator,
+        nodes=nodes, spot_nodes=spot_nodes, operator=operator, gcs=gcs,
         helm_values=tuple(arg for value in operator_set for arg in ("--set", value)))
     try:
         # Progress (the cluster's log) on stderr; the export line alone on stdout.
@@ -433,13 +434,18 @@ def _status_real(cluster: LocalCluster, info: dict[str, Any], as_json: bool) -> 
     report = {"api_url": cluster.api_url, "kubeconfig": info["kubeconfig"],
               "registry": info["registry"], "images": info["images"],
               "operator": info["operator"], "checkpoints": info["checkpoints"],
-              "checkpoint_claim": info["checkpoint_claim"], "real_nodes": True, "nodes": nodes}
+              "checkpoint_claim": info["checkpoint_claim"], "gcs_url": info.get("gcs_url"),
+              "gcs_pod_env": info.get("gcs_pod_env"), "real_nodes": True, "nodes": nodes}
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"API server: {report['api_url']}\nkubeconfig: {report['kubeconfig']}")
     typer.echo(f"registry:   {report['registry']}")
     typer.echo(f"checkpoints: claim {report['checkpoint_claim']} -> {report['checkpoints']}")
+    if report["gcs_url"]:
+        # A real kubelet adds nothing to a pod's environment: a job's spec.env carries it.
+        typer.echo(f"GCS:        {report['gcs_url']}; pods: {info['gcs_pod_url']} (a job's "
+                   f"spec.env: gcs_pod_env of `status --json`)")
     for node in nodes:
         kind = "spot" if node["spot"] else "on-demand"
         typer.echo(f"real node {node['name']} ({node['state']}, {kind}, {node['ip']}): "

@@ -16,9 +16,7 @@ kube-proxies DNAT 10.0.0.1:443 there. kube-apiserver's serving certificate names
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,16 +25,11 @@ from typing import Any
 
 import kubernetes
 
-from tardigrade_local.lifetime import die_with_parent
+from tardigrade_local import netnsproxy
 from tardigrade_local.nodenet import API_ADDRESS, ClusterNetwork
 
 API_PORT = 6443
 SLICE = "kubernetes-cluster-network"
-STOP_TIMEOUT_SECONDS = 10.0
-
-
-class ClusterAPIError(RuntimeError):
-    pass
 
 
 class ClusterAPI:
@@ -60,20 +53,10 @@ class ClusterAPI:
     def start(self) -> ClusterAPI:
         self.directory.mkdir(parents=True, exist_ok=True)
         api = urllib.parse.urlsplit(self.api_url)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-        with open(self.directory / "netnsproxy.log", "a") as log:
-            self._proxy = subprocess.Popen(
-                [sys.executable, "-m", "tardigrade_local.netnsproxy",
-                 str(self.network.netns_path), f"{API_ADDRESS}:{API_PORT}",
-                 f"{api.hostname}:{api.port}"],
-                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
-                text=True, preexec_fn=die_with_parent)
+        self._proxy = netnsproxy.spawn(self.network.netns_path, f"{API_ADDRESS}:{API_PORT}",
+                                       f"{api.hostname}:{api.port}",
+                                       self.directory / "netnsproxy.log")
         try:
-            assert self._proxy.stdout is not None
-            if self._proxy.stdout.readline().strip() != "listening":
-                raise ClusterAPIError(f"the API proxy did not start: "
-                                      f"{(self.directory / 'netnsproxy.log').read_text()}")
             self._publish()
         except BaseException:
             self.stop()
@@ -107,13 +90,5 @@ class ClusterAPI:
               kubernetes.config.new_client_from_config(self.admin_kubeconfig) as client):
             kubernetes.client.DiscoveryV1Api(client).delete_namespaced_endpoint_slice(
                 SLICE, "default")
-        if self._proxy is not None and self._proxy.poll() is None:
-            self._proxy.terminate()
-            try:
-                self._proxy.wait(STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self._proxy.kill()
-                self._proxy.wait(5)
-        if self._proxy is not None and self._proxy.stdout is not None:
-            self._proxy.stdout.close()
+        netnsproxy.stop(self._proxy)
         self._proxy = None

@@ -18,10 +18,15 @@ import contextlib
 import ctypes
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from tardigrade_local.lifetime import die_with_parent
 
 CLONE_NEWNET = 0x40000000
+STOP_TIMEOUT_SECONDS = 10.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -82,6 +87,46 @@ async def serve(sock: socket.socket, host: str, port: int) -> None:
     server = await asyncio.start_server(relay, sock=sock)
     async with server:
         await server.serve_forever()
+
+
+class RelayError(RuntimeError):
+    pass
+
+
+def spawn(netns_path: Path, listen: str, target: str, log_path: Path
+          ) -> subprocess.Popen[str]:
+    """Run this module as a child (it dies with the calling thread's process) relaying
+    `listen` ([ADDRESS:]PORT in the namespace) to `target` (HOST:PORT of this host's);
+    returned once it listens. Its stderr goes to `log_path`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tardigrade_local.netnsproxy", str(netns_path), listen,
+             target],
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True,
+            preexec_fn=die_with_parent)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "listening":
+        stop(proc)
+        raise RelayError(f"the relay to {target} did not start: "
+                         f"{log_path.read_text(errors='replace')[-3000:]}")
+    return proc
+
+
+def stop(proc: subprocess.Popen[str] | None) -> None:
+    """Stop a relay `spawn` started (SIGTERM, SIGKILL after a while) and reap it. Idempotent."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

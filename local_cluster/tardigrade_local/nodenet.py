@@ -41,6 +41,7 @@ POD_NETWORK = ipaddress.ip_network("10.251.0.0/16")
 ROUTER_ADDRESS = str(NODE_NETWORK[-2])  # 10.250.255.254
 DNS_ADDRESS = str(NODE_NETWORK[-3])  # 10.250.255.253, CoreDNS (clusterdns.py)
 API_ADDRESS = str(NODE_NETWORK[-4])  # 10.250.255.252, kube-apiserver for pods (clusterapi.py)
+GCS_ADDRESS = str(NODE_NETWORK[-5])  # 10.250.255.251, the GCS emulator for pods (clustergcs.py)
 NETWORK_BRIDGE = "tdgnet0"
 NODE_INTERFACE = "eth0"
 # One record per cluster network (its directory, the process that made it), so a later
@@ -107,7 +108,7 @@ class ClusterNetwork:
             run_ip("-n", self.id, "link", "add", NETWORK_BRIDGE, "type", "bridge")
             run_ip("-n", self.id, "addr", "add",
                    f"{ROUTER_ADDRESS}/{NODE_NETWORK.prefixlen}", "dev", NETWORK_BRIDGE)
-            for address in (DNS_ADDRESS, API_ADDRESS):
+            for address in (DNS_ADDRESS, API_ADDRESS, GCS_ADDRESS):
                 run_ip("-n", self.id, "addr", "add",
                        f"{address}/{NODE_NETWORK.prefixlen}", "dev", NETWORK_BRIDGE)
             run_ip("-n", self.id, "link", "set", NETWORK_BRIDGE, "up")

@@ -2,16 +2,19 @@
 
 `RealNodeCluster` starts, in this order, what a GKE cluster with Tardigrade installed is made
 of here: the control plane (`LocalCluster`, with no node agent, node egress on, the endpoint
-controllers running, the CRD left to the chart), an image registry (`registry.py`) with the
-operator and trainer-cpu images built (`imagebuild.py`, a lookup when their inputs are
-unchanged) and pushed to it, the cluster network (`nodenet.py`), cluster DNS
-(`clusterdns.py`), the `kubernetes` Service's endpoint for pods (`clusterapi.py`), the real
-nodes (`realnode.py`; spot ones labelled `cloud.google.com/gke-spot=true`, as GKE does), and
-a ReadWriteMany PersistentVolume over one host directory every node mounts, bound to a claim
-(`CHECKPOINT_CLAIM`), where trainers checkpoint: the pods cannot reach the host's GCS
-emulator, and a claim is what the chart's admission lets a trainer mount. `install_operator`
-is `helm install` of the chart with the registry's operator image. `stop` takes everything
-down in the reverse order and leaves nothing on the machine (`leftovers`).
+controllers running, the CRD left to the chart, and the GCS emulator on the host's loopback),
+an image registry (`registry.py`) with the operator and trainer-cpu images built
+(`imagebuild.py`, a lookup when their inputs are unchanged) and pushed to it, the cluster
+network (`nodenet.py`), cluster DNS (`clusterdns.py`), the `kubernetes` Service's endpoint for
+pods (`clusterapi.py`), the GCS emulator's Service for pods (`clustergcs.py`: trainers
+checkpoint to `gs://GCS_BUCKET/...` with `gcs_pod_env()` in their TrainingJob's `env`;
+`gcs=False` leaves the emulator and its Service out), the real nodes (`realnode.py`; spot ones
+labelled `cloud.google.com/gke-spot=true`, as GKE does), and a ReadWriteMany PersistentVolume
+over one host directory every node mounts, bound to a claim (`CHECKPOINT_CLAIM`), where
+trainers may checkpoint instead (a shared filesystem; a claim is what the chart's admission
+lets a trainer mount). `install_operator` is `helm install` of the chart with the registry's
+operator image. `stop` takes everything down in the reverse order and leaves nothing on the
+machine (`leftovers`).
 
 `tardigrade local up --real-nodes` runs one in a process of its own (`serve`, `python -m
 tardigrade_local.realcluster STATE_DIR`), which every process of the cluster dies with; the
@@ -39,10 +42,11 @@ from typing import Any, TextIO
 import kubernetes
 import psutil
 
-from tardigrade_local import imagebuild, nodenet, realnode
+from tardigrade_local import clustergcs, imagebuild, nodenet, realnode
 from tardigrade_local.cluster import LocalCluster, repo_root
 from tardigrade_local.clusterapi import ClusterAPI
 from tardigrade_local.clusterdns import ClusterDNS
+from tardigrade_local.clustergcs import ClusterGCS
 from tardigrade_local.kubelet.config import project_python_path
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realnode import RealNode
@@ -56,6 +60,8 @@ IMAGE_VERSION = "0.1.0"
 OPERATOR_RELEASE, OPERATOR_NAMESPACE = "tardigrade", "tardigrade-system"
 CHECKPOINT_CLAIM = "shared-checkpoints"
 CHECKPOINT_MOUNT = "/mnt/checkpoints"
+# The GCS emulator's bucket, as the process node agents' cluster has it.
+GCS_BUCKET = "tardigrade"
 # Pulls of the operator image on a node, on a machine other runs share.
 INSTALL_TIMEOUT = "300s"
 CLAIM_TIMEOUT_SECONDS = 60.0
@@ -102,7 +108,8 @@ class RealNodeCluster:
     `realnode.MAX_DIRECTORY_CHARS` (unix socket paths), so keep `directory` short."""
 
     def __init__(self, directory: Path, nodes: Sequence[NodePlan],
-                 checkpoint_namespace: str = "default") -> None:
+                 checkpoint_namespace: str = "default", gcs: bool = True) -> None:
+        """`gcs`: run the GCS emulator (bucket `GCS_BUCKET`) and its Service for pods."""
         names = [n.name for n in nodes]
         if not names:
             raise ValueError("a real-node cluster needs at least one node")
@@ -111,7 +118,8 @@ class RealNodeCluster:
         self.directory = directory.absolute()
         self.plan = list(nodes)
         self.checkpoint_namespace = checkpoint_namespace
-        self.cluster = LocalCluster(self.directory / "control", nodes=[], with_gcs=False,
+        self.cluster = LocalCluster(self.directory / "control", nodes=[], with_gcs=gcs,
+                                    buckets=[GCS_BUCKET],
                                     node_egress=True, endpoint_controllers=True,
                                     load_repo_crds=False)
         self.registry = Registry(self.directory / "registry" / "storage",
@@ -120,8 +128,10 @@ class RealNodeCluster:
         self.images: dict[str, str] = {}
         self.dns: ClusterDNS | None = None
         self.api: ClusterAPI | None = None
+        self.gcs: ClusterGCS | None = None
         self.nodes: dict[str, RealNode] = {}
         self.checkpoints = self.directory / "checkpoints"
+        self.with_gcs = gcs
         self._stack = contextlib.ExitStack()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -156,12 +166,16 @@ class RealNodeCluster:
             progress(f"image {name} (built only when its inputs changed), pushed")
             self.images[name] = imagebuild.push(imagebuild.build(name), self.registry.host,
                                                 IMAGE_VERSION)
-        progress("cluster network, DNS and the kubernetes Service")
+        progress("cluster network, DNS, the kubernetes Service"
+                 + (f" and the GCS emulator's ({clustergcs.HOST})" if self.with_gcs else ""))
         stack.enter_context(self.network)
         self.dns = stack.enter_context(ClusterDNS(self.network, self.cluster.info,
                                                   self.directory / "dns"))
         self.api = stack.enter_context(ClusterAPI(self.network, self.cluster.info,
                                                   self.directory / "api"))
+        if self.with_gcs:
+            self.gcs = stack.enter_context(ClusterGCS(self.network, self.cluster.info,
+                                                      self.directory / "gcs"))
         for index, plan in enumerate(self.plan, start=1):
             progress(f"node {plan.name}")
             node = RealNode.for_cluster(self.cluster.info, plan.name,
@@ -248,6 +262,21 @@ class RealNodeCluster:
     def kubeconfig(self) -> Path:
         return self.cluster.kubeconfig
 
+    @property
+    def gcs_url(self) -> str:
+        """The GCS emulator's URL on the host (its loopback)."""
+        url = self.cluster.gcs_url
+        if not url:
+            raise RealClusterError("this cluster runs no GCS emulator (gcs=False)")
+        return url
+
+    def gcs_pod_env(self) -> dict[str, str]:
+        """The GCS emulator's client environment for pods of the real nodes (a TrainingJob's
+        `spec.env`: a real kubelet adds nothing to a pod's environment)."""
+        if self.gcs is None:
+            raise RealClusterError("this cluster runs no GCS emulator (gcs=False)")
+        return clustergcs.pod_env()
+
     def kube(self) -> kubernetes.client.ApiClient:
         return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
 
@@ -277,6 +306,9 @@ class RealNodeCluster:
                 "registry": self.registry.host, "images": dict(self.images),
                 "checkpoints": str(self.checkpoints), "checkpoint_claim": CHECKPOINT_CLAIM,
                 "checkpoint_namespace": self.checkpoint_namespace,
+                **({"gcs_url": self.gcs_url, "gcs_bucket": GCS_BUCKET,
+                    "gcs_pod_url": clustergcs.pod_url(), "gcs_pod_env": self.gcs_pod_env()}
+                   if self.gcs is not None else {}),
                 "nodes": [{"name": n.name, "spot": n.spot,
                            "ip": self.nodes[n.name].addresses.node_ip,
                            "directory": str(self.nodes[n.name].directory)}
@@ -290,6 +322,8 @@ class ServeConfig:
     nodes: int = 1
     spot_nodes: int = 0
     operator: bool = True
+    # The GCS emulator, and its Service for pods.
+    gcs: bool = True
     # More `helm install` arguments for the operator.
     helm_values: tuple[str, ...] = ()
 
@@ -326,7 +360,8 @@ def serve(state_dir: Path) -> int:
     me = psutil.Process()
     base = {"pid": me.pid, "started": me.create_time()}
     write_json(state_dir / INFO_FILE, {**base, "state": "starting"})
-    real = RealNodeCluster(state_dir, plan_nodes(config.nodes, config.spot_nodes))
+    real = RealNodeCluster(state_dir, plan_nodes(config.nodes, config.spot_nodes),
+                           gcs=config.gcs)
     try:
         real.start()
         if config.operator:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client import CoreV1Api
@@ -56,6 +58,24 @@ class StepLog:
                     if part.exists():
                         for line in crilog.text(part.read_bytes()).splitlines():
                             steplog._read(line, attempt)
+        return steplog
+
+    @classmethod
+    def from_pod_log_dirs(cls, pod_log_dirs: Iterable[Path], namespace: str, job: str
+                          ) -> StepLog:
+        """The same, from real kubelets' files (`<pod logs dir>/<namespace>_<pod>_<uid>/
+        <container>/<restart count>.log`, one run each) under any number of nodes'
+        directories, gone nodes' too."""
+        steplog = cls(None, namespace, job)
+        pod_name = re.compile(rf"{re.escape(namespace)}_{re.escape(job)}-a(\d+)-0_[^_]+")
+        pod_dirs = [(int(m.group(1)), d) for logs in pod_log_dirs
+                    for d in logs.glob(f"{namespace}_{job}-a*-0_*")
+                    if (m := pod_name.fullmatch(d.name))]
+        for attempt, pod_dir in sorted(pod_dirs):
+            runs = sorted((int(f.stem), f) for f in pod_dir.glob("*/*.log") if f.stem.isdigit())
+            for _, log_file in runs:
+                for line in crilog.text(log_file.read_bytes()).splitlines():
+                    steplog._read(line, attempt)
         return steplog
 
     def collect(self) -> None:

@@ -1,7 +1,10 @@
 """`tardigrade local up --real-nodes`, as a user runs it: real nodes, the operator installed
-with helm, a TrainingJob that checkpoints to the shared claim, a spot reclaim through the
-real kubelet's graceful node shutdown, then `tardigrade local down` leaves nothing on the
-machine: no process, mount, network namespace, host interface or firewall rule."""
+with helm, a TrainingJob that checkpoints to `gs://` on the GCS emulator (reached from its pod
+through the Service `kube-system/fake-gcs`, the emulator's variables in the job's `env`), the
+committed checkpoint read back from the emulator on the host, a spot reclaim through the real
+kubelet's graceful node shutdown, then `tardigrade local down` leaves nothing on the machine:
+no process (the emulator and its relay among them), mount, network namespace, host interface
+or firewall rule."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +22,9 @@ import pytest
 import tardigrade_local
 import yaml
 from kube_helpers import kubectl, wait_for
+from tardigrade_local.clustergcs import env_vars
 from tardigrade_local.nodenet import ClusterNetwork
-from tardigrade_local.realcluster import CHECKPOINT_CLAIM, SPOT_LABEL
+from tardigrade_local.realcluster import SPOT_LABEL
 from tardigrade_local.realnode import RealNode
 
 from tests.conftest import EXAMPLES, load_yaml
@@ -31,7 +37,7 @@ pytestmark = [
 
 REPO = Path(tardigrade_local.__file__).resolve().parents[2]
 JOB = "cli-run"
-CHECKPOINTS = "/mnt/checkpoints"
+PREFIX = f"checkpoints/{JOB}"
 # A cold start builds the images (many minutes, the e2e tests build the same ones); a warm
 # one starts the control plane, pushes the images and starts two nodes.
 UP_TIMEOUT_SECONDS = 3000
@@ -48,9 +54,10 @@ def tardigrade(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def training_job(image: str) -> dict[str, Any]:
-    """The example, one rank on the spot node, checkpointing to the shared claim every few
-    steps; long enough to be training when its node is reclaimed."""
+def training_job(image: str, bucket: str, gcs_env: dict[str, str]) -> dict[str, Any]:
+    """The example, one rank on the spot node, checkpointing to the emulator's bucket every
+    few steps; long enough to be training when its node is reclaimed. A real kubelet adds
+    nothing to a pod's environment: the emulator's client variables are the job's `env`."""
     body = load_yaml(EXAMPLES / "trainingjob.yaml")
     body["metadata"] = {"name": JOB, "namespace": "default"}
     spec = body["spec"]
@@ -59,13 +66,28 @@ def training_job(image: str) -> dict[str, Any]:
                            "limits": {"memory": "3Gi"}})
     spec["trainer"].update(steps=100_000, global_batch_size=8, seq_len=16,
                            devices_per_process=1)
-    spec["checkpoint"].update(path=f"{CHECKPOINTS}/{JOB}", interval={"steps": 10})
+    # Every commit kept (each step a multiple of 10): the one the operator reports is still
+    # there when the test reads it, however many came after it.
+    spec["checkpoint"].update(path=f"gs://{bucket}/{PREFIX}", interval={"steps": 10},
+                              keep={"last": 3, "every": 10})
+    spec["env"] = env_vars(gcs_env)
     spec["podTemplate"] = {
-        "terminationGracePeriodSeconds": 30, "nodeSelector": {SPOT_LABEL: "true"},
-        "volumes": [{"name": "checkpoints",
-                     "persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}}],
-        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINTS}]}
+        "terminationGracePeriodSeconds": 30, "nodeSelector": {SPOT_LABEL: "true"}}
     return body
+
+
+def gcs_object(url: str, bucket: str, name: str) -> bytes:
+    """An object's bytes, read from the emulator on the host."""
+    quoted = urllib.parse.quote(name, safe="")
+    with urllib.request.urlopen(f"{url}/storage/v1/b/{bucket}/o/{quoted}?alt=media",
+                                timeout=10) as response:
+        return bytes(response.read())
+
+
+def gcs_names(url: str, bucket: str, prefix: str) -> list[str]:
+    query = urllib.parse.urlencode({"prefix": prefix})
+    with urllib.request.urlopen(f"{url}/storage/v1/b/{bucket}/o?{query}", timeout=10) as got:
+        return [item["name"] for item in json.load(got).get("items", [])]
 
 
 def alive(proc: psutil.Process) -> bool:
@@ -117,9 +139,13 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         assert operator[0]["spec"]["containers"][0]["image"] == info["images"]["operator"]
 
         manifest = work / "job.yaml"
-        manifest.write_text(yaml.safe_dump(training_job(info["images"]["trainer-cpu"])))
+        gcs_url, bucket = info["gcs_url"], info["gcs_bucket"]
+        # The pods' URL is the Service's name, never the host's loopback.
+        assert "127.0.0.1" not in info["gcs_pod_url"]
+        assert info["gcs_pod_env"]["TENSORSTORE_GCS_HTTP_URL"] == info["gcs_pod_url"]
+        manifest.write_text(yaml.safe_dump(training_job(info["images"]["trainer-cpu"], bucket,
+                                                        info["gcs_pod_env"])))
         kubectl("apply", "-f", str(manifest), env=env)
-        shared = Path(info["checkpoints"])
 
         def committed() -> dict[str, Any] | None:
             job = json.loads(kubectl("get", "trainingjob", JOB, "-o", "json", env=env))
@@ -128,9 +154,18 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
             return status if status.get("lastCheckpoint") else None
 
         status = wait_for(committed, CHECKPOINT_TIMEOUT_SECONDS, what="a committed checkpoint")
-        # The commit the operator reports is in the shared directory, written from the node.
-        assert status["lastCheckpoint"]["step"] >= 10, status
-        assert (shared / JOB).is_dir() and any((shared / JOB).iterdir())
+        # The commit the operator reports is in the emulator's bucket, written from the pod
+        # through the Service: its commit marker names the step, and every array it lists has
+        # its objects there.
+        step = status["lastCheckpoint"]["step"]
+        assert step >= 10, status
+        directory = f"{PREFIX}/step_{step:08d}"
+        marker = json.loads(gcs_object(gcs_url, bucket, f"{directory}/metadata.json"))
+        assert marker["step"] == step and marker["format"].startswith("tardigrade-checkpoint/")
+        stored = gcs_names(gcs_url, bucket, f"{directory}/arrays/")
+        assert marker["arrays"], marker
+        for name in marker["arrays"]:
+            assert any(n.startswith(f"{directory}/arrays/{name}/") for n in stored), name
 
         # A spot reclaim of the trainer's node, through its kubelet's graceful shutdown.
         preempt = tardigrade("preempt", "real-2", "--state-dir", str(state), cwd=work)

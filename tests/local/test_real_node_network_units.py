@@ -6,15 +6,16 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from tardigrade_local import clusterdns, controlplane, gobuild, kubeproxy, nodenet
+from tardigrade_local import clusterdns, clustergcs, controlplane, gobuild, kubeproxy, nodenet
 from tardigrade_local.cluster import ClusterConfig
 from tardigrade_local.realnode import Addresses
 
 
 def test_the_cluster_networks_own_addresses_are_no_nodes_and_dns_is_in_the_service_range():
     nodes = {Addresses.for_index(i).node_ip for i in range(1, 251)}
-    own = {nodenet.ROUTER_ADDRESS, nodenet.DNS_ADDRESS, nodenet.API_ADDRESS}
-    assert len(own) == 3 and not own & nodes
+    own = {nodenet.ROUTER_ADDRESS, nodenet.DNS_ADDRESS, nodenet.API_ADDRESS,
+           nodenet.GCS_ADDRESS}
+    assert len(own) == 4 and not own & nodes
     assert nodenet.ROUTER_ADDRESS not in nodes and nodenet.DNS_ADDRESS not in nodes
     for address in own:
         assert ipaddress.ip_address(address) in nodenet.NODE_NETWORK
@@ -55,3 +56,18 @@ def test_the_endpoint_controllers_run_only_when_asked(tmp_path):
         "-endpointslice-mirroring-controller")
     assert flag(ClusterConfig(state_dir=tmp_path, endpoint_controllers=True)) == (
         "--controllers=*")
+
+
+def test_pods_reach_the_gcs_emulator_by_its_services_name_with_its_client_variables():
+    env = clustergcs.pod_env()
+    url = "http://fake-gcs.kube-system.svc.cluster.local:4443"
+    assert clustergcs.pod_url() == url
+    # TensorStore's and google-cloud-storage's endpoints, and a test token instead of a
+    # metadata server (which is nowhere on the cluster network).
+    assert env["TENSORSTORE_GCS_HTTP_URL"] == env["STORAGE_EMULATOR_HOST"] == url
+    assert env["GOOGLE_AUTH_TOKEN_FOR_TESTING"]
+    assert env["NO_GCE_CHECK"] == "true"
+    # What a TrainingJob's spec.env takes: name/value pairs, none the operator reserves.
+    pairs = clustergcs.env_vars(env)
+    assert {p["name"]: p["value"] for p in pairs} == env
+    assert not [p for p in pairs if p["name"].startswith("TARDIGRADE_")]

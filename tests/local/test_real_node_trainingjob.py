@@ -11,9 +11,10 @@ uninstall` takes the operator away.
 
 Checkpoints go to a directory every node sees: one host directory, offered as a hostPath
 PersistentVolume bound to a ReadWriteMany claim, standing for a shared filesystem (Filestore
-over NFS on GKE). The trainers cannot reach the host's GCS emulator from the cluster network,
-and a claim is a volume type the chart's admission allows (an inline hostPath is not, nor is
-it allowed by Pod Security baseline); the admin's PersistentVolume is where the machine shows.
+over NFS on GKE); a claim is a volume type the chart's admission allows (an inline hostPath is
+not, nor is it allowed by Pod Security baseline); the admin's PersistentVolume is where the
+machine shows. (`gs://` checkpoints on the GCS emulator, through its Service, are
+test_real_node_cli.py's.)
 
 One cluster, network, DNS, registry and three real nodes for the module; the tests run in
 order and build on each other.

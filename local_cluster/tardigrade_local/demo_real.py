@@ -1,0 +1,215 @@
+"""`tardigrade demo --real-nodes`: the demo's story on real nodes (Linux, root).
+
+The same story as `demo.py` (examples/trainingjob.yaml through a spot reclaim and a resize,
+beside an undisturbed reference), on a `RealNodeCluster`: real kubelets and containerd, the
+operator installed with helm from the registry's image (restart in place on, as the chart
+offers it), the trainer image pulled from the registry, checkpoints to `gs://` on the GCS
+emulator through its Service (`clustergcs.py`). Nodes: `real-1` on-demand, running the
+operator and the reference; `real-2` and `real-3` spot, where the job runs. The reclaim is
+GKE's: the VM of rank 1's node shuts down through its kubelet's graceful node shutdown
+(the regular pods' 15 s) and is not recreated, so the job resumes, then grows to
+`resize_to` ranks, on the spot node left.
+
+The loss curves come from the kubelets' log files, copied as the demo goes (`LogKeeper`): a
+real kubelet removes a deleted pod's logs within its next garbage collection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+from rich.console import Console
+
+from tardigrade_local import realcluster
+from tardigrade_local.clustergcs import env_vars
+from tardigrade_local.demo import (
+    NAMESPACE,
+    DemoResult,
+    DemoSettings,
+    _node_of_rank,
+    _print_events,
+    _print_progress,
+    _status,
+    demo_job,
+)
+from tardigrade_local.demo_report import plot_losses, recovery_markers, write_table
+from tardigrade_local.disruptions import Disruptor
+from tardigrade_local.realcluster import SPOT_LABEL, RealNodeCluster, plan_nodes
+from tardigrade_local.steplog import StepLog
+
+REFERENCE_NODE = "real-1"
+SPOT_NODES = 2
+# Requests small enough for `resize_to` ranks on the one spot node the reclaim leaves (a real
+# node's capacity is this machine's CPUs).
+RESOURCES = {"requests": {"cpu": "300m", "memory": "512Mi"}, "limits": {"memory": "3Gi"}}
+HELM_VALUES = ("--set", "operator.restartInPlace=true",
+               # Rank 0's progress read every 2 s, not backed off to 60 s: steps are short.
+               "--set", "operator.progressMaxIntervalSeconds=2")
+
+
+class LogKeeper:
+    """Copies of rank 0's log files of a job from every node's pod logs directory, kept as
+    they grow: a real kubelet removes a deleted pod's directory at its next garbage
+    collection (every minute), and the operator deletes pods at each recovery and at the end."""
+
+    def __init__(self, real: RealNodeCluster, job: str, directory: Path) -> None:
+        self.real = real
+        self.job = job
+        self.pattern = f"{NAMESPACE}_{job}-a*-0_*/*/*.log"
+        self.directory = directory
+
+    def copy(self) -> None:
+        for name, node in self.real.nodes.items():
+            for found in node.pod_logs_dir.glob(self.pattern):
+                target = self.directory / name / found.relative_to(node.pod_logs_dir)
+                with contextlib.suppress(OSError):  # removed meanwhile: the last copy stays
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(found, target)
+
+    def log(self) -> StepLog:
+        """Rank 0's log as far as it was kept."""
+        self.copy()
+        return StepLog.from_pod_log_dirs([self.directory / n for n in self.real.nodes],
+                                         NAMESPACE, self.job)
+
+
+def real_jobs(image: str, bucket: str, gcs_env: dict[str, str], steps: int
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The example and its reference, on the registry's trainer image, checkpointing to the
+    emulator's bucket: the job on the spot nodes, the reference on the on-demand node."""
+    job = demo_job(steps)
+    spec = job["spec"]
+    spec.update(image=image, resources=copy.deepcopy(RESOURCES), env=env_vars(gcs_env))
+    name = job["metadata"]["name"]
+    spec["checkpoint"]["path"] = f"gs://{bucket}/checkpoints/{name}"
+    reference = copy.deepcopy(job)
+    reference["metadata"]["name"] = f"{name}-reference"
+    reference["spec"]["checkpoint"]["path"] = f"gs://{bucket}/checkpoints/{name}-reference"
+    spec["podTemplate"] = {**spec.get("podTemplate", {}), "nodeSelector": {SPOT_LABEL: "true"}}
+    reference["spec"]["podTemplate"] = {
+        **reference["spec"].get("podTemplate", {}),
+        "nodeSelector": {"kubernetes.io/hostname": REFERENCE_NODE}}
+    return job, reference
+
+
+def committed_steps(gcs_url: str, bucket: str, prefix: str) -> list[int]:
+    """The steps whose commit marker is in the bucket under `prefix`."""
+    query = urllib.parse.urlencode({"prefix": f"{prefix}/"})
+    with urllib.request.urlopen(f"{gcs_url}/storage/v1/b/{bucket}/o?{query}",
+                                timeout=10) as response:
+        names = [item["name"] for item in json.load(response).get("items", [])]
+    return sorted(int(n.split("/")[-2].removeprefix("step_")) for n in names
+                  if n.endswith("/metadata.json") and n.split("/")[-2].startswith("step_"))
+
+
+def run_real_demo(out_dir: Path, settings: DemoSettings, console: Console) -> DemoResult:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Short: a node's directory under it must keep the kubelet's socket paths within limits.
+    state = Path(tempfile.mkdtemp(prefix="tardigrade-demo-"))
+    try:
+        return _run(out_dir, state, settings, console)
+    finally:
+        realcluster.clear_state(state)
+
+
+def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -> DemoResult:
+    console.print(f"[bold]Starting a cluster of real nodes[/] (state in {state})")
+    real = RealNodeCluster(state / "c", plan_nodes(1, SPOT_NODES))
+    real.start(progress=lambda what: console.print(f"  [dim]{what}[/]"))
+    try:
+        console.print("[bold]Installing the operator[/] (helm, the registry's image)")
+        real.install_operator(*HELM_VALUES)
+        env = {**os.environ, "KUBECONFIG": str(real.kubeconfig)}
+        job, reference = real_jobs(real.images["trainer-cpu"], realcluster.GCS_BUCKET,
+                                   real.gcs_pod_env(), settings.steps)
+        name, ref_name = job["metadata"]["name"], reference["metadata"]["name"]
+        client = kubernetes.config.new_client_from_config(config_file=str(real.kubeconfig))
+        core = kubernetes.client.CoreV1Api(client)
+        custom = kubernetes.client.CustomObjectsApi(client)
+
+        def kubectl(*args: str, stdin: str | None = None) -> None:
+            console.print(f"[cyan]$ kubectl {' '.join(args)}[/]")
+            subprocess.run(["kubectl", *args], env=env, input=stdin, text=True, check=True,
+                           capture_output=True)
+
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(reference))
+        keeper = LogKeeper(real, name, state / "logs" / name)
+        ref_keeper = LogKeeper(real, ref_name, state / "logs" / ref_name)
+        log = StepLog(core, NAMESPACE, name)
+        preempted = resized = False
+        seen_events: set[str] = set()
+        started = time.monotonic()
+        status: dict[str, Any] = {}
+        ref_status: dict[str, Any] = {}
+        while True:
+            if time.monotonic() - started > settings.timeout_seconds:
+                raise RuntimeError("the demo did not finish in time; the operator's log: "
+                                   "kubectl -n tardigrade-system logs deploy/tardigrade")
+            keeper.copy()
+            ref_keeper.copy()
+            log.collect()
+            status = _status(custom, name)
+            ref_status = _status(custom, ref_name)
+            _print_events(console, core, name, seen_events)
+            _print_progress(console, started, status, ref_status, log)
+            if not preempted and log.last_step >= settings.preempt_at:
+                node = _node_of_rank(core, name, rank=1)
+                if node:
+                    console.print(f"[bold red]Preempting node {node}[/] (spot reclaim: the "
+                                  "kubelet's graceful node shutdown, 15s for the pods)")
+                    Disruptor(real.cluster.info["control_url"]).preempt_node(node)
+                    preempted = True
+            if preempted and not resized \
+                    and log.last_step >= settings.resize_at and status.get("phase") == "Running":
+                console.print(f"[bold yellow]Scaling to {settings.resize_to} replicas[/]")
+                kubectl("scale", f"trainingjob/{name}", f"--replicas={settings.resize_to}")
+                resized = True
+            phases = (status.get("phase"), ref_status.get("phase"))
+            if "Failed" in phases:
+                raise RuntimeError(f"a job failed: {status.get('message') or ref_status}")
+            if phases == ("Succeeded", "Succeeded"):
+                break
+            time.sleep(0.5)
+        files, ref_files = keeper.log(), ref_keeper.log()
+        # What the API served while the pods lived fills in what no copy caught.
+        curve = {**log.curve(), **files.curve()}
+        ref_curve = ref_files.curve()
+        job_obj = custom.get_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
+        ref_obj = custom.get_namespaced_custom_object(
+            "tardigrade.dev", "v1alpha1", NAMESPACE, "trainingjobs", ref_name)
+        checkpoints = committed_steps(real.gcs_url, realcluster.GCS_BUCKET,
+                                      f"checkpoints/{name}")
+        console.print(f"Committed checkpoints in gs://{realcluster.GCS_BUCKET}/checkpoints/"
+                      f"{name} (the emulator): steps {checkpoints}")
+        console.print("[bold]Stopping the cluster[/]")
+    finally:
+        real.stop()
+    curve = dict(sorted(curve.items()))
+    markers = recovery_markers((job_obj.get("status") or {}).get("recoveries") or [])
+    plot = plot_losses(curve, ref_curve, markers, out_dir / "tardigrade-demo.png")
+    table = write_table(job_obj, ref_obj, curve, ref_curve, markers,
+                        out_dir / "tardigrade-demo.md")
+    (out_dir / "tardigrade-demo.json").write_text(json.dumps({
+        "job": job_obj.get("status"), "reference": ref_obj.get("status"),
+        "markers": [dataclasses.asdict(m) for m in markers],
+        "losses": curve, "reference_losses": ref_curve, "real_nodes": True,
+        "checkpoints": {"path": job["spec"]["checkpoint"]["path"], "committed": checkpoints},
+    }, indent=2, default=str))
+    return DemoResult(job_obj, ref_obj, curve, ref_curve, markers, plot, table)
+
