@@ -21,17 +21,15 @@ rank 0's progress), so it needs none.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import kubernetes
 
-from tardigrade_local import gcs, netnsproxy
+from tardigrade_local import gcs
 from tardigrade_local.nodenet import GCS_ADDRESS, ClusterNetwork
+from tardigrade_local.relayed import RelayedService, endpoint_slice
 
 NAMESPACE = "kube-system"
 SERVICE = "fake-gcs"
@@ -55,72 +53,30 @@ def env_vars(env: Mapping[str, str]) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in sorted(env.items())]
 
 
-class ClusterGCS:
+class ClusterGCS(RelayedService):
     """`with ClusterGCS(network, cluster.info, tmp / "gcs"): ...` (pods reach `pod_url()`)"""
 
     def __init__(self, network: ClusterNetwork, info: Mapping[str, Any], directory: Path
                  ) -> None:
         if not info.get("gcs_url"):
             raise ValueError("the cluster runs no GCS emulator (LocalCluster with_gcs=False)")
-        self.network = network
-        self.directory = directory.absolute()
-        self.emulator_url = str(info["gcs_url"])
-        self.admin_kubeconfig = str(info["kubeconfig"])
-        self._proxy: subprocess.Popen[str] | None = None
+        super().__init__(network, str(info["gcs_url"]), GCS_ADDRESS, PORT,
+                         str(info["kubeconfig"]), directory)
 
-    def __enter__(self) -> ClusterGCS:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def start(self) -> ClusterGCS:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        emulator = urllib.parse.urlsplit(self.emulator_url)
-        self._proxy = netnsproxy.spawn(self.network.netns_path, f"{GCS_ADDRESS}:{PORT}",
-                                       f"{emulator.hostname}:{emulator.port}",
-                                       self.directory / "netnsproxy.log")
-        try:
-            self._publish()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _publish(self) -> None:
+    def _publish(self, client: Any) -> None:
         ports = [{"name": "http", "port": PORT, "protocol": "TCP"}]
-        with kubernetes.config.new_client_from_config(self.admin_kubeconfig) as client:
-            service = kubernetes.client.CoreV1Api(client).create_namespaced_service(NAMESPACE, {
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": SERVICE, "labels": {"app.kubernetes.io/name": SERVICE}},
-                "spec": {"ports": [{**p, "targetPort": PORT} for p in ports]}})
-            kubernetes.client.DiscoveryV1Api(client).create_namespaced_endpoint_slice(
-                NAMESPACE, {
-                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                    "metadata": {
-                        "name": f"{SERVICE}-cluster-network",
-                        "labels": {"kubernetes.io/service-name": SERVICE,
-                                   "endpointslice.kubernetes.io/managed-by":
-                                       "clustergcs.tardigrade.local"},
-                        "ownerReferences": [{"apiVersion": "v1", "kind": "Service",
-                                             "name": SERVICE,
-                                             "uid": service.metadata.uid}]},
-                    "addressType": "IPv4",
-                    "endpoints": [{"addresses": [GCS_ADDRESS],
-                                   "conditions": {"ready": True}}],
-                    "ports": ports})
+        service = kubernetes.client.CoreV1Api(client).create_namespaced_service(NAMESPACE, {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": SERVICE, "labels": {"app.kubernetes.io/name": SERVICE}},
+            "spec": {"ports": [{**p, "targetPort": PORT} for p in ports]}})
+        kubernetes.client.DiscoveryV1Api(client).create_namespaced_endpoint_slice(
+            NAMESPACE, endpoint_slice(f"{SERVICE}-cluster-network", service, GCS_ADDRESS,
+                                      ports, "clustergcs.tardigrade.local"))
 
-    def stop(self) -> None:
-        """Remove the Service and its EndpointSlice, stop the relay. Idempotent."""
-        with (contextlib.suppress(Exception),
-              kubernetes.config.new_client_from_config(self.admin_kubeconfig) as client):
-            # Deleted outright rather than left to the garbage collector: the control plane
-            # may be stopped next.
+    def _unpublish(self, client: Any) -> None:
+        # Deleted outright rather than left to the garbage collector: the control plane may
+        # be stopped next.
+        with contextlib.suppress(Exception):
             kubernetes.client.DiscoveryV1Api(client).delete_namespaced_endpoint_slice(
                 f"{SERVICE}-cluster-network", NAMESPACE)
-        with (contextlib.suppress(Exception),
-              kubernetes.config.new_client_from_config(self.admin_kubeconfig) as client):
-            kubernetes.client.CoreV1Api(client).delete_namespaced_service(SERVICE, NAMESPACE)
-        netnsproxy.stop(self._proxy)
-        self._proxy = None
+        kubernetes.client.CoreV1Api(client).delete_namespaced_service(SERVICE, NAMESPACE)
