@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 import kubernetes
 
-from tardigrade_local import gobuild, netnsproxy
+from tardigrade_local import gobuild, lifetime, netnsproxy
 from tardigrade_local.identities import CLUSTER_DNS
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent
@@ -208,13 +208,7 @@ class ClusterDNS:
         """Remove the Service, stop CoreDNS and the API proxy. Idempotent."""
         self._unpublish()
         for proc in self._procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(STOP_TIMEOUT_SECONDS)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            lifetime.stop(proc, STOP_TIMEOUT_SECONDS)
         self._procs.clear()
         for log in self._logs:
             log.close()

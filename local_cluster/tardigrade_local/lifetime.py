@@ -9,6 +9,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -24,11 +25,12 @@ def die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Ask a child server to stop (SIGTERM), kill it if it has not within 10 s, and reap it."""
+def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Ask a child server to stop (SIGTERM), kill it if it has not within `timeout`, and reap
+    it."""
     proc.terminate()
     try:
-        proc.wait(10)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

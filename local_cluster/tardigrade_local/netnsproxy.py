@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tardigrade_local import lifetime
 from tardigrade_local.lifetime import die_with_parent
 
 CLONE_NEWNET = 0x40000000
@@ -118,13 +119,7 @@ def stop(proc: subprocess.Popen[str] | None) -> None:
     """Stop a relay `spawn` started (SIGTERM, SIGKILL after a while) and reap it. Idempotent."""
     if proc is None:
         return
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    lifetime.stop(proc, STOP_TIMEOUT_SECONDS)
     if proc.stdout is not None:
         proc.stdout.close()
 

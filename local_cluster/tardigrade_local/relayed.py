@@ -11,6 +11,7 @@ there, and CoreDNS names it. `clusterapi.py` and `clustergcs.py` are the two.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import subprocess
 import urllib.parse
@@ -24,7 +25,7 @@ from tardigrade_local import netnsproxy
 from tardigrade_local.nodenet import ClusterNetwork
 
 
-class RelayedService:
+class RelayedService(abc.ABC):
     """`with Sub(network, ...): ...`: the relay from `address:port` in the cluster network to
     `target_url`, published by `_publish` (a subclass's), removed by `_unpublish`."""
 
@@ -66,11 +67,13 @@ class RelayedService:
         netnsproxy.stop(self._proxy)
         self._proxy = None
 
+    @abc.abstractmethod
     def _publish(self, client: Any) -> None:
-        raise NotImplementedError
+        """Put the relay's address behind the Service (an API client of the admin's)."""
 
+    @abc.abstractmethod
     def _unpublish(self, client: Any) -> None:
-        raise NotImplementedError
+        """Take it away again."""
 
 
 def endpoint_slice(name: str, service: Any, address: str, ports: list[dict[str, Any]],
