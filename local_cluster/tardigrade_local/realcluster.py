@@ -130,6 +130,11 @@ class RealNodeCluster:
         self.api: ClusterAPI | None = None
         self.gcs: ClusterGCS | None = None
         self.nodes: dict[str, RealNode] = {}
+        # Nodes whose VM is gone (reclaimed); their directories keep their pods' logs.
+        self.retired: list[RealNode] = []
+        self._recreations: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._stopping = False
         self.checkpoints = self.directory / "checkpoints"
         self.with_gcs = gcs
         self._stack = contextlib.ExitStack()
@@ -176,22 +181,84 @@ class RealNodeCluster:
         if self.with_gcs:
             self.gcs = stack.enter_context(ClusterGCS(self.network, self.cluster.info,
                                                       self.directory / "gcs"))
-        for index, plan in enumerate(self.plan, start=1):
+        for plan in self.plan:
             progress(f"node {plan.name}")
-            node = RealNode.for_cluster(self.cluster.info, plan.name,
-                                        self.directory / "nodes" / plan.name, index=index,
-                                        registry=self.registry.host, network=self.network)
+            self._start_node(plan, self.directory / "nodes" / plan.name)
+        with self.kube() as api:
+            progress(f"checkpoint volume {CHECKPOINT_CLAIM} ({self.checkpoints})")
+            self._offer_checkpoints(kubernetes.client.CoreV1Api(api))
+
+    def _start_node(self, plan: NodePlan, directory: Path) -> RealNode:
+        """Start a node (a VM boots, its kubelet registers), labelled as its pool labels
+        it."""
+        index = self.plan.index(plan) + 1
+        node = RealNode.for_cluster(self.cluster.info, plan.name, directory, index=index,
+                                    registry=self.registry.host, network=self.network)
+        with self._lock:
+            if self._stopping:
+                raise RealClusterError(f"node {plan.name}: the cluster is stopping")
             # Registered before it starts: a node that fails half-way is stopped too.
             self.nodes[plan.name] = node
-            stack.callback(node.stop)
-            node.start()
-        spot = [p.name for p in self.plan if p.spot]
-        with self.kube() as api:
-            core = kubernetes.client.CoreV1Api(api)
-            for name in spot:
-                core.patch_node(name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
-            progress(f"checkpoint volume {CHECKPOINT_CLAIM} ({self.checkpoints})")
-            self._offer_checkpoints(core)
+            self._stack.callback(node.stop)
+        node.start()
+        if plan.spot:
+            with self.kube() as api:
+                kubernetes.client.CoreV1Api(api).patch_node(
+                    plan.name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
+        return node
+
+    # --- GKE's part --------------------------------------------------------------------------
+    def reclaim(self, name: str, replace_after_seconds: float | None = None
+                ) -> dict[str, Any]:
+        """A spot reclaim of node `name`, as GKE does it: the VM shuts down
+        (`RealNode.shutdown`: logind's PrepareForShutdown, the real kubelet's graceful node
+        shutdown), then it is gone and GKE's cloud node lifecycle controller deletes its Node
+        object. With `replace_after_seconds`, the node pool's managed instance group
+        recreates the VM under the same name that long after (GKE documents no figure: the
+        caller picks it); the new VM has a fresh disk (a new node directory; the old one's
+        pod logs stay, `retired`). Returns logind's account of the shutdown."""
+        with self._lock:
+            node = self.nodes[name]
+        account = node.shutdown()
+        with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
+            kubernetes.client.CoreV1Api(api).delete_node(name)
+        with self._lock:
+            self.retired.append(node)
+            del self.nodes[name]
+            if replace_after_seconds is not None and not self._stopping:
+                plan = next(p for p in self.plan if p.name == name)
+                generation = sum(1 for n in self.retired if n.name == name)
+                directory = self.directory / "nodes" / f"{name}.{generation}"
+                thread = threading.Thread(target=self._recreate,
+                                          args=(plan, directory, replace_after_seconds),
+                                          name=f"recreate-{name}", daemon=True)
+                self._recreations.append(thread)
+                thread.start()
+        return account
+
+    def _recreate(self, plan: NodePlan, directory: Path, delay: float) -> None:
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:
+            if self._stopping:
+                return
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        try:
+            self._start_node(plan, directory)
+        except Exception:  # logged: the caller waits for the Node, and says what it saw
+            log.exception("node %s was not recreated", plan.name)
+
+    def _join_recreations(self) -> None:
+        with self._lock:
+            self._stopping = True
+            threads = list(self._recreations)
+        for thread in threads:
+            thread.join(realnode.START_TIMEOUT_SECONDS + 60)
+
+    def all_nodes(self) -> list[RealNode]:
+        """Every node this cluster started, the running and the retired: where every pod's
+        logs are."""
+        with self._lock:
+            return [*self.retired, *self.nodes.values()]
 
     def _start_registry(self) -> None:
         """Its port is picked free, then bound by the registry a moment later: another
@@ -243,16 +310,19 @@ class RealNodeCluster:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """Stop everything started, in the reverse order. Idempotent."""
+        """Stop everything started, in the reverse order (a node being recreated first
+        finishes starting). Idempotent."""
+        self._join_recreations()
         self._stack.close()
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of the nodes and the network is still on the machine (all empty once
         stopped), keyed `<node or network>: <kind>`."""
         found: dict[str, list[str]] = {}
-        for name, node in self.nodes.items():
+        for node in self.all_nodes():
             for kind, items in node.leftovers().items():
-                found[f"{name}: {kind}"] = items
+                if items:
+                    found.setdefault(f"{node.name}: {kind}", []).extend(items)
         for kind, items in self.network.leftovers().items():
             found[f"network: {kind}"] = items
         return found
@@ -312,7 +382,7 @@ class RealNodeCluster:
                 "nodes": [{"name": n.name, "spot": n.spot,
                            "ip": self.nodes[n.name].addresses.node_ip,
                            "directory": str(self.nodes[n.name].directory)}
-                          for n in self.plan],
+                          for n in self.plan if n.name in self.nodes],
                 "network": self.network.id}
 
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e.diagnostics import snapshot
-from tests.e2e.harness import Cluster, OperatorProcess, running_operator
+from tests.e2e.harness import Cluster, InstalledOperator, OperatorProcess, running_operator
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
         cluster = funcargs.get("cluster")
         if isinstance(cluster, Cluster):
             operator = funcargs.get("operator")
-            log = operator.log_path if isinstance(operator, OperatorProcess) else None
+            log = None
+            if isinstance(operator, OperatorProcess):
+                log = operator.log_path
+            elif isinstance(operator, InstalledOperator):
+                with contextlib.suppress(Exception):  # the cluster may be what broke
+                    operator.read_log()
+                log = operator.log_path
             report.sections.append(("cluster at the failure", snapshot(cluster, log)))
     return report

@@ -7,13 +7,13 @@ wait that timed out says only what it waited for."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tardigrade_local.kubelet import crilog
 
-from tests.e2e.harness import NAMESPACE, Cluster
+from tests.e2e.harness import NAMESPACE, Cluster, RealCluster
 
 LOG_LINES = 12
 OPERATOR_LOG_LINES = 60
@@ -66,18 +66,34 @@ def node_summary(node: Any) -> str:
             f"unschedulable={bool(node.spec.unschedulable)} taints=[{taints}]")
 
 
-def log_tails(pods_dir: Path, names: Iterable[str], lines: int = LOG_LINES) -> str:
-    """The last lines each container of these pods wrote, from the kubelets' files (pods
-    already deleted included)."""
+def container_logs(cluster: Cluster) -> Iterator[tuple[str, str, Path]]:
+    """(pod name, label, file) of every container log the cluster's kubelets kept: the node
+    agents' (`<pods dir>/<namespace>_<pod>/<container>.log`) or, on real nodes, the copy
+    shipped off them in the kubelet's layout (`<namespace>_<pod>_<uid>/<container>/
+    <restart>.log`)."""
+    if isinstance(cluster, RealCluster):
+        for log_file in sorted(cluster.shipped_logs.glob("*_*_*/*/*.log")):
+            pod_dir = log_file.parents[1].name
+            yield (pod_dir.split("_")[1],
+                   f"{pod_dir}/{log_file.parent.name}/{log_file.name}", log_file)
+        return
+    for pod_dir in sorted(cluster.local.layout.pods_dir.glob("*_*")):
+        for log_file in sorted(pod_dir.glob("*.log")):
+            yield pod_dir.name.split("_", 1)[1], f"{pod_dir.name}/{log_file.name}", log_file
+
+
+def log_tails(logs: Iterable[tuple[str, str, Path]], names: Iterable[str],
+              lines: int = LOG_LINES) -> str:
+    """The last lines each container of these jobs' pods wrote, from the kubelets' files
+    (pods already deleted included)."""
     wanted = tuple(f"{name}-a" for name in names)  # naming.pod_name: <job>-a<attempt>-<rank>
     out = []
-    for pod_dir in sorted(pods_dir.glob("*_*")):
-        if not pod_dir.name.split("_", 1)[1].startswith(wanted):
+    for pod, label, log_file in logs:
+        if not pod.startswith(wanted):
             continue
-        for log_file in sorted(pod_dir.glob("*.log")):
-            out.append(f"--- {pod_dir.name}/{log_file.name}")
-            out.extend(line[:400] for line in _without_steps(
-                crilog.text(log_file.read_bytes()).splitlines())[-lines:])
+        out.append(f"--- {label}")
+        out.extend(line[:400] for line in _without_steps(
+            crilog.text(log_file.read_bytes()).splitlines())[-lines:])
     return "\n".join(out)
 
 
@@ -106,7 +122,7 @@ def snapshot(cluster: Cluster, operator_log: Path | None) -> str:
         parts.extend(pod_summary(pod) for pod in cluster.core.list_namespaced_pod(
             NAMESPACE, label_selector="tardigrade.dev/job").items)
         parts.extend(node_summary(node) for node in cluster.core.list_node().items)
-        parts.append(log_tails(cluster.local.layout.pods_dir,
+        parts.append(log_tails(container_logs(cluster),
                                [job["metadata"]["name"] for job in jobs]))
     except Exception as err:  # the cluster may be what broke
         parts.append(f"(the cluster could not be read: {err!r})")

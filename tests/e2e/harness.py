@@ -6,6 +6,7 @@ import contextlib
 import copy
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -17,11 +18,21 @@ from kubernetes.client.exceptions import ApiException
 from tardigrade_local import imagevenv
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet.config import PODSITE_DIR
+from tardigrade_local.logshipper import LogShipper
+from tardigrade_local.realcluster import (
+    OPERATOR_NAMESPACE,
+    SPOT_LABEL,
+    RealNodeCluster,
+    plan_nodes,
+)
 from tardigrade_local.steplog import StepLog
 from tardigrade_operator.apidecode import BoundedApiClient
 
 from tests.conftest import EXAMPLES, REPO_ROOT
 from tests.polling import wait_for
+
+# Real nodes need namespaces, mounts and cgroups.
+REAL_NODES_HERE = sys.platform.startswith("linux") and os.geteuid() == 0
 
 T = TypeVar("T")
 NAMESPACE = "default"
@@ -171,8 +182,21 @@ class Cluster:
         """Delete every job and wait for its pods to go: on two cores a test's leftover gang
         would slow the next test down."""
         self.kubectl("delete", "trainingjobs", "--all", "--wait=false")
-        wait_for(lambda: not self.core.list_namespaced_pod(
-            NAMESPACE, label_selector="tardigrade.dev/job").items, 120, "leftover pods to go")
+
+        def left() -> list[str]:
+            return [f"{p.metadata.name} on {p.spec.node_name}: {p.status.phase}"
+                    f"{' deleting' if p.metadata.deletion_timestamp else ''}"
+                    for p in self.core.list_namespaced_pod(
+                        NAMESPACE, label_selector="tardigrade.dev/job").items]
+        remaining: list[str] = []
+
+        def gone() -> bool:
+            remaining[:] = left()
+            return not remaining
+        try:
+            wait_for(gone, 120, "leftover pods to go")
+        except AssertionError as err:
+            raise AssertionError(f"{err}: {remaining}") from None
 
     def step_log(self, job: str) -> StepLog:
         return StepLog(self.core, NAMESPACE, job)
@@ -236,3 +260,146 @@ def assert_goodput_adds_up(cluster: Cluster, name: str) -> None:
     for bucket in ("acceleratorStart", "restore", "compile", "productive"):
         assert seconds[bucket] > 0, (bucket, account)
     assert 0 < account["fraction"] < 1
+
+
+# --- on real nodes ---------------------------------------------------------------------------
+OPERATOR_SELECTOR = "app.kubernetes.io/name=tardigrade-operator"
+# Pulls of the operator image on a node and the operator's start, on a shared machine.
+OPERATOR_READY_SECONDS = 300.0
+# What a real-node module's operator is told besides the chart's defaults: status follows
+# progress within seconds, and a pod the scheduler cannot place is reported soon (the
+# process operator of the other modules gets the same through its environment).
+FAST_OPERATOR_VALUES = ("--set", "operator.resyncSeconds=1",
+                        "--set", "operator.progressMaxIntervalSeconds=2",
+                        "--set", "operator.unschedulableTimeoutSeconds=15")
+
+
+class RealCluster(Cluster):
+    """A `Cluster` over a `RealNodeCluster`: the operator is the chart's (helm, its image from
+    the registry, `InstalledOperator`), trainers are containers of the registry's trainer-cpu
+    image on real kubelets, placed on the spot nodes, checkpointing to the GCS emulator
+    through its Service."""
+
+    def __init__(self, real: RealNodeCluster, shipped_logs: Path) -> None:
+        """`shipped_logs`: where a `LogShipper` writes the job pods' logs."""
+        # The chart grants trainers TokenReview itself.
+        super().__init__(real.cluster, trainer_token_review=False)
+        self.real = real
+        self.shipped_logs = shipped_logs
+
+    def trainingjob(self, name: str, steps: int, replicas: int = 2, **spec: Any
+                    ) -> dict[str, Any]:
+        """`trainingjob`, for this cluster's nodes: the registry's trainer image, a small
+        model and small requests (several ranks share a 2-core machine), on spot nodes, and
+        the emulator's client variables (a real kubelet adds nothing to a pod's env)."""
+        job = trainingjob(name, steps, replicas)
+        body = job["spec"]
+        body.update(image=self.real.images["trainer-cpu"], maxReplicas=max(replicas, 4),
+                    resources={"requests": {"cpu": "100m", "memory": "256Mi"},
+                               "limits": {"memory": "3Gi"}},
+                    env=[{"name": k, "value": v} for k, v in self.real.gcs_pod_env().items()])
+        body["trainer"].update(global_batch_size=8, seq_len=16, devices_per_process=1)
+        body["podTemplate"] = {"terminationGracePeriodSeconds": 30,
+                               "nodeSelector": {SPOT_LABEL: "true"}}
+        body.update(spec)
+        return job
+
+    def complete_log(self, job: str) -> StepLog:
+        """Rank 0's log of every attempt, as shipped off the nodes while it was written (a
+        real kubelet removes a deleted pod's files)."""
+        return StepLog.from_pod_log_dirs([self.shipped_logs], NAMESPACE, job)
+
+    def spot_node_of(self, pod: Any) -> str:
+        node = pod.spec.node_name
+        labels = self.core.read_node(node).metadata.labels or {}
+        assert labels.get(SPOT_LABEL) == "true", f"{pod.metadata.name} is on {node}, not spot"
+        return str(node)
+
+
+class InstalledOperator:
+    """The operator as a user installs it: `helm install` of the chart, one replica, its
+    image from the registry, its pod on the on-demand node under the chart's RBAC.
+
+    The same surface as `OperatorProcess` for the tests: `kill` deletes the pod at once
+    (its process is killed; the Deployment starts another), `start` waits for a pod to be
+    Ready again, `assert_alive` checks the pod it started with still runs, never restarted,
+    and `log_path` holds the pod's log as read at the last call of `read_log`."""
+
+    def __init__(self, cluster: RealCluster, log_path: Path, values: tuple[str, ...] = ()
+                 ) -> None:
+        self.cluster = cluster
+        self.log_path = log_path
+        self.values = values
+        self.pod_uid: str | None = None
+        self.installed = False
+
+    def _pods(self) -> list[Any]:
+        return [p for p in self.cluster.core.list_namespaced_pod(
+            OPERATOR_NAMESPACE, label_selector=OPERATOR_SELECTOR).items
+            if p.metadata.deletion_timestamp is None]
+
+    def _ready_pod(self) -> Any | None:
+        for pod in self._pods():
+            if any(c.type == "Ready" and c.status == "True"
+                   for c in pod.status.conditions or []):
+                return pod
+        return None
+
+    def start(self) -> None:
+        if not self.installed:
+            self.cluster.real.install_operator(*FAST_OPERATOR_VALUES, *self.values)
+            self.installed = True
+        pod = wait_for(self._ready_pod, OPERATOR_READY_SECONDS, "the operator's pod Ready")
+        self.pod_uid = pod.metadata.uid
+
+    def kill(self) -> None:
+        for pod in self._pods():
+            self.cluster.core.delete_namespaced_pod(pod.metadata.name, OPERATOR_NAMESPACE,
+                                                    grace_period_seconds=0)
+        self.pod_uid = None
+
+    def stop(self) -> None:
+        if self.installed:
+            self.read_log()
+            self.cluster.real.helm("uninstall", "tardigrade", "-n", OPERATOR_NAMESPACE,
+                                   "--wait", "--timeout", "120s")
+            self.installed = False
+
+    def read_log(self) -> str:
+        text = ""
+        for pod in self._pods():
+            with contextlib.suppress(ApiException):
+                text += self.cluster.core.read_namespaced_pod_log(
+                    pod.metadata.name, OPERATOR_NAMESPACE)
+        self.log_path.write_text(text)
+        return text
+
+    def assert_alive(self) -> None:
+        pods = {p.metadata.uid: p for p in self._pods()}
+        pod = pods.get(self.pod_uid or "")
+        restarts = sum(c.restart_count for c in (pod.status.container_statuses or [])
+                       ) if pod is not None else None
+        assert pod is not None and pod.status.phase == "Running" and restarts == 0, (
+            f"the operator's pod {self.pod_uid} is gone or restarted ({restarts}):\n"
+            + self.read_log()[-3000:])
+
+
+@contextlib.contextmanager
+def real_cluster(directory: Path, spot_nodes: int) -> Iterator[RealCluster]:
+    """One on-demand node (the operator's: the chart keeps it off spot nodes) and
+    `spot_nodes` spot ones (the trainers'), with the registry's images and the GCS
+    emulator, for a module."""
+    with RealNodeCluster(directory, plan_nodes(1, spot_nodes)) as real, LogShipper(
+            real.kube, directory / "logs", NAMESPACE, "tardigrade.dev/job") as shipper:
+        yield RealCluster(real, shipper.directory)
+
+
+@contextlib.contextmanager
+def installed_operator(cluster: RealCluster, log_dir: Path, *values: str
+                       ) -> Iterator[InstalledOperator]:
+    operator = InstalledOperator(cluster, log_dir / "operator.log", values)
+    operator.start()
+    try:
+        yield operator
+    finally:
+        operator.stop()

@@ -76,13 +76,19 @@ def test_a_node_shows_readiness_cordon_and_taints() -> None:
         "node n: Ready=Unknown unschedulable=True taints=[node.kubernetes.io/not-ready]")
 
 
+def _logs(pods_dir: Path) -> list[tuple[str, str, Path]]:
+    """(pod, label, file), as `container_logs` lists a node agent's files."""
+    return [(d.name.split("_", 1)[1], f"{d.name}/trainer.log", d / "trainer.log")
+            for d in sorted(pods_dir.iterdir())]
+
+
 def test_log_tails_read_the_last_lines_of_the_jobs_pods_only(tmp_path: Path) -> None:
     for pod, lines in (("default_j-a1-0", 20), ("default_jx-a1-0", 3)):
         (tmp_path / pod).mkdir()
         with open(tmp_path / pod / "trainer.log", "wb") as out:
             writer = CriLogWriter(out, "stdout")
             writer.feed(b"".join(f"line {i}\n".encode() for i in range(lines)))
-    text = diagnostics.log_tails(tmp_path, ["j"], lines=2).splitlines()
+    text = diagnostics.log_tails(_logs(tmp_path), ["j"], lines=2).splitlines()
     assert text == ["--- default_j-a1-0/trainer.log", "line 18", "line 19"]
 
 
@@ -93,7 +99,7 @@ def test_log_tails_keep_only_the_last_step_record(tmp_path: Path) -> None:
     with open(tmp_path / "default_j-a1-0" / "trainer.log", "wb") as out:
         CriLogWriter(out, "stdout").feed(
             b"".join(json.dumps(r).encode() + b"\n" for r in records))
-    text = diagnostics.log_tails(tmp_path, ["j"]).splitlines()[1:]
+    text = diagnostics.log_tails(_logs(tmp_path), ["j"]).splitlines()[1:]
     assert [json.loads(line) for line in text] == [records[0], records[-2], records[-1]]
 
 

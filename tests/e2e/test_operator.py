@@ -1,44 +1,88 @@
-"""End to end: the local cluster, the real operator, real multi-process JAX trainers."""
+"""End to end on real nodes: the operator installed by helm from the registry's image, real
+multi-process JAX trainers in containers of the trainer-cpu image on real kubelets (spot
+nodes), checkpointing to the GCS emulator through its Service; spot reclaims through the
+kubelet's graceful node shutdown, the node pool recreating the reclaimed VM."""
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.steplog import StepLog
 from tardigrade_operator import naming
 
 from tests.e2e.harness import (
-    Cluster,
-    OperatorProcess,
+    REAL_NODES_HERE,
+    InstalledOperator,
+    RealCluster,
     assert_goodput_adds_up,
-    trainingjob,
+    installed_operator,
+    real_cluster,
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 
-GRACE_SECONDS = 20
+# The trainers' nodes: a gang of 3 at most.
+SPOT_NODES = 3
+# GKE documents no delay for a node pool recreating a reclaimed VM: long enough here that the
+# relaunch lands on the nodes left, short enough that the next test has its 3 nodes.
+REPLACE_AFTER_SECONDS = 20.0
+NODE_BACK_SECONDS = 300.0
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("e2e")
-    with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
-        yield Cluster(local)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    # Short: the kubelet's socket paths live under each node's directory.
+    with real_cluster(tmp_path_factory.mktemp("op"), SPOT_NODES) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[InstalledOperator]:
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
+        yield installed
+
+
+def _reclaim(cluster: RealCluster, node: str) -> threading.Thread:
+    """A spot reclaim of `node` in the background (it returns once the VM is off); the pool
+    recreates it REPLACE_AFTER_SECONDS later."""
+    thread = threading.Thread(target=cluster.real.reclaim, args=(node, REPLACE_AFTER_SECONDS),
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_back(cluster: RealCluster, node: str, reclaim: threading.Thread) -> None:
+    """The reclaimed node is back and Ready (the next test needs every node)."""
+    reclaim.join(NODE_BACK_SECONDS)
+
+    def ready() -> bool:
+        try:
+            found = cluster.core.read_node(node)
+        except Exception:  # not registered yet
+            return False
+        return any(c.type == "Ready" and c.status == "True"
+                   for c in found.status.conditions or [])
+    wait_for(ready, NODE_BACK_SECONDS, f"{node} recreated and Ready")
 
 
 @pytest.fixture(autouse=True)
-def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
+def _one_job_at_a_time(cluster: RealCluster) -> Iterator[None]:
     yield
     cluster.clear_jobs()
 
 
-def _checkpoint_objects(cluster: Cluster, job: str) -> list[str]:
-    url = f"{cluster.local.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
+def _checkpoint_objects(cluster: RealCluster, job: str) -> list[str]:
+    url = f"{cluster.real.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
     with urllib.request.urlopen(url, timeout=10) as response:
         return [item["name"] for item in json.load(response).get("items", [])]
 
@@ -51,8 +95,9 @@ def _assert_continuous(log: StepLog, steps: int) -> None:
         assert max(losses) - min(losses) <= 1e-5 * max(1.0, abs(losses[0])), (step, losses)
 
 
-def test_apply_runs_to_success_with_truthful_status(cluster: Cluster, operator: OperatorProcess):
-    job = trainingjob("e2e-success", steps=24)
+def test_apply_runs_to_success_with_truthful_status(cluster: RealCluster,
+                                                    operator: InstalledOperator):
+    job = cluster.trainingjob("e2e-success", steps=24)
     job["spec"]["checkpoint"]["interval"] = {"steps": 10}
     cluster.apply(job)
     log = cluster.step_log("e2e-success")
@@ -79,18 +124,18 @@ def test_apply_runs_to_success_with_truthful_status(cluster: Cluster, operator: 
     assert policy["spec"]["podSelector"]["matchLabels"]["tardigrade.dev/job"] == "e2e-success"
 
 
-def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
-                                                            operator: OperatorProcess):
+def test_preempted_node_relaunches_from_the_coordinated_save(cluster: RealCluster,
+                                                            operator: InstalledOperator):
     name = "e2e-preempt"
-    job = trainingjob(name, steps=60)
+    job = cluster.trainingjob(name, steps=60)
     job["spec"]["checkpoint"]["interval"] = {"steps": 1000}  # only the preemption save
     cluster.apply(job)
     log = cluster.step_log(name)
     wait_for(lambda: (log.collect(), log.last_step >= 8)[1], 300,
              "training to pass step 8")
     victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
-    cluster.local.preempt_node(victim.spec.node_name, grace_seconds=GRACE_SECONDS,
-                               replace_after_seconds=1)
+    node = cluster.spot_node_of(victim)
+    reclaim = _reclaim(cluster, node)
     status = cluster.wait_phase(name, {"Succeeded"}, timeout=420, collector=log)
     operator.assert_alive()
     assert status["restarts"]["preemptions"] == 1
@@ -104,12 +149,13 @@ def test_preempted_node_relaunches_from_the_coordinated_save(cluster: Cluster,
     # From the kubelets' files: the old gang's last lines, gone with its pods, are there too.
     _assert_continuous(cluster.complete_log(name), 60)
     assert_goodput_adds_up(cluster, name)
+    _wait_back(cluster, node, reclaim)
 
 
 
-def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):
+def test_scale_up_and_down_mid_run(cluster: RealCluster, operator: InstalledOperator):
     name = "e2e-scale"
-    job = trainingjob(name, steps=60, replicas=2)
+    job = cluster.trainingjob(name, steps=60, replicas=2)
     cluster.apply(job)
     log = cluster.step_log(name)
     for target in (3, 1):
@@ -138,12 +184,12 @@ def test_scale_up_and_down_mid_run(cluster: Cluster, operator: OperatorProcess):
     assert not missing
 
 
-def test_crash_loop_fails_after_max_restarts_with_the_reason(cluster: Cluster,
-                                                              operator: OperatorProcess):
+def test_crash_loop_fails_after_max_restarts_with_the_reason(cluster: RealCluster,
+                                                              operator: InstalledOperator):
     name = "e2e-crash"
-    job = trainingjob(name, steps=10, replicas=1)
-    job["spec"]["image"] = "python:3.11-slim"
-    job["spec"]["command"] = ["python", "-c",
+    job = cluster.trainingjob(name, steps=10, replicas=1)
+    # The trainer image's Python, not the trainer.
+    job["spec"]["command"] = ["python3", "-c",
                               "import sys; print('loading data'); "
                               "print('RuntimeError: dataset shard missing'); sys.exit(1)"]
     job["spec"]["failurePolicy"] = {"maxRestarts": 2, "backoffSeconds": 1}
@@ -164,14 +210,13 @@ def test_crash_loop_fails_after_max_restarts_with_the_reason(cluster: Cluster,
     operator.assert_alive()
 
 
-def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: OperatorProcess):
+def test_operator_killed_during_relaunch_converges(cluster: RealCluster,
+                                                   operator: InstalledOperator):
     name = "e2e-restart"
-    job = trainingjob(name, steps=400)
+    job = cluster.trainingjob(name, steps=400)
     cluster.apply(job)
     cluster.wait_phase(name, {"Running"}, timeout=240)
-    victim = cluster.pods(name)[0].metadata.name
-    cluster.local.preempt_pod("default", victim, grace_seconds=GRACE_SECONDS,
-                              replace_after_seconds=1)
+    reclaim = _reclaim(cluster, cluster.spot_node_of(cluster.pods(name)[0]))
     # The recovery is written before the operator acts on it (the relaunch's record): kill the
     # operator as soon as the record shows, mid-relaunch. The record stays; the phase
     # Restarting may last less than a poll.
@@ -194,12 +239,13 @@ def test_operator_killed_during_relaunch_converges(cluster: Cluster, operator: O
         return sorted(p.metadata.name for p in pods) == [f"{name}-a{attempt}-0",
                                                          f"{name}-a{attempt}-1"]
     wait_for(only_current_gang, 120, "exactly one gang of pods")
+    reclaim.join(NODE_BACK_SECONDS)
 
 
-def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
-                                                       operator: OperatorProcess):
+def test_delete_removes_children_but_keeps_checkpoints(cluster: RealCluster,
+                                                       operator: InstalledOperator):
     name = "e2e-delete"
-    job = trainingjob(name, steps=400)
+    job = cluster.trainingjob(name, steps=400)
     job["spec"]["checkpoint"]["interval"] = {"steps": 5}
     cluster.apply(job)
     wait_for(lambda: (cluster.status(name).get("lastCheckpoint") or {}).get("step"), 300,
@@ -224,8 +270,8 @@ def test_delete_removes_children_but_keeps_checkpoints(cluster: Cluster,
     assert kept and kept[-1] >= known, (kept, known)
 
 
-def test_bad_spec_is_rejected_by_the_api_server_with_the_field(cluster: Cluster):
-    job = trainingjob("e2e-bad", steps=10)
+def test_bad_spec_is_rejected_by_the_api_server_with_the_field(cluster: RealCluster):
+    job = cluster.trainingjob("e2e-bad", steps=10)
     job["spec"]["checkpoint"]["path"] = "s3://bucket/run"
     job["spec"]["replicas"] = 0
     result = cluster.kubectl("apply", "-f", "-", check=False,
@@ -235,12 +281,12 @@ def test_bad_spec_is_rejected_by_the_api_server_with_the_field(cluster: Cluster)
     assert cluster.job("e2e-bad") is None
 
 
-def test_with_no_kueue_installed_a_queued_job_is_held_and_says_why(cluster: Cluster,
-                                                                    operator: OperatorProcess):
+def test_with_no_kueue_installed_a_queued_job_is_held_and_says_why(cluster: RealCluster,
+                                                                    operator: InstalledOperator):
     """This cluster has no Kueue (its CRDs absent): jobs without the label run as every other
     test here shows; one labelled for a queue is held with the fix in its status, and runs
     once the label goes."""
-    job = trainingjob("e2e-no-kueue", steps=6)
+    job = cluster.trainingjob("e2e-no-kueue", steps=6)
     job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-queue"}
     cluster.apply(job)
     status = cluster.wait_phase("e2e-no-kueue", {"Queued"}, timeout=60)
