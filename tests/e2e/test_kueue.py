@@ -1,18 +1,20 @@
-"""TrainingJobs under real Kueue (v0.19.2, or the oldest supported v0.17.0 with
-TARDIGRADE_KUEUE_MODULE=kueue-v0.17; `LocalCluster(kueue=True)`) on the real control plane,
+"""TrainingJobs under real Kueue (v0.19.2; `LocalCluster(kueue=True)`) on the real control plane,
 with Kueue's waitForPodsReady on with a short timeout (on by default from v0.19, 30 min) and
-the real operator: a ClusterQueue's quota admits whole gangs, a job that does not
-fit waits in phase Queued with Kueue's reason and runs when quota frees, and a job Kueue
-preempts for a higher-priority one saves at one step, is requeued and resumes from that step,
-with no step lost and its restart budget untouched; a queued job resized is admitted at its
-new size, a running one grows only once the quota allows and trains on meanwhile, a running
-one shrunk hands quota back once the smaller gang runs, and deleted
-jobs leave no Workload, pod or quota; a gang training past the PodsReady timeout is never
-evicted for it, and one that cannot start within it is evicted and requeued; a suspended job
-gives its quota to the queue and resumes when requeued, a queued one suspended is never
-admitted meanwhile, an admitted job whose pods ask for more is resized through Kueue, and one
-moved to another LocalQueue saves and is admitted there. Ranks run on simulated nodes (one cpu
-each), so a gang costs no trainer processes."""
+the real operator: a queued job resized is admitted at its new size, a running one grows only
+once the quota allows and trains on meanwhile, a running one shrunk hands quota back once the
+smaller gang runs, and deleted jobs leave no Workload, pod or quota; a gang that cannot start
+within the PodsReady timeout is evicted and requeued; a suspended job gives its quota to the
+queue and resumes when requeued, a queued one suspended is never admitted meanwhile, an
+admitted job whose pods ask for more is resized through Kueue, one moved to another
+LocalQueue saves and is admitted there, and a job without the queue label runs outside Kueue.
+Ranks run on simulated nodes (one cpu each), so a gang costs no trainer processes.
+
+The core contract runs on real nodes with real trainers instead, in
+tests/local/test_real_node_kueue.py (and against the oldest Kueue, v0.17.0, in
+test_real_node_kueue_oldest.py): the quota admits whole gangs and a job that does not fit
+waits Queued with Kueue's reason, then runs; a gang training past the PodsReady timeout is
+never evicted for it; a preempted gang saves at one step, is requeued and resumes from it with
+no step lost and its restart budget untouched."""
 
 from __future__ import annotations
 
