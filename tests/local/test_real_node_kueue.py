@@ -342,10 +342,10 @@ def test_the_quota_admits_whole_gangs_and_a_job_that_does_not_fit_waits_queued_t
     assert admitted is not None and admitted["status"] == "True"
     assert _time(admitted["lastTransitionTime"]) >= _time(finished["lastTransitionTime"])
     # Every rank of both gangs ended as trainers that finished their steps.
-    for pod in recorder.seen:
-        if pod.startswith(("first-", "second-")):
-            message = recorder.termination(pod)
-            assert message is not None and message["reason"] == "Succeeded", (pod, message)
+    ended = {pod: recorder.termination(pod) for pod in recorder.seen
+             if pod.startswith(("first-", "second-"))}
+    assert len(ended) == 4, (recorder.error, ended)
+    assert {(m or {}).get("reason") for m in ended.values()} == {"Succeeded"}, ended
     # Rank 0 of the second gang trained its steps once each, from the first (as far as read
     # before the operator deleted the finished pods).
     steps = [r["step"] for r in log.records if r.get("event") == "step"]
@@ -452,3 +452,9 @@ def test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing
     assert again == list(range(saved + 1, saved + 1 + len(again))), again
     assert {"Evicted", "Admitted"} <= set(events(kube, LONG))
     assert not {p["metadata"]["name"] for p in pods(kube, LONG)} & first
+    for name in (LONG, "high"):
+        custom.delete_namespaced_custom_object(types.GROUP, types.VERSION, NAMESPACE,
+                                               types.PLURAL, name)
+    wait_for(lambda: workload_of(custom, LONG) is None and workload_of(custom, "high") is None
+             and quota_used(custom) == "0" and not pods(kube, LONG), KUEUE_TIMEOUT_SECONDS,
+             what="no Workload, pod or quota left", interval=POLL_SECONDS)

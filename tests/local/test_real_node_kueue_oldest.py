@@ -16,16 +16,21 @@ import test_real_node_kueue as current
 from tardigrade_local import gobuild
 from tardigrade_local.realcluster import RealNodeCluster
 from tardigrade_operator.decision import queueing
-from test_real_node_kueue import (  # noqa: F401  (collected and run here, on this cluster)
+from test_real_node_kueue import (  # noqa: F401  (the module's fixtures, for this cluster)
     custom,
     installed,
     kube,
     pytestmark,
     recorder,
-    test_a_gang_training_past_the_pods_ready_timeout_is_never_evicted_for_it,
-    test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing_lost,
-    test_the_quota_admits_whole_gangs_and_a_job_that_does_not_fit_waits_queued_then_runs,
 )
+
+# Collected and run here, in this order: they build on each other.
+test_the_quota_admits_whole_gangs_and_a_job_that_does_not_fit_waits_queued_then_runs = (
+    current.test_the_quota_admits_whole_gangs_and_a_job_that_does_not_fit_waits_queued_then_runs)
+test_a_gang_training_past_the_pods_ready_timeout_is_never_evicted_for_it = (
+    current.test_a_gang_training_past_the_pods_ready_timeout_is_never_evicted_for_it)
+test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing_lost = (
+    current.test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing_lost)
 
 OLDEST = "kueue-v0.17"
 
