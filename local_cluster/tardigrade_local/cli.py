@@ -437,13 +437,16 @@ def _status_real(cluster: LocalCluster, info: dict[str, Any], as_json: bool) -> 
               "registry": info["registry"], "images": info["images"],
               "operator": info["operator"], "checkpoints": info["checkpoints"],
               "checkpoint_claim": info["checkpoint_claim"], "gcs_url": info.get("gcs_url"),
-              "gcs_pod_env": info.get("gcs_pod_env"), "real_nodes": True, "nodes": nodes}
+              "gcs_pod_env": info.get("gcs_pod_env"), "kueue": bool(info.get("kueue")),
+              "real_nodes": True, "nodes": nodes}
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"API server: {report['api_url']}\nkubeconfig: {report['kubeconfig']}")
     typer.echo(f"registry:   {report['registry']}")
     typer.echo(f"checkpoints: claim {report['checkpoint_claim']} -> {report['checkpoints']}")
+    if report["kueue"]:
+        typer.echo("Kueue:      running (its manager beside the control plane)")
     if report["gcs_url"]:
         # A real kubelet adds nothing to a pod's environment: a job's spec.env carries it.
         typer.echo(f"GCS:        {report['gcs_url']}; pods: {info['gcs_pod_url']} (a job's "

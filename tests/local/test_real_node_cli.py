@@ -136,6 +136,7 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         report = json.loads(status.stdout)
         assert [(n["name"], n["state"], n["spot"]) for n in report["nodes"]] == [
             ("real-1", "Ready", False), ("real-2", "Ready", True)]
+        assert report["kueue"] is True
         # The operator runs as a pod of the registry's image, on the on-demand node.
         operator = json.loads(kubectl("get", "pods", "-n", "tardigrade-system", "-o", "json",
                                       env=env))["items"]
@@ -143,7 +144,6 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         assert operator[0]["spec"]["containers"][0]["image"] == info["images"]["operator"]
         # Kueue runs beside the control plane (installed before the chart, whose objects went
         # through its webhooks), with the PodsReady timeout asked for; its API is served.
-        assert info["kueue"] is True
         kueue_config = yaml.safe_load((state / "control" / "kueue" / "config.yaml").read_text())
         assert kueue_config["waitForPodsReady"]["timeout"] == f"{PODS_READY_TIMEOUT_SECONDS}s"
         assert kubectl("get", "clusterqueues", "-o", "name", env=env).strip() == ""
