@@ -196,6 +196,26 @@ def test_a_memory_step_skips_its_snapshot_while_the_previous_commit_runs(tmp_pat
     assert phases["workers"] == tier.workers >= 1
 
 
+def test_after_two_skips_in_a_row_the_loop_waits_for_the_commit(tmp_path, held_commit):
+    tier, events = _tier(tmp_path)
+    tier.snapshot(5, _state(5), {}, None)
+    for step in (10, 15):
+        _in_thread(lambda step=step: tier.snapshot(step, _state(step), {}, None)
+                   ).result(timeout=60)
+    # The commit of step 5 still held: step 20 waits for it (the bound on the steps lost).
+    third = _in_thread(lambda: tier.snapshot(20, _state(20), {}, None))
+    held_commit.set()
+    third.result(timeout=60)
+    tier.close()
+    assert memory_session.MAX_SKIPS_IN_A_ROW == 2 and tier.skipped == [10, 15]
+    skipped = [e["skips_in_a_row"] for e in events if e["event"] == "memory_snapshot_skipped"]
+    assert skipped == [1, 2]
+    started = [(e["step"], e["waited_for_previous"]) for e in events
+               if e["event"] == "memory_snapshot_started"]
+    assert started == [(5, False), (20, True)]
+    assert [e["step"] for e in events if e["event"] == "memory_snapshot_committed"] == [5, 20]
+
+
 def test_a_gang_skips_when_any_rank_is_still_committing(tmp_path, monkeypatch):
     from jax.experimental import multihost_utils
 

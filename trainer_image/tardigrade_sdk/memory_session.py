@@ -35,6 +35,10 @@ MAX_SNAPSHOT_BYTES = 1 << 40
 # about 0.5-1 GB/s a core: 8 make a 2 GB snapshot's digests a fraction of a second, and an
 # accelerator host's cores are mostly idle while the chips train.
 MAX_COMMIT_WORKERS = 8
+# Memory steps skipped in a row before one waits for the commit: what bounds the steps lost
+# when commits are slow (a host whose cores are busy runs the tier's threads last), at
+# interval x (2 + this) steps; a commit up to this many intervals long never holds the loop.
+MAX_SKIPS_IN_A_ROW = 2
 
 
 def commit_workers() -> int:
@@ -85,6 +89,7 @@ class MemoryTier:
         self._pending_step = -1
         self._pending_since = 0.0
         self.skipped: list[int] = []  # the memory steps skipped, the previous commit running
+        self._skips_in_a_row = 0  # the same on every rank: from the gang's gathered flags
         self._server: replica_server.ReplicaServer | None = None
         self.peers: list[str] = []
         self._newest: int | None = None  # this rank's newest snapshot written and sent
@@ -131,25 +136,30 @@ class MemoryTier:
 
         One snapshot is in flight at most. When the previous one's commit (read, digest,
         write, send) is still running on some rank, the whole gang skips this step's
-        snapshot (`memory_snapshot_skipped`) and the loop does not wait, unless the job asks
-        to wait (`TARDIGRADE_MEMORY_TIER_WHEN_BUSY=wait`: the loop waits for the commit, as
-        before). Every rank skips the same steps (in a gang, the ranks' flags are gathered):
-        a step snapshotted on some ranks only would be a torn step, never restored, whose
-        commits would push the last whole one out of the peers' memories."""
+        snapshot (`memory_snapshot_skipped`) and the loop does not wait; after
+        MAX_SKIPS_IN_A_ROW skips in a row, or when the job asks to wait
+        (`TARDIGRADE_MEMORY_TIER_WHEN_BUSY=wait`), the loop waits for the commit instead.
+        Every rank skips the same steps (in a gang, the ranks' flags are gathered): a step
+        snapshotted on some ranks only would be a torn step, never restored, whose commits
+        would push the last whole one out of the peers' memories."""
         from tardigrade_checkpoint import staging
 
         started = time.perf_counter()
-        if self.env.memory_tier_when_busy == contract.MEMORY_TIER_SKIP:
+        if (self.env.memory_tier_when_busy == contract.MEMORY_TIER_SKIP
+                and self._skips_in_a_row < MAX_SKIPS_IN_A_ROW):
             busy = self._busy_ranks()
             if busy:
                 self.skipped.append(step)
+                self._skips_in_a_row += 1
                 self.log({"event": "memory_snapshot_skipped", "step": step,
                           "reason": "previous snapshot's commit still running",
+                          "skips_in_a_row": self._skips_in_a_row,
                           "previous_step": self._pending_step, "busy_ranks": busy,
                           "commit_running_s": round(started - self._pending_since, 6)
                           if self._pending_step >= 0 else None,
                           "blocked_s": round(time.perf_counter() - started, 6)})
                 return time.perf_counter() - started
+        self._skips_in_a_row = 0
         waited = self._pending is not None and not self._pending.done()
         self.wait()  # the previous commit, which has read (and freed) its staged copies
         report = staging.StagingReport()
