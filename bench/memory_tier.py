@@ -4,12 +4,16 @@
                                 [--steps 60] [--devices 4] [--json]
 
 One process stands in for one rank: its state (float32 matrices sharded over --devices CPU
-devices) is updated by a jitted step calibrated to take about --step-ms, and three arms run
+devices) is updated by a jitted step calibrated to take about --step-ms, and four arms run
 the same loop in the same process, one after the other:
   * none: no memory tier;
   * memory: every --interval steps the rank's shards are copied off the devices (the loop
-    waits for that copy), then a background thread digests them (SHA-256) and commits them to
-    a memory directory, as `tardigrade_sdk.memory_session` does;
+    waits for that copy), then a background thread commits them to a memory directory
+    (`memory_tier.commit`: SHA-256 digests and writes on the session's pool of threads, as
+    `tardigrade_sdk.memory_session` does), the loop waiting for the previous commit if it
+    still runs (TARDIGRADE_MEMORY_TIER_WHEN_BUSY=wait);
+  * memory, skip: the same, but a memory step whose previous commit still runs is skipped
+    (at most memory_session.MAX_SKIPS_IN_A_ROW in a row), the session's default;
   * memory+replica: the same, and the snapshot is also sent over loopback HTTP to a replica
     server in this process, which checks it and keeps it (a real rank also receives its
     neighbour's snapshot, so both sides' costs land on the one process, as they do in a gang).
@@ -223,12 +227,17 @@ def main() -> None:
     executor = concurrent.futures.ThreadPoolExecutor(
         1, initializer=replica_server.lower_priority if args.niceness else None)
 
+    from tardigrade_sdk import memory_session
+
+    workers = memory_session.commit_workers()
+    pool = concurrent.futures.ThreadPoolExecutor(
+        workers, initializer=replica_server.lower_priority if args.niceness else None)
+
     def commit(number: int, snapshot: memory_tier.Snapshot, replicate: bool) -> float:
         started = time.perf_counter()
-        manifest, buffers = memory_tier.encode(snapshot, step=number, attempt=0, owner=0,
-                                               process_count=2, lineage="", job_uid="bench")
-        sealed = memory_tier.seal(KEY, manifest)
-        own.write(sealed, buffers)
+        sealed, buffers, _ = memory_tier.commit(own, snapshot, pool, workers, step=number,
+                                                attempt=0, owner=0, process_count=2,
+                                                lineage="", job_uid="bench")
         if replicate:
             replica_server.send(address, "bench-token", sealed, list(buffers), 0, number)
         return time.perf_counter() - started
@@ -236,7 +245,8 @@ def main() -> None:
     def run(arm: str) -> dict[str, Any]:
         nonlocal state
         pending: concurrent.futures.Future[float] | None = None
-        waited, copied, background = [], [], []
+        waited, copied, background, skipped = [], [], [], 0
+        in_a_row = 0
         jax.block_until_ready(state)
         started = time.perf_counter()
         for number in range(1, args.steps + 1):
@@ -245,6 +255,12 @@ def main() -> None:
                 # The reference loop reads the step's loss before it saves: the step is done.
                 jax.block_until_ready(state)
                 t0 = time.perf_counter()
+                if (arm == "memory, skip" and pending is not None and not pending.done()
+                        and in_a_row < memory_session.MAX_SKIPS_IN_A_ROW):
+                    skipped += 1  # as memory_session does: the previous commit runs on
+                    in_a_row += 1
+                    continue
+                in_a_row = 0
                 if pending is not None:  # the previous snapshot's write and send
                     background.append(pending.result())
                 t1 = time.perf_counter()
@@ -257,12 +273,12 @@ def main() -> None:
         if pending is not None:
             background.append(pending.result())
         return {"seconds": elapsed, "steps": args.steps, "copy_s": copied,
-                "wait_previous_s": waited, "background_s": background}
+                "wait_previous_s": waited, "background_s": background, "skipped": skipped}
 
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    arms = ("none", "memory", "memory+replica")
+    arms = ("none", "memory", "memory, skip", "memory+replica")
     try:
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
         for _ in range(args.rounds):
@@ -273,10 +289,12 @@ def main() -> None:
             "copy_s_per_snapshot": mean([x for r in got for x in r["copy_s"]]),
             "wait_previous_s_per_snapshot": mean([x for r in got for x in r["wait_previous_s"]]),
             "background_s_per_snapshot": mean([x for r in got for x in r["background_s"]]),
+            "snapshots_skipped": sum(r["skipped"] for r in got),
         } for arm, got in runs.items()}
     finally:
         server.stop()
         executor.shutdown()
+        pool.shutdown()
         import shutil
         shutil.rmtree(base, ignore_errors=True)
     state_bytes = sum(v.nbytes for v in state.values())
@@ -293,7 +311,8 @@ def main() -> None:
         print(f"  {name:15s} {arm['steps_per_s']:7.2f} steps/s  ratio {arm['ratio_to_none']:.3f}"
               f"  per snapshot: copy {arm['copy_s_per_snapshot']:.3f} s, waiting for the"
               f" previous {arm['wait_previous_s_per_snapshot']:.3f} s, background"
-              f" {arm['background_s_per_snapshot']:.3f} s")
+              f" {arm['background_s_per_snapshot']:.3f} s; skipped"
+              f" {arm['snapshots_skipped']}")
 
 
 if __name__ == "__main__":
