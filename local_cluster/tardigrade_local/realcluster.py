@@ -322,9 +322,11 @@ class RealNodeCluster:
 
     def stop(self) -> None:
         """Stop everything started, in the reverse order (a node being recreated first
-        finishes starting). Idempotent."""
+        finishes starting), then remove the registry's storage (the images pushed, hundreds
+        of MB; a new cluster pushes them again). Idempotent."""
         self._join_recreations()
         self._stack.close()
+        shutil.rmtree(self.registry.storage, ignore_errors=True)
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of the nodes and the network is still on the machine (all empty once
