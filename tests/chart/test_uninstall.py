@@ -32,6 +32,8 @@ from tests.e2e.harness import (
 
 pytestmark = [
     pytest.mark.slow,
+    # One test carries the module's cluster start, the install, the image pulls and the waits.
+    pytest.mark.timeout(1200),
     pytest.mark.skipif(not REAL_NODES_HERE,
                        reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
 ]
@@ -43,7 +45,7 @@ TRACKING = "tardigrade.dev/gang-tracking"
 STAND_IN = ["python3", "-c", "import signal, sys; "
             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()"]
 # The trainer image's first pull on the spot node, on a machine other runs share.
-RUNNING_TIMEOUT_SECONDS = 600.0
+RUNNING_TIMEOUT_SECONDS = 480.0
 GONE_TIMEOUT_SECONDS = 240.0
 
 
@@ -73,6 +75,22 @@ def running(cluster: Cluster, namespace: str, job: str) -> bool:
     found = cluster.custom.get_namespaced_custom_object(
         "tardigrade.dev", "v1alpha1", namespace, "trainingjobs", job)
     return (found.get("status") or {}).get("phase") == "Running"
+
+
+def what_happened(cluster: Cluster, namespace: str, job: str) -> str:
+    """The job's status, its pods' states and its Workloads' conditions, for a failure."""
+    found = cluster.custom.get_namespaced_custom_object(
+        "tardigrade.dev", "v1alpha1", namespace, "trainingjobs", job)
+    pods = {p.metadata.name: [c.state.to_dict() for c in p.status.container_statuses or []]
+            or p.status.conditions for p in pods_of(cluster, namespace, job)}
+    workloads = [(w.get("status") or {}).get("conditions") for w in
+                 cluster.custom.list_namespaced_custom_object(
+                     *KUEUE, namespace, "workloads",
+                     label_selector=f"tardigrade.dev/job={job}")["items"]]
+    logs = cluster.kubectl("-n", SYSTEM, "logs", "--tail=40", "-l", OPERATOR_SELECTOR,
+                           check=False)
+    return (f"status: {found.get('status')}\npods: {pods}\nworkloads: {workloads}\n"
+            f"operator:\n{logs}")
 
 
 def namespace_gone(cluster: Cluster, name: str) -> bool:
@@ -140,8 +158,11 @@ def test_after_uninstall_jobs_and_their_namespace_can_be_deleted(cluster: RealCl
             job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
     for namespace, name in jobs.items():
-        wait_for(lambda ns=namespace, n=name: running(cluster, ns, n), RUNNING_TIMEOUT_SECONDS,
-                 f"{name} Running", interval=1)
+        try:
+            wait_for(lambda ns=namespace, n=name: running(cluster, ns, n),
+                     RUNNING_TIMEOUT_SECONDS, f"{name} Running", interval=1)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{what_happened(cluster, namespace, name)}") from None
         [pod] = pods_of(cluster, namespace, name)
         assert pod.metadata.finalizers == [TRACKING]
         assert pod.status.container_statuses[0].container_id.startswith("containerd://")
