@@ -156,6 +156,8 @@ def _registry_digest(cluster: RealCluster, reference: str) -> str:
 
 
 @pytest.mark.slow
+# The module's cluster start, the image pulls and the waits, on a machine other runs share.
+@pytest.mark.timeout(1200)
 @pytest.mark.skipif(not REAL_NODES_HERE,
                     reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
 def test_chart_installs_onto_real_nodes_and_its_operator_runs_jobs(real_nodes: RealCluster):

@@ -35,6 +35,9 @@ RELEASE_NAMESPACE = "tardigrade-system"
 JOB_TIMEOUT_SECONDS = 600.0
 REAL_NODES = pytest.mark.skipif(
     not REAL_NODES_HERE, reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
+# The module's cluster start (in the first test), an install, the image pull and the waits, on
+# a machine other runs share.
+REAL_NODES_TIMEOUT = pytest.mark.timeout(1200)
 
 
 @pytest.mark.parametrize("config", sorted(grants.CONFIGS))
@@ -105,6 +108,7 @@ def operator_log(cluster: RealCluster) -> str:
 
 @pytest.mark.slow
 @REAL_NODES
+@REAL_NODES_TIMEOUT
 def test_namespaced_chart_runs_a_job_under_its_role(cluster: RealCluster):
     """watch.namespaces mode: a Role in the jobs' namespace, no cluster-wide job grants; the
     in-pod operator (one replica, with peering) runs a job there and is denied nothing."""
@@ -130,6 +134,7 @@ def test_namespaced_chart_runs_a_job_under_its_role(cluster: RealCluster):
 
 @pytest.mark.slow
 @REAL_NODES
+@REAL_NODES_TIMEOUT
 def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(cluster: RealCluster):
     """With Kueue installed, the in-pod operator under the chart's ClusterRole creates the
     job's Workload, reads the flavors and the priority class, runs the admitted gang and
