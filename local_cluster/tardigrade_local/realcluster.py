@@ -372,13 +372,17 @@ class RealNodeCluster:
                                    f"{done.stdout}{done.stderr}")
         return done.stdout
 
+    def operator_image_values(self) -> tuple[str, ...]:
+        """The helm arguments that point a chart at the registry's operator image."""
+        repository, tag = self.images["operator"].rsplit(":", 1)
+        return ("--set", f"image.repository={repository}", "--set", f"image.tag={tag}")
+
     def install_operator(self, *values: str) -> str:
         """`helm install` of the chart with the registry's operator image, one replica, no
         leader election; `values`: more helm arguments (`--set`, ...)."""
-        repository, tag = self.images["operator"].rsplit(":", 1)
         return self.helm("install", OPERATOR_RELEASE, str(repo_root() / "charts" / "tardigrade"),
                          "-n", OPERATOR_NAMESPACE, "--create-namespace",
-                         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                         *self.operator_image_values(),
                          "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
                          *values, "--wait", "--timeout", INSTALL_TIMEOUT)
 
