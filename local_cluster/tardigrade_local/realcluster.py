@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -82,6 +82,8 @@ class RealClusterError(RuntimeError):
 class NodePlan:
     name: str
     spot: bool = False
+    # The kubelet's feature gates over its release's defaults (`RealNode`'s `feature_gates`).
+    kubelet_feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
 
 def plan_nodes(nodes: int, spot_nodes: int) -> list[NodePlan]:
@@ -193,7 +195,8 @@ class RealNodeCluster:
         it."""
         index = self.plan.index(plan) + 1
         node = RealNode.for_cluster(self.cluster.info, plan.name, directory, index=index,
-                                    registry=self.registry.host, network=self.network)
+                                    registry=self.registry.host, network=self.network,
+                                    feature_gates=plan.kubelet_feature_gates)
         with self._lock:
             if self._stopping:
                 raise RealClusterError(f"node {plan.name}: the cluster is stopping")
