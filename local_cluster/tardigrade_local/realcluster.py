@@ -137,6 +137,8 @@ class RealNodeCluster:
         self._recreations: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._stopping = False
+        # Set once the cluster stops: the threads that recreated nodes stop them and end.
+        self._stopped = threading.Event()
         self.checkpoints = self.directory / "checkpoints"
         self.with_gcs = gcs
         self._stack = contextlib.ExitStack()
@@ -240,20 +242,25 @@ class RealNodeCluster:
         return account
 
     def _recreate(self, plan: NodePlan, directory: Path, delay: float) -> None:
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline:
-            if self._stopping:
-                return
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        """Start the node again after `delay`, then live as long as it does: its processes
+        die with the thread that started them (`die_with_parent`: PR_SET_PDEATHSIG fires when
+        the parent *thread* ends, not its process), so this thread ends only once the cluster
+        stops, after stopping the node itself."""
+        if self._stopped.wait(delay):
+            return
         try:
-            self._start_node(plan, directory)
+            node = self._start_node(plan, directory)
         except Exception:  # logged: the caller waits for the Node, and says what it saw
             log.exception("node %s was not recreated", plan.name)
+            return
+        self._stopped.wait()
+        node.stop()
 
     def _join_recreations(self) -> None:
         with self._lock:
             self._stopping = True
             threads = list(self._recreations)
+        self._stopped.set()
         for thread in threads:
             thread.join(realnode.START_TIMEOUT_SECONDS + 60)
 
