@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -88,6 +88,8 @@ class RealClusterError(RuntimeError):
 class NodePlan:
     name: str
     spot: bool = False
+    # The kubelet's feature gates over its release's defaults (`RealNode`'s `feature_gates`).
+    kubelet_feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
 
 def plan_nodes(nodes: int, spot_nodes: int) -> list[NodePlan]:
@@ -145,6 +147,8 @@ class RealNodeCluster:
         self._recreations: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._stopping = False
+        # Set once the cluster stops: the threads that recreated nodes stop them and end.
+        self._stopped = threading.Event()
         self.checkpoints = self.directory / "checkpoints"
         self.with_gcs = gcs
         self.with_kueue = kueue
@@ -204,7 +208,8 @@ class RealNodeCluster:
         it."""
         index = self.plan.index(plan) + 1
         node = RealNode.for_cluster(self.cluster.info, plan.name, directory, index=index,
-                                    registry=self.registry.host, network=self.network)
+                                    registry=self.registry.host, network=self.network,
+                                    feature_gates=plan.kubelet_feature_gates)
         with self._lock:
             if self._stopping:
                 raise RealClusterError(f"node {plan.name}: the cluster is stopping")
@@ -248,20 +253,25 @@ class RealNodeCluster:
         return account
 
     def _recreate(self, plan: NodePlan, directory: Path, delay: float) -> None:
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline:
-            if self._stopping:
-                return
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        """Start the node again after `delay`, then live as long as it does: its processes
+        die with the thread that started them (`die_with_parent`: PR_SET_PDEATHSIG fires when
+        the parent *thread* ends, not its process), so this thread ends only once the cluster
+        stops, after stopping the node itself."""
+        if self._stopped.wait(delay):
+            return
         try:
-            self._start_node(plan, directory)
+            node = self._start_node(plan, directory)
         except Exception:  # logged: the caller waits for the Node, and says what it saw
             log.exception("node %s was not recreated", plan.name)
+            return
+        self._stopped.wait()
+        node.stop()
 
     def _join_recreations(self) -> None:
         with self._lock:
             self._stopping = True
             threads = list(self._recreations)
+        self._stopped.set()
         for thread in threads:
             thread.join(realnode.START_TIMEOUT_SECONDS + 60)
 

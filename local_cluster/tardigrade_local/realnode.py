@@ -78,6 +78,11 @@ RECORDS_DIR = Path("/run/tardigrade-realnodes")
 # directory is `/kubelet/device-plugins/kubelet.sock` (36).
 MAX_DIRECTORY_CHARS = 107 - len("/kubelet/device-plugins/kubelet.sock")
 START_TIMEOUT_SECONDS = 180.0
+# A kubelet that ignores containers' restart rules, as one without the feature does: the rules'
+# gate and the one gate that depends on it (pkg/features/kube_features.go: the kubelet refuses
+# a dependent gate on over a gate off), both beta and on by default in 1.36.
+KUBELET_WITHOUT_RESTART_RULES = {"ContainerRestartRules": False,
+                                 "RestartAllContainersOnContainerExits": False}
 STOP_TIMEOUT_SECONDS = 60.0
 
 
@@ -110,7 +115,8 @@ class RealNode:
                  index: int = 1, node_lease_seconds: int = 40,
                  egress_routes: Path | None = None, registry: str | None = None,
                  network: ClusterNetwork | None = None,
-                 network_policies: bool = False) -> None:
+                 network_policies: bool = False,
+                 feature_gates: Mapping[str, bool] | None = None) -> None:
         """`egress_routes`: the cluster's egress proxy's routes (`egressproxy.py`), without
         which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward).
         `registry`: an image registry on this host's loopback (`Registry.host`,
@@ -120,11 +126,17 @@ class RealNode:
         `network_policies`: NetworkPolicies are enforced on the node (`netpolicy.py`); needs
         `network`. Off by default, as on a GKE cluster without Dataplane V2 or network policy
         enforcement: with it every new connection of a pod a policy selects waits on the
-        enforcer in userspace."""
+        enforcer in userspace.
+        `feature_gates`: this kubelet's `featureGates` (its configuration file), over the
+        release's defaults; kube-apiserver's are the cluster's (`ClusterConfig.feature_gates`).
+        A gate another one depends on can be turned off only with its dependents
+        (`ContainerRestartRules` with `RestartAllContainersOnContainerExits`): the kubelet
+        refuses to start otherwise (`KUBELET_WITHOUT_RESTART_RULES`)."""
         if network_policies and network is None:
             raise ValueError("network_policies=True needs a cluster network (network=): "
                              "the enforcer filters traffic between nodes' pods")
         self.network_policies = network_policies
+        self.feature_gates = dict(feature_gates or {})
         self.name = name
         self.directory = directory.absolute()
         self.api_url = api_url
@@ -148,13 +160,15 @@ class RealNode:
     def for_cluster(cls, info: Mapping[str, Any], name: str, directory: Path,
                     index: int = 1, registry: str | None = None,
                     network: ClusterNetwork | None = None,
-                    network_policies: bool = False) -> RealNode:
+                    network_policies: bool = False,
+                    feature_gates: Mapping[str, bool] | None = None) -> RealNode:
         """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
         start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
         routes = info.get("egress_routes")
         return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
                    index=index, egress_routes=Path(routes) if routes else None,
-                   registry=registry, network=network, network_policies=network_policies)
+                   registry=registry, network=network, network_policies=network_policies,
+                   feature_gates=feature_gates)
 
     # --- where things are --------------------------------------------------------------------
     @property
@@ -433,6 +447,7 @@ imports = []
             # Graceful node shutdown with GKE's grace (nodepower.py).
             **nodepower.KUBELET_SHUTDOWN_CONFIG,
             **self._cluster_dns_config(),
+            **({"featureGates": self.feature_gates} if self.feature_gates else {}),
         }
         path = self.directory / "etc" / "kubelet.json"
         path.write_text(json.dumps(config, indent=2))

@@ -41,6 +41,7 @@ from tardigrade_operator.config import OperatorConfig
 from tardigrade_operator.decision import maintenance, pacing, queueing
 from tardigrade_operator.decision.decide import decide
 from tardigrade_operator.decision.plan import Plan
+from tardigrade_operator.decision.recovery import keepers
 from tardigrade_operator.observation import indexlag
 from tardigrade_operator.observation.job_memory import JobState
 from tardigrade_operator.observation.observe import (
@@ -184,7 +185,9 @@ def node_pool(name: str, labels: kopf.Labels, **_: Any) -> dict[str, str]:
 
 
 def node_kubelet(name: str, status: kopf.Status, **_: Any) -> dict[str, str]:
-    return {name: str((status.get("nodeInfo") or {}).get("kubeletVersion") or "")}
+    """Its kubelet's version, "" where the Node shows the kubelet ignores restart rules
+    (`keepers.rules_kubelet_version`)."""
+    return {name: keepers.rules_kubelet_version(status)}
 
 
 def node_changed(type: str | None, name: str, status: kopf.Status, labels: kopf.Labels,

@@ -7,7 +7,7 @@ import copy
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from tardigrade_local.realcluster import (
     CHECKPOINT_MOUNT,
     OPERATOR_NAMESPACE,
     SPOT_LABEL,
+    NodePlan,
     RealNodeCluster,
     plan_nodes,
 )
@@ -407,12 +408,15 @@ class InstalledOperator:
 
 
 @contextlib.contextmanager
-def real_cluster(directory: Path, spot_nodes: int, kueue: bool = False
-                 ) -> Iterator[RealCluster]:
+def real_cluster(directory: Path, spot_nodes: int, kueue: bool = False,
+                 nodes: Sequence[NodePlan] | None = None) -> Iterator[RealCluster]:
     """One on-demand node (the operator's: the chart keeps it off spot nodes) and
     `spot_nodes` spot ones (the trainers'), with the registry's images and the GCS
-    emulator, for a module; `kueue`: Kueue's manager runs beside the control plane."""
-    with RealNodeCluster(directory, plan_nodes(1, spot_nodes), kueue=kueue) as real, LogShipper(
+    emulator, for a module; `kueue`: Kueue's manager runs beside the control plane.
+    `nodes`: that plan (`plan_nodes(1, spot_nodes)`) with changes of the module's, e.g. a
+    kubelet's feature gates."""
+    plan = list(nodes) if nodes is not None else plan_nodes(1, spot_nodes)
+    with RealNodeCluster(directory, plan, kueue=kueue) as real, LogShipper(
             real.kube, directory / "logs", NAMESPACE, "tardigrade.dev/job") as shipper:
         yield RealCluster(real, shipper.directory)
 

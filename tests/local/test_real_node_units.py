@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tomllib
 from pathlib import Path
 
 import pytest
 from tardigrade_local import egressproxy, gobuild, noderegistry
-from tardigrade_local.realnode import Addresses, RealNode
+from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES, Addresses, RealNode
 
 
 def test_node_programs_are_stamped_with_their_pinned_versions():
@@ -126,3 +127,18 @@ def test_a_registry_a_node_cannot_reach_under_the_same_name_is_refused(registry,
 def test_network_policies_need_a_cluster_network(tmp_path):
     with pytest.raises(ValueError, match=r"network_policies=True needs a cluster network"):
         RealNode("n", tmp_path, "https://127.0.0.1:6443", tmp_path, network_policies=True)
+
+
+def test_a_nodes_kubelet_gets_its_own_feature_gates_and_the_others_the_defaults(tmp_path):
+
+    def config(**kwargs: object) -> dict[str, object]:
+        directory = tmp_path / str(len(list(tmp_path.iterdir())))
+        (directory / "etc").mkdir(parents=True)
+        node = RealNode("n", directory, "https://127.0.0.1:6443", tmp_path, **kwargs)
+        return dict(json.loads(node._write_kubelet_config().read_text()))
+
+    assert "featureGates" not in config()
+    # The rules' gate goes off with the one that depends on it: the kubelet would refuse
+    # RestartAllContainersOnContainerExits on over ContainerRestartRules off.
+    assert config(feature_gates=KUBELET_WITHOUT_RESTART_RULES)["featureGates"] == {
+        "ContainerRestartRules": False, "RestartAllContainersOnContainerExits": False}

@@ -43,13 +43,24 @@ def test_plan_keeps_healthy_pods_and_recreates_the_rest(members, replicas, enabl
     assert sorted([k.rank for k in got.keep] + list(got.create_ranks)) == list(range(replicas))
 
 
-@pytest.mark.parametrize("version, supported", [
-    ("v1.36.0", True), ("v1.35.1-gke.1200", True), ("v1.34.3", False),
-    ("v1.33.0-tardigrade-local", False), ("", False), ("garbage", False),
+RESTART_ALL = [keepers.RESTART_ALL_CONTAINERS]
+
+
+@pytest.mark.parametrize("version, declared, supported", [
+    ("v1.36.3", RESTART_ALL, True), ("v1.37.0", RESTART_ALL, True),
+    # A 1.36 kubelet with the rules' gate off (so RestartAllContainers off too, its
+    # dependent) declares nothing: the same version, no rules.
+    ("v1.36.3", [], False), ("v1.36.3", ["SomethingElse"], False),
+    # 1.35 declares nothing by default: its version decides.
+    ("v1.35.1-gke.1200", [], True), ("v1.34.3", RESTART_ALL, False),
+    ("v1.33.0-tardigrade-local", [], False), ("", [], False), ("garbage", RESTART_ALL, False),
 ])
-def test_kubelet_support_is_read_per_node(version, supported):
-    node = {"status": {"nodeInfo": {"kubeletVersion": version}}}
-    assert keepers.kubelet_supports_rules(node) is supported
+def test_kubelet_support_is_read_per_node(version, declared, supported):
+    status = {"nodeInfo": {"kubeletVersion": version}, "declaredFeatures": declared}
+    assert keepers.kubelet_supports_rules({"status": status}) is supported
+    # What the operator indexes per node: the version where rules run, else "".
+    assert keepers.rules_kubelet_version(status) == (version if supported else "")
+    assert keepers.version_supports_rules(keepers.rules_kubelet_version(status)) is supported
 
 
 def test_rule_survival_is_read_from_the_created_pod():

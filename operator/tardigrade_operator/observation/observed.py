@@ -81,7 +81,8 @@ class Observed:
     nodes_maintenance: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
     # Node name -> its GKE node pool (slices.NODE_POOL_LABEL); None when nodes are not watched.
     node_pools: Mapping[str, str] | None = None
-    # Node name -> status.nodeInfo.kubeletVersion (restart in place needs 1.35 or later).
+    # Node name -> status.nodeInfo.kubeletVersion, "" where the Node shows its kubelet ignores
+    # restart rules (keepers.rules_kubelet_version); restart in place needs 1.35 or later.
     kubelet_versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # The Secret with the job's keys' name (naming.keys_secret_name), whoever made it; None:
     # there is none.

@@ -165,9 +165,8 @@ def members(gang: Sequence[PodView], nodes: NodeWatch,
             # rank that exits 77 anyway ends its pod where the rule is missing or ignored, and
             # the next pass recreates it (pods.classify: a save, as exit 75).
             return True
-        node = {"status": {"nodeInfo": {"kubeletVersion": kubelet_versions.get(
-            p.node_name or "", "")}}}
-        return p.restart_rule and keepers.kubelet_supports_rules(node)
+        return p.restart_rule and keepers.version_supports_rules(
+            kubelet_versions.get(p.node_name or "", ""))
 
     return [keepers.Member(p.name, p.rank, healthy(p), can_restart(p)) for p in gang]
 

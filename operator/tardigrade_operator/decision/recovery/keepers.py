@@ -7,7 +7,15 @@ scheduling. Support is judged per pod and node, never per cluster:
 - the API server drops the fields when its gate is off (dropDisabledFields in
   pkg/api/pod/util.go), so the rule must have survived on the created pod;
 - kubelets may be older than the control plane, and an old kubelet ignores the rule: the
-  node's `status.nodeInfo.kubeletVersion` must be 1.35 or later.
+  node's `status.nodeInfo.kubeletVersion` must be 1.35 or later;
+- a kubelet of 1.36 or later whose gate is off ignores the rule too, and reports the same
+  version: it must declare `RestartAllContainersOnContainerExits` in the Node's
+  `status.declaredFeatures` (KEP-5328; NodeDeclaredFeatures beta and on in 1.36). That gate
+  depends on ContainerRestartRules (the kubelet refuses it on over the rules' gate off), so a
+  kubelet that declares it runs restart rules. Restart rules declare nothing of their own: a
+  1.36 kubelet with the rules on and RestartAllContainers off (or NodeDeclaredFeatures off)
+  is taken for one without, and its ranks are recreated (slower, never wrong). A 1.35
+  kubelet declares nothing by default and is judged by its version.
 A rank on a node that fails either test, and every lost rank, gets a new pod as today.
 """
 
@@ -23,6 +31,10 @@ from tardigrade_contract import contract
 # The first release whose kubelet restarts on rules by default (ContainerRestartRules beta,
 # pkg/features/kube_features.go).
 MIN_KUBELET = (1, 35)
+# The first release whose kubelet declares its features by default (NodeDeclaredFeatures beta),
+# among them RestartAllContainersOnContainerExits, on by default from then too.
+DECLARING_KUBELET = (1, 36)
+RESTART_ALL_CONTAINERS = "RestartAllContainersOnContainerExits"
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 
@@ -34,11 +46,34 @@ def restart_rule() -> dict[str, Any]:
         "exitCodes": {"operator": "In", "values": [contract.EXIT_RESTART_IN_PLACE]}}]}
 
 
-def kubelet_supports_rules(node: Mapping[str, Any] | None) -> bool:
-    version = ((((node or {}).get("status") or {}).get("nodeInfo") or {})
-               .get("kubeletVersion") or "")
+def _release(version: str) -> tuple[int, int] | None:
     found = _VERSION.match(version)
-    return found is not None and (int(found[1]), int(found[2])) >= MIN_KUBELET
+    return (int(found[1]), int(found[2])) if found is not None else None
+
+
+def version_supports_rules(version: str) -> bool:
+    """The kubelet version alone allows restart rules (`rules_kubelet_version` has read the
+    rest of the Node)."""
+    release = _release(version)
+    return release is not None and release >= MIN_KUBELET
+
+
+def kubelet_supports_rules(node: Mapping[str, Any] | None) -> bool:
+    """The Node's kubelet restarts containers by their rules (the module's docstring)."""
+    status = (node or {}).get("status") or {}
+    release = _release(str((status.get("nodeInfo") or {}).get("kubeletVersion") or ""))
+    if release is None or release < MIN_KUBELET:
+        return False
+    return release < DECLARING_KUBELET or RESTART_ALL_CONTAINERS in (
+        status.get("declaredFeatures") or [])
+
+
+def rules_kubelet_version(status: Mapping[str, Any]) -> str:
+    """What the operator indexes per Node: its kubelet's version where the kubelet runs
+    restart rules, "" where it does not."""
+    if not kubelet_supports_rules({"status": status}):
+        return ""
+    return str((status.get("nodeInfo") or {}).get("kubeletVersion") or "")
 
 
 def rule_survived(pod: Mapping[str, Any]) -> bool:
