@@ -385,11 +385,12 @@ class InstalledOperator:
 
 
 @contextlib.contextmanager
-def real_cluster(directory: Path, spot_nodes: int) -> Iterator[RealCluster]:
+def real_cluster(directory: Path, spot_nodes: int, **options: Any) -> Iterator[RealCluster]:
     """One on-demand node (the operator's: the chart keeps it off spot nodes) and
     `spot_nodes` spot ones (the trainers'), with the registry's images and the GCS
-    emulator, for a module."""
-    with RealNodeCluster(directory, plan_nodes(1, spot_nodes)) as real, LogShipper(
+    emulator, for a module; `options`: more of `RealNodeCluster`'s (node lease and
+    monitor timings)."""
+    with RealNodeCluster(directory, plan_nodes(1, spot_nodes), **options) as real, LogShipper(
             real.kube, directory / "logs", NAMESPACE, "tardigrade.dev/job") as shipper:
         yield RealCluster(real, shipper.directory)
 
