@@ -142,7 +142,8 @@ class RealNodeCluster:
         self.api: ClusterAPI | None = None
         self.gcs: ClusterGCS | None = None
         self.nodes: dict[str, RealNode] = {}
-        # Nodes whose VM is gone (reclaimed); their directories keep their pods' logs.
+        # Nodes whose VM is gone (reclaimed or halted); their directories keep their pods'
+        # logs.
         self.retired: list[RealNode] = []
         # Each VM being recreated: its thread, and an event set once it started (or failed).
         self._recreations: list[tuple[threading.Thread, threading.Event]] = []
