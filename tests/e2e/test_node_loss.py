@@ -171,8 +171,9 @@ def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
     # are paced, so it can lag), and the trainer restores the newest commit at or after it.
     assert len(log.restored) == 1 and log.restored[0] >= status["recoveries"][-1]["restoreStep"]
     # The VM came back under its name (a fresh disk): its kubelet registered with the Node
-    # that stayed, found the evicted pod bound to it and deleted, with no container of it,
-    # and finished its deletion.
+    # that stayed, which turns Ready and untainted. The evicted pod goes (the operator
+    # force-deletes it once past its deletion deadline, or the returned kubelet, finding no
+    # container of it, finishes its deletion).
     wait_for(lambda: _ready(cluster, node) == "True", NODE_BACK_SECONDS, "the VM back")
     wait_for(lambda: not _unreachable_taints(cluster, node), 60, "the taints lifted")
     wait_for(lambda: not any(p.metadata.name == victim.metadata.name
