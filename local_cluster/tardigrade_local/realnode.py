@@ -18,7 +18,7 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
   `cgroupRoot` of this node's only;
 - a system bus of its own with a logind stand-in on it (`nodepower.py`, `logind.py`), through
   which `shutdown` reaches the kubelet's graceful node shutdown as a VM's shutdown does;
-  `halt` is the VM lost without one.
+  `halt` is the VM lost without one, `partition` the node cut off from the control plane.
 On a cluster network (`network=`, `nodenet.py`) the node's address is on a veth pair to the
 cluster's bridge instead of its loopback, kube-proxy runs beside the kubelet (`kubeproxy.py`)
 and pods get the cluster's DNS (`clusterdns.py`); with `network_policies`, kube-router's
