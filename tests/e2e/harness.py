@@ -298,7 +298,8 @@ class RealCluster(Cluster):
                     resources={"requests": {"cpu": "100m", "memory": "256Mi"},
                                "limits": {"memory": "3Gi"}},
                     env=[{"name": k, "value": v} for k, v in self.real.gcs_pod_env().items()])
-        body["trainer"].update(global_batch_size=8, seq_len=16, devices_per_process=1)
+        # A batch that splits evenly over any gang of 1 to 4 processes (a resize to 3).
+        body["trainer"].update(global_batch_size=12, seq_len=16, devices_per_process=1)
         body["podTemplate"] = {"terminationGracePeriodSeconds": 30,
                                "nodeSelector": {SPOT_LABEL: "true"}}
         body.update(spec)

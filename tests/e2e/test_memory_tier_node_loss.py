@@ -112,8 +112,6 @@ def _restore_of(cluster: RealCluster, pod: str) -> dict[str, Any] | None:
 def _memory_job(cluster: RealCluster, name: str, replicas: int) -> dict[str, Any]:
     job = cluster.trainingjob(name, steps=1_000_000, replicas=replicas)  # trains on
     job["spec"]["resources"]["requests"] = dict(ONE_TRAINER)
-    # Split evenly over 3 processes and over the 2 left after a shrink.
-    job["spec"]["trainer"]["global_batch_size"] = 12
     job["spec"]["checkpoint"]["interval"] = {"steps": BUCKET_INTERVAL}
     job["spec"]["checkpoint"]["memoryTier"] = {"interval": MEMORY_INTERVAL, "replicas": 1}
     # Every step's state hash in rank 0's log: the restored state is compared bit for bit.
