@@ -103,8 +103,9 @@ def parse_args() -> argparse.Namespace:
                         help="the checkpoint bench's --staging fractions")
     parser.add_argument("--memory-tier", default="", metavar="INTERVALS",
                         help="also runs of --memory-tier-steps steps with the memory tier on at "
-                             "each of these intervals (comma-separated), and one without it: "
-                             "the tier's cost to the loop's throughput")
+                             "each of these intervals (comma-separated; N:wait for a run whose "
+                             "memory steps wait for the previous commit instead of skipping), "
+                             "and one without it: the tier's cost to the loop's throughput")
     parser.add_argument("--memory-tier-steps", type=int, default=60)
     parser.add_argument("--compare-recompute", type=int, default=0, metavar="STEPS",
                         help="also a run of STEPS steps that keeps attention's probabilities "
@@ -379,11 +380,13 @@ def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, An
               "compilation_cache_in_root": False}
     rates: dict[str, float] = {}
     for interval in ["none", *args.memory_tier.split(",")]:
-        name = f"memory-{interval}"
+        name = f"memory-{interval.replace(':', '-')}"
+        every, _, when_busy = interval.partition(":")
         env = {} if interval == "none" else {
             "TARDIGRADE_MEMORY_TIER_DIR": str(shm / f"tardigrade-bench-{name}"),
-            "TARDIGRADE_MEMORY_TIER_INTERVAL": interval,
-            "TARDIGRADE_MEMORY_TIER_REPLICAS": "0"}
+            "TARDIGRADE_MEMORY_TIER_INTERVAL": every,
+            "TARDIGRADE_MEMORY_TIER_REPLICAS": "0",
+            **({"TARDIGRADE_MEMORY_TIER_WHEN_BUSY": when_busy} if when_busy else {})}
         run = Run(workdir, name, workdir / f"checkpoints-{name}", config, 10**6,
                   args.log_compiles, env)
         run.read_until(lambda e: e.get("event") == "step" and e["step"] >= steps)
@@ -398,13 +401,23 @@ def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, An
         window = times[5:]
         rates[interval] = (len(window) - 1) / (window[-1] - window[0])
         snaps = run.of("memory_snapshot_started")
+        skipped = run.of("memory_snapshot_skipped")
         blocked = [e["blocked_s"] for e in snaps]
         committed = run.of("memory_snapshot_committed")
+        seconds = [e["seconds"] for e in committed]
+        phases = {k: statistics.median(e["phases"][k] for e in committed)
+                  for k in ("read_s", "digest_s", "write_s", "seal_s", "workers")
+                  if committed and all(k in e.get("phases", {}) for e in committed)}
         print(f"{name}: {rates[interval]:.3f} steps/s over steps {len(times) - len(window) + 1}"
-              f"-{len(times)}; {len(snaps)} snapshots started, {len(committed)} committed; "
+              f"-{len(times)}; {len(snaps)} snapshots started "
+              f"(steps {[e['step'] for e in snaps]}), {len(skipped)} skipped "
+              f"(steps {[e['step'] for e in skipped]}), {len(committed)} committed; "
               f"loop blocked per snapshot {statistics.median(blocked) * 1e3 if blocked else 0:.0f}"
-              f" ms (median); write "
-              f"{statistics.median([e['seconds'] for e in committed]) if committed else 0:.2f} s")
+              f" ms (median; {min(blocked, default=0) * 1e3:.0f}-"
+              f"{max(blocked, default=0) * 1e3:.0f}); commit "
+              f"{statistics.median(seconds) if seconds else 0:.2f} s (median; "
+              f"{min(seconds, default=0):.2f}-{max(seconds, default=0):.2f}); phases summed "
+              f"over the commit's threads (median): {phases}")
     for interval, rate in rates.items():
         if interval == "none":
             continue

@@ -123,7 +123,7 @@ def up(
     """Start the cluster and print the `export KUBECONFIG=...` line."""
     if real_nodes:
         unsupported = {"--simulated-nodes": simulated_nodes, "--tpu-slices": tpu_slices,
-                       "--autoscale-max": autoscale_max, "--kueue": kueue,
+                       "--autoscale-max": autoscale_max,
                        "--operator-command": operator_command, "--image-map": image_map}
         given = [flag for flag, value in unsupported.items() if value]
         if given:
@@ -131,7 +131,7 @@ def up(
                        f"{' and '.join(given)} out", err=True)
             raise typer.Exit(2)
         _up_real(_layout(state_dir), nodes, spot_nodes, operator, operator_set or [],
-                 foreground, gcs)
+                 foreground, gcs, kueue, kueue_pods_ready_timeout)
         return
     if operator_set:
         typer.echo("error: --operator-set: only with --real-nodes (the operator is installed "
@@ -185,7 +185,8 @@ def up(
 
 
 def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
-             operator_set: list[str], foreground: bool, gcs: bool) -> None:
+             operator_set: list[str], foreground: bool, gcs: bool, kueue: bool,
+             kueue_pods_ready_timeout: float) -> None:
     if nodes + spot_nodes == 0:
         typer.echo("error: --nodes/--spot-nodes: a real-node cluster needs at least one node",
                    err=True)
@@ -196,7 +197,8 @@ def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
         raise typer.Exit(2)
     config = realcluster.ServeConfig(
         nodes=nodes, spot_nodes=spot_nodes, operator=operator, gcs=gcs,
-        helm_values=tuple(arg for value in operator_set for arg in ("--set", value)))
+        helm_values=tuple(arg for value in operator_set for arg in ("--set", value)),
+        kueue=kueue, kueue_pods_ready_timeout=kueue_pods_ready_timeout)
     try:
         # Progress (the cluster's log) on stderr; the export line alone on stdout.
         info = realcluster.start_served(layout.root, config, REAL_START_TIMEOUT_SECONDS,
@@ -435,13 +437,16 @@ def _status_real(cluster: LocalCluster, info: dict[str, Any], as_json: bool) -> 
               "registry": info["registry"], "images": info["images"],
               "operator": info["operator"], "checkpoints": info["checkpoints"],
               "checkpoint_claim": info["checkpoint_claim"], "gcs_url": info.get("gcs_url"),
-              "gcs_pod_env": info.get("gcs_pod_env"), "real_nodes": True, "nodes": nodes}
+              "gcs_pod_env": info.get("gcs_pod_env"), "kueue": bool(info.get("kueue")),
+              "real_nodes": True, "nodes": nodes}
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     typer.echo(f"API server: {report['api_url']}\nkubeconfig: {report['kubeconfig']}")
     typer.echo(f"registry:   {report['registry']}")
     typer.echo(f"checkpoints: claim {report['checkpoint_claim']} -> {report['checkpoints']}")
+    if report["kueue"]:
+        typer.echo("Kueue:      running (its manager beside the control plane)")
     if report["gcs_url"]:
         # A real kubelet adds nothing to a pod's environment: a job's spec.env carries it.
         typer.echo(f"GCS:        {report['gcs_url']}; pods: {info['gcs_pod_url']} (a job's "

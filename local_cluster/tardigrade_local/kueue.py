@@ -63,7 +63,7 @@ IDENTITY = Identity("kueue", "local:kueue-controller-manager")
 # (`pkg/controller/jobframework/integrationmanager.go`).
 TRAININGJOB_FRAMEWORK = "TrainingJob.v1alpha1.tardigrade.dev"
 # What Kueue needs of our kind to recognise a Workload's owner as a managed job: read access.
-# On a real cluster the Tardigrade chart grants it (values `kueue.enabled`).
+# On a real cluster whoever installs Kueue grants it (docs/kueue.md, "Set-up on GKE").
 TRAININGJOB_READER_ROLE = "kueue-tardigrade-trainingjob-reader"
 # Kueue's `cmd/kueue/main.go` (v0.17.x) reads the metrics server's certificate from this
 # fixed path whenever its internal certificate management is off, and exits without it.

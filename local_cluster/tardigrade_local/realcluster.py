@@ -16,6 +16,11 @@ lets a trainer mount). `install_operator` is `helm install` of the chart with th
 operator image. `stop` takes everything down in the reverse order and leaves nothing on the
 machine (`leftovers`).
 
+With `kueue=True` the control plane runs Kueue's manager (`kueue.py`) before anything else
+starts, so the operator the chart installs serves Workloads from its first pass (it learns
+Kueue's kinds at start), and the chart's objects go through Kueue's webhooks as on a GKE
+cluster with Kueue installed first.
+
 `tardigrade local up --real-nodes` runs one in a process of its own (`serve`, `python -m
 tardigrade_local.realcluster STATE_DIR`), which every process of the cluster dies with; the
 real-node tests run one in the test process. Needs root and Linux (`realnode.py`).
@@ -49,6 +54,7 @@ from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.clustergcs import ClusterGCS
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
 from tardigrade_local.kubelet.config import project_python_path
+from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realnode import RealNode
 from tardigrade_local.registry import Registry, RegistryError
@@ -109,11 +115,14 @@ class RealNodeCluster:
     `realnode.MAX_DIRECTORY_CHARS` (unix socket paths), so keep `directory` short."""
 
     def __init__(self, directory: Path, nodes: Sequence[NodePlan],
-                 checkpoint_namespace: str = "default", gcs: bool = True,
+                 checkpoint_namespace: str = "default", gcs: bool = True, kueue: bool = False,
+                 kueue_wait_for_pods_ready: WaitForPodsReady | None = None,
                  node_lease_seconds: int = realnode.NODE_LEASE_SECONDS,
                  node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
                  node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS) -> None:
         """`gcs`: run the GCS emulator (bucket `GCS_BUCKET`) and its Service for pods.
+        `kueue`: run Kueue's manager (`LocalCluster(kueue=True)`), with
+        `kueue_wait_for_pods_ready` (None: Kueue's default).
         `node_lease_seconds`: the kubelets' nodeLeaseDurationSeconds (renewed every quarter
         of it); `node_monitor_grace_seconds` and `node_monitor_period_seconds`:
         kube-controller-manager's --node-monitor-grace-period and --node-monitor-period (a
@@ -130,7 +139,8 @@ class RealNodeCluster:
         self.cluster = LocalCluster(self.directory / "control", nodes=[], with_gcs=gcs,
                                     buckets=[GCS_BUCKET],
                                     node_egress=True, endpoint_controllers=True,
-                                    load_repo_crds=False,
+                                    load_repo_crds=False, kueue=kueue,
+                                    kueue_wait_for_pods_ready=kueue_wait_for_pods_ready,
                                     node_monitor_grace_seconds=node_monitor_grace_seconds,
                                     node_monitor_period_seconds=node_monitor_period_seconds)
         self.node_lease_seconds = node_lease_seconds
@@ -152,6 +162,7 @@ class RealNodeCluster:
         self._stopping = False
         self.checkpoints = self.directory / "checkpoints"
         self.with_gcs = gcs
+        self.with_kueue = kueue
         self._stack = contextlib.ExitStack()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -178,7 +189,7 @@ class RealNodeCluster:
 
     def _start(self, progress: Callable[[str], None]) -> None:
         stack = self._stack
-        progress("control plane")
+        progress("control plane" + (" and Kueue" if self.with_kueue else ""))
         stack.enter_context(self.cluster)
         progress("image registry")
         self._start_registry()
@@ -372,12 +383,14 @@ class RealNodeCluster:
 
     def stop(self) -> None:
         """Stop everything started, in the reverse order (a node being recreated first
-        finishes starting). Idempotent."""
+        finishes starting), then remove the registry's storage (the images pushed, hundreds
+        of MB; a new cluster pushes them again). Idempotent."""
         threads = self._settle_recreations()
         self._stack.close()
         self._stopped.set()
         for thread in threads:
             thread.join(10)
+        shutil.rmtree(self.registry.storage, ignore_errors=True)
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of the nodes and the network is still on the machine (all empty once
@@ -423,13 +436,17 @@ class RealNodeCluster:
                                    f"{done.stdout}{done.stderr}")
         return done.stdout
 
+    def operator_image_values(self) -> tuple[str, ...]:
+        """The helm arguments that point a chart at the registry's operator image."""
+        repository, tag = self.images["operator"].rsplit(":", 1)
+        return ("--set", f"image.repository={repository}", "--set", f"image.tag={tag}")
+
     def install_operator(self, *values: str) -> str:
         """`helm install` of the chart with the registry's operator image, one replica, no
         leader election; `values`: more helm arguments (`--set`, ...)."""
-        repository, tag = self.images["operator"].rsplit(":", 1)
         return self.helm("install", OPERATOR_RELEASE, str(repo_root() / "charts" / "tardigrade"),
                          "-n", OPERATOR_NAMESPACE, "--create-namespace",
-                         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                         *self.operator_image_values(),
                          "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
                          *values, "--wait", "--timeout", INSTALL_TIMEOUT)
 
@@ -440,6 +457,7 @@ class RealNodeCluster:
                 "registry": self.registry.host, "images": dict(self.images),
                 "checkpoints": str(self.checkpoints), "checkpoint_claim": CHECKPOINT_CLAIM,
                 "checkpoint_namespace": self.checkpoint_namespace,
+                "kueue": self.with_kueue,
                 **({"gcs_url": self.gcs_url, "gcs_bucket": GCS_BUCKET,
                     "gcs_pod_url": clustergcs.pod_url(), "gcs_pod_env": self.gcs_pod_env()}
                    if self.gcs is not None else {}),
@@ -460,6 +478,13 @@ class ServeConfig:
     gcs: bool = True
     # More `helm install` arguments for the operator.
     helm_values: tuple[str, ...] = ()
+    # Kueue's manager, and its waitForPodsReady timeout in seconds (0: Kueue's default).
+    kueue: bool = False
+    kueue_pods_ready_timeout: float = 0.0
+
+    def wait_for_pods_ready(self) -> WaitForPodsReady | None:
+        return (WaitForPodsReady(self.kueue_pods_ready_timeout)
+                if self.kueue_pods_ready_timeout else None)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -495,7 +520,8 @@ def serve(state_dir: Path) -> int:
     base = {"pid": me.pid, "started": me.create_time()}
     write_json(state_dir / INFO_FILE, {**base, "state": "starting"})
     real = RealNodeCluster(state_dir, plan_nodes(config.nodes, config.spot_nodes),
-                           gcs=config.gcs)
+                           gcs=config.gcs, kueue=config.kueue,
+                           kueue_wait_for_pods_ready=config.wait_for_pods_ready())
     try:
         real.start()
         if config.operator:

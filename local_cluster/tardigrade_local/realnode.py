@@ -595,11 +595,19 @@ table inet {PARTITION_TABLE} {{
         if self.network is not None:
             self.network.leave(self.id, self.addresses.pod_cidr)
         self.footprint.clear()
+        self._discard_images()
         for log in self._logs:
             log.close()
         self._logs.clear()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         self._record.unlink(missing_ok=True)
+
+    def _discard_images(self) -> None:
+        """The VM's disk goes with it: containerd's content and snapshots (up to a few GB a
+        node: the unpacked images) are removed; the logs stay. Only once nothing is mounted
+        under the node any more, so that nothing reached through a mount is removed."""
+        if not self.footprint.mounts():
+            shutil.rmtree(self.directory / "containerd" / "root", ignore_errors=True)
 
     def _terminate(self, name: str) -> None:
         proc = self._procs.get(name)

@@ -1,16 +1,17 @@
 """The operator's RBAC grants, each with the call that needs it, and how to check them.
 
 `GRANTS` is the one table: a grant in the chart that is not here, or a row here the chart
-does not grant, fails `test_rbac_grants.py`; the chart e2e tests run the operator under the
-chart's ServiceAccount in the local cluster (RBAC and OwnerReferencesPermissionEnforcement
-on) and fail on any denial. Later work adds its rows here and its rules to
-`charts/tardigrade/templates/rbac.yaml` together.
+does not grant, fails `test_rbac_grants.py`; the chart e2e tests run the operator from its
+image under the chart's ServiceAccount in a local cluster of real nodes (RBAC and
+OwnerReferencesPermissionEnforcement on) and fail on any denial. Later work adds its rows
+here and its rules to `charts/tardigrade/templates/rbac.yaml` together.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -200,11 +201,18 @@ def rendered_grants(docs: list[dict[str, Any]], account: str, account_namespace:
     return out
 
 
-def audited_calls(audit_log: Path, user: str) -> list[dict[str, Any]]:
+def audited_calls(audit_log: Path, user: str, since: datetime | None = None
+                  ) -> list[dict[str, Any]]:
     """kube-apiserver's audit events for `user` (Metadata level: the request, the
-    authorization decision and the response code; local_cluster/README.md, "Audit log")."""
+    authorization decision and the response code; local_cluster/README.md, "Audit log"),
+    received at `since` or later (None: all)."""
     events = [json.loads(line) for line in audit_log.read_text().splitlines() if line]
-    return [e for e in events if e["user"]["username"] == user]
+    return [e for e in events if e["user"]["username"] == user and (
+        since is None or received(e) >= since)]
+
+
+def received(event: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
 
 
 def call_key(event: dict[str, Any]) -> tuple[str, str, str]:
@@ -234,10 +242,12 @@ def denials(events: list[dict[str, Any]]) -> list[str]:
 
 
 def check_operator_calls(audit_log: Path, account: str, namespace: str,
-                         config: str) -> set[tuple[str, str, str]]:
+                         config: str, since: datetime | None = None
+                         ) -> set[tuple[str, str, str]]:
     """Fail on any denial of the operator's ServiceAccount, or a call outside the table;
-    returns the (group, resource, verb) it used."""
-    calls = audited_calls(audit_log, f"system:serviceaccount:{namespace}:{account}")
+    returns the (group, resource, verb) it used. `since`: only the calls from then on (one
+    install of the chart where the cluster saw others before)."""
+    calls = audited_calls(audit_log, f"system:serviceaccount:{namespace}:{account}", since)
     assert calls, f"no request of {account} reached the API server (audit log {audit_log})"
     denied = denials(calls)
     assert not denied, "the operator was denied:\n" + "\n".join(denied)

@@ -1,19 +1,29 @@
-"""The Helm chart, with the real helm binary, applied to the local cluster with kubectl."""
+"""The Helm chart, with the real helm binary: rendered and validated, and applied with kubectl
+to a local cluster of real nodes, its operator image from the cluster's registry."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import kubernetes
 import kubernetes_validate
 import pytest
 import yaml
-from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.realcluster import OPERATOR_NAMESPACE, SPOT_LABEL
 
 from tests.chart import grants
 from tests.conftest import REPO_ROOT
-from tests.e2e.harness import Cluster, trainingjob
+from tests.e2e.harness import (
+    OPERATOR_READY_SECONDS,
+    REAL_NODES_HERE,
+    RealCluster,
+    real_cluster,
+    wait_for,
+)
 
 CHART = REPO_ROOT / "charts" / "tardigrade"
 CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor"}
@@ -32,13 +42,16 @@ def helm(*args: str) -> str:
     return result.stdout
 
 
-def render(*values: str, namespace: str = "tardigrade-system", hooks: bool = False
-           ) -> list[dict]:
+def render(*values: str, namespace: str = "tardigrade-system", hooks: bool = False,
+           include_crds: bool = False) -> list[dict]:
     """The chart's manifests. Hooks (the uninstall hook) run only under helm itself, never
-    when the output is applied with kubectl, so they are left out unless asked for."""
+    when the output is applied with kubectl, so they are left out unless asked for; so are
+    the chart's crds/ files (kopf's peering CRDs), which helm installs on its own."""
     args = ["template", "tardigrade", str(CHART), "--namespace", namespace]
     if not hooks:
         args.append("--no-hooks")
+    if include_crds:
+        args.append("--include-crds")
     for value in values:
         args += ["--set", value]
     return [doc for doc in yaml.safe_load_all(helm(*args)) if doc]
@@ -114,59 +127,123 @@ def test_checkpoint_prefix_rule_reaches_the_operator_and_bad_ones_are_refused():
     assert result.returncode != 0 and "checkpointPathPrefix" in result.stderr
 
 
-def _operator_pods(cluster: Cluster, selector: str) -> list[dict]:
-    pods = cluster.core.list_namespaced_pod("tardigrade-system", label_selector=selector).items
-    return [cluster.core.api_client.sanitize_for_serialization(p) for p in pods]
+SYSTEM = OPERATOR_NAMESPACE
+# The trainer image's first pull on the spot node, JAX's start and compile, on a machine other
+# test runs share.
+JOB_TIMEOUT_SECONDS = 600.0
+
+
+@pytest.fixture(scope="module")
+def real_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """One on-demand node (the operator's), one spot node (the trainer's), the registry with
+    our images."""
+    with real_cluster(tmp_path_factory.mktemp("helm"), 1) as running:
+        yield running
+
+
+def _operator_pods(cluster: RealCluster, selector: str) -> list[dict[str, Any]]:
+    pods = cluster.core.list_namespaced_pod(SYSTEM, label_selector=selector).items
+    return [cluster.core.api_client.sanitize_for_serialization(p) for p in pods
+            if p.metadata.deletion_timestamp is None]
+
+
+def _registry_digest(cluster: RealCluster, reference: str) -> str:
+    """`<registry>/<repository>@<digest>`: the imageID the kubelet reports for a pull."""
+    host = cluster.real.registry.host
+    repository, tag = reference.removeprefix(f"{host}/").rsplit(":", 1)
+    _, digest = cluster.real.registry.manifest(repository, tag)
+    return f"{host}/{repository}@{digest}"
 
 
 @pytest.mark.slow
-def test_chart_installs_into_the_local_cluster_and_its_operator_runs_jobs(tmp_path):
-    """helm template | kubectl apply, as on a real cluster: the Deployment controller starts
-    the operator pods from the chart's image, the kubelet gives them API credentials, and
-    the in-pod operator (no other runs here) reconciles a TrainingJob."""
-    docs = render()
+# The module's cluster start, the image pulls and the waits, on a machine other runs share.
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(not REAL_NODES_HERE,
+                    reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
+def test_chart_installs_onto_real_nodes_and_its_operator_runs_jobs(real_nodes: RealCluster):
+    """helm template | kubectl apply, as on a real cluster (CRDs first, then the rest): the
+    Deployment controller starts the operator pods, the real kubelet pulls the chart's
+    image from the registry and gives the pods API credentials, and the in-pod operator (no
+    other runs here) reconciles a TrainingJob whose trainer runs on the spot node."""
+    cluster = real_nodes
+    repository, tag = cluster.real.images["operator"].rsplit(":", 1)
+    docs = render(f"image.repository={repository}", f"image.tag={tag}", include_crds=True)
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     selector = ",".join(f"{k}={v}" for k, v in
                         deployment["spec"]["selector"]["matchLabels"].items())
-    with LocalCluster(tmp_path / "cluster", nodes=2) as local:
-        assert local.config.operator_command is None
-        cluster = Cluster(local, trainer_token_review=False)
-        cluster.kubectl("create", "namespace", "tardigrade-system")
-        applied = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
-        for kind in ("serviceaccount/tardigrade", "clusterrole.rbac.authorization.k8s.io/"
-                     "tardigrade", "deployment.apps/tardigrade",
-                     "clusterkopfpeering.kopf.dev/tardigrade"):
-            assert kind in applied, applied
-        try:
-            # Available needs every pod Ready: the readiness probe on /healthz passed.
-            cluster.kubectl("-n", "tardigrade-system", "rollout", "status",
-                            "deployment/tardigrade", "--timeout=120s")
-        except AssertionError as err:
-            logs = cluster.kubectl("-n", "tardigrade-system", "logs", "--tail=40",
-                                   "-l", selector, check=False)
-            raise AssertionError(f"{err}\n{logs}") from None
-        replicas = deployment["spec"]["replicas"]
-        pods = _operator_pods(cluster, selector)
-        assert len(pods) == replicas
-        for pod in pods:
-            assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
-            assert pod["metadata"]["labels"]["pod-template-hash"]
-            assert {"type": "Ready", "status": "True"}.items() <= next(
-                c for c in pod["status"]["conditions"] if c["type"] == "Ready").items()
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
+    cluster.kubectl("create", "namespace", SYSTEM)
+    applied = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    # The chart's own CRDs: the TrainingJob's (a template) and kopf's peering (crds/).
+    for name in ("trainingjobs.tardigrade.dev", "clusterkopfpeerings.kopf.dev"):
+        assert f"customresourcedefinition.apiextensions.k8s.io/{name}" in applied, applied
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s",
+                    *(f"crd/{d['metadata']['name']}" for d in crds))
+    applied = cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(rest))
+    for kind in ("serviceaccount/tardigrade", "clusterrole.rbac.authorization.k8s.io/"
+                 "tardigrade", "deployment.apps/tardigrade",
+                 "clusterkopfpeering.kopf.dev/tardigrade"):
+        assert kind in applied, applied
+    replicas = deployment["spec"]["replicas"]
+    apps = kubernetes.client.AppsV1Api(cluster.core.api_client)
 
-        job = trainingjob("chart-smoke", steps=3, replicas=1)
-        cluster.apply(job)
-        cluster.wait_phase("chart-smoke", {"Succeeded"}, timeout=300)
-        assert [p.metadata.name for p in cluster.pods("chart-smoke")] == ["chart-smoke-a1-0"]
-        # Both replicas reached the API from inside their pods: kopf registered each in the
-        # chart's peering object under its host name, which is the pod's name.
+    def rolled_out() -> bool:
+        # What `kubectl rollout status` waits for: every replica updated and Available, which
+        # needs every pod Ready (the readiness probe on /healthz passed).
+        found = apps.read_namespaced_deployment("tardigrade", SYSTEM)
+        status = found.status
+        return (status.observed_generation or 0) >= found.metadata.generation and all(
+            (n or 0) == replicas for n in (status.updated_replicas, status.available_replicas,
+                                           status.ready_replicas, status.replicas))
+
+    try:
+        wait_for(rolled_out, OPERATOR_READY_SECONDS, "the operator's Deployment rolled out",
+                 interval=1)
+    except AssertionError as err:
+        logs = cluster.kubectl("-n", SYSTEM, "logs", "--tail=40", "-l", selector, check=False)
+        described = cluster.kubectl("-n", SYSTEM, "describe", "pods", "-l", selector,
+                                    check=False)
+        raise AssertionError(f"{err}\n{logs}\n{described[-4000:]}") from None
+    pods = _operator_pods(cluster, selector)
+    assert len(pods) == replicas
+    digest = _registry_digest(cluster, cluster.real.images["operator"])
+    for pod in pods:
+        assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+        assert pod["metadata"]["labels"]["pod-template-hash"]
+        assert {"type": "Ready", "status": "True"}.items() <= next(
+            c for c in pod["status"]["conditions"] if c["type"] == "Ready").items()
+        # A container of the registry's operator image, run by containerd...
+        [status] = pod["status"]["containerStatuses"]
+        assert status["containerID"].startswith("containerd://"), status
+        assert status["imageID"] == digest, status
+        # ...on the on-demand node: the chart keeps the operator off spot nodes.
+        labels = cluster.core.read_node(pod["spec"]["nodeName"]).metadata.labels or {}
+        assert labels.get(SPOT_LABEL) != "true", pod["spec"]["nodeName"]
+
+    cluster.apply(cluster.trainingjob("chart-smoke", steps=3, replicas=1))
+    cluster.wait_phase("chart-smoke", {"Succeeded"}, timeout=JOB_TIMEOUT_SECONDS)
+    status = cluster.status("chart-smoke")
+    # One gang, launched once, never restarted: one pod, chart-smoke-a1-0.
+    assert (status["attempt"], status["restarts"]["total"]) == (1, 0), status
+    assert {p.metadata.name for p in cluster.pods("chart-smoke")} <= {"chart-smoke-a1-0"}
+    # Both replicas reached the API from inside their pods: kopf registered each in the
+    # chart's peering object under its host name, which is the pod's name.
+    names = {p["metadata"]["name"] for p in pods}
+
+    def peers() -> set[str]:
         peering = cluster.custom.get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", "tardigrade")
-        peers = {key.split("@", 1)[1].split("/", 1)[0] for key in peering.get("status") or {}}
-        assert peers == {p["metadata"]["name"] for p in pods}, peering
-        # It did so under the chart's ServiceAccount and RBAC, and nothing was denied.
-        grants.check_operator_calls(local.layout.audit_log, "tardigrade", "tardigrade-system",
-                                    grants.ALL_NAMESPACES)
-        # Liveness held too: no operator container was restarted along the way.
-        assert [c["restartCount"] for p in _operator_pods(cluster, selector)
-                for c in p["status"]["containerStatuses"]] == [0] * replicas
+        return {key.split("@", 1)[1].split("/", 1)[0] for key in peering.get("status") or {}}
+
+    wait_for(lambda: peers() == names, 120, f"both replicas {sorted(names)} in the peering",
+             interval=1)
+    # It did so under the chart's ServiceAccount and RBAC, and nothing was denied.
+    grants.check_operator_calls(cluster.local.layout.audit_log, "tardigrade", SYSTEM,
+                                grants.ALL_NAMESPACES)
+    # Liveness held too: no operator container was restarted along the way, and the pods
+    # are the ones that rolled out.
+    after = _operator_pods(cluster, selector)
+    assert {p["metadata"]["uid"] for p in after} == {p["metadata"]["uid"] for p in pods}
+    assert [c["restartCount"] for p in after
+            for c in p["status"]["containerStatuses"]] == [0] * replicas

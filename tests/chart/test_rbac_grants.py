@@ -1,22 +1,43 @@
 """The chart grants exactly what `grants.GRANTS` lists, and the operator needs no more.
 
 The table states, for each grant, the call that needs it; the chart e2e tests (here for the
-namespaced mode, in test_helm.py for the cluster-wide one) run the operator under the
-chart's ServiceAccount with RBAC enforced and fail on any denial.
+namespaced mode and for Kueue's kinds, in test_helm.py for the cluster-wide one) install the
+chart with helm, its operator from the registry's image on a real node under the chart's
+ServiceAccount with RBAC enforced, and fail on any denial. One cluster (Kueue's manager, one
+on-demand node, one spot node for the trainers) for the module: each test installs the chart,
+reads the audit log from its install on, and uninstalls it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
 import pytest
-import yaml
-from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.realcluster import INSTALL_TIMEOUT, OPERATOR_RELEASE
 
 from tests.chart import grants
-from tests.chart.test_helm import render
-from tests.e2e.harness import NAMESPACE, Cluster, trainingjob, wait_for
+from tests.chart.test_helm import CHART, render
+from tests.e2e.harness import (
+    NAMESPACE,
+    OPERATOR_SELECTOR,
+    REAL_NODES_HERE,
+    RealCluster,
+    real_cluster,
+    wait_for,
+)
 
 ACCOUNT = "tardigrade"
 RELEASE_NAMESPACE = "tardigrade-system"
+# The trainer image's first pull on the spot node, JAX's start and compile, on a machine other
+# test runs share.
+JOB_TIMEOUT_SECONDS = 600.0
+REAL_NODES = pytest.mark.skipif(
+    not REAL_NODES_HERE, reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
+# The module's cluster start (in the first test), an install, the image pull and the waits, on
+# a machine other runs share.
+REAL_NODES_TIMEOUT = pytest.mark.timeout(1200)
 
 
 @pytest.mark.parametrize("config", sorted(grants.CONFIGS))
@@ -54,30 +75,56 @@ def test_unused_grants_are_gone():
     assert ("tardigrade.dev", "trainingjobs/finalizers", "update") in granted
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    with real_cluster(tmp_path_factory.mktemp("rbac"), 1, kueue=True) as running:
+        yield running
+
+
+@contextmanager
+def chart_installed(cluster: RealCluster, *values: str) -> Iterator[datetime]:
+    """`helm install` of the chart with `values` (`k=v`) and the registry's operator image,
+    waiting for its pod; yields when the install began (the audit log's calls from then on
+    are this install's). Uninstalled after, the operator's pods gone."""
+    began = datetime.now(UTC)
+    sets = [arg for value in values for arg in ("--set", value)]
+    cluster.real.helm("install", OPERATOR_RELEASE, str(CHART), "-n", RELEASE_NAMESPACE,
+                      "--create-namespace", *cluster.real.operator_image_values(), *sets,
+                      "--wait", "--timeout", INSTALL_TIMEOUT)
+    try:
+        yield began
+    finally:
+        cluster.real.helm("uninstall", OPERATOR_RELEASE, "-n", RELEASE_NAMESPACE, "--wait",
+                          "--timeout", INSTALL_TIMEOUT)
+        wait_for(lambda: not cluster.core.list_namespaced_pod(
+            RELEASE_NAMESPACE, label_selector=OPERATOR_SELECTOR).items, 240,
+            "the operator's pods gone", interval=1)
+
+
+def operator_log(cluster: RealCluster) -> str:
+    return cluster.kubectl("-n", RELEASE_NAMESPACE, "logs", "--tail=60",
+                           "deployment/tardigrade", check=False)
+
+
 @pytest.mark.slow
-def test_namespaced_chart_runs_a_job_under_its_role(tmp_path):
+@REAL_NODES
+@REAL_NODES_TIMEOUT
+def test_namespaced_chart_runs_a_job_under_its_role(cluster: RealCluster):
     """watch.namespaces mode: a Role in the jobs' namespace, no cluster-wide job grants; the
     in-pod operator (one replica, with peering) runs a job there and is denied nothing."""
     values = ("watch.allNamespaces=false", f"watch.namespaces={{{NAMESPACE}}}",
               "replicaCount=1")
-    docs = render(*values, namespace=RELEASE_NAMESPACE)
-    with LocalCluster(tmp_path / "cluster", nodes=1) as local:
-        cluster = Cluster(local, trainer_token_review=False)
-        cluster.kubectl("create", "namespace", RELEASE_NAMESPACE)
-        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
-        cluster.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", "deployment/tardigrade",
-                        "--timeout=120s")
-        cluster.apply(trainingjob("ns-smoke", steps=2, replicas=1))
+    audit_log = cluster.local.layout.audit_log
+    with chart_installed(cluster, *values) as began:
+        cluster.apply(cluster.trainingjob("ns-smoke", steps=2, replicas=1))
         try:
-            cluster.wait_phase("ns-smoke", {"Succeeded"}, timeout=300)
+            cluster.wait_phase("ns-smoke", {"Succeeded"}, timeout=JOB_TIMEOUT_SECONDS)
         except AssertionError as err:
-            logs = cluster.kubectl("-n", RELEASE_NAMESPACE, "logs", "--tail=60",
-                                   "deployment/tardigrade", check=False)
             denied = grants.denials(grants.audited_calls(
-                local.layout.audit_log, f"system:serviceaccount:{RELEASE_NAMESPACE}:{ACCOUNT}"))
-            raise AssertionError(f"{err}\ndenied: {denied}\n{logs}") from None
-        used = grants.check_operator_calls(local.layout.audit_log, ACCOUNT, RELEASE_NAMESPACE,
-                                           grants.NAMESPACED)
+                audit_log, f"system:serviceaccount:{RELEASE_NAMESPACE}:{ACCOUNT}", began))
+            raise AssertionError(f"{err}\ndenied: {denied}\n{operator_log(cluster)}") from None
+        used = grants.check_operator_calls(audit_log, ACCOUNT, RELEASE_NAMESPACE,
+                                           grants.NAMESPACED, since=began)
         # The job's own calls were made in its namespace, under the Role.
         assert ("tardigrade.dev", "trainingjobs/status", "patch") in used
         assert ("", "pods", "create") in used
@@ -86,38 +133,38 @@ def test_namespaced_chart_runs_a_job_under_its_role(tmp_path):
 
 
 @pytest.mark.slow
-def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(tmp_path):
+@REAL_NODES
+@REAL_NODES_TIMEOUT
+def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(cluster: RealCluster):
     """With Kueue installed, the in-pod operator under the chart's ClusterRole creates the
     job's Workload, reads the flavors and the priority class, runs the admitted gang and
     marks the Workload Finished, and is denied nothing."""
-    docs = render("replicaCount=1", namespace=RELEASE_NAMESPACE)
-    with LocalCluster(tmp_path / "cluster", nodes=1, kueue=True) as local:
-        cluster = Cluster(local, trainer_token_review=False)
-        kueue = ("kueue.x-k8s.io", "v1beta2")
-        meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
-        cluster.custom.create_cluster_custom_object(*kueue, "resourceflavors", {
-            **meta, "kind": "ResourceFlavor", "metadata": {"name": "default"}})
-        cluster.custom.create_cluster_custom_object(*kueue, "workloadpriorityclasses", {
-            **meta, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"}, "value": 10})
-        cluster.custom.create_cluster_custom_object(*kueue, "clusterqueues", {
-            **meta, "kind": "ClusterQueue", "metadata": {"name": "team"},
-            "spec": {"namespaceSelector": {}, "resourceGroups": [{
-                "coveredResources": ["cpu", "memory"],
-                "flavors": [{"name": "default", "resources": [
-                    {"name": "cpu", "nominalQuota": "4"},
-                    {"name": "memory", "nominalQuota": "16Gi"}]}]}]}})
-        cluster.custom.create_namespaced_custom_object(*kueue, NAMESPACE, "localqueues", {
-            **meta, "kind": "LocalQueue", "metadata": {"name": "team", "namespace": NAMESPACE},
-            "spec": {"clusterQueue": "team"}})
-        cluster.kubectl("create", "namespace", RELEASE_NAMESPACE)
-        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
-        cluster.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", "deployment/tardigrade",
-                        "--timeout=120s")
-        job = trainingjob("queued-smoke", steps=2, replicas=1)
+    kueue = ("kueue.x-k8s.io", "v1beta2")
+    meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
+    cluster.custom.create_cluster_custom_object(*kueue, "resourceflavors", {
+        **meta, "kind": "ResourceFlavor", "metadata": {"name": "default"}})
+    cluster.custom.create_cluster_custom_object(*kueue, "workloadpriorityclasses", {
+        **meta, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"}, "value": 10})
+    cluster.custom.create_cluster_custom_object(*kueue, "clusterqueues", {
+        **meta, "kind": "ClusterQueue", "metadata": {"name": "team"},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory"],
+            "flavors": [{"name": "default", "resources": [
+                {"name": "cpu", "nominalQuota": "4"},
+                {"name": "memory", "nominalQuota": "16Gi"}]}]}]}})
+    cluster.custom.create_namespaced_custom_object(*kueue, NAMESPACE, "localqueues", {
+        **meta, "kind": "LocalQueue", "metadata": {"name": "team", "namespace": NAMESPACE},
+        "spec": {"clusterQueue": "team"}})
+    audit_log = cluster.local.layout.audit_log
+    with chart_installed(cluster, "replicaCount=1") as began:
+        job = cluster.trainingjob("queued-smoke", steps=2, replicas=1)
         job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team",
                                      "kueue.x-k8s.io/priority-class": "low"}
         cluster.apply(job)
-        cluster.wait_phase("queued-smoke", {"Succeeded"}, timeout=300)
+        try:
+            cluster.wait_phase("queued-smoke", {"Succeeded"}, timeout=JOB_TIMEOUT_SECONDS)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{operator_log(cluster)}") from None
 
         def finished() -> dict | None:
             workloads = cluster.custom.list_namespaced_custom_object(
@@ -127,7 +174,7 @@ def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(tmp_path)
                 c["type"] == "Finished" and c["status"] == "True"
                 for c in (w.get("status") or {}).get("conditions") or [])), None)
 
-        workload = wait_for(finished, timeout=60, what="the Workload marked Finished",
+        workload = wait_for(finished, timeout=120, what="the Workload marked Finished",
                             interval=0.5)
         assert workload["spec"]["priority"] == 10
         expected = {("kueue.x-k8s.io", "workloads", "create"),
@@ -137,5 +184,5 @@ def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(tmp_path)
         # kube-apiserver writes a request's audit event at ResponseComplete, after the
         # response: the Finished write can be read back before its line is in the log.
         wait_for(lambda: expected <= grants.check_operator_calls(
-            local.layout.audit_log, ACCOUNT, RELEASE_NAMESPACE, grants.ALL_NAMESPACES),
-            timeout=30, what="the operator's Workload writes in the audit log", interval=0.5)
+            audit_log, ACCOUNT, RELEASE_NAMESPACE, grants.ALL_NAMESPACES, since=began),
+            timeout=60, what="the operator's Workload writes in the audit log", interval=0.5)

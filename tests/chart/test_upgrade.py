@@ -1,32 +1,57 @@
-"""The chart's life cycle with the real helm against the local API server: `helm upgrade`
-updates the TrainingJob CRD, and `helm uninstall` keeps it (and every TrainingJob)."""
+"""The chart's life cycle with the real helm against a local cluster of real nodes: `helm
+upgrade` updates the TrainingJob CRD, and `helm uninstall` keeps it (and every TrainingJob).
+
+No operator runs (replicaCount=0): these tests are about what helm does to the CRD. The
+uninstall hook does run, as a pod of the registry's operator image on the real node; every
+helm call, the old chart's included, points the chart at that image."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.realcluster import RealNodeCluster, plan_nodes
 
 from tests.chart.test_helm import CHART, _helm
-from tests.e2e.harness import Cluster, trainingjob
+from tests.e2e.harness import REAL_NODES_HERE, Cluster, trainingjob, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 
 OLD_CHART = Path(__file__).parent / "fixtures" / "tardigrade-0.1.0"
 CRD = "trainingjobs.tardigrade.dev"
 RELEASE, NAMESPACE = "tardigrade", "tardigrade-system"
 # No operator: these tests are about what helm does to the CRD.
 NO_OPERATOR = ("--set", "replicaCount=0")
+HOOK = f"{RELEASE}-uninstall"
 
 
-def run_helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+class HelmCluster(Cluster):
+    """The control plane of a real-node cluster, and the helm values that point a chart at
+    the registry's operator image."""
+
+    def __init__(self, real: RealNodeCluster) -> None:
+        # The chart grants trainers TokenReview itself.
+        super().__init__(real.cluster, trainer_token_review=False)
+        self.image_values = real.operator_image_values()
+        self.operator_image = real.images["operator"]
+
+
+def run_helm(cluster: HelmCluster, *args: str, check: bool = True
+             ) -> subprocess.CompletedProcess:
+    if args[0] in ("install", "upgrade"):
+        args = (*args, *cluster.image_values)
+    # The uninstall hook's pod pulls the operator image on a machine other runs share.
     result = subprocess.run([_helm(), *args], env=cluster.env, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=420)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -58,18 +83,27 @@ def crd_meta(cluster: Cluster) -> dict[str, Any]:
     return yaml.safe_load(cluster.kubectl("get", "crd", CRD, "-o", "yaml"))["metadata"]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    # The repository's CRDs are not preloaded: helm installs them, as on a real cluster.
-    with LocalCluster(tmp_path / "cluster", nodes=1, with_gcs=False,
-                      load_repo_crds=False) as local:
-        cluster = Cluster(local, trainer_token_review=False)
+def hook_started(cluster: HelmCluster) -> bool:
+    """The kubelet reported the uninstall hook's container, of the registry's operator image,
+    pulled and started (its pod is deleted once it succeeded; its events stay)."""
+    events = cluster.core.list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={HOOK}").items
+    return any(e.reason == "Started" for e in events) and any(
+        e.reason == "Pulled" and cluster.operator_image in (e.message or "") for e in events)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelmCluster]:
+    # The repository's CRDs are not preloaded: helm installs them, as on a real cluster. One
+    # on-demand node, for the uninstall hook.
+    with RealNodeCluster(tmp_path_factory.mktemp("upg"), plan_nodes(1, 0), gcs=False) as real:
+        cluster = HelmCluster(real)
         cluster.kubectl("create", "namespace", NAMESPACE)
         yield cluster
 
 
 def test_upgrade_from_a_crds_dir_install_updates_the_crd_and_uninstall_keeps_it(
-        cluster: Cluster, tmp_path: Path):
+        cluster: HelmCluster, tmp_path: Path):
     run_helm(cluster, "install", RELEASE, str(OLD_CHART), "-n", NAMESPACE, *NO_OPERATOR)
     assert "addedLater" not in store_job(cluster, "before")["spec"]
     # Helm installed it from crds/: Helm does not own it, so an upgrade that renders it from
@@ -90,7 +124,10 @@ def test_upgrade_from_a_crds_dir_install_updates_the_crd_and_uninstall_keeps_it(
              *NO_OPERATOR)
     assert store_job(cluster, "after")["spec"]["addedLater"] == "hello"
 
-    run_helm(cluster, "uninstall", RELEASE, "-n", NAMESPACE)
+    run_helm(cluster, "uninstall", RELEASE, "-n", NAMESPACE, "--timeout", "400s")
+    # Its pre-delete hook ran on the node, from the registry's image.
+    wait_for(lambda: hook_started(cluster), 60, "the uninstall hook's Started event",
+             interval=1)
     assert crd_meta(cluster)["name"] == CRD
     assert {"before", "after"} <= {j["metadata"]["name"] for j in cluster.custom.
                                    list_namespaced_custom_object(

@@ -20,6 +20,8 @@ from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.kubelet.config import PODSITE_DIR
 from tardigrade_local.logshipper import LogShipper
 from tardigrade_local.realcluster import (
+    CHECKPOINT_CLAIM,
+    CHECKPOINT_MOUNT,
     OPERATOR_NAMESPACE,
     SPOT_LABEL,
     RealNodeCluster,
@@ -298,12 +300,22 @@ class RealCluster(Cluster):
                     resources={"requests": {"cpu": "100m", "memory": "256Mi"},
                                "limits": {"memory": "3Gi"}},
                     env=[{"name": k, "value": v} for k, v in self.real.gcs_pod_env().items()])
-        # A batch that splits evenly over any gang of 1 to 4 processes (a resize to 3).
+        # 12: a data axis of 1 to 4 ranks splits it evenly.
         body["trainer"].update(global_batch_size=12, seq_len=16, devices_per_process=1)
         body["podTemplate"] = {"terminationGracePeriodSeconds": 30,
                                "nodeSelector": {SPOT_LABEL: "true"}}
         body.update(spec)
         return job
+
+    def mount_shared_checkpoints(self, job: dict[str, Any]) -> tuple[str, Path]:
+        """Mount the cluster's ReadWriteMany claim (a shared filesystem: Filestore on GKE) in
+        the job's pods; returns where the pods see it and where this machine does."""
+        template = job["spec"].setdefault("podTemplate", {})
+        template.setdefault("volumes", []).append(
+            {"name": "shared", "persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}})
+        template.setdefault("volumeMounts", []).append(
+            {"name": "shared", "mountPath": CHECKPOINT_MOUNT})
+        return CHECKPOINT_MOUNT, self.real.checkpoints
 
     def complete_log(self, job: str) -> StepLog:
         """Rank 0's log of every attempt, as shipped off the nodes while it was written (a
@@ -353,6 +365,15 @@ class InstalledOperator:
         pod = wait_for(self._ready_pod, OPERATOR_READY_SECONDS, "the operator's pod Ready")
         self.pod_uid = pod.metadata.uid
 
+    def scale(self, replicas: int) -> None:
+        """The operator's Deployment scaled (0: no operator at all until scaled back)."""
+        self.cluster.kubectl("scale", "deployment", "-n", OPERATOR_NAMESPACE,
+                             "-l", OPERATOR_SELECTOR, f"--replicas={replicas}")
+        if replicas == 0:
+            wait_for(lambda: not self._pods(), OPERATOR_READY_SECONDS,
+                     "the operator's pods to go")
+            self.pod_uid = None
+
     def kill(self) -> None:
         for pod in self._pods():
             self.cluster.core.delete_namespaced_pod(pod.metadata.name, OPERATOR_NAMESPACE,
@@ -360,11 +381,11 @@ class InstalledOperator:
         self.pod_uid = None
 
     def stop(self) -> None:
+        """Keep its log; the module's cluster goes with everything on it (`helm uninstall`
+        is tests/local/test_real_node_trainingjob.py's)."""
         if self.installed:
-            self.read_log()
-            self.cluster.real.helm("uninstall", "tardigrade", "-n", OPERATOR_NAMESPACE,
-                                   "--wait", "--timeout", "120s")
-            self.installed = False
+            with contextlib.suppress(ApiException):
+                self.read_log()
 
     def read_log(self) -> str:
         text = ""
@@ -386,12 +407,14 @@ class InstalledOperator:
 
 
 @contextlib.contextmanager
-def real_cluster(directory: Path, spot_nodes: int, **options: Any) -> Iterator[RealCluster]:
+def real_cluster(directory: Path, spot_nodes: int, kueue: bool = False, **options: Any
+                 ) -> Iterator[RealCluster]:
     """One on-demand node (the operator's: the chart keeps it off spot nodes) and
     `spot_nodes` spot ones (the trainers'), with the registry's images and the GCS
-    emulator, for a module; `options`: more of `RealNodeCluster`'s (node lease and
-    monitor timings)."""
-    with RealNodeCluster(directory, plan_nodes(1, spot_nodes), **options) as real, LogShipper(
+    emulator, for a module; `kueue`: Kueue's manager runs beside the control plane;
+    `options`: more of `RealNodeCluster`'s (node lease and monitor timings)."""
+    with RealNodeCluster(directory, plan_nodes(1, spot_nodes), kueue=kueue,
+                         **options) as real, LogShipper(
             real.kube, directory / "logs", NAMESPACE, "tardigrade.dev/job") as shipper:
         yield RealCluster(real, shipper.directory)
 

@@ -1,30 +1,45 @@
 """A checkpoint path that is not shared between hosts stops the job at start, clearly, once.
 
-The local kubelet gives each pod its own emptyDir on its own node (kubelet/volumes.py), as a
-real node does, so the trainer's start-up probe meets the real failure: each host sees only
-the files it wrote itself.
+On real nodes: the kubelet gives each pod its own emptyDir on its own node, so the trainer's
+start-up probe meets the real failure (each host sees only the files it wrote itself); a
+ReadWriteMany claim every node mounts is shared, and the job trains.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob
+from tests.e2e.harness import (
+    REAL_NODES_HERE,
+    InstalledOperator,
+    RealCluster,
+    installed_operator,
+    real_cluster,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with LocalCluster(tmp_path_factory.mktemp("shared") / "cluster", nodes=2) as local:
-        yield Cluster(local)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    with real_cluster(tmp_path_factory.mktemp("shared"), 2) as running:
+        yield running
 
 
-def _describe(cluster: Cluster, job: str) -> str:
+@pytest.fixture(scope="module")
+def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[InstalledOperator]:
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
+        yield installed
+
+
+def _describe(cluster: RealCluster, job: str) -> str:
     """The job's status and its pods' last log lines, for a failure message."""
     parts = [f"status: {cluster.status(job)}"]
     for pod in cluster.pods(job):
@@ -35,9 +50,9 @@ def _describe(cluster: Cluster, job: str) -> str:
 
 
 def test_empty_dir_checkpoints_fail_at_start_and_a_shared_path_trains(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+        cluster: RealCluster, operator: InstalledOperator):
     name = "ckpt-emptydir"
-    job = trainingjob(name, steps=6)
+    job = cluster.trainingjob(name, steps=6)
     job["spec"]["checkpoint"]["path"] = f"/ckpt/{name}"
     job["spec"]["podTemplate"]["volumes"] = [{"name": "ckpt", "emptyDir": {}}]
     job["spec"]["podTemplate"]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
@@ -61,10 +76,10 @@ def test_empty_dir_checkpoints_fail_at_start_and_a_shared_path_trains(
     operator.assert_alive()
 
     name = "ckpt-shared"
-    job = trainingjob(name, steps=6)
-    # Outside any volume: every local node sees this directory, as every GKE node sees a
-    # ReadWriteMany volume.
-    job["spec"]["checkpoint"]["path"] = str(tmp_path / "shared" / name)
+    job = cluster.trainingjob(name, steps=6)
+    # The cluster's ReadWriteMany claim, which every node mounts.
+    in_pods, here = cluster.mount_shared_checkpoints(job)
+    job["spec"]["checkpoint"]["path"] = f"{in_pods}/{name}"
     job["spec"]["checkpoint"]["interval"] = {"steps": 3}
     cluster.apply(job)
     try:
@@ -72,5 +87,5 @@ def test_empty_dir_checkpoints_fail_at_start_and_a_shared_path_trains(
     except AssertionError as err:
         raise AssertionError(f"{err}\n{_describe(cluster, name)}") from None
     assert status["lastCheckpoint"]["step"] == 6
-    assert (tmp_path / "shared" / name / "step_00000006" / "metadata.json").exists()
-    assert not list((tmp_path / "shared" / name).glob(".tardigrade-shared-probe-*"))
+    assert (here / name / "step_00000006" / "metadata.json").exists()
+    assert not list((here / name).glob(".tardigrade-shared-probe-*"))

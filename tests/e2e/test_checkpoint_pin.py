@@ -11,24 +11,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, running_operator, trainingjob, wait_for
+from tests.e2e.harness import (
+    REAL_NODES_HERE,
+    RealCluster,
+    installed_operator,
+    real_cluster,
+    wait_for,
+)
 
-pytestmark = pytest.mark.slow
-
-GRACE_SECONDS = 20
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("e2e-pin")
-    with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
-        yield Cluster(local)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    # The gang's two spot nodes and a third for the relaunch (the reclaimed node stays gone).
+    with real_cluster(tmp_path_factory.mktemp("pin"), 3) as running:
+        yield running
 
 
-def _committed(cluster: Cluster, job: str) -> set[int]:
-    url = f"{cluster.local.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
+def _committed(cluster: RealCluster, job: str) -> set[int]:
+    url = f"{cluster.real.gcs_url}/storage/v1/b/tardigrade/o?prefix=checkpoints/{job}/"
     with urllib.request.urlopen(url, timeout=10) as response:
         names = [item["name"] for item in json.load(response).get("items", [])]
     return {int(n.split("/step_")[1].split("/")[0]) for n in names
@@ -36,13 +43,13 @@ def _committed(cluster: Cluster, job: str) -> set[int]:
 
 
 def test_a_preemption_after_the_pinned_step_was_deleted_resumes_from_a_newer_one(
-        cluster: Cluster, tmp_path: Path) -> None:
+        cluster: RealCluster, tmp_path: Path) -> None:
     name = "e2e-pin"
-    job = trainingjob(name, steps=160)
+    job = cluster.trainingjob(name, steps=160)
     # A commit every 2 steps, only the newest kept, no save on SIGTERM.
     job["spec"]["checkpoint"].update(interval={"steps": 2}, keep={"last": 1},
                                      saveOnPreemption=False)
-    with running_operator(cluster, tmp_path) as operator:
+    with installed_operator(cluster, tmp_path) as operator:
         cluster.apply(job)
         log = cluster.step_log(name)
 
@@ -55,18 +62,18 @@ def test_a_preemption_after_the_pinned_step_was_deleted_resumes_from_a_newer_one
         pin = wait_for(pinned, 420, "a pinned checkpoint", interval=1.0)
         # An operator fail-over: the gang keeps committing, the keep policy deletes the pinned
         # step, and the gang is preempted before any operator reads its progress again.
-        operator.kill()
+        operator.scale(0)
         pin = pinned() or pin
         wait_for(lambda: (lambda c: c and pin not in c and max(c) > pin)(_committed(cluster, name)),
                  300, "the keep policy to delete the pinned step", interval=1.0)
         leader = next(p for p in cluster.pods(name)
                       if p.metadata.labels["tardigrade.dev/rank"] == "0")
-        cluster.local.preempt_node(leader.spec.node_name, grace_seconds=GRACE_SECONDS,
-                                   replace_after_seconds=1)
+        cluster.real.reclaim(cluster.spot_node_of(leader))
         wait_for(lambda: all(p.status.phase in ("Failed", "Succeeded") for p in cluster.pods(name)
                              if p.metadata.labels["tardigrade.dev/rank"] == "0"),
                  120, "rank 0 to be gone", interval=1.0)
         assert cluster.status(name)["lastCheckpoint"]["step"] == pin
+        operator.scale(1)
         operator.start()
         status = cluster.wait_phase(name, {"Succeeded", "Failed"}, timeout=600, collector=log)
     assert status["phase"] == "Succeeded", status.get("message")

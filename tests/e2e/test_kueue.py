@@ -1,23 +1,24 @@
-"""TrainingJobs under real Kueue (v0.19.2, or the oldest supported v0.17.0 with
-TARDIGRADE_KUEUE_MODULE=kueue-v0.17; `LocalCluster(kueue=True)`) on the real control plane,
+"""TrainingJobs under real Kueue (v0.19.2; `LocalCluster(kueue=True)`) on the real control plane,
 with Kueue's waitForPodsReady on with a short timeout (on by default from v0.19, 30 min) and
-the real operator: a ClusterQueue's quota admits whole gangs, a job that does not
-fit waits in phase Queued with Kueue's reason and runs when quota frees, and a job Kueue
-preempts for a higher-priority one saves at one step, is requeued and resumes from that step,
-with no step lost and its restart budget untouched; a queued job resized is admitted at its
-new size, a running one grows only once the quota allows and trains on meanwhile, a running
-one shrunk hands quota back once the smaller gang runs, and deleted
-jobs leave no Workload, pod or quota; a gang training past the PodsReady timeout is never
-evicted for it, and one that cannot start within it is evicted and requeued; a suspended job
-gives its quota to the queue and resumes when requeued, a queued one suspended is never
-admitted meanwhile, an admitted job whose pods ask for more is resized through Kueue, and one
-moved to another LocalQueue saves and is admitted there. Ranks run on simulated nodes (one cpu
-each), so a gang costs no trainer processes."""
+the real operator: a queued job resized is admitted at its new size, a running one grows only
+once the quota allows and trains on meanwhile, a running one shrunk hands quota back once the
+smaller gang runs, and deleted jobs leave no Workload, pod or quota; a gang that cannot start
+within the PodsReady timeout is evicted and requeued; a suspended job gives its quota to the
+queue and resumes when requeued, a queued one suspended is never admitted meanwhile, an
+admitted job whose pods ask for more is resized through Kueue, one moved to another
+LocalQueue saves and is admitted there, and a job without the queue label runs outside Kueue.
+Ranks run on simulated nodes (one cpu each), so a gang costs no trainer processes.
+
+The core contract runs on real nodes with real trainers instead, in
+tests/local/test_real_node_kueue.py (and against the oldest Kueue, v0.17.0, in
+test_real_node_kueue_oldest.py): the quota admits whole gangs and a job that does not fit
+waits Queued with Kueue's reason, then runs; a gang training past the PodsReady timeout is
+never evicted for it; a preempted gang saves at one step, is requeued and resumes from it with
+no step lost and its restart budget untouched."""
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -167,71 +168,8 @@ def resumed(cluster: Cluster, name: str) -> dict[str, Any]:
                     and s, 180, f"{name} resumed")
 
 
-def test_two_gangs_over_the_quota_one_runs_the_other_queues_then_runs(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    cluster.apply(job("first", tmp_path, steps=150))
-    cluster.wait_phase("first", {"Running"}, 120)
-    cluster.apply(job("second", tmp_path, steps=20))
-    queued = cluster.wait_phase("second", {"Queued"}, 60)
-    wait_for(lambda: "insufficient unused quota" in cluster.status("second").get("message", ""),
-             60, "Kueue's reason in the status")
-    queued = cluster.status("second")
-    assert queued["queue"]["localQueue"] == QUEUE
-    assert not cluster.pods("second")
-    table = cluster.kubectl("get", "tj", "second", "-o", "wide")
-    assert "Queued" in table and "insufficient unused quota" in table
-    assert "Queued" in events(cluster, "second")
-    # The running gang's pods went where the admitted flavor's node labels say.
-    pod = cluster.pods("first")[0]
-    assert pod.spec.node_selector[POOL_LABEL] == "default-pool"
-    assert cluster.status("first")["queue"]["clusterQueue"] == "team"
-    cluster.wait_phase("first", {"Succeeded"}, 180)
-    # Finished frees the quota; Kueue admits the second, which runs to its end.
-    wait_for(lambda: (condition(workload_of(cluster, "first"), "Finished") or {}).get(
-        "status") == "True", 60, "the first Workload Finished")
-    cluster.wait_phase("second", {"Running", "Succeeded"}, 120)
-    assert "Admitted" in events(cluster, "second")
-    cluster.wait_phase("second", {"Succeeded"}, 120)
-    operator.assert_alive()
-    clear(cluster)
-
-
 def _time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def test_a_preempted_gang_saves_at_one_step_is_requeued_and_resumes_with_nothing_lost(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    cluster.apply(job("low", tmp_path, steps=1_000_000, priority="low"))
-    cluster.wait_phase("low", {"Running"}, 120)
-    wait_for(lambda: (cluster.status("low").get("step") or 0) > 5, 60, "low training")
-    first = {p.metadata.name for p in cluster.pods("low")}
-    cluster.apply(job("high", tmp_path, steps=40, priority="high"))
-    evicted = wait_for(lambda: condition(workload_of(cluster, "low"), "Evicted"), 60,
-                       "Kueue evicting the low Workload")
-    assert evicted["reason"] == "Preempted", evicted
-    released = wait_for(lambda: (c := condition(workload_of(cluster, "low"), "QuotaReserved"))
-                        and c["status"] == "False" and c, 120, "the low Workload's quota released")
-    seconds = (_time(released["lastTransitionTime"]) - _time(evicted["lastTransitionTime"])
-               ).total_seconds()
-    print(f"eviction to quota released: {seconds:.0f} s (condition timestamps, 1 s resolution)")
-    queued = cluster.wait_phase("low", {"Queued"}, 60)
-    assert queued["queue"]["localQueue"] == QUEUE
-    # Every rank saved the same step on the way out.
-    step = saved_step(cluster, first)
-    cluster.wait_phase("high", {"Succeeded"}, 180)
-    # Requeued and admitted again: the low gang resumes from exactly the saved step.
-    recovery = resumed(cluster, "low")["recoveries"][-1]
-    assert recovery["restoreStep"] == step, recovery
-    wait_for(lambda: (cluster.status("low").get("step") or 0) > step, 60, "training again")
-    status = cluster.status("low")
-    assert status["recoveries"][-1].get("stepsLost", 0) == 0, status["recoveries"][-1]
-    assert status["restarts"]["total"] == 0 and status["restarts"]["failures"] == 0
-    assert {"Evicted", "Admitted"} <= set(events(cluster, "low"))
-    operator.assert_alive()
-    started = time.monotonic()
-    clear(cluster)
-    print(f"delete to no Workload and no quota: {time.monotonic() - started:.1f} s")
 
 
 def grow_request_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
@@ -386,40 +324,6 @@ def test_a_job_without_the_label_runs_as_before(cluster: Cluster, operator: Oper
     cluster.apply(body)
     cluster.wait_phase("plain", {"Succeeded"}, 120)
     assert workload_of(cluster, "plain") is None and cluster.status("plain").get("queue") is None
-    clear(cluster)
-
-
-def test_a_gang_training_past_the_pods_ready_timeout_is_never_evicted_for_it(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    """waitForPodsReady evicts an admitted Workload whose PodsReady is not True within the
-    timeout: the operator says True once every rank runs, so a job that trains for longer
-    keeps its gang, its pods and its admission."""
-    cluster.apply(job("long", tmp_path, steps=1_000_000, replicas=2))
-    cluster.wait_phase("long", {"Running"}, 120)
-    ready = wait_for(lambda: (c := condition(workload_of(cluster, "long"), "PodsReady"))
-                     and c["status"] == "True" and c, 60, "PodsReady True")
-    assert ready["reason"] == "Started", ready
-    first = {p.metadata.name for p in cluster.pods("long")}
-    admitted = condition(workload_of(cluster, "long"), "Admitted")
-    assert admitted is not None and admitted["status"] == "True"
-    # Well past the timeout, counted from the admission Kueue times it from.
-    deadline = _time(admitted["lastTransitionTime"]).timestamp() + PODS_READY.timeout_seconds
-    step = int(cluster.status("long").get("step") or 0)
-    wait_for(lambda: time.time() > deadline + 20 and int(
-        cluster.status("long").get("step") or 0) > step, PODS_READY.timeout_seconds + 60,
-        "training past the PodsReady timeout")
-    after = workload_of(cluster, "long")
-    assert after is not None
-    evicted = condition(after, "Evicted")
-    assert evicted is None or evicted["status"] == "False", evicted
-    # Kueue records a PodsReady eviction's requeue here; none happened.
-    assert not (after.get("status") or {}).get("requeueState"), after["status"]
-    assert condition(after, "PodsReady") == ready
-    assert condition(after, "Admitted") == admitted
-    status = cluster.status("long")
-    assert status["phase"] == "Running" and {p.metadata.name for p in cluster.pods("long")} == first
-    assert status["restarts"]["total"] == 0 and "Evicted" not in events(cluster, "long")
-    operator.assert_alive()
     clear(cluster)
 
 

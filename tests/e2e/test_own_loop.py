@@ -1,12 +1,13 @@
-"""End to end: a user's own loop (the examples of docs/trainer.md, verbatim) under the real
-operator on the local cluster, through a node preemption and a resize, with our checkpoint
+"""End to end on real nodes: a user's own loop (the examples of docs/trainer.md, verbatim)
+under the operator installed by helm, through a spot reclaim and a resize, with our checkpoint
 format and with Orbax's.
 
-The shipped trainer image runs the plain loop (`spec.command: [python, loop.py]`; pods on the
-local cluster share this machine's disk, where a real cluster would have the file in the
-image). The shipped image does not declare Orbax (it is the `[orbax]` extra; today it arrives
-there only transitively, marin-haliax -> aqtp -> flax -> orbax-checkpoint), so the Orbax loop
-runs in `local/python`, the local cluster's stand-in for a user's own image with the extra."""
+The shipped trainer image runs the loop (`spec.command: [python3, /loop/loop.py]`), the file
+from a ConfigMap mounted in the pods, as a user without an image of their own would ship it.
+The image does not declare Orbax (the `[orbax]` extra); it has it transitively (marin-haliax
+-> aqtp -> flax -> orbax-checkpoint), which is what the Orbax loop uses here, checkpointing to
+the cluster's ReadWriteMany claim (Orbax reaches gs:// through gcsfs, which the loop's image
+would configure for its bucket)."""
 
 from __future__ import annotations
 
@@ -14,58 +15,79 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, OperatorProcess, trainingjob, wait_for
+from tests.e2e.harness import (
+    NAMESPACE,
+    REAL_NODES_HERE,
+    InstalledOperator,
+    RealCluster,
+    installed_operator,
+    real_cluster,
+    wait_for,
+)
 from tests.trainer.test_session import LOOPS, doc_example
 
-pytestmark = pytest.mark.slow
-
-GRACE_SECONDS = 20
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 # Enough steps that the job is still training after a relaunch, at a few hundred steps a
 # second for this loop on a loaded two-core machine.
 STEPS = 15_000
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("e2e-own-loop")
-    with LocalCluster(root / "cluster", nodes=3, shutdown_grace_seconds=GRACE_SECONDS) as local:
-        yield Cluster(local)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    # The gang's two spot nodes, and one for the relaunch after each reclaim (the reclaimed
+    # node is not recreated): one test per backend.
+    with real_cluster(tmp_path_factory.mktemp("loop"), 4) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[InstalledOperator]:
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
+        yield installed
 
 
 @pytest.fixture(autouse=True)
-def _one_job_at_a_time(cluster: Cluster) -> Iterator[None]:
+def _one_job_at_a_time(cluster: RealCluster) -> Iterator[None]:
     yield
     cluster.clear_jobs()
 
 
-def _loop_job(name: str, backend: str, loop: Path, checkpoints: Path) -> dict:
-    job = trainingjob(name, steps=STEPS)
+def _loop_job(cluster: RealCluster, name: str, backend: str) -> tuple[dict, Path]:
+    """The job, its loop from the ConfigMap `name`; and where its checkpoints show here."""
+    job = cluster.trainingjob(name, steps=STEPS)
     job["spec"]["trainer"] = {"steps": STEPS}
-    job["spec"]["command"] = ["python", str(loop)]
+    job["spec"]["command"] = ["python3", "/loop/loop.py"]
     job["spec"]["checkpoint"]["interval"] = {"steps": 5000}
+    template = job["spec"]["podTemplate"]
+    template.setdefault("volumes", []).append({"name": "loop", "configMap": {"name": name}})
+    template.setdefault("volumeMounts", []).append({"name": "loop", "mountPath": "/loop"})
+    here = Path()
     if backend == "orbax":
-        job["spec"]["image"] = "local/python"
-        # A shared filesystem (a mounted volume on a real cluster): Orbax reaches gs:// through
-        # gcsfs, which the loop's image would configure for its bucket.
-        job["spec"]["checkpoint"]["path"] = str(checkpoints)
-    return job
+        in_pods, shared = cluster.mount_shared_checkpoints(job)
+        job["spec"]["checkpoint"]["path"] = f"{in_pods}/{name}"
+        here = shared / name
+    return job, here
 
 
 @pytest.mark.parametrize("backend", sorted(LOOPS))
 def test_own_loop_survives_a_preemption_and_a_resize_with_no_step_lost(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path, backend: str):
+        cluster: RealCluster, operator: InstalledOperator, backend: str):
     name = f"e2e-loop-{backend}"
-    loop = tmp_path / "loop.py"
-    loop.write_text(doc_example(LOOPS[backend]))
-    cluster.apply(_loop_job(name, backend, loop, tmp_path / "checkpoints"))
+    cluster.core.create_namespaced_config_map(NAMESPACE, {
+        "metadata": {"name": name}, "data": {"loop.py": doc_example(LOOPS[backend])}})
+    job, checkpoints = _loop_job(cluster, name, backend)
+    cluster.apply(job)
     log = cluster.step_log(name)
 
     wait_for(lambda: (log.collect(), log.last_step >= 200)[1], 300, "training to pass step 200")
     victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
-    cluster.local.preempt_node(victim.spec.node_name, grace_seconds=GRACE_SECONDS,
-                               replace_after_seconds=1)
+    cluster.real.reclaim(cluster.spot_node_of(victim))
     wait_for(lambda: (log.collect(), len(log.restored) == 1
                       and log.last_step >= log.restored[0] + 200)[1],
              300, "the relaunched gang to train 200 steps")
@@ -82,8 +104,8 @@ def test_own_loop_survives_a_preemption_and_a_resize_with_no_step_lost(
     assert status["step"] == STEPS
     assert status["lastCheckpoint"]["step"] == STEPS
     if backend == "orbax":  # Orbax's own layout: one directory per step, named by the step
-        assert (tmp_path / "checkpoints" / str(STEPS)).is_dir()
-    # From the kubelets' files: the old gangs' last lines, gone with their pods, are there too.
+        assert (checkpoints / str(STEPS)).is_dir()
+    # As shipped off the nodes: the old gangs' last lines, gone with their pods, are there too.
     complete = cluster.complete_log(name)
     missing = [s for s in range(1, STEPS + 1) if s not in complete.losses]
     assert not missing, f"no loss logged for steps {missing[:10]}"

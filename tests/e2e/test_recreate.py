@@ -1,28 +1,40 @@
-"""End to end: a TrainingJob deleted and re-created under its name, and a Service name taken."""
+"""End to end on real nodes: a TrainingJob deleted and re-created under its name, and a Service
+name taken."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from tardigrade_local.cluster import LocalCluster
 
 from tests.e2e.harness import (
     NAMESPACE,
-    Cluster,
-    OperatorProcess,
-    trainingjob,
+    REAL_NODES_HERE,
+    InstalledOperator,
+    RealCluster,
+    installed_operator,
+    real_cluster,
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("recreate")
-    with LocalCluster(root / "cluster", nodes=2) as local:
-        yield Cluster(local)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    with real_cluster(tmp_path_factory.mktemp("recreate"), 2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[InstalledOperator]:
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
+        yield installed
 
 
 def _owner_uids(objects: list[object]) -> set[str]:
@@ -33,9 +45,9 @@ HOLD = "tests.tardigrade.dev/hold"
 
 
 def test_a_job_recreated_while_its_old_pods_terminate_adopts_none_of_them(
-        cluster: Cluster, operator: OperatorProcess):
+        cluster: RealCluster, operator: InstalledOperator):
     name = "e2e-recreate"
-    cluster.apply(trainingjob(name, steps=100000))
+    cluster.apply(cluster.trainingjob(name, steps=100000))
     cluster.wait_phase(name, {"Running"}, timeout=300)
     old_uid = cluster.job(name)["metadata"]["uid"]
     old_pods = {f"{name}-a1-0", f"{name}-a1-1"}
@@ -50,7 +62,7 @@ def test_a_job_recreated_while_its_old_pods_terminate_adopts_none_of_them(
     # (the trainers save on SIGTERM) and its Service. Re-create it before they are gone.
     cluster.kubectl("delete", "tj", name, "--wait=false")
     wait_for(lambda: cluster.job(name) is None, 30, "the old job to be gone")
-    cluster.apply(trainingjob(name, steps=100000))
+    cluster.apply(cluster.trainingjob(name, steps=100000))
     new_uid = cluster.job(name)["metadata"]["uid"]
     assert new_uid != old_uid
 
@@ -77,12 +89,12 @@ def test_a_job_recreated_while_its_old_pods_terminate_adopts_none_of_them(
 
 
 def test_a_service_of_someone_else_with_the_jobs_name_fails_the_job_naming_it(
-        cluster: Cluster, operator: OperatorProcess):
+        cluster: RealCluster, operator: InstalledOperator):
     name = "e2e-taken"
     cluster.core.create_namespaced_service(NAMESPACE, {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}})
-    cluster.apply(trainingjob(name, steps=10))
+    cluster.apply(cluster.trainingjob(name, steps=10))
     status = cluster.wait_phase(name, {"Failed"}, timeout=60)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Failed"]["reason"] == "ServiceNameTaken"

@@ -14,7 +14,9 @@ import psutil
 import pytest
 import tardigrade_local
 from kube_helpers import Kube, container_status, kubectl, python_pod, wait_for
-from tardigrade_local import gobuild
+from tardigrade_local import cli, gobuild, realcluster
+from tardigrade_local.kueue import WaitForPodsReady
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +173,34 @@ def test_down_without_a_cluster_is_harmless(tmp_path):
     done = tardigrade("down", "--state-dir", str(tmp_path / "nothing"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     wait_for(lambda: not (tmp_path / "nothing").exists())
+
+
+def test_up_real_nodes_takes_kueue_and_still_refuses_what_real_nodes_lack(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """`up --real-nodes --kueue --kueue-pods-ready-timeout` reaches the real-node cluster's
+    configuration (the cluster itself starts in test_real_node_cli.py); the flags real nodes
+    do not have yet are still refused, each named, before anything starts."""
+    asked: list[realcluster.ServeConfig] = []
+
+    def start_served(root: Path, config: realcluster.ServeConfig, timeout: float,
+                     progress: object = None) -> dict[str, str]:
+        asked.append(config)
+        return {"kubeconfig": str(root / "kubeconfig")}
+
+    monkeypatch.setattr(realcluster, "start_served", start_served)
+    state = tmp_path / "s"
+    runner = CliRunner()
+    done = runner.invoke(cli.app, ["up", "--real-nodes", "--kueue",
+                                   "--kueue-pods-ready-timeout", "90", "--state-dir", str(state)])
+    assert done.exit_code == 0, done.output
+    assert [(c.kueue, c.wait_for_pods_ready()) for c in asked] == [(True, WaitForPodsReady(90))]
+    done = runner.invoke(cli.app, ["up", "--real-nodes", "--state-dir", str(state)])
+    assert done.exit_code == 0, done.output
+    assert (asked[-1].kueue, asked[-1].wait_for_pods_ready()) == (False, None)
+    for flags in (["--simulated-nodes", "1"], ["--tpu-slices", "1"], ["--autoscale-max", "2"],
+                  ["--operator-command", "true"]):
+        done = runner.invoke(cli.app, ["up", "--real-nodes", "--kueue", *flags,
+                                       "--state-dir", str(state)])
+        assert done.exit_code == 2, done.output
+        assert f"{flags[0]}: not with --real-nodes" in done.output
+    assert len(asked) == 2

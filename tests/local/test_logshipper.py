@@ -22,7 +22,8 @@ def test_shipped_lines_read_back_as_written() -> None:
 def test_a_step_log_reads_shipped_files(tmp_path: Path) -> None:
     run = tmp_path / "default_j-a2-0_uid-1" / "trainer" / "0.log"
     run.parent.mkdir(parents=True)
-    records = [{"event": "checkpoint_restored", "step": 4}, {"event": "step", "step": 5, "loss": 1.25}]
+    records = [{"event": "checkpoint_restored", "step": 4},
+               {"event": "step", "step": 5, "loss": 1.25}]
     run.write_text("".join(cri_line(f"2026-12-07T02:40:00Z {json.dumps(r)}") for r in records))
     log = StepLog.from_pod_log_dirs([tmp_path], "default", "j")
     assert log.losses == {5: [1.25]}

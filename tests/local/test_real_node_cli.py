@@ -1,10 +1,11 @@
-"""`tardigrade local up --real-nodes`, as a user runs it: real nodes, the operator installed
-with helm, a TrainingJob that checkpoints to `gs://` on the GCS emulator (reached from its pod
-through the Service `kube-system/fake-gcs`, the emulator's variables in the job's `env`), the
-committed checkpoint read back from the emulator on the host, a spot reclaim through the real
-kubelet's graceful node shutdown, then `tardigrade local down` leaves nothing on the machine:
-no process (the emulator and its relay among them), mount, network namespace, host interface
-or firewall rule."""
+"""`tardigrade local up --real-nodes --kueue`, as a user runs it: real nodes, Kueue's manager
+with its PodsReady timeout, the operator installed with helm, a TrainingJob that checkpoints
+to `gs://` on the GCS emulator (reached from its pod through the Service `kube-system/fake-gcs`,
+the emulator's variables in the job's `env`), the committed checkpoint read back from the
+emulator on the host, a spot reclaim through the real kubelet's graceful node shutdown, then
+`tardigrade local down` leaves nothing on the machine: no process (the emulator, its relay and
+Kueue among them), mount, network namespace, host interface or firewall rule. (TrainingJobs
+under Kueue on real nodes are test_real_node_kueue.py's.)"""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ UP_TIMEOUT_SECONDS = 3000
 # The 1 GB trainer image pulled on the spot node, JAX's start and compile, on a shared machine.
 CHECKPOINT_TIMEOUT_SECONDS = 600.0
 NODE_GONE_TIMEOUT_SECONDS = 180.0
+# `up --kueue --kueue-pods-ready-timeout`: Kueue's waitForPodsReady, in whole seconds.
+PODS_READY_TIMEOUT_SECONDS = 600
 
 
 def tardigrade(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -112,7 +115,8 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
     # Short: a node's directory under it must keep the kubelet's socket paths within limits.
     work = tmp_path_factory.mktemp("rcli")
     state = work / "s"
-    up = tardigrade("up", "--real-nodes", "--nodes", "1", "--spot-nodes", "1",
+    up = tardigrade("up", "--real-nodes", "--nodes", "1", "--spot-nodes", "1", "--kueue",
+                    "--kueue-pods-ready-timeout", str(PODS_READY_TIMEOUT_SECONDS),
                     "--state-dir", str(state), cwd=work, timeout=UP_TIMEOUT_SECONDS)
     try:
         assert up.returncode == 0, up.stderr[-5000:]
@@ -132,11 +136,17 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         report = json.loads(status.stdout)
         assert [(n["name"], n["state"], n["spot"]) for n in report["nodes"]] == [
             ("real-1", "Ready", False), ("real-2", "Ready", True)]
+        assert report["kueue"] is True
         # The operator runs as a pod of the registry's image, on the on-demand node.
         operator = json.loads(kubectl("get", "pods", "-n", "tardigrade-system", "-o", "json",
                                       env=env))["items"]
         assert [p["spec"]["nodeName"] for p in operator] == ["real-1"]
         assert operator[0]["spec"]["containers"][0]["image"] == info["images"]["operator"]
+        # Kueue runs beside the control plane (installed before the chart, whose objects went
+        # through its webhooks), with the PodsReady timeout asked for; its API is served.
+        kueue_config = yaml.safe_load((state / "control" / "kueue" / "config.yaml").read_text())
+        assert kueue_config["waitForPodsReady"]["timeout"] == f"{PODS_READY_TIMEOUT_SECONDS}s"
+        assert kubectl("get", "clusterqueues", "-o", "name", env=env).strip() == ""
 
         manifest = work / "job.yaml"
         gcs_url, bucket = info["gcs_url"], info["gcs_bucket"]

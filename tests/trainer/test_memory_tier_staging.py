@@ -244,13 +244,14 @@ def test_a_commit_that_fails_before_reading_gives_the_staged_copies_back(tmp_pat
     tier, events = _tier(tmp_path, budget)
 
     def refused(*args: Any, **kwargs: Any) -> Any:
-        raise memory_tier.MemoryTierError("refused before any piece was read")
+        raise OSError(28, "No space left on device")  # the memory volume full
 
-    monkeypatch.setattr(memory_tier, "encode", refused)
+    monkeypatch.setattr(memory_tier.MemoryStore, "open_data", refused)
     with reader_held():  # no copy is read: the failed commit must release them
         tier.snapshot(5, _state(8), {}, None)
         tier.wait()
         assert events[0]["staged_bytes"] > 0
         assert _outstanding(budget) == 0
     assert events[-1]["event"] == "memory_snapshot_failed"
+    assert "No space left" in events[-1]["error"]
     tier.close()

@@ -167,3 +167,53 @@ def test_rank_0_meets_a_gang_of_more_ranks_than_select_can_watch():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert result == ["ok"]
     assert sum(answer == "go" for answer in answers.values()) == n - 1
+
+
+ACCESS = peerauth.ApiAccess("https://api.invalid", "rank-0-token", None)
+VERDICT = json.dumps({"status": {"authenticated": True, "audiences": ["a"]}}).encode()
+
+
+class _Answers:
+    """The API server's answers to successive reviews: an exception raised or (code, body)."""
+
+    def __init__(self, *answers: object) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        answer = self.answers[min(self.asked, len(self.answers) - 1)]
+        self.asked += 1
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+
+@pytest.fixture
+def no_retry_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peerauth, "REVIEW_RETRY_SECONDS", 0.0)
+
+
+@pytest.mark.parametrize("failure", [TimeoutError("timed out"), (429, b"{}"), (503, b"{}"),
+                                     ConnectionResetError("reset")])
+def test_a_review_the_api_server_did_not_answer_is_asked_again(failure, no_retry_pause):
+    server = _Answers(failure, failure, (201, VERDICT))
+    status = peerauth.review(ACCESS, "t", post=server.post)
+    assert status == {"authenticated": True, "audiences": ["a"]}
+    assert server.asked == 3
+
+
+def test_a_review_never_answered_refuses_the_hello_saying_how_often_it_was_asked(
+        no_retry_pause):
+    server = _Answers(TimeoutError("timed out"))
+    status = peerauth.review(ACCESS, "t", post=server.post, attempts=4)
+    assert server.asked == 4
+    assert status["authenticated"] is False
+    assert status["error"] == "TokenReview failed: timed out (4 attempts)"
+
+
+@pytest.mark.parametrize("code", [400, 404, 422])
+def test_a_review_answered_with_a_client_error_is_not_asked_again(code, no_retry_pause):
+    server = _Answers((code, b"{}"), (201, VERDICT))
+    status = peerauth.review(ACCESS, "t", post=server.post)
+    assert server.asked == 1
+    assert status == {"authenticated": False, "error": f"TokenReview failed: HTTP {code}"}

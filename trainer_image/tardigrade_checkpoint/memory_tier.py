@@ -25,6 +25,7 @@ reads and writes files and device arrays.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import hmac
@@ -32,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -221,22 +223,147 @@ def encode(snapshot: Snapshot, *, step: int, attempt: int, owner: int, process_c
            lineage: str, job_uid: str, extra: Mapping[str, Any] | None = None,
            mesh: Mapping[str, int] | None = None, launch: str = ""
            ) -> tuple[Manifest, list[np.ndarray]]:
-    """The manifest (with every piece's digest and place) and the buffers of `data.bin`."""
-    entries, buffers, offset = [], [], 0
+    """The manifest (with every piece's digest and place) and the buffers of `data.bin`, one
+    piece after the other on the calling thread (`commit` spreads the same work over
+    threads)."""
+    entries = layout(snapshot)
+    buffers = []
+    for entry, piece in zip(entries, snapshot.pieces, strict=True):
+        value = _host_value(piece, entry)
+        entry["digest"] = digest.digest_array(value, ALGORITHM)
+        buffers.append(_as_bytes(value))
+    return _manifest(snapshot, entries, step=step, attempt=attempt, owner=owner,
+                     process_count=process_count, lineage=lineage, job_uid=job_uid,
+                     extra=extra, mesh=mesh, launch=launch), buffers
+
+
+def layout(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """Each piece's manifest entry but its digest: its place in `data.bin` is known before
+    any staged piece reaches the host (a staged copy knows its size)."""
+    entries, offset = [], 0
     for piece in snapshot.pieces:
         assert piece.value is not None
-        value = np.ascontiguousarray(piece.value)
+        nbytes = int(piece.value.nbytes)
         entries.append({"leaf": piece.leaf, "region": piece.region, "dtype": piece.dtype,
-                        "shape": list(piece.shape), "offset": offset,
-                        "nbytes": int(value.nbytes),
-                        "digest": digest.digest_array(value, ALGORITHM)})
-        # As bytes through a uint8 view: bfloat16 & co. have no buffer protocol.
-        buffers.append(value.reshape(-1).view(np.uint8))
-        offset += int(value.nbytes)
+                        "shape": list(piece.shape), "offset": offset, "nbytes": nbytes})
+        offset += nbytes
+    return entries
+
+
+def _host_value(piece: Piece, entry: Mapping[str, Any]) -> np.ndarray:
+    """The piece in host memory, contiguous (a staged one: once the device reader has read
+    it)."""
+    value = np.ascontiguousarray(piece.value)
+    if int(value.nbytes) != entry["nbytes"]:
+        raise MemoryTierError(f"piece {piece.leaf}[{piece.region}] is {value.nbytes} bytes "
+                              f"on the host, {entry['nbytes']} staged")
+    return value
+
+
+def _as_bytes(value: np.ndarray) -> np.ndarray:
+    # As bytes through a uint8 view: bfloat16 & co. have no buffer protocol.
+    return value.reshape(-1).view(np.uint8)
+
+
+def _manifest(snapshot: Snapshot, entries: list[dict[str, Any]], *, step: int, attempt: int,
+              owner: int, process_count: int, lineage: str, job_uid: str,
+              extra: Mapping[str, Any] | None, mesh: Mapping[str, int] | None,
+              launch: str) -> Manifest:
     return Manifest(step=step, attempt=attempt, owner=owner, process_count=process_count,
                     lineage=lineage, job_uid=job_uid, arrays=snapshot.arrays, pieces=entries,
-                    data_bytes=offset, extra=dict(extra or {}), mesh=dict(mesh or {}),
-                    launch=launch), buffers
+                    data_bytes=sum(e["nbytes"] for e in entries), extra=dict(extra or {}),
+                    mesh=dict(mesh or {}), launch=launch)
+
+
+@dataclasses.dataclass
+class CommitTimes:
+    """Where one commit's time went. The phases overlap (each piece is digested and written
+    as soon as it is on the host, several at once): `read_s`, `digest_s` and `write_s` are
+    summed over the workers, `seconds` is the commit's wall time."""
+
+    read_s: float = 0.0  # waiting for staged pieces to reach host memory
+    digest_s: float = 0.0
+    write_s: float = 0.0
+    seal_s: float = 0.0  # the manifest sealed, written and renamed, older snapshots dropped
+    seconds: float = 0.0
+    workers: int = 1
+
+    def to_json(self) -> dict[str, float | int]:
+        return {k: round(v, 6) if isinstance(v, float) else v
+                for k, v in dataclasses.asdict(self).items()}
+
+
+def commit(store: MemoryStore, snapshot: Snapshot, workers: concurrent.futures.Executor,
+           worker_count: int = 1, *, step: int, attempt: int, owner: int, process_count: int,
+           lineage: str, job_uid: str, extra: Mapping[str, Any] | None = None,
+           mesh: Mapping[str, int] | None = None, launch: str = ""
+           ) -> tuple[bytes, list[np.ndarray], CommitTimes]:
+    """Commit this owner's snapshot into `store`: (the sealed manifest, the pieces' host
+    bytes, where the time went).
+
+    Each piece is read (a staged one: its device read waited for), digested and written at
+    its offset in `data.bin` by one task on `workers`, the pieces taken in the order the
+    device reader reads them, so that the digests and writes of the first run beside the
+    reads of the next ones. SHA-256 and `os.pwrite` release the GIL on large buffers. The
+    manifest, the commit marker, is written only once every piece's write has returned, with
+    the digests `check_data` checks on a restore. A failed piece fails the commit (after
+    every task has ended: none writes after it returns), and leaves a partial snapshot,
+    never listed."""
+    times = CommitTimes(workers=worker_count)
+    started = time.perf_counter()
+    entries = layout(snapshot)
+    data_bytes = sum(e["nbytes"] for e in entries)
+    where, fd = store.open_data(owner, step, data_bytes)
+    buffers: list[np.ndarray | None] = [None] * len(entries)
+    try:
+        def one(i: int) -> tuple[float, float, float]:
+            t0 = time.perf_counter()
+            value = _host_value(snapshot.pieces[i], entries[i])
+            t1 = time.perf_counter()
+            entries[i]["digest"] = digest.digest_array(value, ALGORITHM)
+            t2 = time.perf_counter()
+            data = _as_bytes(value)
+            _pwrite_all(fd, memoryview(data), entries[i]["offset"])
+            buffers[i] = data
+            return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+        tasks = [workers.submit(one, i) for i in _read_order(snapshot)]
+        concurrent.futures.wait(tasks, return_when=concurrent.futures.FIRST_EXCEPTION)
+        failed = [t for t in tasks if t.done() and t.exception() is not None]
+        if failed:
+            for task in tasks:
+                task.cancel()
+            concurrent.futures.wait(tasks)
+            raise failed[0].exception()  # type: ignore[misc]
+        for task in tasks:
+            read_s, digest_s, write_s = task.result()
+            times.read_s += read_s
+            times.digest_s += digest_s
+            times.write_s += write_s
+    finally:
+        os.close(fd)
+    sealing = time.perf_counter()
+    sealed = seal(store.key, _manifest(snapshot, entries, step=step, attempt=attempt,
+                                       owner=owner, process_count=process_count,
+                                       lineage=lineage, job_uid=job_uid, extra=extra,
+                                       mesh=mesh, launch=launch))
+    store.seal_commit(where, owner, sealed)
+    done = time.perf_counter()
+    times.seal_s, times.seconds = done - sealing, done - started
+    return sealed, [b for b in buffers if b is not None], times
+
+
+def _read_order(snapshot: Snapshot) -> list[int]:
+    """The pieces' positions: host values first (already there), then staged ones in the
+    order the device reader takes them."""
+    return sorted(range(len(snapshot.pieces)),
+                  key=lambda i: getattr(snapshot.pieces[i].value, "read_order", -1))
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def check_key(key: bytes, variable: str) -> bytes:
@@ -346,16 +473,34 @@ class MemoryStore:
         owner's older snapshots beyond `keep`. The manifest is checked before anything is
         written (a peer's upload is untrusted)."""
         manifest = unseal(self.key, sealed)
-        where = self._step_dir(manifest.owner, manifest.step)
-        self.remove(manifest.owner, manifest.step)  # a stale one of the same step, if any
-        where.mkdir(parents=True, exist_ok=True)
-        with open(where / DATA, "wb") as out:
+        where, fd = self.open_data(manifest.owner, manifest.step, manifest.data_bytes)
+        with os.fdopen(fd, "wb") as out:
             for buffer in buffers:
                 out.write(memoryview(buffer).cast("B"))
+        self.seal_commit(where, manifest.owner, sealed)
+
+    def open_data(self, owner: int, step: int, nbytes: int) -> tuple[Path, int]:
+        """(the step's directory, a descriptor of its new `data.bin`, `nbytes` long) after
+        removing a stale snapshot of the same step: the data of a commit, written before its
+        manifest (`seal_commit`)."""
+        where = self._step_dir(owner, step)
+        self.remove(owner, step)  # a stale one of the same step, if any
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(where / DATA, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            os.ftruncate(fd, nbytes)
+        except OSError:
+            os.close(fd)
+            raise
+        return where, fd
+
+    def seal_commit(self, where: Path, owner: int, sealed: bytes) -> None:
+        """The commit marker, once all of `data.bin` is written: the manifest (a rename),
+        then the owner's older snapshots beyond `keep` are dropped."""
         partial = where / (MANIFEST + ".partial")
         partial.write_bytes(sealed)
         os.replace(partial, where / MANIFEST)
-        self._retain(manifest.owner)
+        self._retain(owner)
 
     def remove(self, owner: int, step: int) -> None:
         """Manifest first: a half-removed snapshot is a partial one, never a torn one."""

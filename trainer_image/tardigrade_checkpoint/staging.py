@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -119,6 +120,8 @@ _programs = CopyPrograms()
 
 _reader: SaveThread | None = None
 _reader_lock = threading.Lock()
+_read_orders = itertools.count()  # the device reader's queue order, across every reader
+_order_lock = threading.Lock()
 
 
 def _device_reader() -> SaveThread:
@@ -149,7 +152,12 @@ class StagedShard:
         # Only the read changes it, or `release` once the read was cancelled or has ended.
         self._copy: jax.Array | None = copy
         self._on_free = on_free  # told once, when the device memory is given back
-        self._read = (reader or _device_reader()).submit(self._to_host)
+        # Where its read stands in the reader's queue (reads run in submission order): a
+        # commit takes its pieces in that order (memory_tier.commit).
+        reader = reader or _device_reader()
+        with _order_lock:
+            self.read_order = next(_read_orders)
+            self._read = reader.submit(self._to_host)
 
     def _to_host(self) -> np.ndarray:
         assert self._copy is not None, "a released staged shard is never read"

@@ -138,6 +138,12 @@ RENDEZVOUS_TOKEN_FILE = f"{RENDEZVOUS_TOKEN_DIR}/token"
 ENV_MEMORY_TIER_DIR = "TARDIGRADE_MEMORY_TIER_DIR"
 ENV_MEMORY_TIER_INTERVAL = "TARDIGRADE_MEMORY_TIER_INTERVAL"
 ENV_MEMORY_TIER_REPLICAS = "TARDIGRADE_MEMORY_TIER_REPLICAS"
+# What a memory step does while the previous snapshot's commit still runs on some rank: skip
+# (the default: the loop never waits) or wait (the loop waits for it). Not rendered by the
+# operator: a job sets it in its container's env.
+ENV_MEMORY_TIER_WHEN_BUSY = "TARDIGRADE_MEMORY_TIER_WHEN_BUSY"
+MEMORY_TIER_SKIP = "skip"
+MEMORY_TIER_WAIT = "wait"
 ENV_REPLICA_KEY = "TARDIGRADE_REPLICA_KEY"
 SECRET_REPLICA_KEY = "replica-key"
 ENV_REPLICA_PORT = "TARDIGRADE_REPLICA_PORT"
@@ -242,6 +248,7 @@ class TrainerEnvironment:
     memory_tier_dir: str | None = None
     memory_tier_interval: int | None = None  # None: the memory tier is off
     memory_tier_replicas: int = 1
+    memory_tier_when_busy: str = MEMORY_TIER_SKIP
     replica_key: str | None = None
     replica_port: int = DEFAULT_REPLICA_PORT
 
@@ -302,6 +309,8 @@ class TrainerEnvironment:
         if self.memory_tier_interval is not None:
             env[ENV_MEMORY_TIER_REPLICAS] = str(self.memory_tier_replicas)
             env[ENV_REPLICA_PORT] = str(self.replica_port)
+            if self.memory_tier_when_busy != MEMORY_TIER_SKIP:
+                env[ENV_MEMORY_TIER_WHEN_BUSY] = self.memory_tier_when_busy
         return env
 
     @classmethod
@@ -384,6 +393,12 @@ class TrainerEnvironment:
                                     f"{ENV_REPLICA_KEY} (the job's Secret key "
                                     f"{SECRET_REPLICA_KEY}): peers accept no unauthenticated "
                                     "replica")
+        when_busy = env.get(ENV_MEMORY_TIER_WHEN_BUSY) or MEMORY_TIER_SKIP
+        if when_busy not in (MEMORY_TIER_SKIP, MEMORY_TIER_WAIT):
+            raise ContractError(f"{ENV_MEMORY_TIER_WHEN_BUSY}={when_busy!r}: expected "
+                                f"{MEMORY_TIER_SKIP} (a memory step skips its snapshot while "
+                                f"the previous one's commit runs) or {MEMORY_TIER_WAIT} (the "
+                                "loop waits for it)")
         continuous = optional_float(ENV_CHECKPOINT_CONTINUOUS_MAX_LOOP_FRACTION)
         if continuous is not None and not 0 < continuous <= MAX_CONTINUOUS_MAX_LOOP_FRACTION:
             raise ContractError(
@@ -433,6 +448,7 @@ class TrainerEnvironment:
             memory_tier_dir=env.get(ENV_MEMORY_TIER_DIR) or None,
             memory_tier_interval=memory_interval,
             memory_tier_replicas=memory_replicas,
+            memory_tier_when_busy=when_busy,
             replica_key=env.get(ENV_REPLICA_KEY) or None,
             replica_port=DEFAULT_REPLICA_PORT if replica_port is None else replica_port,
         )

@@ -31,6 +31,23 @@ from tardigrade_sdk import replica_server
 # What a peer may upload or answer: bounded by the memory volume in practice; this only
 # refuses a length no state has.
 MAX_SNAPSHOT_BYTES = 1 << 40
+# Threads a commit digests and writes its pieces on (memory_tier.commit). SHA-256 runs at
+# about 0.5-1 GB/s a core: 8 make a 2 GB snapshot's digests a fraction of a second, and an
+# accelerator host's cores are mostly idle while the chips train.
+MAX_COMMIT_WORKERS = 8
+# Memory steps skipped in a row before one waits for the commit: what bounds the steps lost
+# when commits are slow (a host whose cores are busy runs the tier's threads last), at
+# interval x (2 + this) steps; a commit up to this many intervals long never holds the loop.
+MAX_SKIPS_IN_A_ROW = 2
+
+
+def commit_workers() -> int:
+    """The commit's threads: the cores this process may run on, at most MAX_COMMIT_WORKERS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_COMMIT_WORKERS, cores))
 
 
 class MemoryTier:
@@ -65,7 +82,14 @@ class MemoryTier:
         self.restored_from = ""  # memory (its own), peer, or resharded
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, "memory-tier", initializer=replica_server.lower_priority)
+        self.workers = commit_workers()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.workers, "memory-tier-commit", initializer=replica_server.lower_priority)
         self._pending: concurrent.futures.Future[None] | None = None
+        self._pending_step = -1
+        self._pending_since = 0.0
+        self.skipped: list[int] = []  # the memory steps skipped, the previous commit running
+        self._skips_in_a_row = 0  # the same on every rank: from the gang's gathered flags
         self._server: replica_server.ReplicaServer | None = None
         self.peers: list[str] = []
         self._newest: int | None = None  # this rank's newest snapshot written and sent
@@ -106,18 +130,44 @@ class MemoryTier:
 
     def snapshot(self, step: int, state: Any, extra: Mapping[str, Any],
                  mesh: Mapping[str, int] | None) -> float:
-        """Start this rank's snapshot of `step`; the seconds the loop was blocked (the
-        previous snapshot's write and send, if still going, then the copy off the devices:
-        to spare device memory within the staging budget, to the host for the rest)."""
+        """Start this rank's snapshot of `step`; the seconds the loop was blocked (the copy
+        off the devices: to spare device memory within the staging budget, to the host for
+        the rest).
+
+        One snapshot is in flight at most. When the previous one's commit (read, digest,
+        write, send) is still running on some rank, the whole gang skips this step's
+        snapshot (`memory_snapshot_skipped`) and the loop does not wait; after
+        MAX_SKIPS_IN_A_ROW skips in a row, or when the job asks to wait
+        (`TARDIGRADE_MEMORY_TIER_WHEN_BUSY=wait`), the loop waits for the commit instead.
+        Every rank skips the same steps (in a gang, the ranks' flags are gathered): a step
+        snapshotted on some ranks only would be a torn step, never restored, whose commits
+        would push the last whole one out of the peers' memories."""
         from tardigrade_checkpoint import staging
 
         started = time.perf_counter()
+        if (self.env.memory_tier_when_busy == contract.MEMORY_TIER_SKIP
+                and self._skips_in_a_row < MAX_SKIPS_IN_A_ROW):
+            busy = self._busy_ranks()
+            if busy:
+                self.skipped.append(step)
+                self._skips_in_a_row += 1
+                self.log({"event": "memory_snapshot_skipped", "step": step,
+                          "reason": "previous snapshot's commit still running",
+                          "skips_in_a_row": self._skips_in_a_row,
+                          "previous_step": self._pending_step, "busy_ranks": busy,
+                          "commit_running_s": round(started - self._pending_since, 6)
+                          if self._pending_step >= 0 else None,
+                          "blocked_s": round(time.perf_counter() - started, 6)})
+                return time.perf_counter() - started
+        self._skips_in_a_row = 0
+        waited = self._pending is not None and not self._pending.done()
         self.wait()  # the previous commit, which has read (and freed) its staged copies
         report = staging.StagingReport()
         snapshot = memory_tier.take_snapshot(state, self.budget, report)
         blocked = time.perf_counter() - started
         self.log({"event": "memory_snapshot_started", "step": step,
-                  "blocked_s": round(blocked, 6), "bytes": snapshot.nbytes,
+                  "blocked_s": round(blocked, 6), "waited_for_previous": waited,
+                  "bytes": snapshot.nbytes,
                   "staged_bytes": report.staged_bytes,
                   "staging_budget_bytes": report.budget_bytes,
                   "staging_budget": self.budget.source})
@@ -125,22 +175,35 @@ class MemoryTier:
             self.log({"event": "memory_snapshot_staging_failed", "level": "warning",
                       "step": step, "failed_bytes": report.failed_bytes,
                       "error": "; ".join(report.errors)})
+        self._pending_step, self._pending_since = step, time.perf_counter()
         self._pending = self._executor.submit(self._commit, step, snapshot, dict(extra),
                                               dict(mesh or {}))
         return blocked
+
+    def _busy_ranks(self) -> list[int]:
+        """The ranks whose previous snapshot is still being committed (on every rank, the
+        same list: a gang gathers its ranks' flags, a small collective at memory steps
+        only)."""
+        mine = self._pending is not None and not self._pending.done()
+        if self.count == 1:
+            return [self.rank] if mine else []
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        flags = np.asarray(multihost_utils.process_allgather(np.int32(mine))).reshape(-1)
+        return [rank for rank, flag in enumerate(flags.tolist()) if flag]
 
     def _commit(self, step: int, snapshot: memory_tier.Snapshot, extra: dict[str, Any],
                 mesh: dict[str, int]) -> None:
         started = time.perf_counter()
         try:
-            # `encode` reads each staged piece to the host (through the device reader, which
-            # began when it was staged) before it digests it.
-            manifest, buffers = memory_tier.encode(
-                snapshot, step=step, attempt=self.env.attempt, owner=self.rank,
-                process_count=self.count, lineage=self.lineage, job_uid=self.env.job_uid,
-                extra=extra, mesh=mesh, launch=self.launch)
-            sealed = memory_tier.seal(self.seal_key, manifest)
-            self.store.write(sealed, buffers)
+            # Each piece is digested and written as soon as the device reader has brought it
+            # to the host, on the commit's threads; the manifest last (memory_tier.commit).
+            sealed, buffers, times = memory_tier.commit(
+                self.store, snapshot, self._pool, self.workers, step=step,
+                attempt=self.env.attempt, owner=self.rank, process_count=self.count,
+                lineage=self.lineage, job_uid=self.env.job_uid, extra=extra, mesh=mesh,
+                launch=self.launch)
             written = time.perf_counter()
             sent = []
             for holder in memory_tier.holders(self.rank, self.count, self.replicas):
@@ -156,8 +219,10 @@ class MemoryTier:
             snapshot.release()  # device memory of pieces never read (a failed commit)
         self._newest = step
         self.log({"event": "memory_snapshot_committed", "step": step,
-                  "bytes": manifest.data_bytes, "replicas": sent,
+                  "bytes": sum(int(b.nbytes) for b in buffers), "replicas": sent,
                   "write_s": round(written - started, 6),
+                  "send_s": round(time.perf_counter() - written, 6),
+                  "phases": times.to_json(),
                   "seconds": round(time.perf_counter() - started, 6)})
 
     def newest_step(self) -> int | None:
@@ -174,6 +239,7 @@ class MemoryTier:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
+            self._pool.shutdown(wait=True)
             self.stop_serving()
 
     def stop_serving(self) -> None:

@@ -35,6 +35,8 @@ from tardigrade_contract.contract import RENDEZVOUS_AUDIENCE
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 REVIEW_SECONDS = 5.0
+REVIEW_ATTEMPTS = 3
+REVIEW_RETRY_SECONDS = 0.5
 # 429s are retried this often, each after the Retry-After it names (capped).
 THROTTLE_RETRIES = 10
 MAX_RETRY_AFTER = 10.0
@@ -102,29 +104,47 @@ Post = Callable[[str, bytes, Mapping[str, str]], tuple[int, bytes]]
 
 
 def review(access: ApiAccess, token: str, audience: str = RENDEZVOUS_AUDIENCE,
-           timeout: float = REVIEW_SECONDS, post: Post | None = None) -> dict[str, Any]:
+           timeout: float = REVIEW_SECONDS, post: Post | None = None,
+           attempts: int = REVIEW_ATTEMPTS) -> dict[str, Any]:
     """The API server's verdict on `token` (a TokenReview's status). `post`: how to send it
-    (a KeptConnections' post); by default over a connection for this review alone."""
+    (a KeptConnections' post); by default over a connection for this review alone.
+
+    A review the API server did not answer in time, or answered 429 or 5xx, is asked again,
+    `attempts` times in all: a refused hello costs the whole gang a relaunch, and a busy API
+    server is the usual cause (it was, on a loaded two-core machine)."""
     path = "/apis/authentication.k8s.io/v1/tokenreviews"
     body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                        "spec": {"token": token, "audiences": [audience]}}).encode()
     headers = {"Authorization": f"Bearer {access.token}", "Content-Type": "application/json",
                "Accept": "application/json"}
-    try:
-        code, raw = (post or KeptConnections(access, timeout).post)(path, body, headers)
+    send = post or KeptConnections(access, timeout).post
+    failure = "no attempt"
+    for attempt in range(1, max(1, attempts) + 1):
+        if attempt > 1:
+            time.sleep(REVIEW_RETRY_SECONDS)
+        try:
+            code, raw = send(path, body, headers)
+        except (OSError, http.client.HTTPException) as err:
+            failure = f"TokenReview failed: {err}"
+            continue
         if code in (401, 403):
             raise PeerAuthError(
                 f"the API server refused rank 0's TokenReview ({code}): the trainer's "
                 "ServiceAccount needs `create tokenreviews` (chart value trainerTokenReview."
                 "enabled grants it)")
+        if code == 429 or code >= 500:
+            failure = f"TokenReview failed: HTTP {code}"
+            continue
         if code >= 300:
-            # A passing outage: this hello is refused, the rank gives up with a retryable
-            # peer timeout, and the next attempt tries again.
             return {"authenticated": False, "error": f"TokenReview failed: HTTP {code}"}
-        data = boundedjson.loads(raw)
-    except (OSError, http.client.HTTPException, ValueError) as err:
-        return {"authenticated": False, "error": f"TokenReview failed: {err}"}
-    return dict(data.get("status") or {}) if isinstance(data, dict) else {}
+        try:
+            data = boundedjson.loads(raw)
+        except ValueError as err:
+            return {"authenticated": False, "error": f"TokenReview failed: {err}"}
+        return dict(data.get("status") or {}) if isinstance(data, dict) else {}
+    # A passing outage: this hello is refused, the rank gives up with a retryable peer
+    # timeout, and the next attempt tries again.
+    return {"authenticated": False, "error": f"{failure} ({attempts} attempts)"}
 
 
 def rejection(status: Mapping[str, Any], namespace: str, job: str, rank: int,
