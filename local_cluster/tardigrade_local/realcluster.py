@@ -52,6 +52,7 @@ from tardigrade_local.cluster import LocalCluster, repo_root
 from tardigrade_local.clusterapi import ClusterAPI
 from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.clustergcs import ClusterGCS
+from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
 from tardigrade_local.kubelet.config import project_python_path
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.nodenet import ClusterNetwork
@@ -117,10 +118,18 @@ class RealNodeCluster:
 
     def __init__(self, directory: Path, nodes: Sequence[NodePlan],
                  checkpoint_namespace: str = "default", gcs: bool = True, kueue: bool = False,
-                 kueue_wait_for_pods_ready: WaitForPodsReady | None = None) -> None:
+                 kueue_wait_for_pods_ready: WaitForPodsReady | None = None,
+                 node_lease_seconds: int = realnode.NODE_LEASE_SECONDS,
+                 node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
+                 node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS) -> None:
         """`gcs`: run the GCS emulator (bucket `GCS_BUCKET`) and its Service for pods.
         `kueue`: run Kueue's manager (`LocalCluster(kueue=True)`), with
-        `kueue_wait_for_pods_ready` (None: Kueue's default)."""
+        `kueue_wait_for_pods_ready` (None: Kueue's default).
+        `node_lease_seconds`: the kubelets' nodeLeaseDurationSeconds (renewed every quarter
+        of it); `node_monitor_grace_seconds` and `node_monitor_period_seconds`:
+        kube-controller-manager's --node-monitor-grace-period and --node-monitor-period (a
+        node whose Lease went unrenewed that long turns Unknown); the grace must exceed the
+        renew interval."""
         names = [n.name for n in nodes]
         if not names:
             raise ValueError("a real-node cluster needs at least one node")
@@ -133,7 +142,10 @@ class RealNodeCluster:
                                     buckets=[GCS_BUCKET],
                                     node_egress=True, endpoint_controllers=True,
                                     load_repo_crds=False, kueue=kueue,
-                                    kueue_wait_for_pods_ready=kueue_wait_for_pods_ready)
+                                    kueue_wait_for_pods_ready=kueue_wait_for_pods_ready,
+                                    node_monitor_grace_seconds=node_monitor_grace_seconds,
+                                    node_monitor_period_seconds=node_monitor_period_seconds)
+        self.node_lease_seconds = node_lease_seconds
         self.registry = Registry(self.directory / "registry" / "storage",
                                  log_path=self.directory / "registry" / "registry.log")
         self.network = ClusterNetwork(self.directory / "net")
@@ -142,9 +154,11 @@ class RealNodeCluster:
         self.api: ClusterAPI | None = None
         self.gcs: ClusterGCS | None = None
         self.nodes: dict[str, RealNode] = {}
-        # Nodes whose VM is gone (reclaimed); their directories keep their pods' logs.
+        # Nodes whose VM is gone (reclaimed or halted); their directories keep their pods'
+        # logs.
         self.retired: list[RealNode] = []
-        self._recreations: list[threading.Thread] = []
+        # Each VM being recreated: its thread, and an event set once it started (or failed).
+        self._recreations: list[tuple[threading.Thread, threading.Event]] = []
         self._lock = threading.Lock()
         self._stopping = False
         # Set once the cluster stops: the threads that recreated nodes stop them and end.
@@ -209,7 +223,8 @@ class RealNodeCluster:
         index = self.plan.index(plan) + 1
         node = RealNode.for_cluster(self.cluster.info, plan.name, directory, index=index,
                                     registry=self.registry.host, network=self.network,
-                                    feature_gates=plan.kubelet_feature_gates)
+                                    feature_gates=plan.kubelet_feature_gates,
+                                    node_lease_seconds=self.node_lease_seconds)
         with self._lock:
             if self._stopping:
                 raise RealClusterError(f"node {plan.name}: the cluster is stopping")
@@ -233,47 +248,87 @@ class RealNodeCluster:
         recreates the VM under the same name that long after (GKE documents no figure: the
         caller picks it); the new VM has a fresh disk (a new node directory; the old one's
         pod logs stay, `retired`). Returns logind's account of the shutdown."""
-        with self._lock:
-            node = self.nodes[name]
+        node = self._node(name)
         account = node.shutdown()
         with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
             kubernetes.client.CoreV1Api(api).delete_node(name)
-        with self._lock:
-            self.retired.append(node)
-            del self.nodes[name]
-            if replace_after_seconds is not None and not self._stopping:
-                plan = next(p for p in self.plan if p.name == name)
-                generation = sum(1 for n in self.retired if n.name == name)
-                directory = self.directory / "nodes" / f"{name}.{generation}"
-                thread = threading.Thread(target=self._recreate,
-                                          args=(plan, directory, replace_after_seconds),
-                                          name=f"recreate-{name}", daemon=True)
-                self._recreations.append(thread)
-                thread.start()
+        self._retire(node, replace_after_seconds)
         return account
 
-    def _recreate(self, plan: NodePlan, directory: Path, delay: float) -> None:
-        """Start the node again after `delay`, then live as long as it does: its processes
-        die with the thread that started them (`die_with_parent`: PR_SET_PDEATHSIG fires when
-        the parent *thread* ends, not its process), so this thread ends only once the cluster
-        stops, after stopping the node itself."""
-        if self._stopped.wait(delay):
-            return
-        try:
-            node = self._start_node(plan, directory)
-        except Exception:  # logged: the caller waits for the Node, and says what it saw
-            log.exception("node %s was not recreated", plan.name)
-            return
-        self._stopped.wait()
-        node.stop()
+    def halt(self, name: str, back_after_seconds: float | None = None) -> None:
+        """Node `name`'s VM is lost without a shutdown (a host error, a power loss):
+        `RealNode.halt`, everything on it killed at once, nobody told. The Node object stays:
+        kube-controller-manager's node lifecycle controller turns it Unknown once its Lease
+        goes unrenewed and taints it unreachable, and taint eviction deletes its pods at
+        their tolerations' end (local_cluster/README.md, "Ungraceful node loss"). With
+        `back_after_seconds`, the VM boots again under its name that long after, as
+        `reclaim`'s recreation (a fresh disk: a new node directory), and its kubelet
+        registers with the Node object that stayed."""
+        node = self._node(name)
+        node.halt()
+        self._retire(node, back_after_seconds)
 
-    def _join_recreations(self) -> None:
+    def partition(self, name: str) -> None:
+        """Node `name` and the control plane cannot reach each other while its pods run on
+        (`RealNode.partition`) until `heal`."""
+        self._node(name).partition()
+
+    def heal(self, name: str) -> None:
+        self._node(name).heal()
+
+    def _node(self, name: str) -> RealNode:
+        with self._lock:
+            node = self.nodes.get(name)
+        if node is None:
+            raise RealClusterError(f"no running node {name!r} (running: {sorted(self.nodes)})")
+        return node
+
+    def _retire(self, node: RealNode, back_after_seconds: float | None) -> None:
+        """The VM of `node` is gone (its directory kept, `retired`); with
+        `back_after_seconds` one boots under its name that long after, with a fresh disk."""
+        with self._lock:
+            self.retired.append(node)
+            del self.nodes[node.name]
+            if back_after_seconds is not None and not self._stopping:
+                plan = next(p for p in self.plan if p.name == node.name)
+                generation = sum(1 for n in self.retired if n.name == node.name)
+                directory = self.directory / "nodes" / f"{node.name}.{generation}"
+                settled = threading.Event()
+                thread = threading.Thread(target=self._recreate,
+                                          args=(plan, directory, back_after_seconds, settled),
+                                          name=f"recreate-{node.name}", daemon=True)
+                self._recreations.append((thread, settled))
+                thread.start()
+
+    def _recreate(self, plan: NodePlan, directory: Path, delay: float,
+                  settled: threading.Event) -> None:
+        """Start the VM `delay` seconds from now, then live until the cluster has stopped it:
+        the node's processes die with the thread that started them (PR_SET_PDEATHSIG is
+        the parent thread's, not its process's; `lifetime.die_with_parent`), so this thread
+        must outlive them or the new VM would die, all at once, as soon as it started."""
+        try:
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                if self._stopping:
+                    return
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            try:
+                self._start_node(plan, directory)
+            except Exception:  # logged: the caller waits for the Node, and says what it saw
+                log.exception("node %s was not recreated", plan.name)
+                return
+        finally:
+            settled.set()
+        self._stopped.wait()
+
+    def _settle_recreations(self) -> list[threading.Thread]:
+        """No more recreations; those under way finish starting (to be stopped in order)."""
         with self._lock:
             self._stopping = True
-            threads = list(self._recreations)
-        self._stopped.set()
-        for thread in threads:
-            thread.join(realnode.START_TIMEOUT_SECONDS + 60)
+            recreations = list(self._recreations)
+        for _, settled in recreations:
+            settled.wait(realnode.START_TIMEOUT_SECONDS + 60)
+        return [thread for thread, _ in recreations]
 
     def all_nodes(self) -> list[RealNode]:
         """Every node this cluster started, the running and the retired: where every pod's
@@ -334,8 +389,11 @@ class RealNodeCluster:
         """Stop everything started, in the reverse order (a node being recreated first
         finishes starting), then remove the registry's storage (the images pushed, hundreds
         of MB; a new cluster pushes them again). Idempotent."""
-        self._join_recreations()
+        threads = self._settle_recreations()
         self._stack.close()
+        self._stopped.set()
+        for thread in threads:
+            thread.join(10)
         shutil.rmtree(self.registry.storage, ignore_errors=True)
 
     def leftovers(self) -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ from the pinned modules (`gobuild.NODE_MODULES`), and stops it leaving nothing b
   `cgroupRoot` of this node's only;
 - a system bus of its own with a logind stand-in on it (`nodepower.py`, `logind.py`), through
   which `shutdown` reaches the kubelet's graceful node shutdown as a VM's shutdown does;
-  `halt` is the VM lost without one.
+  `halt` is the VM lost without one, `partition` the node cut off from the control plane.
 On a cluster network (`network=`, `nodenet.py`) the node's address is on a veth pair to the
 cluster's bridge instead of its loopback, kube-proxy runs beside the kubelet (`kubeproxy.py`)
 and pods get the cluster's DNS (`clusterdns.py`); with `network_policies`, kube-router's
@@ -83,6 +83,10 @@ START_TIMEOUT_SECONDS = 180.0
 # a dependent gate on over a gate off), both beta and on by default in 1.36.
 KUBELET_WITHOUT_RESTART_RULES = {"ContainerRestartRules": False,
                                  "RestartAllContainersOnContainerExits": False}
+# The kubelet's nodeLeaseDurationSeconds (its default): renewed every quarter of it.
+NODE_LEASE_SECONDS = 40
+# The nftables table of a partition (`partition`), in the node's namespace only.
+PARTITION_TABLE = "tardigrade-partition"
 STOP_TIMEOUT_SECONDS = 60.0
 
 
@@ -112,7 +116,7 @@ class RealNode:
     ```"""
 
     def __init__(self, name: str, directory: Path, api_url: str, pki_dir: Path,
-                 index: int = 1, node_lease_seconds: int = 40,
+                 index: int = 1, node_lease_seconds: int = NODE_LEASE_SECONDS,
                  egress_routes: Path | None = None, registry: str | None = None,
                  network: ClusterNetwork | None = None,
                  network_policies: bool = False,
@@ -161,14 +165,15 @@ class RealNode:
                     index: int = 1, registry: str | None = None,
                     network: ClusterNetwork | None = None,
                     network_policies: bool = False,
-                    feature_gates: Mapping[str, bool] | None = None) -> RealNode:
+                    feature_gates: Mapping[str, bool] | None = None,
+                    node_lease_seconds: int = NODE_LEASE_SECONDS) -> RealNode:
         """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
         start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
         routes = info.get("egress_routes")
         return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
                    index=index, egress_routes=Path(routes) if routes else None,
                    registry=registry, network=network, network_policies=network_policies,
-                   feature_gates=feature_gates)
+                   feature_gates=feature_gates, node_lease_seconds=node_lease_seconds)
 
     # --- where things are --------------------------------------------------------------------
     @property
@@ -544,7 +549,11 @@ imports = []
     def halt(self) -> None:
         """The VM is lost without a shutdown: the kubelet, containerd, the containers and
         everything else of the node are killed at once, with no notice to anyone; then what
-        the dead machine leaves on ours goes (`stop`)."""
+        the dead machine leaves on ours goes (`stop`). On a cluster network the node is
+        unplugged from it first: a killed process's kernel closes its connections (FIN or
+        RST), a VM that loses power sends nothing, so its pods' peers must see silence."""
+        if self.network is not None:
+            self.network.leave(self.id, self.addresses.pod_cidr)
         alive = [proc for proc in self._procs.values() if proc.poll() is None]
         first = [self._procs[name].pid for name in ("kubelet", "containerd")
                  if name in self._procs and self._procs[name] in alive]
@@ -552,6 +561,33 @@ imports = []
                                 *(proc.pid for proc in alive)])
         nodepower.reap(alive)
         self.stop()
+
+    def partition(self) -> None:
+        """The node and the control plane can no longer reach each other (a network
+        partition), while everything on the node runs on: inside the node's namespace,
+        what its kubelet and kube-proxy send to the API server (`API_PORT_IN_NODE`, the
+        netnsproxy) and what the API server sends to the kubelet (its port: logs, exec) are
+        dropped. Dropped, not refused: a partition is silence, so the kubelet's requests
+        time out as across a real one. Its pods' traffic, to each other and to other
+        nodes' pods, goes on. `heal` undoes it."""
+        _nft(self.id, f"""
+table inet {PARTITION_TABLE} {{
+  chain out {{
+    type filter hook output priority 0; policy accept;
+    ip daddr 127.0.0.1 tcp dport {API_PORT_IN_NODE} drop
+  }}
+  chain in {{
+    type filter hook input priority 0; policy accept;
+    ip daddr {self.addresses.node_ip} tcp dport {KUBELET_PORT} drop
+  }}
+}}
+""")
+
+    def heal(self) -> None:
+        """The partition is over (`partition`): the kubelet's retries get through again.
+        Idempotent."""
+        with contextlib.suppress(RealNodeError):
+            _nft(self.id, f"delete table inet {PARTITION_TABLE}")
 
     # --- teardown ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -615,6 +651,15 @@ def sweep_orphans() -> list[str]:
         record.unlink(missing_ok=True)
         swept.append(node.name)
     return swept
+
+
+def _nft(netns: str, script: str) -> None:
+    """An nftables script run in the network namespace `netns` (kube-proxy's own table there
+    is left alone)."""
+    done = subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RealNodeError(f"nft in {netns} failed: {done.stderr.strip()}")
 
 
 def _run(*argv: str) -> None:

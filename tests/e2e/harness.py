@@ -409,14 +409,16 @@ class InstalledOperator:
 
 @contextlib.contextmanager
 def real_cluster(directory: Path, spot_nodes: int, kueue: bool = False,
-                 nodes: Sequence[NodePlan] | None = None) -> Iterator[RealCluster]:
+                 nodes: Sequence[NodePlan] | None = None, **options: Any
+                 ) -> Iterator[RealCluster]:
     """One on-demand node (the operator's: the chart keeps it off spot nodes) and
     `spot_nodes` spot ones (the trainers'), with the registry's images and the GCS
     emulator, for a module; `kueue`: Kueue's manager runs beside the control plane.
     `nodes`: that plan (`plan_nodes(1, spot_nodes)`) with changes of the module's, e.g. a
-    kubelet's feature gates."""
+    kubelet's feature gates; `options`: more of `RealNodeCluster`'s (node lease and monitor
+    timings)."""
     plan = list(nodes) if nodes is not None else plan_nodes(1, spot_nodes)
-    with RealNodeCluster(directory, plan, kueue=kueue) as real, LogShipper(
+    with RealNodeCluster(directory, plan, kueue=kueue, **options) as real, LogShipper(
             real.kube, directory / "logs", NAMESPACE, "tardigrade.dev/job") as shipper:
         yield RealCluster(real, shipper.directory)
 

@@ -1,63 +1,107 @@
-"""End to end: a VM stops without a shutdown under a training gang (the Node object stays),
-and comes back later under its name. Real operator, real multi-process JAX trainers."""
+"""End to end on real nodes: a VM stops without a shutdown under a training gang (the Node
+object stays), and comes back later under its name; a node cut off from the control plane
+while its pods train on. The chart's operator, real multi-process JAX trainers in the
+trainer-cpu image on real kubelets; the VM's halt and the partition are GKE's part
+(`RealNodeCluster.halt`, `RealNodeCluster.partition`; local_cluster/README.md, "Ungraceful
+node loss")."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
-from tardigrade_local.cluster import LocalCluster
 
-from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
+from tests.e2e.harness import (
+    REAL_NODES_HERE,
+    InstalledOperator,
+    RealCluster,
+    installed_operator,
+    real_cluster,
+    wait_for,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not REAL_NODES_HERE,
+                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+]
 
-# Fast node-loss detection, set on the components (local_cluster/README.md, "The control
-# plane"): the kubelets renew a 2 s Lease every 0.5 s; kube-controller-manager looks every
-# 0.5 s and marks a node whose Lease went unrenewed for 3 s Unknown. The halted gang's pods
-# tolerate the unreachable taint 5 s (their own toleration, not the 300 s kube-apiserver
-# gives by default), so taint eviction comes within the test.
-NODE_LEASE = 2.0
-NODE_MONITOR_PERIOD = 0.5
-NODE_MONITOR_GRACE = 3.0
+# Fast node-loss detection: the kubelets renew a 4 s Lease every second (their
+# nodeLeaseDurationSeconds); kube-controller-manager looks every second and marks a node whose
+# Lease went unrenewed for 6 s Unknown (short, yet not so short that a real kubelet on a
+# loaded 2-core machine flaps). The halted gang's pods tolerate the unreachable taint 5 s
+# (their own toleration, not the 300 s kube-apiserver gives by default), so taint eviction
+# comes within the test.
+NODE_LEASE = 4
+NODE_MONITOR_PERIOD = 1.0
+NODE_MONITOR_GRACE = 6.0
 TOLERATION_SECONDS = 5
-NODE_LOST_AFTER = 8.0
+NODE_LOST_AFTER = 10.0
 # The surviving rank's SIGTERM grace (terminationGracePeriodSeconds): its save on notice
-# cannot finish without the frozen peer, and the relaunch waits for it to be gone.
+# cannot finish without the lost peer, and the relaunch waits for it to be gone.
 POD_GRACE = 30.0
 BACK_AFTER = 90.0
+NODE_BACK_SECONDS = 300.0
+# One trainer per spot node (a node has 2 CPUs): a gang of 2 has a spare node.
+SPOT_NODES = 3
+ONE_TRAINER = {"cpu": "1100m", "memory": "256Mi"}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("nodeloss")
-    with LocalCluster(root / "cluster", nodes=3, node_lease_seconds=NODE_LEASE,
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    # Short: the kubelet's socket paths live under each node's directory.
+    with real_cluster(tmp_path_factory.mktemp("loss"), SPOT_NODES,
+                      node_lease_seconds=NODE_LEASE,
                       node_monitor_period_seconds=NODE_MONITOR_PERIOD,
-                      node_monitor_grace_seconds=NODE_MONITOR_GRACE) as local:
-        yield Cluster(local)
+                      node_monitor_grace_seconds=NODE_MONITOR_GRACE) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator"),
-                          env={"TARDIGRADE_NODE_LOST_AFTER_SECONDS": f"{NODE_LOST_AFTER:g}"}
-                          ) as process:
-        yield process
+def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[InstalledOperator]:
+    with installed_operator(cluster, tmp_path_factory.mktemp("operator"),
+                            "--set", f"operator.nodeLostAfterSeconds={NODE_LOST_AFTER:g}"
+                            ) as installed:
+        yield installed
 
 
-def _ready(cluster: Cluster, node: str) -> str:
-    conditions = cluster.core.read_node(node).status.conditions or []
-    return next((c.status for c in conditions if c.type == "Ready"), "Unknown")
+@pytest.fixture(autouse=True)
+def _one_job_at_a_time(cluster: RealCluster) -> Iterator[None]:
+    yield
+    cluster.clear_jobs()
 
 
-def _unreachable_taints(cluster: Cluster, node: str) -> set[str]:
+def _ready_condition(cluster: RealCluster, node: str) -> object | None:
+    try:
+        conditions = cluster.core.read_node(node).status.conditions or []
+    except Exception:  # not registered (yet)
+        return None
+    return next((c for c in conditions if c.type == "Ready"), None)
+
+
+def _ready(cluster: RealCluster, node: str) -> str:
+    condition = _ready_condition(cluster, node)
+    return str(getattr(condition, "status", "Unknown"))
+
+
+def _unknown_for(cluster: RealCluster, node: str) -> float:
+    """How long the node has been Unknown, by its Ready condition's transition (0 if not)."""
+    condition = _ready_condition(cluster, node)
+    if getattr(condition, "status", None) != "Unknown":
+        return 0.0
+    since: datetime = condition.last_transition_time  # type: ignore[union-attr]
+    return (datetime.now(UTC) - since).total_seconds()
+
+
+def _unreachable_taints(cluster: RealCluster, node: str) -> set[str]:
     return {t.effect for t in cluster.core.read_node(node).spec.taints or []
             if t.key == "node.kubernetes.io/unreachable"}
 
 
-def _evicted(cluster: Cluster, pod: str) -> object | None:
+def _evicted(cluster: RealCluster, pod: str) -> object | None:
     """The pod once kube-controller-manager's taint eviction deleted it (DisruptionTarget,
     DeletionByTaintManager), or None before."""
     found = cluster.core.read_namespaced_pod(pod, "default")
@@ -68,24 +112,31 @@ def _evicted(cluster: Cluster, pod: str) -> object | None:
     return None
 
 
+def _one_per_node(cluster: RealCluster, name: str) -> None:
+    nodes = [p.spec.node_name for p in cluster.pods(name)]
+    assert len(set(nodes)) == len(nodes), nodes
+
+
 def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
-        cluster: Cluster, operator: OperatorProcess):
+        cluster: RealCluster, operator: InstalledOperator):
     name = "e2e-halt"
     # Long enough that the gang is still training when the VM halts, however late the status
     # shows the first commit on a loaded machine.
-    job = trainingjob(name, steps=200)
+    job = cluster.trainingjob(name, steps=200)
+    job["spec"]["resources"]["requests"] = dict(ONE_TRAINER)
     job["spec"]["checkpoint"]["interval"] = {"steps": 5}
-    job["spec"].setdefault("podTemplate", {})["tolerations"] = [{
+    job["spec"]["podTemplate"]["tolerations"] = [{
         "key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
         "tolerationSeconds": TOLERATION_SECONDS}]
     cluster.apply(job)
     log = cluster.step_log(name)
     wait_for(lambda: (log.collect(), (cluster.status(name).get("lastCheckpoint") or {}).get(
         "step", 0) >= 5)[1], 300, "a committed checkpoint")
+    _one_per_node(cluster, name)
     victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
-    node = victim.spec.node_name
+    node = cluster.spot_node_of(victim)
     halted = time.monotonic()
-    cluster.local.halt_node(node, back_after_seconds=BACK_AFTER)
+    cluster.real.halt(node, back_after_seconds=BACK_AFTER)
 
     def relaunched() -> dict | None:
         log.collect()
@@ -119,8 +170,12 @@ def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
     # No save on notice here: the operator pins the newest commit it has seen (progress reads
     # are paced, so it can lag), and the trainer restores the newest commit at or after it.
     assert len(log.restored) == 1 and log.restored[0] >= status["recoveries"][-1]["restoreStep"]
-    # The VM came back under its name; its kubelet reported the old pod, which then went.
-    wait_for(lambda: _ready(cluster, node) == "True", 120, "the VM back")
+    # The VM came back under its name (a fresh disk): its kubelet registered with the Node
+    # that stayed, which turns Ready and untainted. The evicted pod goes (the operator
+    # force-deletes it once past its deletion deadline, or the returned kubelet, finding no
+    # container of it, finishes its deletion).
+    wait_for(lambda: _ready(cluster, node) == "True", NODE_BACK_SECONDS, "the VM back")
+    wait_for(lambda: not _unreachable_taints(cluster, node), 60, "the taints lifted")
     wait_for(lambda: not any(p.metadata.name == victim.metadata.name
                              for p in cluster.pods(name)), 120, "the old pod to go")
     for step, losses in log.losses.items():
@@ -128,20 +183,27 @@ def test_halted_vm_is_a_preemption_relaunched_without_waiting_for_its_pods(
 
 
 def test_a_node_unknown_while_the_gang_trains_on_is_not_a_loss(
-        cluster: Cluster, operator: OperatorProcess):
+        cluster: RealCluster, operator: InstalledOperator):
     name = "e2e-flap"
-    job = trainingjob(name, steps=1_000_000)  # trains for as long as the test looks
+    job = cluster.trainingjob(name, steps=1_000_000)  # trains for as long as the test looks
+    job["spec"]["resources"]["requests"] = dict(ONE_TRAINER)
     job["spec"]["checkpoint"]["interval"] = {"steps": 1000}
     cluster.apply(job)
     cluster.wait_phase(name, {"Running"}, timeout=300)
     wait_for(lambda: (cluster.status(name).get("step") or 0) >= 5, 120, "training past step 5")
+    _one_per_node(cluster, name)
     victim = next(p for p in cluster.pods(name) if p.metadata.labels["tardigrade.dev/rank"] == "1")
-    node = victim.spec.node_name
-    # The kubelet is cut off from the control plane past the operator's tolerance; the ranks
-    # still reach each other and rank 0's step keeps advancing.
-    cluster.local.partition_node(node, NODE_MONITOR_GRACE + NODE_LOST_AFTER + 6)
-    wait_for(lambda: _ready(cluster, node) == "Unknown", 30, "the node Unknown")
-    before = cluster.status(name)["step"]
+    node = cluster.spot_node_of(victim)
+    # The node and the control plane are cut off from each other past the operator's
+    # tolerance (the node Unknown longer than NODE_LOST_AFTER); the ranks still reach each
+    # other and rank 0's step keeps advancing.
+    cluster.real.partition(node)
+    try:
+        wait_for(lambda: _unknown_for(cluster, node) > NODE_LOST_AFTER + 3, 60,
+                 "the node Unknown past the operator's tolerance")
+        before = cluster.status(name)["step"]
+    finally:
+        cluster.real.heal(node)
     wait_for(lambda: _ready(cluster, node) == "True", 60, "the node back")
     wait_for(lambda: cluster.status(name)["step"] > before + 10, 60, "training on")
     status = cluster.status(name)
