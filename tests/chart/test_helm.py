@@ -18,8 +18,8 @@ from tardigrade_local.realcluster import OPERATOR_NAMESPACE, SPOT_LABEL
 from tests.chart import grants
 from tests.conftest import REPO_ROOT
 from tests.e2e.harness import (
+    NEEDS_REAL_NODES,
     OPERATOR_READY_SECONDS,
-    REAL_NODES_HERE,
     RealCluster,
     real_cluster,
     wait_for,
@@ -158,8 +158,7 @@ def _registry_digest(cluster: RealCluster, reference: str) -> str:
 @pytest.mark.slow
 # The module's cluster start, the image pulls and the waits, on a machine other runs share.
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(not REAL_NODES_HERE,
-                    reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
+@NEEDS_REAL_NODES
 def test_chart_installs_onto_real_nodes_and_its_operator_runs_jobs(real_nodes: RealCluster):
     """helm template | kubectl apply, as on a real cluster (CRDs first, then the rest): the
     Deployment controller starts the operator pods, the real kubelet pulls the chart's

@@ -21,8 +21,8 @@ from tests.chart import grants
 from tests.chart.test_helm import CHART, render
 from tests.e2e.harness import (
     NAMESPACE,
+    NEEDS_REAL_NODES,
     OPERATOR_SELECTOR,
-    REAL_NODES_HERE,
     RealCluster,
     real_cluster,
     wait_for,
@@ -33,8 +33,6 @@ RELEASE_NAMESPACE = "tardigrade-system"
 # The trainer image's first pull on the spot node, JAX's start and compile, on a machine other
 # test runs share.
 JOB_TIMEOUT_SECONDS = 600.0
-REAL_NODES = pytest.mark.skipif(
-    not REAL_NODES_HERE, reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
 # The module's cluster start (in the first test), an install, the image pull and the waits, on
 # a machine other runs share.
 REAL_NODES_TIMEOUT = pytest.mark.timeout(1200)
@@ -107,7 +105,7 @@ def operator_log(cluster: RealCluster) -> str:
 
 
 @pytest.mark.slow
-@REAL_NODES
+@NEEDS_REAL_NODES
 @REAL_NODES_TIMEOUT
 def test_namespaced_chart_runs_a_job_under_its_role(cluster: RealCluster):
     """watch.namespaces mode: a Role in the jobs' namespace, no cluster-wide job grants; the
@@ -133,7 +131,7 @@ def test_namespaced_chart_runs_a_job_under_its_role(cluster: RealCluster):
 
 
 @pytest.mark.slow
-@REAL_NODES
+@NEEDS_REAL_NODES
 @REAL_NODES_TIMEOUT
 def test_chart_operator_queues_a_job_through_real_kueue_under_its_role(cluster: RealCluster):
     """With Kueue installed, the in-pod operator under the chart's ClusterRole creates the

@@ -22,8 +22,8 @@ from tardigrade_operator.decision import queueing
 
 from tests.chart.test_helm import _helm
 from tests.e2e.harness import (
+    NEEDS_REAL_NODES,
     OPERATOR_SELECTOR,
-    REAL_NODES_HERE,
     Cluster,
     RealCluster,
     real_cluster,
@@ -34,8 +34,7 @@ pytestmark = [
     pytest.mark.slow,
     # One test carries the module's cluster start, the install, the image pulls and the waits.
     pytest.mark.timeout(1200),
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 RELEASE, SYSTEM = OPERATOR_RELEASE, OPERATOR_NAMESPACE

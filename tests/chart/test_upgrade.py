@@ -18,12 +18,11 @@ import yaml
 from tardigrade_local.realcluster import RealNodeCluster, plan_nodes
 
 from tests.chart.test_helm import CHART, _helm
-from tests.e2e.harness import REAL_NODES_HERE, Cluster, trainingjob, wait_for
+from tests.e2e.harness import NEEDS_REAL_NODES, Cluster, trainingjob, wait_for
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 OLD_CHART = Path(__file__).parent / "fixtures" / "tardigrade-0.1.0"

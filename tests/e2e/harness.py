@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import kubernetes
+import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 from tardigrade_local import imagevenv
@@ -36,6 +37,9 @@ from tests.polling import wait_for
 
 # Real nodes need namespaces, mounts and cgroups.
 REAL_NODES_HERE = sys.platform.startswith("linux") and os.geteuid() == 0
+# A real-node module's mark: skipped, saying why, where real nodes cannot run.
+NEEDS_REAL_NODES = pytest.mark.skipif(
+    not REAL_NODES_HERE, reason="real nodes need Linux and root (namespaces, mounts, cgroups)")
 
 T = TypeVar("T")
 NAMESPACE = "default"

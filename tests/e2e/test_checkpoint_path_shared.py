@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.harness import (
-    REAL_NODES_HERE,
+    NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
     installed_operator,
@@ -21,8 +21,7 @@ from tests.e2e.harness import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 

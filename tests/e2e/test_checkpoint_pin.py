@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import (
-    REAL_NODES_HERE,
+    NEEDS_REAL_NODES,
     RealCluster,
     installed_operator,
     real_cluster,
@@ -22,8 +22,7 @@ from tests.e2e.harness import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 

@@ -11,8 +11,8 @@ import pytest
 from tardigrade_local.realcluster import OPERATOR_NAMESPACE
 
 from tests.e2e.harness import (
+    NEEDS_REAL_NODES,
     OPERATOR_SELECTOR,
-    REAL_NODES_HERE,
     RealCluster,
     installed_operator,
     real_cluster,
@@ -21,8 +21,7 @@ from tests.e2e.harness import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 # Stand-in trainers in the trainer image: this test is about who reconciles, not training.

@@ -15,7 +15,7 @@ from tardigrade_local.steplog import StepLog
 from tardigrade_operator import naming
 
 from tests.e2e.harness import (
-    REAL_NODES_HERE,
+    NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
     assert_goodput_adds_up,
@@ -26,8 +26,7 @@ from tests.e2e.harness import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 # The trainers' nodes: a gang of 3 at most.

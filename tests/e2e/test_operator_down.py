@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.harness import REAL_NODES_HERE, installed_operator, real_cluster, wait_for
+from tests.e2e.harness import NEEDS_REAL_NODES, installed_operator, real_cluster, wait_for
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 TRACKING = "tardigrade.dev/gang-tracking"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.harness import (
     NAMESPACE,
-    REAL_NODES_HERE,
+    NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
     installed_operator,
@@ -29,8 +29,7 @@ from tests.trainer.test_session import LOOPS, doc_example
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 # Enough steps that the job is still training after a relaunch, at a few hundred steps a
 # second for this loop on a loaded two-core machine.

@@ -9,7 +9,7 @@ import pytest
 
 from tests.e2e.harness import (
     NAMESPACE,
-    REAL_NODES_HERE,
+    NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
     installed_operator,
@@ -19,8 +19,7 @@ from tests.e2e.harness import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not REAL_NODES_HERE,
-                       reason="real nodes need Linux and root (namespaces, mounts, cgroups)"),
+    NEEDS_REAL_NODES,
 ]
 
 
