@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -334,6 +335,17 @@ class RealCluster(Cluster):
         return str(node)
 
 
+# Run by the operator image's python: prints [status, body] of a GET of {url}.
+HEALTHZ_SCRIPT = """\
+import json, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen("{url}", timeout=10) as r:
+        print(json.dumps([r.status, r.read().decode()]))
+except urllib.error.HTTPError as e:
+    print(json.dumps([e.code, e.read().decode()]))
+"""
+
+
 class InstalledOperator:
     """The operator as a user installs it: `helm install` of the chart, one replica, its
     image from the registry, its pod on the on-demand node under the chart's RBAC.
@@ -400,6 +412,29 @@ class InstalledOperator:
                     pod.metadata.name, OPERATOR_NAMESPACE)
         self.log_path.write_text(text)
         return text
+
+    def _started_pod(self) -> Any:
+        pods = {p.metadata.uid: p for p in self._pods()}
+        assert self.pod_uid in pods, f"the operator's pod {self.pod_uid} is gone"
+        return pods[self.pod_uid]
+
+    def ready(self) -> bool:
+        """The pod it started with is Ready: the kubelet's last probes of /healthz passed."""
+        return any(c.type == "Ready" and c.status == "True"
+                   for c in self._started_pod().status.conditions or [])
+
+    def healthz(self) -> tuple[int, str]:
+        """The status and body of /healthz in the pod it started with, read from inside the
+        pod (`kubectl exec`, through its kubelet): this machine cannot route to pod
+        addresses."""
+        pod = self._started_pod()
+        port = next(p.container_port for c in pod.spec.containers for p in c.ports or []
+                    if p.name == "health")
+        shown = self.cluster.kubectl(
+            "exec", "-n", OPERATOR_NAMESPACE, pod.metadata.name, "--", "python", "-c",
+            HEALTHZ_SCRIPT.format(url=f"http://127.0.0.1:{port}/healthz"))
+        code, body = json.loads(shown)
+        return int(code), str(body)
 
     def assert_alive(self) -> None:
         pods = {p.metadata.uid: p for p in self._pods()}
