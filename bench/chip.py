@@ -379,6 +379,9 @@ def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, An
     config = {**base, "compilation_cache_dir": str(workdir / "memory-tier-cache"),
               "compilation_cache_in_root": False}
     rates: dict[str, float] = {}
+    step_times: dict[str, dict[int, float]] = {}
+    first_snapshot: dict[str, int] = {}
+    started_at: dict[str, list[int]] = {}
     for interval in ["none", *args.memory_tier.split(",")]:
         name = f"memory-{interval.replace(':', '-')}"
         every, _, when_busy = interval.partition(":")
@@ -393,6 +396,7 @@ def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, An
         code = run.finish(signal.SIGKILL)
         shutil.rmtree(shm / f"tardigrade-bench-{name}", ignore_errors=True)
         times = [e["time"] for e in run.of("step")]
+        step_times[interval] = {e["step"]: e["time"] for e in run.of("step")}
         if len(times) < 10:
             print(f"{name}: {len(times)} steps (exit {code}): not judged\n{run.tail()}")
             return
@@ -403,6 +407,9 @@ def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, An
         snaps = run.of("memory_snapshot_started")
         skipped = run.of("memory_snapshot_skipped")
         blocked = [e["blocked_s"] for e in snaps]
+        started_at[interval] = [e["step"] for e in snaps]
+        if snaps:
+            first_snapshot[interval] = snaps[0]["step"]
         committed = run.of("memory_snapshot_committed")
         seconds = [e["seconds"] for e in committed]
         phases = {k: statistics.median(e["phases"][k] for e in committed)
@@ -425,6 +432,30 @@ def memory_tier_arms(args: argparse.Namespace, workdir: Path, base: dict[str, An
         verdict = "met" if cost < 0.02 else "MISSED"
         print(f"memory tier every {interval} steps: throughput {rate / rates['none']:.3f}x of "
               f"none, cost {cost * 100:.1f}%: < 2%: {verdict}")
+        steady_cost(interval, step_times, first_snapshot, started_at)
+
+
+def steady_cost(interval: str, step_times: dict[str, dict[int, float]],
+                first_snapshot: dict[str, int], started_at: dict[str, list[int]]) -> None:
+    """The tier's cost in steady training: the same steps of both arms from one interval after
+    the first snapshot, whose one-time costs (the staging copy's program, the commit's threads,
+    the memory volume's first files) a run of hours spreads over thousands of snapshots; and
+    the loop's time lost per snapshot taken in that window."""
+    every = int(interval.partition(":")[0])
+    first = first_snapshot.get(interval)
+    tier, none = step_times[interval], step_times["none"]
+    end = min(max(tier), max(none))
+    if first is None or first + every >= end:
+        print("    steady: no whole interval after the first snapshot: not judged")
+        return
+    begin = first + every
+    tier_s, none_s = tier[end] - tier[begin], none[end] - none[begin]
+    taken = [s for s in started_at[interval] if begin <= s < end]
+    cost = 1 - none_s / tier_s
+    per = (tier_s - none_s) / len(taken) if taken else float("nan")
+    verdict = "met" if cost < 0.02 else "MISSED"
+    print(f"    steady (steps {begin}-{end}, {len(taken)} snapshots taken): cost "
+          f"{cost * 100:.1f}%, {per * 1e3:.0f} ms of the loop per snapshot: < 2%: {verdict}")
 
 
 def floor(workdir: Path, cache: Path, first_step: float) -> None:
