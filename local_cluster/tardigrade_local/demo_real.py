@@ -10,18 +10,17 @@ GKE's: the VM of rank 1's node shuts down through its kubelet's graceful node sh
 (the regular pods' 15 s) and is not recreated, so the job resumes, then grows to
 `resize_to` ranks, on the spot node left.
 
-The loss curves come from the kubelets' log files, copied as the demo goes (`LogKeeper`): a
-real kubelet removes a deleted pod's logs within its next garbage collection.
+The loss curves come from every run of the jobs' containers, shipped off the nodes while they
+are written (`LogShipper`, GKE's logging agent's part): a real kubelet removes a deleted pod's
+logs within its next garbage collection, and the operator deletes pods at each recovery.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -48,6 +47,7 @@ from tardigrade_local.demo import (
 )
 from tardigrade_local.demo_report import plot_losses, recovery_markers, write_table
 from tardigrade_local.disruptions import Disruptor
+from tardigrade_local.logshipper import LogShipper
 from tardigrade_local.realcluster import SPOT_LABEL, RealNodeCluster, plan_nodes
 from tardigrade_local.steplog import StepLog
 
@@ -59,32 +59,6 @@ RESOURCES = {"requests": {"cpu": "300m", "memory": "512Mi"}, "limits": {"memory"
 HELM_VALUES = ("--set", "operator.restartInPlace=true",
                # Rank 0's progress read every 2 s, not backed off to 60 s: steps are short.
                "--set", "operator.progressMaxIntervalSeconds=2")
-
-
-class LogKeeper:
-    """Copies of rank 0's log files of a job from every node's pod logs directory, kept as
-    they grow: a real kubelet removes a deleted pod's directory at its next garbage
-    collection (every minute), and the operator deletes pods at each recovery and at the end."""
-
-    def __init__(self, real: RealNodeCluster, job: str, directory: Path) -> None:
-        self.real = real
-        self.job = job
-        self.pattern = f"{NAMESPACE}_{job}-a*-0_*/*/*.log"
-        self.directory = directory
-
-    def copy(self) -> None:
-        for name, node in self.real.nodes.items():
-            for found in node.pod_logs_dir.glob(self.pattern):
-                target = self.directory / name / found.relative_to(node.pod_logs_dir)
-                with contextlib.suppress(OSError):  # removed meanwhile: the last copy stays
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(found, target)
-
-    def log(self) -> StepLog:
-        """Rank 0's log as far as it was kept."""
-        self.copy()
-        return StepLog.from_pod_log_dirs([self.directory / n for n in self.real.nodes],
-                                         NAMESPACE, self.job)
 
 
 def real_jobs(image: str, bucket: str, gcs_env: dict[str, str], steps: int
@@ -130,6 +104,7 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
     console.print(f"[bold]Starting a cluster of real nodes[/] (state in {state})")
     real = RealNodeCluster(state / "c", plan_nodes(1, SPOT_NODES))
     real.start(progress=lambda what: console.print(f"  [dim]{what}[/]"))
+    shipper = LogShipper(real.kube, state / "logs", NAMESPACE, "tardigrade.dev/job")
     try:
         console.print("[bold]Installing the operator[/] (helm, the registry's image)")
         real.install_operator(*HELM_VALUES)
@@ -146,10 +121,9 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
             subprocess.run(["kubectl", *args], env=env, input=stdin, text=True, check=True,
                            capture_output=True)
 
+        shipper.start()  # before the jobs' first pods: it follows every container run
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(reference))
-        keeper = LogKeeper(real, name, state / "logs" / name)
-        ref_keeper = LogKeeper(real, ref_name, state / "logs" / ref_name)
         log = StepLog(core, NAMESPACE, name)
         preempted = resized = False
         seen_events: set[str] = set()
@@ -160,8 +134,6 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
             if time.monotonic() - started > settings.timeout_seconds:
                 raise RuntimeError("the demo did not finish in time; the operator's log: "
                                    "kubectl -n tardigrade-system logs deploy/tardigrade")
-            keeper.copy()
-            ref_keeper.copy()
             log.collect()
             status = _status(custom, name)
             ref_status = _status(custom, ref_name)
@@ -185,8 +157,10 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
             if phases == ("Succeeded", "Succeeded"):
                 break
             time.sleep(0.5)
-        files, ref_files = keeper.log(), ref_keeper.log()
-        # What the API served while the pods lived fills in what no copy caught.
+        shipper.stop()
+        files = StepLog.from_pod_log_dirs([shipper.directory], NAMESPACE, name)
+        ref_files = StepLog.from_pod_log_dirs([shipper.directory], NAMESPACE, ref_name)
+        # What the API served while the pods lived fills in what the shipper missed.
         curve = {**log.curve(), **files.curve()}
         ref_curve = ref_files.curve()
         job_obj = custom.get_namespaced_custom_object(
@@ -199,6 +173,7 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
                       f"{name} (the emulator): steps {checkpoints}")
         console.print("[bold]Stopping the cluster[/]")
     finally:
+        shipper.stop()
         real.stop()
     curve = dict(sorted(curve.items()))
     markers = recovery_markers((job_obj.get("status") or {}).get("recoveries") or [])

@@ -60,6 +60,9 @@ class LogShipper:
         self._watcher = threading.Thread(target=self._run, name="log-shipper", daemon=True)
 
     def __enter__(self) -> LogShipper:
+        return self.start()
+
+    def start(self) -> LogShipper:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._watcher.start()
         return self
@@ -71,7 +74,8 @@ class LogShipper:
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()
-        self._watcher.join(30)
+        if self._watcher.ident is not None:  # started (a stop may come from a failed start)
+            self._watcher.join(30)
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
