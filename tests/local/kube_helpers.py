@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import textwrap
+import threading
 from typing import Any, TypeVar
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 
 from tests.polling import wait_for
 
@@ -89,3 +91,49 @@ def kubectl(*args: str, env: dict[str, str], timeout: float = 60) -> str:
                           timeout=timeout)
     assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
     return done.stdout
+
+
+class PodRecorder:
+    """Every state of the selected pods that the API server sends a watch, kept by pod name:
+    the operator deletes a stopped gang's pods soon after it sees them (and with them their
+    termination messages), so a poll could miss them."""
+
+    def __init__(self, kube: Kube, namespace: str, label_selector: str,
+                 timeout_seconds: int | None = None) -> None:
+        """`timeout_seconds`: the watch's own end (None: when the recorder is left)."""
+        self.kube = kube
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.timeout_seconds = timeout_seconds
+        self.seen: dict[str, list[dict[str, Any]]] = {}
+        self.error: Exception | None = None
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.stop()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            bounded = ({} if self.timeout_seconds is None
+                       else {"timeout_seconds": self.timeout_seconds})
+            for event in self._watch.stream(self.kube.core.list_namespaced_pod, self.namespace,
+                                            label_selector=self.label_selector, **bounded):
+                pod = self.kube.plain(event["object"])
+                self.seen.setdefault(pod["metadata"]["name"], []).append(pod)
+        except Exception as err:  # the watch ends with the cluster: kept for a message
+            self.error = err
+
+    def termination(self, pod: str) -> dict[str, Any] | None:
+        """The container's termination message (JSON), once it terminated with one."""
+        for state in reversed(self.seen.get(pod, [])):
+            for status in state["status"].get("containerStatuses") or []:
+                terminated = (status.get("state") or {}).get("terminated")
+                if terminated and terminated.get("message"):
+                    return dict(json.loads(terminated["message"]))
+        return None

@@ -26,18 +26,16 @@ the tests run in order and build on each other.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
-from kube_helpers import Kube, kubectl, wait_for
-from kubernetes import client, watch
+from kube_helpers import Kube, PodRecorder, kubectl, wait_for
+from kubernetes import client
 from tardigrade_local import gobuild
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.realcluster import (
@@ -161,46 +159,8 @@ def installed(real, kube, custom) -> str:
 
 @pytest.fixture(scope="module")
 def recorder(kube) -> Iterator[PodRecorder]:
-    with PodRecorder(kube) as running:
+    with PodRecorder(kube, NAMESPACE, "tardigrade.dev/job") as running:
         yield running
-
-
-class PodRecorder:
-    """Every state the API server sends a watch of the jobs' pods, by pod name: the operator
-    deletes a stopped gang's pods, and with them their termination messages."""
-
-    def __init__(self, kube: Kube) -> None:
-        self.kube = kube
-        self.seen: dict[str, list[dict[str, Any]]] = {}
-        self.error: Exception | None = None
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PodRecorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._watch.stop()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        try:
-            for event in self._watch.stream(self.kube.core.list_namespaced_pod, NAMESPACE,
-                                            label_selector="tardigrade.dev/job"):
-                pod = self.kube.plain(event["object"])
-                self.seen.setdefault(pod["metadata"]["name"], []).append(pod)
-        except Exception as err:  # the watch ends with the cluster: kept for a message
-            self.error = err
-
-    def termination(self, pod: str) -> dict[str, Any] | None:
-        """The trainer's termination message, once its container terminated."""
-        for state in reversed(self.seen.get(pod, [])):
-            for status in state["status"].get("containerStatuses") or []:
-                terminated = (status.get("state") or {}).get("terminated")
-                if terminated and terminated.get("message"):
-                    return dict(json.loads(terminated["message"]))
-        return None
 
 
 # --- the jobs ------------------------------------------------------------------------------------

@@ -26,14 +26,13 @@ import copy
 import json
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import Kube, condition, container_status, wait_for
-from kubernetes import client, watch
+from kube_helpers import Kube, PodRecorder, condition, container_status, wait_for
+from kubernetes import client
 from tardigrade_local import nodeimage
 from tardigrade_local.cluster import LocalCluster
 from tardigrade_local.disruptions import (
@@ -187,36 +186,6 @@ def training_job(image: str) -> dict[str, Any]:
     return body
 
 
-class PodRecorder:
-    """Every state of the job's pods the API server sends a watch, kept by pod name: the
-    operator deletes a disrupted pod soon after it sees it, so a poll could miss it."""
-
-    def __init__(self, kube: Kube) -> None:
-        self.kube = kube
-        self.seen: dict[str, list[dict[str, Any]]] = {}
-        self.error: Exception | None = None
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PodRecorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._watch.stop()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        try:
-            for event in self._watch.stream(self.kube.core.list_namespaced_pod, NAMESPACE,
-                                            label_selector=f"tardigrade.dev/job={JOB}",
-                                            timeout_seconds=900):
-                pod = self.kube.plain(event["object"])
-                self.seen.setdefault(pod["metadata"]["name"], []).append(pod)
-        except Exception as err:  # the watch ends with the cluster: kept for a message
-            self.error = err
-
-
 @pytest.fixture(scope="module")
 def installed(real, kube) -> dict[str, Any]:
     real.install_operator(
@@ -308,7 +277,8 @@ def test_a_spot_reclaim_of_a_trainers_node_loses_no_step(installed, kube, cluste
     victim = before["1"]["spec"]["nodeName"]
     survivor = before["0"]["spec"]["nodeName"]
     log = StepLog(kube.core, NAMESPACE, JOB)
-    with PodRecorder(kube) as recorder:
+    with PodRecorder(kube, NAMESPACE, f"tardigrade.dev/job={JOB}",
+                     timeout_seconds=900) as recorder:
         Disruptor(cluster.info["control_url"]).preempt_node(victim, wait=True)
         assert victim not in kube.node_names()
 
