@@ -63,7 +63,9 @@ READ = ["get", "list", "watch"]
 ROLES: dict[Identity, list[dict[str, Any]]] = {
     CLOUD: [
         _rule([""], ["nodes"], [*READ, "patch", "update", "delete"]),
-        _rule([""], ["pods"], READ),
+        # GKE's maintenance handler terminates a node's pods at the start of its host
+        # maintenance (hostmaintenance.py).
+        _rule([""], ["pods"], [*READ, "delete"]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"]),
         # GKE's queued provisioning (kubelet/provisioning.py): the cluster autoscaler reads
         # ProvisioningRequests and their PodTemplates and answers in their status.
