@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes.client import ApiException
@@ -55,7 +56,7 @@ def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
         yield installed
 
 
-def _node(cluster: RealCluster, name: str) -> object | None:
+def _node(cluster: RealCluster, name: str) -> Any | None:
     try:
         return cluster.core.read_node(name)
     except ApiException as err:
@@ -64,9 +65,9 @@ def _node(cluster: RealCluster, name: str) -> object | None:
         raise
 
 
-def _ready(node: object) -> bool:
+def _ready(node: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True"
-               for c in node.status.conditions or [])  # type: ignore[attr-defined]
+               for c in node.status.conditions or [])
 
 
 def test_gang_moves_off_a_node_before_its_host_maintenance(
@@ -126,20 +127,20 @@ def test_gang_moves_off_a_node_before_its_host_maintenance(
     # the pool brings a fresh VM back under its name: without the label or the taint.
     def first_vm_gone() -> bool:
         found = _node(cluster, node)
-        return found is None or found.metadata.uid != first_vm  # type: ignore[attr-defined]
+        return found is None or found.metadata.uid != first_vm
 
     wait_for(first_vm_gone, MAINTENANCE_IN + 120, "the maintenance to take the VM down",
              interval=0.5)
     assert time.time() >= start - 1.0, "the VM went before its maintenance's start"
 
-    def back() -> object | None:
+    def back() -> Any | None:
         found = _node(cluster, node)
         return found if found is not None and _ready(found) else None
 
     returned = wait_for(back, NODE_BACK_SECONDS, "the VM back under its name")
-    assert returned.metadata.uid != first_vm  # type: ignore[attr-defined]
-    assert SCHEDULED_MAINTENANCE_LABEL not in (returned.metadata.labels or {})  # type: ignore[attr-defined]
-    assert not any(t.key == IMPENDING_TERMINATION_TAINT  # type: ignore[attr-defined]
+    assert returned.metadata.uid != first_vm
+    assert SCHEDULED_MAINTENANCE_LABEL not in (returned.metadata.labels or {})
+    assert not any(t.key == IMPENDING_TERMINATION_TAINT
                    for t in returned.spec.taints or [])
     # The gang is elsewhere and trains on, untouched by the maintenance.
     step = cluster.status(name)["step"]
