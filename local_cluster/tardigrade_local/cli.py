@@ -338,8 +338,15 @@ def maintenance(
     """Scheduled host maintenance of a GPU/TPU node, as GKE does it: the node is labelled
     cloud.google.com/scheduled-maintenance-time=<start, epoch seconds> now; at the start it is
     tainted cloud.google.com/impending-node-termination:NoSchedule and shut down, its pods
-    getting their own grace period (at most 1 h), and the VM comes back under its name."""
-    start = _attach(state_dir).schedule_maintenance(node, in_seconds, back_after)
+    getting their own grace period (at most 1 h), and the VM comes back under its name (a
+    real node of `up --real-nodes`: its VM shuts down through logind and does not come
+    back)."""
+    cluster = _attach(state_dir)
+    if _real_info(state_dir) is not None and back_after is not None:
+        typer.echo("error: --back-after: not on real nodes: the process that started a real "
+                   "node would have to start it again; leave --back-after out", err=True)
+        raise typer.Exit(2)
+    start = cluster.schedule_maintenance(node, in_seconds, back_after)
     typer.echo(f"node/{node}: host maintenance scheduled at {int(start)} "
                f"(in {in_seconds:g}s)")
 

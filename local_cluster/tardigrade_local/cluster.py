@@ -35,7 +35,15 @@ import psutil
 from aiohttp import web
 
 import tardigrade_local
-from tardigrade_local import gcs, gobuild, imagevenv, podnet, realreclaim
+from tardigrade_local import (
+    gcs,
+    gobuild,
+    hostmaintenance,
+    identities,
+    imagevenv,
+    podnet,
+    realreclaim,
+)
 from tardigrade_local.apiproxy import ApiProxy
 from tardigrade_local.controlplane import (
     NODE_MONITOR_GRACE_SECONDS,
@@ -291,6 +299,11 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
     async def maintenance(request: web.Request) -> web.Response:
         body = await request.json()
         node = request.match_info["node"]
+        if (real := real_node(node)) is not None:
+            refuse_for_real_node(node, body, "backAfterSeconds")
+            start = await hostmaintenance.announce(host.cloud, node, float(body["inSeconds"]))
+            await run(realreclaim.maintain(host.cloud, real, start), False)
+            return web.json_response({"node": node, "start": start})
         start = await host.schedule_maintenance(node, float(body["inSeconds"]),
                                                 body.get("backAfterSeconds"))
         return web.json_response({"node": node, "start": start})
@@ -660,9 +673,15 @@ class LocalCluster:
     def admin_ssl_context(self) -> ssl.SSLContext:
         """TLS for a raw client of kube-apiserver: the cluster's CA, the administrator's
         certificate (what the admin kubeconfig holds)."""
+        return self.identity_ssl_context(identities.ADMIN)
+
+    def identity_ssl_context(self, identity: identities.Identity) -> ssl.SSLContext:
+        """TLS for a raw client of kube-apiserver as one of the cluster's identities
+        (`identities.CLIENTS`), e.g. GKE's (`identities.CLOUD`)."""
         pki = Path(self.info["ca_file"]).parent
         context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        context.load_cert_chain(str(pki / f"{identity.name}.crt"),
+                                str(pki / f"{identity.name}.key"))
         return context
 
     def api_metrics(self) -> str:

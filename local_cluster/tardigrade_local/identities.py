@@ -6,7 +6,8 @@ the identities that are ours (not Kubernetes' own).
   kube-apiserver bootstraps (`system:kube-controller-manager`, `system:kube-scheduler`);
 - `apiserver-kubelet-client`: what kube-apiserver shows a kubelet when it proxies logs;
 - `gke-cloud`: what GKE does that no kubelet does (deleting a reclaimed node's object,
-  maintenance labels and taints, the autoscaler's events), with a role of its own, as GKE's
+  maintenance labels and taints, the maintenance handler's pod deletions on a real node, the
+  autoscaler's events), with a role of its own, as GKE's
   own controllers have theirs;
 - `cluster-dns`: the names pods resolve (`kubelet/network.py`'s hosts file, and CoreDNS for
   real nodes, `clusterdns.py`), with the read access CoreDNS's `system:coredns` role gives it;
@@ -63,7 +64,9 @@ READ = ["get", "list", "watch"]
 ROLES: dict[Identity, list[dict[str, Any]]] = {
     CLOUD: [
         _rule([""], ["nodes"], [*READ, "patch", "update", "delete"]),
-        _rule([""], ["pods"], READ),
+        # GKE's maintenance handler terminates a node's pods at the start of its host
+        # maintenance (hostmaintenance.py).
+        _rule([""], ["pods"], [*READ, "delete"]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"]),
         # GKE's queued provisioning (kubelet/provisioning.py): the cluster autoscaler reads
         # ProvisioningRequests and their PodTemplates and answers in their status.

@@ -28,6 +28,7 @@ real-node tests run one in the test process. Needs root and Linux (`realnode.py`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -39,20 +40,31 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import kubernetes
 import psutil
 
-from tardigrade_local import clustergcs, imagebuild, nodenet, realnode
+from tardigrade_local import (
+    clustergcs,
+    hostmaintenance,
+    identities,
+    imagebuild,
+    nodenet,
+    realnode,
+    realreclaim,
+)
 from tardigrade_local.cluster import LocalCluster, repo_root
 from tardigrade_local.clusterapi import ClusterAPI
 from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.clustergcs import ClusterGCS
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
+from tardigrade_local.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
+from tardigrade_local.kubelet.client import ApiClient
+from tardigrade_local.kubelet.cloud import GkeCloud
 from tardigrade_local.kubelet.config import project_python_path
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.nodenet import ClusterNetwork
@@ -79,6 +91,10 @@ INFO_FILE = "realcluster.json"
 LOG_FILE = "realcluster.log"
 STOP_TIMEOUT_SECONDS = 300.0
 REGISTRY_ATTEMPTS = 3
+# A maintenance under way when the cluster stops: the handler's drain (the pods' grace and
+# a margin) and logind's shutdown delay.
+MAINTENANCE_STOP_TIMEOUT_SECONDS = 180.0
+T = TypeVar("T")
 
 
 class RealClusterError(RuntimeError):
@@ -161,6 +177,8 @@ class RealNodeCluster:
         self._recreations: list[tuple[threading.Thread, threading.Event]] = []
         self._lock = threading.Lock()
         self._stopping = False
+        # Scheduled host maintenances (`schedule_maintenance`), each a thread.
+        self._maintenances: list[threading.Thread] = []
         # Set once the cluster stops: the threads that recreated nodes stop them and end.
         self._stopped = threading.Event()
         self.checkpoints = self.directory / "checkpoints"
@@ -267,6 +285,61 @@ class RealNodeCluster:
         node = self._node(name)
         node.halt()
         self._retire(node, back_after_seconds)
+
+    def schedule_maintenance(self, name: str, in_seconds: float,
+                             back_after_seconds: float | None = DEFAULT_REPLACE_AFTER_SECONDS
+                             ) -> float:
+        """GKE's scheduled host maintenance of node `name` (a GPU/TPU VM, which cannot
+        live-migrate), as the node agents have it (`KubeletHost.schedule_maintenance`; sources
+        in local_cluster/README.md, "Scheduled host maintenance"), GKE's part shared with
+        them (`hostmaintenance.py`, GKE's identity): labelled now with the start,
+        `in_seconds` from now (epoch seconds, returned); at the start tainted
+        impending-node-termination:NoSchedule and its pods deleted with their own grace (at
+        most 1 h) by GKE's maintenance handler, then the VM shuts down as for `reclaim`
+        (logind, the kubelet's graceful node shutdown) and its Node object goes; it comes
+        back under its name `back_after_seconds` later (None: never), a fresh VM without the
+        label."""
+        node = self._node(name)
+        start = self._as_cloud(lambda cloud: hostmaintenance.announce(cloud, name, in_seconds))
+        thread = threading.Thread(target=self._maintain, args=(node, start, back_after_seconds),
+                                  name=f"maintenance-{name}", daemon=True)
+        with self._lock:
+            self._maintenances.append(thread)
+        thread.start()
+        return start
+
+    def _maintain(self, node: RealNode, start: float, back_after_seconds: float | None
+                  ) -> None:
+        """At `start`, unless the cluster stops or the VM went first: GKE's maintenance
+        (`realreclaim.maintain`), then the VM's return."""
+        while time.time() < start:
+            if self._stopping:
+                return
+            time.sleep(min(0.5, max(0.0, start - time.time())))
+        with self._lock:
+            if self._stopping or self.nodes.get(node.name) is not node:
+                return  # the VM went away meanwhile: nothing left to maintain
+        try:
+            deleted = self._as_cloud(lambda cloud: realreclaim.maintain(cloud, node, start))
+        except Exception:  # logged: the caller waits for the Node, and says what it saw
+            log.exception("the host maintenance of node %s failed", node.name)
+            return
+        log.info("host maintenance of node %s: the handler deleted %s, the VM shut down",
+                 node.name, deleted or "no pod")
+        self._retire(node, back_after_seconds)
+
+    def _as_cloud(self, act: Callable[[GkeCloud], Awaitable[T]]) -> T:
+        """Run `act` with GKE's own client (`identities.CLOUD`), on a loop of its own."""
+        async def run() -> T:
+            cloud = GkeCloud(ApiClient(self.cluster.api_url,
+                                       self.cluster.identity_ssl_context(identities.CLOUD),
+                                       identities.CLOUD.common_name))
+            try:
+                return await act(cloud)
+            finally:
+                await cloud.close()
+
+        return asyncio.run(run())
 
     def partition(self, name: str) -> None:
         """Node `name` and the control plane cannot reach each other while its pods run on
@@ -389,7 +462,13 @@ class RealNodeCluster:
         """Stop everything started, in the reverse order (a node being recreated first
         finishes starting), then remove the registry's storage (the images pushed, hundreds
         of MB; a new cluster pushes them again). Idempotent."""
-        threads = self._settle_recreations()
+        threads = self._settle_recreations()  # and no more of anything
+        with self._lock:
+            maintenances = list(self._maintenances)
+        for thread in maintenances:
+            # One waiting for its start ends at once; one under way finishes (its drain is
+            # bounded by the pods' grace, its shutdown by logind's delay).
+            thread.join(MAINTENANCE_STOP_TIMEOUT_SECONDS)
         self._stack.close()
         self._stopped.set()
         for thread in threads:

@@ -8,7 +8,10 @@ the egress routes of the cluster it joined) and acts on the machine as the cloud
   node shutdown, the power-off), then the VM is gone and GKE's cloud node lifecycle controller
   deletes its Node object (`kubelet/cloud.py`). The node pool does not recreate it here: the
   process that started it would have to;
-- a lost VM (`RealNode.halt`): everything killed at once; the Node object stays.
+- a lost VM (`RealNode.halt`): everything killed at once; the Node object stays;
+- scheduled host maintenance (`maintain`): the label at once, then at the start GKE's
+  maintenance handler's taint and pod deletions with their own grace
+  (`hostmaintenance.py`), then the VM's shutdown as for a reclaim, then its Node goes.
 What the dead machine leaves on ours is removed at once; its starter's `stop()` then finds
 nothing left to do.
 """
@@ -20,6 +23,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from tardigrade_local import hostmaintenance
 from tardigrade_local.kubelet.cloud import GkeCloud
 from tardigrade_local.realnode import RECORDS_DIR, RealNode
 
@@ -49,3 +53,15 @@ async def lose(node: RealNode) -> None:
     """The VM stops without a shutdown; its Node object stays (the node lifecycle controller
     turns it Unknown)."""
     await asyncio.to_thread(node.halt)
+
+
+async def maintain(cloud: GkeCloud, node: RealNode, start: float) -> list[str]:
+    """GKE's host maintenance of a real node announced for `start` (`hostmaintenance.announce`
+    labelled it): at the start the handler taints the node and deletes its pods with their
+    own grace, then the VM shuts down through logind (the kubelet's graceful node shutdown
+    finds what is left) and its Node object goes. Returns the pods the handler deleted."""
+    await hostmaintenance.wait_for_start(start)
+    await hostmaintenance.begin(cloud, node.name)
+    deleted = await hostmaintenance.drain(cloud, node.name)
+    await reclaim(cloud, node)
+    return deleted

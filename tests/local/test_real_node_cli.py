@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,7 @@ import tardigrade_local
 import yaml
 from kube_helpers import kubectl, wait_for
 from tardigrade_local.clustergcs import env_vars
+from tardigrade_local.disruptions import SCHEDULED_MAINTENANCE_LABEL
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realcluster import SPOT_LABEL
 from tardigrade_local.realnode import RealNode
@@ -45,6 +47,9 @@ UP_TIMEOUT_SECONDS = 3000
 # The 1 GB trainer image pulled on the spot node, JAX's start and compile, on a shared machine.
 CHECKPOINT_TIMEOUT_SECONDS = 600.0
 NODE_GONE_TIMEOUT_SECONDS = 180.0
+# The operator's pod's grace, which GKE's maintenance handler gives it (the chart sets none:
+# Kubernetes' default).
+OPERATOR_GRACE_SECONDS = 30.0
 # `up --kueue --kueue-pods-ready-timeout`: Kueue's waitForPodsReady, in whole seconds.
 PODS_READY_TIMEOUT_SECONDS = 600
 
@@ -183,6 +188,24 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         assert preempt.stdout.strip() == "node/real-2 preempted"
         wait_for(lambda: "node/real-2" not in kubectl("get", "nodes", "-o", "name", env=env),
                  NODE_GONE_TIMEOUT_SECONDS, what="real-2's Node gone")
+
+        # GKE's host maintenance of the other node: announced at once with its start; at the
+        # start GKE's handler drains it (the operator's pod, with its own grace) and its VM
+        # shuts down through logind. A real node is not brought back from here.
+        refused = tardigrade("maintenance", "real-1", "--in", "1", "--back-after", "5",
+                             "--state-dir", str(state), cwd=work)
+        assert refused.returncode == 2 and "--back-after" in refused.stderr, refused.stderr
+        maintenance = tardigrade("maintenance", "real-1", "--in", "3", "--state-dir", str(state),
+                                 cwd=work)
+        assert maintenance.returncode == 0, maintenance.stderr
+        start = maintenance.stdout.split(" at ")[1].split()[0]
+        labels = json.loads(kubectl("get", "node", "real-1", "-o", "json", env=env))[
+            "metadata"]["labels"]
+        assert labels[SCHEDULED_MAINTENANCE_LABEL] == start
+        wait_for(lambda: "node/real-1" not in kubectl("get", "nodes", "-o", "name", env=env),
+                 NODE_GONE_TIMEOUT_SECONDS + OPERATOR_GRACE_SECONDS,
+                 what="real-1's Node gone after its maintenance")
+        assert time.time() >= int(start)
     finally:
         down = tardigrade("down", "--state-dir", str(state), cwd=work)
     assert down.returncode == 0, down.stderr

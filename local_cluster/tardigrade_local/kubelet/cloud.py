@@ -2,7 +2,8 @@
 
 On GKE these are the work of Google's controllers, each with its own identity (the cloud
 node lifecycle controller deletes the Node of a VM that no longer exists; the node
-maintenance handler labels and taints nodes due for host maintenance; the cluster
+maintenance handler labels and taints nodes due for host maintenance and deletes their pods
+(`hostmaintenance.py`); the cluster
 autoscaler records its verdicts as events on pods). Here they share one identity,
 `identities.CLOUD`, whose ClusterRole grants exactly these verbs: no kubelet may do them
 (NodeRestriction forbids a node to taint itself or delete another's object).

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from tardigrade_local import disruptions as d
-from tardigrade_local import identities
+from tardigrade_local import hostmaintenance, identities
 from tardigrade_local.kubelet import admission, network, tpuslices
 from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path, group_path
 from tardigrade_local.kubelet.cloud import GkeCloud
@@ -383,20 +383,20 @@ class KubeletHost:
         agent = self._agent(name)
         if agent.state != "ready":
             raise ValueError(f"node {name} is {agent.state}: nothing to maintain")
-        start = time.time() + in_seconds
-        await self.cloud.label_node(name, {d.SCHEDULED_MAINTENANCE_LABEL: str(int(start))})
+        start = await hostmaintenance.announce(self.cloud, name, in_seconds)
         self._spawn(self._perform_maintenance(agent, start, back_after_seconds))
         return start
 
     async def _perform_maintenance(self, agent: NodeAgent, start: float,
                                    back_after_seconds: float | None) -> None:
-        await asyncio.sleep(max(0.0, start - time.time()))
+        await hostmaintenance.wait_for_start(start)
         if self.agents.get(agent.name) is not agent or agent.state != "ready":
             return  # the VM went away meanwhile: nothing left to maintain
         with contextlib.suppress(ApiError):
-            await self.cloud.taint_node(agent.name, {"key": d.IMPENDING_TERMINATION_TAINT,
-                                                     "effect": "NoSchedule"})
-        # The VM is terminated with notice; the successor registers without the label.
+            await hostmaintenance.begin(self.cloud, agent.name)
+        # The VM is terminated with notice, the node agent's shutdown giving the pods the
+        # handler's grace (here the kubelet's path, where real nodes get the handler's
+        # deletions first: `hostmaintenance.drain`); the successor registers without the label.
         await self.preempt_node(agent.name, d.MAINTENANCE_POD_GRACE_SECONDS, back_after_seconds,
                                 why=d.MAINTENANCE_MESSAGE)
 
