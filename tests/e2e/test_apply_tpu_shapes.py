@@ -25,7 +25,8 @@ KUBECTL = REPO_ROOT / ".ci" / "cache" / "kubectl"
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     if not KUBECTL.exists():
         pytest.skip("no kubectl in .ci/cache (scripts/setup installs it)")
-    with LocalCluster(tmp_path_factory.mktemp("apply") / "cluster", nodes=1,
+    # No node: a server-side dry run needs the API server and the CRD only.
+    with LocalCluster(tmp_path_factory.mktemp("apply") / "cluster", nodes=0,
                       with_gcs=False) as cluster:
         _kubectl(cluster.kubeconfig, ["create", "namespace", "ml"])
         yield cluster.kubeconfig
