@@ -31,7 +31,13 @@ import urllib3
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300
-READ_TIMEOUT_SECONDS = 3600.0
+# Between two chunks of a followed log. A follow the API server forwarded over a connection
+# to a VM that is gone gets nothing at all, not even an end, until kube-apiserver drops that
+# connection; then the follow is made again (`_follow`). A trainer quiet for longer (a
+# compile, a gang waiting for a node) costs only a read of its log again from the start.
+READ_TIMEOUT_SECONDS = 60.0
+STATUS_TIMEOUT_SECONDS = 20.0
+RETRY_SECONDS = 2.0
 
 
 def cri_line(stamped: str) -> str:
@@ -120,32 +126,66 @@ class LogShipper:
             path = (self.directory / f"{self.namespace}_{pod.metadata.name}_{pod.metadata.uid}"
                     / container / f"{restart}.log")
             thread = threading.Thread(target=self._follow,
-                                      args=(pod.metadata.name, container, path, previous),
+                                      args=(pod.metadata.name, container, restart, path,
+                                            previous),
                                       name=f"log-{pod.metadata.name}-{container}",
                                       daemon=True)
             self._threads.append(thread)
         thread.start()
 
-    def _follow(self, pod: str, container: str, path: Path, previous: bool) -> None:
+    def _follow(self, pod: str, container: str, restart: int, path: Path,
+                previous: bool) -> None:
+        """Write run `restart` of the container. A read the API server could not serve
+        whole (its connection to the kubelet failed or went silent: a node recreated under
+        its name and address, whose old connections lead nowhere) is made again while the
+        run is still the container's current one, skipping the lines already written: the
+        same run reads back the same, line for line, timestamps included."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        written = 0
         with self.new_client() as api, open(path, "w") as out:
             core = kubernetes.client.CoreV1Api(api)
-            try:
-                response = core.read_namespaced_pod_log(
-                    pod, self.namespace, container=container, follow=not previous,
-                    previous=previous, timestamps=True, _preload_content=False,
-                    _request_timeout=(10, READ_TIMEOUT_SECONDS))
-            except kubernetes.client.ApiException as err:
-                log.info("log of %s/%s not shipped: %s", pod, container, err.reason)
-                return
-            with contextlib.suppress(urllib3.exceptions.HTTPError, OSError):
-                pending = b""
-                for chunk in response.stream(64 * 1024):
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    for line in lines:
-                        out.write(cri_line(line.decode(errors="replace")))
-                    out.flush()
-                if pending:
-                    out.write(cri_line(pending.decode(errors="replace")))
-            response.release_conn()
+            while not self._stop.is_set():
+                try:
+                    response = core.read_namespaced_pod_log(
+                        pod, self.namespace, container=container, follow=not previous,
+                        previous=previous, timestamps=True, _preload_content=False,
+                        _request_timeout=(10, READ_TIMEOUT_SECONDS))
+                except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError) as err:
+                    log.info("log of %s/%s not read: %s", pod, container,
+                             getattr(err, "reason", err))
+                    if previous or not self._running(core, pod, container, restart):
+                        return
+                    self._stop.wait(RETRY_SECONDS)
+                    continue
+                with contextlib.suppress(urllib3.exceptions.HTTPError, OSError):
+                    seen = 0
+                    pending = b""
+                    for chunk in response.stream(64 * 1024):
+                        pending += chunk
+                        *lines, pending = pending.split(b"\n")
+                        for line in lines:
+                            seen += 1
+                            if seen > written:
+                                out.write(cri_line(line.decode(errors="replace")))
+                                written = seen
+                        out.flush()
+                    if pending and seen + 1 > written:
+                        out.write(cri_line(pending.decode(errors="replace")))
+                        written = seen + 1
+                response.release_conn()
+                # Ended: the run is over, or the API server's read of it failed.
+                if previous or not self._running(core, pod, container, restart):
+                    return
+                self._stop.wait(RETRY_SECONDS)
+
+    def _running(self, core: kubernetes.client.CoreV1Api, pod: str, container: str,
+                 restart: int) -> bool:
+        """Whether run `restart` of the container still runs (an unanswered read: no)."""
+        try:
+            found = core.read_namespaced_pod(pod, self.namespace,
+                                             _request_timeout=(10, STATUS_TIMEOUT_SECONDS))
+        except (kubernetes.client.ApiException, urllib3.exceptions.HTTPError):
+            return False
+        return any(status.name == container and status.restart_count == restart
+                   and status.state is not None and status.state.running is not None
+                   for status in found.status.container_statuses or [])

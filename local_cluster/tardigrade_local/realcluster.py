@@ -533,6 +533,12 @@ class RealNodeCluster:
                          "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
                          *values, "--wait", "--timeout", INSTALL_TIMEOUT)
 
+    def uninstall_operator(self) -> str:
+        """`helm uninstall` of `install_operator`'s release, waiting until its objects are
+        gone (the chart's pre-delete hook runs first); the kept CRD and the jobs stay."""
+        return self.helm("uninstall", OPERATOR_RELEASE, "-n", OPERATOR_NAMESPACE,
+                         "--wait", "--timeout", INSTALL_TIMEOUT)
+
     def describe(self) -> dict[str, Any]:
         """What was started, for `tardigrade local status` and `down`."""
         return {"kubeconfig": str(self.kubeconfig), "api_url": self.cluster.api_url,

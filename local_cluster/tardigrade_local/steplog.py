@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
@@ -17,6 +18,10 @@ from tardigrade_local.paths import StateLayout
 JOB_LABEL = "tardigrade.dev/job"
 RANK_LABEL = "tardigrade.dev/rank"
 ATTEMPT_LABEL = "tardigrade.dev/attempt"
+# Each read's bound. The API server serves a pod's log from its node's kubelet: a read caught
+# by the node's end (a spot VM gone, its connections never closed) would otherwise wait
+# forever, the caller with it; a read cut off is made again at the next `collect`.
+READ_TIMEOUT_SECONDS = 20.0
 
 
 class StepLog:
@@ -83,8 +88,9 @@ class StepLog:
             return
         try:
             pods = self.core.list_namespaced_pod(
-                self.namespace, label_selector=f"{JOB_LABEL}={self.job},{RANK_LABEL}=0").items
-        except ApiException:
+                self.namespace, label_selector=f"{JOB_LABEL}={self.job},{RANK_LABEL}=0",
+                _request_timeout=READ_TIMEOUT_SECONDS).items
+        except (ApiException, urllib3.exceptions.HTTPError):
             return
         for pod in pods:
             name = pod.metadata.name
@@ -105,9 +111,10 @@ class StepLog:
             return
         try:
             # An empty log comes back as None from the client.
-            text = self.core.read_namespaced_pod_log(name, self.namespace,
-                                                     previous=previous) or ""
-        except ApiException:
+            text = self.core.read_namespaced_pod_log(
+                name, self.namespace, previous=previous,
+                _request_timeout=READ_TIMEOUT_SECONDS) or ""
+        except (ApiException, urllib3.exceptions.HTTPError):
             return
         lines = text.splitlines()
         # The last line may be half written: read it next time.

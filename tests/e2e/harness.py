@@ -398,11 +398,21 @@ class InstalledOperator:
         self.pod_uid = None
 
     def stop(self) -> None:
-        """Keep its log; the module's cluster goes with everything on it (`helm uninstall`
-        is tests/local/test_real_node_trainingjob.py's)."""
+        """Keep its log. The release stays: a module's cluster goes with everything on it
+        (`uninstall` where the same cluster takes another install)."""
         if self.installed:
             with contextlib.suppress(ApiException):
                 self.read_log()
+
+    def uninstall(self) -> None:
+        """`helm uninstall`, waiting until the release's objects are gone (the chart's
+        pre-delete hook first scales the operator to zero and releases the trainers' pods;
+        the CRD stays, `crds.keep`), so that the cluster can take another install of the
+        release, e.g. with other values."""
+        if self.installed:
+            self.cluster.real.uninstall_operator()
+            self.installed = False
+            self.pod_uid = None
 
     def read_log(self) -> str:
         text = ""
@@ -447,7 +457,7 @@ class InstalledOperator:
 
 
 @contextlib.contextmanager
-def real_cluster(directory: Path, spot_nodes: int, kueue: bool = False,
+def real_cluster(directory: Path, spot_nodes: int, *, kueue: bool = False,
                  nodes: Sequence[NodePlan] | None = None, **options: Any
                  ) -> Iterator[RealCluster]:
     """One on-demand node (the operator's: the chart keeps it off spot nodes) and
@@ -463,11 +473,17 @@ def real_cluster(directory: Path, spot_nodes: int, kueue: bool = False,
 
 
 @contextlib.contextmanager
-def installed_operator(cluster: RealCluster, log_dir: Path, *values: str
-                       ) -> Iterator[InstalledOperator]:
+def installed_operator(cluster: RealCluster, log_dir: Path, *values: str,
+                       uninstall: bool = False) -> Iterator[InstalledOperator]:
+    """The chart installed with `values` (helm arguments) over `FAST_OPERATOR_VALUES`, its
+    pod Ready. `uninstall`: `helm uninstall` at the end, for a fixture that installs again
+    into the same cluster (a module parametrized over the chart's values); without it the
+    release stays until the module's cluster stops."""
     operator = InstalledOperator(cluster, log_dir / "operator.log", values)
     operator.start()
     try:
         yield operator
     finally:
         operator.stop()
+        if uninstall:
+            operator.uninstall()
