@@ -28,6 +28,11 @@ def pod_spec(docs: list[dict]) -> dict:
     return kinds(docs, "Deployment")[0]["spec"]["template"]["spec"]
 
 
+def hook_pod_spec(docs: list[dict]) -> dict:
+    [pod] = [d for d in kinds(docs, "Pod") if is_hook(d)]
+    return pod["spec"]
+
+
 def test_crd_is_the_generated_one_owned_by_the_release_and_kept():
     [crd] = kinds(render(), "CustomResourceDefinition")
     meta = crd["metadata"]
@@ -58,11 +63,12 @@ def test_disruption_budget_only_with_a_standby():
     assert kinds(render("podDisruptionBudget.enabled=false"), "PodDisruptionBudget") == []
 
 
-def test_operator_stays_off_spot_nodes_unless_told_otherwise():
-    required = pod_spec(render())["affinity"]["nodeAffinity"][
+@pytest.mark.parametrize("spec_of", [pod_spec, hook_pod_spec], ids=["operator", "uninstall-hook"])
+def test_operator_stays_off_spot_nodes_unless_told_otherwise(spec_of):
+    required = spec_of(render(hooks=True))["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]
     assert required["nodeSelectorTerms"] == [{"matchExpressions": OFF_SPOT}]
-    assert "affinity" not in pod_spec(render("avoidSpotNodes=false"))
+    assert "affinity" not in spec_of(render("avoidSpotNodes=false", hooks=True))
     # A nodeAffinity of the user's replaces ours; other affinity kinds sit beside it.
     mine = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}
@@ -71,7 +77,7 @@ def test_operator_stays_off_spot_nodes_unless_told_otherwise():
     result = subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert pod_spec(docs)["affinity"] == {"nodeAffinity": mine}
+    assert spec_of(docs)["affinity"] == {"nodeAffinity": mine}
 
 
 def test_priority_class_and_name_overrides():
