@@ -57,6 +57,27 @@ def test_every_grant_names_its_call():
         assert grant.scope in (grants.CLUSTER, grants.JOBS), grant
 
 
+def _audited(code: int, at: str, message: str = "", name: str = "job-keys") -> dict:
+    return {"verb": "create", "requestReceivedTimestamp": f"2026-12-07T07:22:{at}Z",
+            "objectRef": {"resource": "secrets", "namespace": "default", "name": name},
+            "annotations": {"authorization.k8s.io/decision": "allow"},
+            "responseStatus": {"code": code, "message": message}}
+
+
+def test_a_refusal_is_a_denial_unless_it_is_the_servers_restmapper_lag_and_passed_later():
+    lag = (f'secrets "job-keys" is forbidden: cannot set blockOwnerDeletion in this case because '
+           f'{grants.RESTMAPPER_LAG}v1alpha1 Kind TrainingJob: no matches for kind')
+    finalizers = ('secrets "job-keys" is forbidden: cannot set blockOwnerDeletion if an '
+                  'ownerReference refers to a resource you can\'t set finalizers on')
+    assert grants.denials([_audited(403, "10.0", lag), _audited(201, "12.0")]) == []
+    # Never passed, passed before it, or passed for another object: still a denial.
+    assert grants.denials([_audited(403, "10.0", lag)])
+    assert grants.denials([_audited(201, "09.0"), _audited(403, "10.0", lag)])
+    assert grants.denials([_audited(403, "10.0", lag), _audited(201, "12.0", name="other")])
+    # A refusal for any other reason counts, passed later or not.
+    assert grants.denials([_audited(403, "10.0", finalizers), _audited(201, "12.0")])
+
+
 def test_unused_grants_are_gone():
     """The issue's list: nothing grants `update` on trainingjobs, `get` on the watched kinds
     the operator only lists, or anything in events.k8s.io."""
