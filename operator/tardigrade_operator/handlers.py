@@ -29,7 +29,7 @@ from tardigrade_operator import (
 )
 from tardigrade_operator.api import types
 from tardigrade_operator.api.types import TrainingJobSpec
-from tardigrade_operator.apply import restart_requests
+from tardigrade_operator.apply import restart_requests, server_lag
 from tardigrade_operator.apply.kube import (
     ChildRejected,
     ClusterWriter,
@@ -316,10 +316,14 @@ async def keep_gang(stopped: kopf.DaemonStopped, name: str, namespace: str, uid:
         try:
             sleep = await reconcile(key, uid, body, memo, indexes, state, began)
             failures = 0
-        except Exception:
+        except Exception as err:
             # Never crash-loop on one object: log, and a later pass retries from scratch.
             failures += 1
-            logger.exception("reconcile of %s/%s failed; retrying", namespace, name)
+            lag = server_lag.explain(err)
+            if lag is not None:
+                logger.warning("reconcile of %s/%s refused: %s; retrying", namespace, name, lag)
+            else:
+                logger.exception("reconcile of %s/%s failed; retrying", namespace, name)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         if failures:
             # Back off, deaf to wake-ups: a failing API server should not be hammered once
