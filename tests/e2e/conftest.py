@@ -1,5 +1,7 @@
-"""The operator most end-to-end modules run: one standalone replica against the module's
-`cluster` fixture. A module that needs other settings defines its own `operator`."""
+"""The operator most end-to-end modules run against the module's `cluster` fixture: on real
+nodes the chart's, installed with helm (the module's `OPERATOR_HELM_VALUES`, if it has them,
+added to the install); on node agents one standalone replica. A module that needs more
+defines its own `operator`."""
 
 from __future__ import annotations
 
@@ -9,14 +11,27 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.diagnostics import snapshot
-from tests.e2e.harness import Cluster, InstalledOperator, OperatorProcess, running_operator
+from tests.e2e.harness import (
+    Cluster,
+    InstalledOperator,
+    OperatorProcess,
+    RealCluster,
+    installed_operator,
+    running_operator,
+)
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, tmp_path_factory.mktemp("operator")) as process:
-        yield process
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[OperatorProcess | InstalledOperator]:
+    log_dir = tmp_path_factory.mktemp("operator")
+    if isinstance(cluster, RealCluster):
+        values = tuple(getattr(request.module, "OPERATOR_HELM_VALUES", ()))
+        with installed_operator(cluster, log_dir, *values) as installed:
+            yield installed
+    else:
+        with running_operator(cluster, log_dir) as process:
+            yield process
 
 
 @pytest.hookimpl(wrapper=True)

@@ -20,7 +20,6 @@ from tests.e2e.harness import (
     NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
-    installed_operator,
     real_cluster,
     wait_for,
 )
@@ -47,13 +46,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     # Short: the kubelet's socket paths live under each node's directory.
     with real_cluster(tmp_path_factory.mktemp("mt"), SPOT_NODES) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[InstalledOperator]:
-    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
-        yield installed
 
 
 def _node(cluster: RealCluster, name: str) -> Any | None:

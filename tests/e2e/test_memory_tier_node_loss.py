@@ -20,7 +20,6 @@ from tests.e2e.harness import (
     NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
-    installed_operator,
     real_cluster,
     wait_for,
 )
@@ -61,15 +60,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[InstalledOperator]:
-    with installed_operator(cluster, tmp_path_factory.mktemp("operator"),
-                            "--set", "operator.restartInPlace=true",
-                            "--set", f"operator.nodeLostAfterSeconds={NODE_LOST_AFTER:g}",
-                            "--set", "operator.unschedulableTimeoutSeconds="
-                                     f"{UNSCHEDULABLE_TIMEOUT:g}") as installed:
-        yield installed
+# Added to the chart's install (tests/e2e/conftest.py's `operator`).
+OPERATOR_HELM_VALUES = (
+    "--set", "operator.restartInPlace=true",
+    "--set", f"operator.nodeLostAfterSeconds={NODE_LOST_AFTER:g}",
+    "--set", f"operator.unschedulableTimeoutSeconds={UNSCHEDULABLE_TIMEOUT:g}",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ from tests.e2e.harness import (
     NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
-    installed_operator,
     real_cluster,
     wait_for,
 )
@@ -58,13 +57,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[InstalledOperator]:
-    with installed_operator(cluster, tmp_path_factory.mktemp("operator"),
-                            "--set", f"operator.nodeLostAfterSeconds={NODE_LOST_AFTER:g}"
-                            ) as installed:
-        yield installed
+# Added to the chart's install (tests/e2e/conftest.py's `operator`).
+OPERATOR_HELM_VALUES = (
+    "--set", f"operator.nodeLostAfterSeconds={NODE_LOST_AFTER:g}",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,6 @@ from tests.e2e.harness import (
     InstalledOperator,
     RealCluster,
     assert_goodput_adds_up,
-    installed_operator,
     real_cluster,
     wait_for,
 )
@@ -42,13 +41,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     # Short: the kubelet's socket paths live under each node's directory.
     with real_cluster(tmp_path_factory.mktemp("op"), SPOT_NODES) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[InstalledOperator]:
-    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
-        yield installed
 
 
 def _reclaim(cluster: RealCluster, node: str) -> threading.Thread:

@@ -21,7 +21,6 @@ from tests.e2e.harness import (
     NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
-    installed_operator,
     real_cluster,
     wait_for,
 )
@@ -42,13 +41,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     # node is not recreated): one test per backend.
     with real_cluster(tmp_path_factory.mktemp("loop"), 4) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[InstalledOperator]:
-    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
-        yield installed
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ from tests.e2e.harness import (
     NEEDS_REAL_NODES,
     InstalledOperator,
     RealCluster,
-    installed_operator,
     real_cluster,
     wait_for,
 )
@@ -27,13 +26,6 @@ pytestmark = [
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     with real_cluster(tmp_path_factory.mktemp("recreate"), 2) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[InstalledOperator]:
-    with installed_operator(cluster, tmp_path_factory.mktemp("operator")) as installed:
-        yield installed
 
 
 def _owner_uids(objects: list[object]) -> set[str]:
