@@ -86,13 +86,15 @@ sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_clus
 from tardigrade_local.cluster import LocalCluster, operator_command  # noqa: E402
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS  # noqa: E402
 from tardigrade_local.demo import demo_job  # noqa: E402
-from tardigrade_local.disruptions import (  # noqa: E402
+from tardigrade_local.gke.disruptions import (  # noqa: E402
     DEFAULT_REPLACE_AFTER_SECONDS,
     REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
 )
+from tardigrade_local.gke.nodes import (  # noqa: E402
+    DEFAULT_NODE_CAPACITY,
+    NodeConfig,
+)
 from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
-from tardigrade_local.kubelet import NodeConfig  # noqa: E402
-from tardigrade_local.kubelet.config import DEFAULT_NODE_CAPACITY  # noqa: E402
 from tardigrade_local.recovery_phases import (  # noqa: E402
     PHASES,
     median_phases,

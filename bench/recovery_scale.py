@@ -85,7 +85,7 @@ sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_clus
 
 from tardigrade_contract import contract  # noqa: E402
 from tardigrade_local.cluster import LocalCluster, simulated_nodes  # noqa: E402
-from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes  # noqa: E402
+from tardigrade_local.gke.tpuslices import SliceShape, slice_nodes  # noqa: E402
 
 NS = "default"
 JOB = "scale"

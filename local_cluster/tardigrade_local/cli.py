@@ -21,13 +21,14 @@ from tardigrade_local.cluster import (
     operator_command,
 )
 from tardigrade_local.cluster import simulated_nodes as make_simulated_nodes
-from tardigrade_local.disruptions import (
+from tardigrade_local.gke import tpuslices
+from tardigrade_local.gke.autoscaler import NodePool
+from tardigrade_local.gke.disruptions import (
     DEFAULT_REPLACE_AFTER_SECONDS,
     REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
 )
-from tardigrade_local.kubelet import ImageRule, NodeConfig, tpuslices
-from tardigrade_local.kubelet.autoscaler import NodePool
-from tardigrade_local.kubelet.config import DEFAULT_POOL
+from tardigrade_local.gke.nodes import DEFAULT_POOL, NodeConfig
+from tardigrade_local.kubelet import ImageRule
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.paths import StateLayout
 

@@ -38,11 +38,9 @@ import tardigrade_local
 from tardigrade_local import (
     gcs,
     gobuild,
-    hostmaintenance,
     identities,
     imagevenv,
     podnet,
-    realreclaim,
 )
 from tardigrade_local.apiproxy import ApiProxy
 from tardigrade_local.controlplane import (
@@ -51,21 +49,21 @@ from tardigrade_local.controlplane import (
     ControlPlane,
     ControlPlaneSettings,
 )
-from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
 from tardigrade_local.dockerfile import DockerfileError
+from tardigrade_local.gke import hostmaintenance, realreclaim
+from tardigrade_local.gke.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
+from tardigrade_local.gke.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
+from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.gke.provisioning import QueuedProvisioner
 from tardigrade_local.kubeconfig import write_kubeconfig
-from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings, NodeConfig
-from tardigrade_local.kubelet.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
+from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings
 from tardigrade_local.kubelet.config import (
-    DEFAULT_NODE_CAPACITY,
     NODE_LEASE_SECONDS,
     PODSITE_DIR,
-    project_python_path,
 )
-from tardigrade_local.kubelet.provisioning import QueuedProvisioner
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.lifetime import die_with_parent
-from tardigrade_local.paths import StateLayout
+from tardigrade_local.paths import StateLayout, project_python_path
 
 log = logging.getLogger(__name__)
 

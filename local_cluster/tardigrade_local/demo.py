@@ -22,8 +22,8 @@ from rich.console import Console
 
 from tardigrade_local.cluster import LocalCluster, operator_command, repo_root
 from tardigrade_local.demo_report import Marker, plot_losses, recovery_markers, write_table
-from tardigrade_local.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.gke.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
+from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.steplog import StepLog
 
 NAMESPACE = "default"

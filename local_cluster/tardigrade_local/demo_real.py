@@ -46,7 +46,7 @@ from tardigrade_local.demo import (
     demo_job,
 )
 from tardigrade_local.demo_report import plot_losses, recovery_markers, write_table
-from tardigrade_local.disruptions import Disruptor
+from tardigrade_local.gke.disruptions import Disruptor
 from tardigrade_local.logshipper import LogShipper
 from tardigrade_local.realcluster import SPOT_LABEL, RealNodeCluster, plan_nodes
 from tardigrade_local.steplog import StepLog

@@ -68,7 +68,7 @@ ROLES: dict[Identity, list[dict[str, Any]]] = {
         # maintenance (hostmaintenance.py).
         _rule([""], ["pods"], [*READ, "delete"]),
         _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"]),
-        # GKE's queued provisioning (kubelet/provisioning.py): the cluster autoscaler reads
+        # GKE's queued provisioning (gke/provisioning.py): the cluster autoscaler reads
         # ProvisioningRequests and their PodTemplates and answers in their status.
         _rule(["autoscaling.x-k8s.io"], ["provisioningrequests"], READ),
         _rule(["autoscaling.x-k8s.io"], ["provisioningrequests/status"], ["patch", "update"]),

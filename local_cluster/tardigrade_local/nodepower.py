@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from tardigrade_local.disruptions import (
+from tardigrade_local.gke.disruptions import (
     SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS_SECONDS,
     SHUTDOWN_GRACE_PERIOD_SECONDS,
 )

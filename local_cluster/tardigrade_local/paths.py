@@ -4,7 +4,7 @@ Everything lives under one state directory (default `.tardigrade/local` in the c
 directory) so that `tardigrade local down` can remove it in one step.
 
 Container logs: the kubelet writes each container's stdout and stderr in the CRI log format
-(`kubelet/crilog.py`) to `container_log(ns, pod, container)`, renaming the previous run's file
+(`crilog.py`) to `container_log(ns, pod, container)`, renaming the previous run's file
 to `previous_container_log(...)` when a container restarts. The API server does not read these
 files: like the real one it proxies `pods/{name}/log` to the kubelet endpoint of the pod's node
 (`kubelet/logs.py`, at the node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`).
@@ -87,3 +87,9 @@ class StateLayout:
     def container_pid(self, namespace: str, pod: str, container: str) -> Path:
         """The running container's process id (also its process group id)."""
         return self.pod_dir(namespace, pod) / f"{container}.pid"
+
+
+def project_python_path() -> list[str]:
+    """Source folders of this checkout, so pods import our packages without an install."""
+    repo = Path(__file__).resolve().parents[2]
+    return [str(repo / d) for d in ("local_cluster", "operator", "trainer_image")]

@@ -50,24 +50,23 @@ import psutil
 
 from tardigrade_local import (
     clustergcs,
-    hostmaintenance,
     identities,
     imagebuild,
     nodenet,
     realnode,
-    realreclaim,
 )
 from tardigrade_local.cluster import LocalCluster, repo_root
 from tardigrade_local.clusterapi import ClusterAPI
 from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.clustergcs import ClusterGCS
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
-from tardigrade_local.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
-from tardigrade_local.kubelet.client import ApiClient
-from tardigrade_local.kubelet.cloud import GkeCloud
-from tardigrade_local.kubelet.config import project_python_path
+from tardigrade_local.gke import hostmaintenance, realreclaim
+from tardigrade_local.gke.client import ApiClient
+from tardigrade_local.gke.cloud import GkeCloud
+from tardigrade_local.gke.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.nodenet import ClusterNetwork
+from tardigrade_local.paths import project_python_path
 from tardigrade_local.realnode import RealNode
 from tardigrade_local.registry import Registry, RegistryError
 
@@ -292,7 +291,7 @@ class RealNodeCluster:
         """GKE's scheduled host maintenance of node `name` (a GPU/TPU VM, which cannot
         live-migrate), as the node agents have it (`KubeletHost.schedule_maintenance`; sources
         in local_cluster/README.md, "Scheduled host maintenance"), GKE's part shared with
-        them (`hostmaintenance.py`, GKE's identity): labelled now with the start,
+        them (`gke/hostmaintenance.py`, GKE's identity): labelled now with the start,
         `in_seconds` from now (epoch seconds, returned); at the start tainted
         impending-node-termination:NoSchedule and its pods deleted with their own grace (at
         most 1 h) by GKE's maintenance handler, then the VM shuts down as for `reclaim`

@@ -12,7 +12,7 @@ import urllib3
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from tardigrade_local.kubelet import crilog
+from tardigrade_local import crilog
 from tardigrade_local.paths import StateLayout
 
 JOB_LABEL = "tardigrade.dev/job"

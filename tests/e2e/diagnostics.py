@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tardigrade_local.kubelet import crilog
+from tardigrade_local import crilog
 
 from tests.e2e.harness import NAMESPACE, Cluster, RealCluster
 

@@ -22,7 +22,7 @@ from kubernetes.client import (
     V1PodStatus,
     V1Taint,
 )
-from tardigrade_local.kubelet.crilog import CriLogWriter
+from tardigrade_local.crilog import CriLogWriter
 
 from tests.e2e import diagnostics
 

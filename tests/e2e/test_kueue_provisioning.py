@@ -1,6 +1,6 @@
 """TrainingJobs behind a ProvisioningRequest admission check (real Kueue v0.19.2, its
 provisioning controller on because the ProvisioningRequest CRD is installed), served by the
-local cluster's GKE queued provisioning (`kubelet/provisioning.py`, class
+local cluster's GKE queued provisioning (`gke/provisioning.py`, class
 `queued-provisioning.gke.io`) from a node pool that has no node until a request asks for
 some: the job's Workload reserves quota, Kueue creates the ProvisioningRequest, the job
 waits with no pod until GKE reports Provisioned, then Kueue admits it and the gang runs on
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from tardigrade_local.cluster import LocalCluster, simulated_nodes
-from tardigrade_local.kubelet.autoscaler import NodePool
-from tardigrade_local.kubelet.config import DEFAULT_NODE_CAPACITY, NodeConfig
-from tardigrade_local.kubelet.provisioning import QUEUED_PROVISIONING_CLASS, REQUEST_LABEL
+from tardigrade_local.gke.autoscaler import NodePool
+from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.gke.provisioning import QUEUED_PROVISIONING_CLASS, REQUEST_LABEL
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_operator.decision import queueing
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet.config import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_operator import naming
 from tardigrade_operator.decision import queueing

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 from kubernetes.client import ApiException
-from tardigrade_local.disruptions import IMPENDING_TERMINATION_TAINT, SCHEDULED_MAINTENANCE_LABEL
+from tardigrade_local.gke.disruptions import (
+    IMPENDING_TERMINATION_TAINT,
+    SCHEDULED_MAINTENANCE_LABEL,
+)
 
 from tests.e2e.harness import (
     NEEDS_REAL_NODES,

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
-from tardigrade_local.kubelet import NodeConfig
-from tardigrade_local.kubelet.autoscaler import NodePool
+from tardigrade_local.gke.autoscaler import NodePool
+from tardigrade_local.gke.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
+from tardigrade_local.gke.nodes import NodeConfig
 
 from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes
+from tardigrade_local.gke.tpuslices import SliceShape, slice_nodes
 
 from tests.e2e.harness import Cluster, OperatorProcess, running_operator, trainingjob, wait_for
 

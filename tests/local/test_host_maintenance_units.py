@@ -1,4 +1,4 @@
-"""GKE's part of a scheduled host maintenance (`hostmaintenance.py`), shared by the node agents
+"""GKE's part of a scheduled host maintenance (`gke/hostmaintenance.py`), shared by the node agents
 and the real nodes, without a cluster: the start, the handler's grace and order, its drain."""
 
 from __future__ import annotations
@@ -7,10 +7,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from tardigrade_local import hostmaintenance
-from tardigrade_local.disruptions import IMPENDING_TERMINATION_TAINT, SCHEDULED_MAINTENANCE_LABEL
-from tardigrade_local.kubelet.client import ApiError
-from tardigrade_local.kubelet.cloud import GkeCloud
+from tardigrade_local.gke import hostmaintenance
+from tardigrade_local.gke.client import ApiError
+from tardigrade_local.gke.cloud import GkeCloud
+from tardigrade_local.gke.disruptions import (
+    IMPENDING_TERMINATION_TAINT,
+    SCHEDULED_MAINTENANCE_LABEL,
+)
 
 
 def _pod(namespace: str, name: str, grace: int | None = None, phase: str = "Running",

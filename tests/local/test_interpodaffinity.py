@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tardigrade_local.kubelet import fitcheck
-from tardigrade_local.kubelet import interpodaffinity as ipa
-from tardigrade_local.kubelet.config import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.gke import fitcheck
+from tardigrade_local.gke import interpodaffinity as ipa
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
 from tardigrade_local.kubelet.node import node_object
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang

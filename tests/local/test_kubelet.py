@@ -18,9 +18,9 @@ import psutil
 import pytest
 from kube_helpers import Kube, condition, container_status, kubectl, python_pod, wait_for
 from kubernetes import client
-from tardigrade_local import disruptions as d
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.gke import disruptions as d
+from tardigrade_local.gke.nodes import NodeConfig
 
 pytestmark = pytest.mark.slow
 _names = itertools.count()

@@ -12,13 +12,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tardigrade_local import disruptions as d
-from tardigrade_local.kubelet import fitcheck, network
+from tardigrade_local.gke import disruptions as d
+from tardigrade_local.gke import fitcheck
+from tardigrade_local.kubelet import network
 from tardigrade_local.kubelet import podstatus as ps
-from tardigrade_local.kubelet.config import PODSITE_DIR, project_python_path
+from tardigrade_local.kubelet.config import PODSITE_DIR
 from tardigrade_local.kubelet.credentials import service_account_volume, write_pod_kubeconfig
 from tardigrade_local.kubelet.env import EnvError, container_env, expand
 from tardigrade_local.kubelet.images import ImageMap, ImagePullError, ImageRule, repository
+from tardigrade_local.paths import project_python_path
 
 from tests.conftest import REPO_ROOT
 
@@ -400,7 +402,7 @@ def test_a_shipped_image_gets_its_venv_path_and_env_but_not_the_checkout(tmp_pat
 def test_cri_log_records_round_trip_with_partial_lines_and_tail():
     import io
 
-    from tardigrade_local.kubelet import crilog
+    from tardigrade_local import crilog
 
     out = io.BytesIO()
     writer = crilog.CriLogWriter(out, "stdout")

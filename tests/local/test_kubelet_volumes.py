@@ -7,7 +7,7 @@ import json
 import pytest
 from kube_helpers import Kube, container_status, python_pod, wait_for
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.kubelet.volumes import EMPTY_DIR_PLUGIN
 
 pytestmark = pytest.mark.slow

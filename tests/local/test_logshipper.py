@@ -9,8 +9,7 @@ import threading
 from pathlib import Path
 
 import kubernetes
-from tardigrade_local import logshipper
-from tardigrade_local.kubelet import crilog
+from tardigrade_local import crilog, logshipper
 from tardigrade_local.logshipper import LogShipper, cri_line
 from tardigrade_local.steplog import StepLog
 

@@ -10,11 +10,11 @@ import pytest
 from kube_helpers import Kube, python_pod, wait_for
 from kubernetes.client import ApiException, V1Node
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.disruptions import (
+from tardigrade_local.gke.disruptions import (
     IMPENDING_TERMINATION_TAINT,
     SCHEDULED_MAINTENANCE_LABEL,
 )
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.gke.nodes import NodeConfig
 
 pytestmark = pytest.mark.slow
 

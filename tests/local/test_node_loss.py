@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kube_helpers import Kube, condition, container_status, python_pod, wait_for
 from kubernetes import client
-from tardigrade_local import disruptions as d
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.gke import disruptions as d
+from tardigrade_local.gke.nodes import NodeConfig
 
 pytestmark = pytest.mark.slow
 FOREVER = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.1)"

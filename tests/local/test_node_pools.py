@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from kube_helpers import Kube, python_pod, wait_for
 from tardigrade_local.cluster import ClusterConfig, LocalCluster
-from tardigrade_local.kubelet import NodeConfig
-from tardigrade_local.kubelet.autoscaler import (
+from tardigrade_local.gke.autoscaler import (
     MAX_SIZE_REACHED,
     NOT_TRIGGER_SCALE_UP,
     TRIGGERED_SCALE_UP,
@@ -19,7 +18,7 @@ from tardigrade_local.kubelet.autoscaler import (
     is_unschedulable,
     plan_scale_up,
 )
-from tardigrade_local.kubelet.config import DEFAULT_POOL, NODE_POOL_LABEL
+from tardigrade_local.gke.nodes import DEFAULT_POOL, NODE_POOL_LABEL, NodeConfig
 from tardigrade_local.kubelet.node import node_labels
 
 # Nodes of 2 cpus (the rest of the default capacity).

@@ -10,10 +10,9 @@ from typing import Any
 
 from tardigrade_local import kueue
 from tardigrade_local.cluster import ClusterConfig
-from tardigrade_local.kubelet import NodeConfig
-from tardigrade_local.kubelet.autoscaler import NodeAutoscaler, NodePool
-from tardigrade_local.kubelet.config import NODE_POOL_LABEL
-from tardigrade_local.kubelet.provisioning import plan_booking
+from tardigrade_local.gke.autoscaler import NodeAutoscaler, NodePool
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.gke.provisioning import plan_booking
 
 # Nodes of 2 cpus (the rest of the default capacity).
 SMALL = NodeConfig.from_dict({"name": "template", "capacity": {"cpu": "2"}})

@@ -25,7 +25,7 @@ import tardigrade_local
 import yaml
 from kube_helpers import kubectl, wait_for
 from tardigrade_local.clustergcs import env_vars
-from tardigrade_local.disruptions import SCHEDULED_MAINTENANCE_LABEL
+from tardigrade_local.gke.disruptions import SCHEDULED_MAINTENANCE_LABEL
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realcluster import SPOT_LABEL
 from tardigrade_local.realnode import RealNode

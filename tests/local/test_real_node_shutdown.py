@@ -14,7 +14,7 @@ import pytest
 from kube_helpers import Kube, condition, container_status, wait_for
 from tardigrade_local import nodeimage, nodepower
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.disruptions import (
+from tardigrade_local.gke.disruptions import (
     DISRUPTION_TARGET,
     NODE_SHUTDOWN_MESSAGE,
     NODE_SHUTDOWN_NODE_MESSAGE,

@@ -33,14 +33,13 @@ from typing import Any
 import pytest
 from kube_helpers import Kube, PodRecorder, condition, container_status, wait_for
 from kubernetes import client
-from tardigrade_local import nodeimage
+from tardigrade_local import crilog, nodeimage
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.disruptions import (
+from tardigrade_local.gke.disruptions import (
     DISRUPTION_TARGET,
     REASON_TERMINATION_BY_KUBELET,
     Disruptor,
 )
-from tardigrade_local.kubelet import crilog
 from tardigrade_local.realcluster import (
     CHECKPOINT_CLAIM,
     OPERATOR_NAMESPACE,

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from kube_helpers import Kube, condition, container_status, python_pod, wait_for
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet import NodeConfig
+from tardigrade_local.gke.nodes import NodeConfig
 
 pytestmark = pytest.mark.slow
 GATES = {"ContainerRestartRules": True, "RestartAllContainersOnContainerExits": True}

@@ -8,8 +8,8 @@ import json
 import pytest
 from kube_helpers import Kube, condition, container_status, wait_for
 from tardigrade_contract import contract
-from tardigrade_local import disruptions as d
 from tardigrade_local.cluster import LocalCluster, simulated_nodes
+from tardigrade_local.gke import disruptions as d
 from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
 
 pytestmark = pytest.mark.slow

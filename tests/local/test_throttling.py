@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
-from tardigrade_local.kubelet import client as kubelet_client
+from tardigrade_local.gke import client as kubelet_client
 from tardigrade_sdk import peerauth
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from kube_helpers import Kube, python_pod, wait_for
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet import NodeConfig, tpuslices
-from tardigrade_local.kubelet.config import NODE_POOL_LABEL
-from tardigrade_local.kubelet.tpuslices import SliceShape, slice_nodes, slice_of
+from tardigrade_local.gke import tpuslices
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.gke.tpuslices import SliceShape, slice_nodes, slice_of
 from tardigrade_operator.rendering.slice_placement import SLICE_LABEL, exclusive_affinity
 
 SHAPE = SliceShape("tpu-v5-lite-podslice", "2x4", 4)

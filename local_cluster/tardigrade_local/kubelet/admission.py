@@ -22,7 +22,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from tardigrade_local.kubelet.fitcheck import pod_requests
+from tardigrade_local.gke.fitcheck import pod_requests
 
 # What `fitsRequest` compares, in its order; the rest of the requests are extended resources.
 NATIVE = ("cpu", "memory", "ephemeral-storage")

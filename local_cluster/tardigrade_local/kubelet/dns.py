@@ -21,8 +21,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from tardigrade_local.gke.client import ApiClient, Informer, core_path
 from tardigrade_local.kubelet import network
-from tardigrade_local.kubelet.client import ApiClient, Informer, core_path
 
 COALESCE_SECONDS = 0.2
 REFRESH_SECONDS = 1.0

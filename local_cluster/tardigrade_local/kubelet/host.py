@@ -26,14 +26,16 @@ from typing import Any
 
 from aiohttp import web
 
-from tardigrade_local import disruptions as d
-from tardigrade_local import hostmaintenance, identities
-from tardigrade_local.kubelet import admission, network, tpuslices
-from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path, group_path
-from tardigrade_local.kubelet.cloud import GkeCloud
-from tardigrade_local.kubelet.config import LEASE_RENEW_FRACTION, KubeletSettings, NodeConfig
+from tardigrade_local import identities
+from tardigrade_local.gke import disruptions as d
+from tardigrade_local.gke import hostmaintenance, tpuslices
+from tardigrade_local.gke.client import ApiClient, ApiError, Informer, core_path, group_path
+from tardigrade_local.gke.cloud import GkeCloud
+from tardigrade_local.gke.events import EventRecorder
+from tardigrade_local.gke.nodes import NodeConfig
+from tardigrade_local.kubelet import admission, network
+from tardigrade_local.kubelet.config import LEASE_RENEW_FRACTION, KubeletSettings
 from tardigrade_local.kubelet.dns import ClusterDns
-from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.logs import log_app
 from tardigrade_local.kubelet.node import kubelet_gates, node_object, node_status
 from tardigrade_local.kubelet.podstatus import ContainerRecord

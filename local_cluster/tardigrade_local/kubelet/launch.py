@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tardigrade_local.kubelet import crilog
-from tardigrade_local.kubelet.client import ApiClient, core_path
+from tardigrade_local import crilog
+from tardigrade_local.gke.client import ApiClient, core_path
 from tardigrade_local.kubelet.config import PODSITE_DIR, KubeletSettings
 from tardigrade_local.kubelet.credentials import service_account_volume, write_pod_kubeconfig
 from tardigrade_local.kubelet.env import container_env, expand, referenced_objects

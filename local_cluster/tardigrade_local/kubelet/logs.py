@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tardigrade_local.kubelet import crilog
+from tardigrade_local import crilog
 from tardigrade_local.kubelet.podstatus import ContainerRecord
 from tardigrade_local.paths import StateLayout
 

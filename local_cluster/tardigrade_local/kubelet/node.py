@@ -6,13 +6,9 @@ import platform
 from typing import Any
 
 from tardigrade_local import gobuild
-from tardigrade_local.kubelet.config import (
-    NODE_POOL_LABEL,
-    SIMULATED_ANNOTATION,
-    SIMULATED_RUNTIME_VERSION,
-    NodeConfig,
-)
-from tardigrade_local.kubelet.podstatus import now_rfc3339
+from tardigrade_local.gke.events import now_rfc3339
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
 from tardigrade_local.kubelet.restartrules import KubeletGates
 
 # What the node agents report, and whose behaviour they follow: the pinned release's kubelet.

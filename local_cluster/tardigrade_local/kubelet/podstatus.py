@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tardigrade_local.gke.events import now_rfc3339
+
 # Exit codes of processes killed by a signal, the way container runtimes report them.
 SIGNAL_EXIT_BASE = 128
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def exit_code(returncode: int) -> int:

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import psutil
 
-from tardigrade_local.kubelet.crilog import CriLogWriter
+from tardigrade_local.crilog import CriLogWriter
 from tardigrade_local.lifetime import die_with_parent
 
 MEMORY_POLL_SECONDS = 0.5

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
+from tardigrade_local.gke.client import ApiClient, ApiError, core_path
 from tardigrade_local.kubelet.credentials import service_account_name
 from tardigrade_local.kubelet.env import EnvError, field_value
 

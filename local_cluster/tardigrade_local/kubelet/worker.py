@@ -19,13 +19,13 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from tardigrade_local import disruptions as d
+from tardigrade_local.gke import disruptions as d
+from tardigrade_local.gke.client import ApiClient, ApiError, core_path
+from tardigrade_local.gke.events import EventRecorder
 from tardigrade_local.kubelet import admission
 from tardigrade_local.kubelet import podstatus as ps
-from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
 from tardigrade_local.kubelet.config import KubeletSettings
 from tardigrade_local.kubelet.env import EnvError
-from tardigrade_local.kubelet.events import EventRecorder
 from tardigrade_local.kubelet.images import ImagePullError
 from tardigrade_local.kubelet.launch import (
     container_launch,

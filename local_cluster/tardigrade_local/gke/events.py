@@ -6,13 +6,18 @@ Recording never blocks or fails the caller: events are best effort, as in Kubern
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from tardigrade_local.kubelet.client import ApiClient, ApiError, core_path
-from tardigrade_local.kubelet.podstatus import now_rfc3339
+from tardigrade_local.gke.client import ApiClient, ApiError, core_path
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 log = logging.getLogger(__name__)
 

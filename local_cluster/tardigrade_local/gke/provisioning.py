@@ -37,8 +37,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_local.kubelet.autoscaler import NOT_TRIGGER_SCALE_UP, NodePool, plan_scale_up
-from tardigrade_local.kubelet.client import ApiError, Informer, core_path, group_path
+from tardigrade_local.gke.autoscaler import NOT_TRIGGER_SCALE_UP, NodePool, plan_scale_up
+from tardigrade_local.gke.client import ApiError, Informer, core_path, group_path
 
 if TYPE_CHECKING:
     from tardigrade_local.kubelet.host import KubeletHost

@@ -6,7 +6,7 @@ holds its processes. The endpoint finds it by its record (`realnode.RECORDS_DIR`
 the egress routes of the cluster it joined) and acts on the machine as the cloud does:
 - a spot reclaim shuts the VM down (`RealNode.shutdown`: logind, the real kubelet's graceful
   node shutdown, the power-off), then the VM is gone and GKE's cloud node lifecycle controller
-  deletes its Node object (`kubelet/cloud.py`). The node pool does not recreate it here: the
+  deletes its Node object (`gke/cloud.py`). The node pool does not recreate it here: the
   process that started it would have to;
 - a lost VM (`RealNode.halt`): everything killed at once; the Node object stays;
 - scheduled host maintenance (`maintain`): the label at once, then at the start GKE's
@@ -23,8 +23,8 @@ import contextlib
 import json
 from pathlib import Path
 
-from tardigrade_local import hostmaintenance
-from tardigrade_local.kubelet.cloud import GkeCloud
+from tardigrade_local.gke import hostmaintenance
+from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.realnode import RECORDS_DIR, RealNode
 
 

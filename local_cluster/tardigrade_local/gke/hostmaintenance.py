@@ -25,13 +25,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tardigrade_local.disruptions import (
+from tardigrade_local.gke.client import ApiError, core_path
+from tardigrade_local.gke.cloud import GkeCloud
+from tardigrade_local.gke.disruptions import (
     IMPENDING_TERMINATION_TAINT,
     MAINTENANCE_POD_GRACE_SECONDS,
     SCHEDULED_MAINTENANCE_LABEL,
 )
-from tardigrade_local.kubelet.client import ApiError, core_path
-from tardigrade_local.kubelet.cloud import GkeCloud
 
 IMPENDING_TERMINATION = {"key": IMPENDING_TERMINATION_TAINT, "effect": "NoSchedule"}
 # What Kubernetes gives a pod that sets no terminationGracePeriodSeconds.

@@ -20,7 +20,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from tardigrade_local.kubelet import interpodaffinity
+from tardigrade_local.gke import interpodaffinity
 
 Obj = Mapping[str, Any]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from tardigrade_local.kubelet.client import ApiClient, ApiError, Informer, core_path
-from tardigrade_local.kubelet.events import EventRecorder
+from tardigrade_local.gke.client import ApiClient, ApiError, Informer, core_path
+from tardigrade_local.gke.events import EventRecorder
 
 
 class GkeCloud:

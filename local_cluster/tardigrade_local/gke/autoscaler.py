@@ -28,10 +28,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tardigrade_local.disruptions import TAINT_NOT_READY, TAINT_UNREACHABLE
-from tardigrade_local.kubelet import fitcheck
-from tardigrade_local.kubelet.client import Informer, core_path
-from tardigrade_local.kubelet.config import NodeConfig
+from tardigrade_local.gke import fitcheck
+from tardigrade_local.gke.client import Informer, core_path
+from tardigrade_local.gke.disruptions import TAINT_NOT_READY, TAINT_UNREACHABLE
+from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.kubelet.node import node_object
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class NodePool:
     `queued_provisioning`: GKE's `--enable-queued-provisioning` (the API's
     `NodePool.queuedProvisioning.enabled`: nodes "can be only obtained through queuing via
     the Cluster Autoscaler ProvisioningRequest API"): no ordinary scale-up grows it, only a
-    ProvisioningRequest does (kubelet/provisioning.py)."""
+    ProvisioningRequest does (gke/provisioning.py)."""
 
     name: str
     max_size: int

@@ -15,7 +15,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
-from tardigrade_local.kubelet.config import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
 
 TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
