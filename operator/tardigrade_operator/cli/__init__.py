@@ -163,27 +163,21 @@ def release(
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Where to leave the PNG and table.")] = Path(),
     quick: Annotated[bool, typer.Option(help="A shorter run (for CI).")] = False,
-    real_nodes: Annotated[bool, typer.Option(
-        "--real-nodes", help="On real nodes (real kubelet and containerd; Linux, root), the "
-        "operator installed with helm, checkpoints on the GCS emulator.")] = False,
 ) -> None:
-    """Run a TrainingJob on a local cluster through a preemption and a resize (local extra)."""
+    """Run a TrainingJob on a local cluster of real nodes (real kubelet and containerd; Linux,
+    root) through a spot reclaim and a resize (local extra)."""
     from rich.console import Console
 
     with needs_extra("local"):
         from tardigrade_local.demo import DemoSettings, run_demo
-        from tardigrade_local.demo_real import run_real_demo
 
+    if os.geteuid() != 0:
+        typer.echo("error: the demo needs root: its nodes are real kubelets and containerd "
+                   "(network namespaces, mounts, cgroups); run it as root", err=True)
+        raise typer.Exit(2)
     console = Console()
     settings = DemoSettings.quick() if quick else DemoSettings()
-    if not real_nodes:
-        result = run_demo(out, settings, console)
-    elif os.geteuid() != 0:
-        typer.echo("error: --real-nodes needs root (network namespaces, mounts, cgroups): run "
-                   "the demo as root, or leave --real-nodes out", err=True)
-        raise typer.Exit(2)
-    else:
-        result = run_real_demo(out, settings, console)
+    result = run_demo(out, settings, console)
     console.print(result.table.read_text())
     console.print(f"[bold green]Loss curve:[/] {result.plot}")
     console.print(f"[bold green]Table:[/] {result.table}")
