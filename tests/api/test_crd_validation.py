@@ -4,6 +4,7 @@ structural schema, its CEL rules, its limits), through `dryRun=All`."""
 from __future__ import annotations
 
 import pytest
+from tardigrade_operator.api.parse import parse_trainingjob
 
 from tests.conftest import EXAMPLES, bad_trainingjob_cases, load_yaml
 
@@ -21,3 +22,11 @@ def test_crd_schema_rejects_bad_input_naming_the_field(case, shared_api):
     assert causes, "accepted by the CRD schema"
     field = case["field"]
     assert any(c.field == field or field in c.message for c in causes), [str(c) for c in causes]
+
+
+@pytest.mark.parametrize("when_busy", ["skip", "wait"])
+def test_memory_tier_when_busy_values_pass_the_crd_schema_and_the_models(when_busy, shared_api):
+    document = load_yaml(EXAMPLES / "trainingjob.yaml")
+    document["spec"]["checkpoint"]["memoryTier"] = {"interval": 5, "whenBusy": when_busy}
+    assert shared_api.validate(document) == []
+    assert parse_trainingjob(document).spec.checkpoint.memory_tier.when_busy == when_busy

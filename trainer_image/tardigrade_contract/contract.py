@@ -139,8 +139,8 @@ ENV_MEMORY_TIER_DIR = "TARDIGRADE_MEMORY_TIER_DIR"
 ENV_MEMORY_TIER_INTERVAL = "TARDIGRADE_MEMORY_TIER_INTERVAL"
 ENV_MEMORY_TIER_REPLICAS = "TARDIGRADE_MEMORY_TIER_REPLICAS"
 # What a memory step does while the previous snapshot's commit still runs on some rank: skip
-# (the default: the loop never waits) or wait (the loop waits for it). Not rendered by the
-# operator: a job sets it in its container's env.
+# (the default: the loop never waits) or wait (the loop waits for it). Rendered from
+# spec.checkpoint.memoryTier.whenBusy.
 ENV_MEMORY_TIER_WHEN_BUSY = "TARDIGRADE_MEMORY_TIER_WHEN_BUSY"
 MEMORY_TIER_SKIP = "skip"
 MEMORY_TIER_WAIT = "wait"
@@ -309,8 +309,8 @@ class TrainerEnvironment:
         if self.memory_tier_interval is not None:
             env[ENV_MEMORY_TIER_REPLICAS] = str(self.memory_tier_replicas)
             env[ENV_REPLICA_PORT] = str(self.replica_port)
-            if self.memory_tier_when_busy != MEMORY_TIER_SKIP:
-                env[ENV_MEMORY_TIER_WHEN_BUSY] = self.memory_tier_when_busy
+            # Always, the default too: the pod spec says what its trainer does.
+            env[ENV_MEMORY_TIER_WHEN_BUSY] = self.memory_tier_when_busy
         return env
 
     @classmethod

@@ -532,6 +532,13 @@ class MemoryTierSpec(ApiModel):
         "against the pod's memory limit). It holds the newest 2 snapshots of the rank's own "
         "shards and of each rank it keeps replicas for: about 2 x (1 + replicas) x the state's "
         "bytes per host. Unset: no limit of its own.")
+    # The values are the contract's (MEMORY_TIER_SKIP, MEMORY_TIER_WAIT): a Literal of plain
+    # strings, so that the CRD schema gets an enum.
+    when_busy: Literal["skip", "wait"] = Field(
+        "skip", description="What a memory step does while the previous snapshot's commit "
+        "(write and sends) still runs on some rank. skip: every rank skips that step's "
+        "snapshot, at most 2 in a row, and the loop never waits. wait: the loop waits for the "
+        "commit, which costs throughput whenever a commit outlasts the interval.")
 
 
 class InitFrom(ApiModel):

@@ -153,7 +153,8 @@ def memory_tier_environment(memory: types.MemoryTierSpec | None) -> dict[str, An
         return {}
     return {"memory_tier_dir": contract.MEMORY_TIER_VOLUME_PATH,
             "memory_tier_interval": memory.interval,
-            "memory_tier_replicas": memory.replicas}
+            "memory_tier_replicas": memory.replicas,
+            "memory_tier_when_busy": memory.when_busy}
 
 
 def memory_tier_volume(memory: types.MemoryTierSpec) -> dict[str, Any]:
