@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
+from kubernetes import watch
 from tardigrade_local import nodeimage
 from tardigrade_local.realcluster import plan_nodes
 from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES
@@ -214,6 +216,82 @@ def _assert_kept_and_recreated(before: dict[str, Any], after: dict[str, Any],
 WORLD_ANNOTATION = "tardigrade.dev/world"
 
 
+@dataclasses.dataclass(frozen=True)
+class PodEvent:
+    pod: str
+    attempt: str  # the pod's attempt label in this event
+    restarts: int  # its container's restart count
+
+
+class PodEvents:
+    """A job's pod watch events in the order the API server sent them, from a list's version
+    on: whether a kept pod was written while its container restarted shows in the order."""
+
+    def __init__(self, cluster: RealCluster, job: str) -> None:
+        selector = f"tardigrade.dev/job={job}"
+        listed = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector)
+        self.seen: list[PodEvent] = []
+        self._stopped = False
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True, args=(
+            cluster, selector, listed.metadata.resource_version))
+        self._thread.start()
+
+    def _run(self, cluster: RealCluster, selector: str, version: str) -> None:
+        try:
+            for event in self._watch.stream(cluster.core.list_namespaced_pod, NAMESPACE,
+                                            label_selector=selector, resource_version=version,
+                                            timeout_seconds=int(NODE_BACK_SECONDS
+                                                                + TRAIN_SECONDS)):
+                pod = event["object"]
+                self.seen.append(PodEvent(pod.metadata.name,
+                                          pod.metadata.labels["tardigrade.dev/attempt"],
+                                          _restarts(pod)))
+        except urllib3.exceptions.ProtocolError:
+            if not self._stopped:  # a stream cut by stop() is fine, any other is not
+                raise
+
+    def stop(self) -> list[PodEvent]:
+        self._stopped = True
+        self._watch.stop()
+        return list(self.seen)
+
+
+def _assert_kept_pods_joined_after_the_gang_ran(cluster: RealCluster, name: str,
+                                                kept: set[str], recovery: dict[str, Any],
+                                                events: PodEvents,
+                                                operator: InstalledOperator) -> None:
+    """Every pod of the new attempt carries its world; a kept pod gets the new attempt's label
+    only once the whole gang runs again, so no pod write competes with its restart."""
+    labelled = wait_for(lambda: (pods := [p for p in cluster.pods(name)
+                                          if p.metadata.labels["tardigrade.dev/attempt"] == "2"
+                                          and p.metadata.deletion_timestamp is None])
+                        and len(pods) == 3 and pods, 120, "every pod labelled anew")
+    worlds = {p.metadata.name: json.loads(p.metadata.annotations[WORLD_ANNOTATION])
+              for p in labelled}
+    assert {w["attempt"] for w in worlds.values()} == {2}, worlds
+    assert sorted(w["processId"] for w in worlds.values()) == [0, 1, 2], worlds
+    assert kept <= set(worlds), (kept, worlds)
+    # The kept pods' worlds name the step the gang restored (the pin), as the new pod's does.
+    assert {worlds[pod]["restoreStep"] for pod in kept} == {str(recovery["restoreStep"])}
+    seen = events.stop()
+    relabels = [i for i, e in enumerate(seen) if e.pod in kept and e.attempt == "2"]
+    assert relabels, seen
+    if _in_process(operator):
+        # The gang met again on rank 0's report of the new attempt, not a container restart.
+        assert recovery.get("gangFormedTime"), recovery
+        return
+    restarted = [next(i for i, e in enumerate(seen) if e.pod == pod and e.restarts >= 1)
+                 for pod in kept]
+    assert min(relabels) > max(restarted), (restarted, relabels)
+    for pod in kept:
+        # The kept rank's own world came with the request, not with a pod patch: the trainer
+        # said which attempt it saved for as its container ended.
+        status = cluster.core.read_namespaced_pod(pod, NAMESPACE).status.container_statuses[0]
+        saved = json.loads(status.last_state.terminated.message)
+        assert saved["attempt"] == 1, saved
+
+
 def _rule_pod(name: str, node: str) -> dict[str, Any]:
     """A container with the trainer's restart rule and, as the trainer has, an env var from
     an annotation: it runs until told to go, then exits 77; restarted, it runs on if the
@@ -313,6 +391,7 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: RealCluste
     before = _pods(cluster, name)
     assert {p.spec.node_name for p in before.values()} == {"real-2", "real-3", OLD_NODE}
     victim = next(p for p in before.values() if p.spec.node_name == VICTIM_NODE)
+    events = PodEvents(cluster, name)
     # The reclaim returns once the VM is off; the pool recreates it a moment later, where the
     # lost rank's new pod goes (one trainer per node).
     reclaim = threading.Thread(target=cluster.real.reclaim,
@@ -321,6 +400,9 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: RealCluste
     _wait_running(cluster, log, name, "attempt", 2, "the gang running again")
     after = _pods(cluster, name)
     _assert_kept_and_recreated(before, after, {victim.metadata.name}, operator, log)
+    kept = {pod for pod in before if pod in after}
+    _assert_kept_pods_joined_after_the_gang_ran(
+        cluster, name, kept, cluster.status(name)["recoveries"][0], events, operator)
     status = cluster.wait_phase(name, {"Succeeded"}, timeout=FINISH_SECONDS, collector=log)
     operator.assert_alive()
     assert status["restarts"]["preemptions"] == 1 and status["restarts"]["failures"] == 0
