@@ -8,13 +8,14 @@ an image registry (`registry.py`) with the operator and trainer-cpu images built
 network (`nodenet.py`), cluster DNS (`clusterdns.py`), the `kubernetes` Service's endpoint for
 pods (`clusterapi.py`), the GCS emulator's Service for pods (`clustergcs.py`: trainers
 checkpoint to `gs://GCS_BUCKET/...` with `gcs_pod_env()` in their TrainingJob's `env`;
-`gcs=False` leaves the emulator and its Service out), the real nodes (`realnode.py`; spot ones
-labelled `cloud.google.com/gke-spot=true`, as GKE does), and a ReadWriteMany PersistentVolume
-over one host directory every node mounts, bound to a claim (`CHECKPOINT_CLAIM`), where
-trainers may checkpoint instead (a shared filesystem; a claim is what the chart's admission
-lets a trainer mount). `install_operator` is `helm install` of the chart with the registry's
-operator image. `stop` takes everything down in the reverse order and leaves nothing on the
-machine (`leftovers`).
+`gcs=False` leaves the emulator and its Service out), the real nodes (`realnode.py`, each as
+its `NodeConfig` says, `nodeshape.py`; spot ones labelled `cloud.google.com/gke-spot=true`, as
+GKE does; with `pools=`, the cluster autoscaler, which starts more), and a ReadWriteMany
+PersistentVolume over one host directory every node mounts, bound to a claim
+(`CHECKPOINT_CLAIM`), where trainers may checkpoint instead (a shared filesystem; a claim is
+what the chart's admission lets a trainer mount). `install_operator` is `helm install` of the
+chart with the registry's operator image. `stop` takes everything down in the reverse order and
+leaves nothing on the machine (`leftovers`).
 
 With `kueue=True` the control plane runs Kueue's manager (`kueue.py`) before anything else
 starts, so the operator the chart installs serves Workloads from its first pass (it learns
