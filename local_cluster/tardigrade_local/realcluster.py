@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO, TypeVar
@@ -310,8 +310,10 @@ class RealNodeCluster:
         return self._pool_cloud
 
     def pool_sizes(self) -> Counter[str]:
+        """Nodes running in each pool, less those going that are counted as on their way."""
         with self._lock:
-            return Counter(self._plan_of(name).node_config().pool for name in self.nodes)
+            return Counter(self._plan_of(name).node_config().pool for name in self.nodes
+                           if name not in self.recreating)
 
     def upcoming_nodes(self) -> list[NodeConfig]:
         with self._lock:
@@ -400,10 +402,11 @@ class RealNodeCluster:
         caller picks it); the new VM has a fresh disk (a new node directory; the old one's
         pod logs stay, `retired`). Returns logind's account of the shutdown."""
         node = self._node(name)
-        account = node.shutdown()
-        with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
-            kubernetes.client.CoreV1Api(api).delete_node(name)
-        self._retire(node, replace_after_seconds)
+        with self._coming_back(name, replace_after_seconds):
+            account = node.shutdown()
+            with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
+                kubernetes.client.CoreV1Api(api).delete_node(name)
+            self._retire(node, replace_after_seconds)
         return account
 
     def halt(self, name: str, back_after_seconds: float | None = None) -> None:
@@ -416,8 +419,9 @@ class RealNodeCluster:
         `reclaim`'s recreation (a fresh disk: a new node directory), and its kubelet
         registers with the Node object that stayed."""
         node = self._node(name)
-        node.halt()
-        self._retire(node, back_after_seconds)
+        with self._coming_back(name, back_after_seconds):
+            node.halt()
+            self._retire(node, back_after_seconds)
 
     def schedule_maintenance(self, name: str, in_seconds: float,
                              back_after_seconds: float | None = DEFAULT_REPLACE_AFTER_SECONDS
@@ -488,6 +492,24 @@ class RealNodeCluster:
         if node is None:
             raise RealClusterError(f"no running node {name!r} (running: {sorted(self.nodes)})")
         return node
+
+    @contextlib.contextmanager
+    def _coming_back(self, name: str, back_after_seconds: float | None) -> Iterator[None]:
+        """While node `name`'s VM goes, one its pool will recreate is already on its way
+        (`recreating`, which the autoscaler counts as upcoming), as the instance group
+        recreates it from the moment it was lost: pods its shutdown fails are not a reason
+        to grow another pool meanwhile."""
+        if back_after_seconds is None:
+            yield
+            return
+        with self._lock:
+            self.recreating[name] = self._plan_of(name).node_config()
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                self.recreating.pop(name, None)
+            raise
 
     def _retire(self, node: RealNode, back_after_seconds: float | None) -> None:
         """The VM of `node` is gone (its directory kept, `retired`); with
