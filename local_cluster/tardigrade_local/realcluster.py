@@ -620,6 +620,8 @@ class RealNodeCluster:
         """Stop everything started, in the reverse order (a node being recreated first
         finishes starting), then remove the registry's storage (the images pushed, hundreds
         of MB; a new cluster pushes them again). Idempotent."""
+        with self._lock:
+            self._stopping = True  # no scale-up starts a node from now on
         self._stop_autoscaler()
         threads = self._settle_recreations()  # and no more of anything
         with self._lock:
