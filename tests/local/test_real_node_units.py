@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tardigrade_local import egressproxy, gobuild, noderegistry, nodeshape
 from tardigrade_local.gke.nodes import NodeConfig
-from tardigrade_local.realcluster import SPOT_LABEL, NodePlan, plan_nodes
+from tardigrade_local.realcluster import SPOT_LABEL, NodePlan, RealNodeCluster, plan_nodes
 from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES, Addresses, RealNode
 
 
@@ -220,3 +220,20 @@ def test_a_real_node_refuses_a_config_larger_than_the_machine_before_starting(tm
     with pytest.raises(nodeshape.NodeShapeError, match=r"capacity.cpu 4096 is more"):
         RealNode("n", tmp_path, "https://127.0.0.1:6443", tmp_path,
                  config=NodeConfig("n", capacity={"cpu": "4096"}))
+
+
+def test_a_vm_its_pool_recreates_is_on_its_way_from_the_moment_it_goes(tmp_path):
+    real = RealNodeCluster(tmp_path, plan_nodes(1, 1))
+    real.nodes = {name: RealNode(name, tmp_path / name, "", tmp_path)
+                  for name in ("real-1", "real-2")}
+    assert real.pool_sizes() == {"default-pool": 2} and real.upcoming_nodes() == []
+    with real._coming_back("real-2", 1.0):  # while its shutdown fails its pods
+        assert real.pool_sizes() == {"default-pool": 1}
+        [coming] = real.upcoming_nodes()
+        # As the autoscaler simulates it: the kubelet's figures are the machine's.
+        assert (coming.name, coming.labels, coming.capacity["cpu"]) == (
+            "real-2", {SPOT_LABEL: "true"}, f"{nodeshape.Machine.here().cpu_millis}m")
+    with pytest.raises(RuntimeError), real._coming_back("real-1", 1.0):
+        raise RuntimeError("the shutdown failed")
+    assert [c.name for c in real.upcoming_nodes()] == ["real-2"]
+    assert real.has_node("real-2") and not real.has_node("spot-pool-1")
