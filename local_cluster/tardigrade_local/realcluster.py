@@ -8,13 +8,14 @@ an image registry (`registry.py`) with the operator and trainer-cpu images built
 network (`nodenet.py`), cluster DNS (`clusterdns.py`), the `kubernetes` Service's endpoint for
 pods (`clusterapi.py`), the GCS emulator's Service for pods (`clustergcs.py`: trainers
 checkpoint to `gs://GCS_BUCKET/...` with `gcs_pod_env()` in their TrainingJob's `env`;
-`gcs=False` leaves the emulator and its Service out), the real nodes (`realnode.py`; spot ones
-labelled `cloud.google.com/gke-spot=true`, as GKE does), and a ReadWriteMany PersistentVolume
-over one host directory every node mounts, bound to a claim (`CHECKPOINT_CLAIM`), where
-trainers may checkpoint instead (a shared filesystem; a claim is what the chart's admission
-lets a trainer mount). `install_operator` is `helm install` of the chart with the registry's
-operator image. `stop` takes everything down in the reverse order and leaves nothing on the
-machine (`leftovers`).
+`gcs=False` leaves the emulator and its Service out), the real nodes (`realnode.py`, each as
+its `NodeConfig` says, `nodeshape.py`; spot ones labelled `cloud.google.com/gke-spot=true`, as
+GKE does; with `pools=`, the cluster autoscaler, which starts more), and a ReadWriteMany
+PersistentVolume over one host directory every node mounts, bound to a claim
+(`CHECKPOINT_CLAIM`), where trainers may checkpoint instead (a shared filesystem; a claim is
+what the chart's admission lets a trainer mount). `install_operator` is `helm install` of the
+chart with the registry's operator image. `stop` takes everything down in the reverse order and
+leaves nothing on the machine (`leftovers`).
 
 With `kueue=True` the control plane runs Kueue's manager (`kueue.py`) before anything else
 starts, so the operator the chart installs serves Workloads from its first pass (it learns
@@ -40,7 +41,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO, TypeVar
@@ -53,6 +55,7 @@ from tardigrade_local import (
     identities,
     imagebuild,
     nodenet,
+    nodeshape,
     realnode,
 )
 from tardigrade_local.cluster import LocalCluster, repo_root
@@ -61,9 +64,11 @@ from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.clustergcs import ClusterGCS
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
 from tardigrade_local.gke import hostmaintenance, realreclaim
+from tardigrade_local.gke.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
 from tardigrade_local.gke.client import ApiClient
 from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
+from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.paths import project_python_path
@@ -102,16 +107,42 @@ class RealClusterError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class NodePlan:
+    """A node to start: `config` (labels, taints, pool, allocatable resources; None: the
+    default pool, no taints, the whole machine allocatable), with `spot` adding GKE's spot
+    label and `kubelet_feature_gates` over the config's."""
+
     name: str
     spot: bool = False
     # The kubelet's feature gates over its release's defaults (`RealNode`'s `feature_gates`).
     kubelet_feature_gates: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    config: NodeConfig | None = None
+
+    @classmethod
+    def of(cls, config: NodeConfig) -> NodePlan:
+        return cls(config.name, spot=config.labels.get(SPOT_LABEL) == "true", config=config)
+
+    def node_config(self) -> NodeConfig:
+        """The node as `RealNode` makes it (`nodeshape.py`); an empty capacity leaves the
+        kubelet's figures (the machine's) alone."""
+        base = self.config if self.config is not None else NodeConfig(self.name, capacity={})
+        labels = {**base.labels, **({SPOT_LABEL: "true"} if self.spot else {})}
+        return dataclasses.replace(base, name=self.name, labels=labels,
+                                   feature_gates={**base.feature_gates,
+                                                  **self.kubelet_feature_gates})
 
 
 def plan_nodes(nodes: int, spot_nodes: int) -> list[NodePlan]:
     """`real-1`... in order: the ordinary nodes first (the chart keeps the operator off spot
     nodes), then the spot ones."""
     return [NodePlan(f"real-{i}", spot=i > nodes) for i in range(1, nodes + spot_nodes + 1)]
+
+
+def _simulable(config: NodeConfig) -> NodeConfig:
+    """`config` with the figures its kubelet reports from the machine where it leaves them
+    (an empty capacity), for the autoscaler's simulation of nodes on their way."""
+    machine = nodeshape.Machine.here().capacity()
+    return dataclasses.replace(config, capacity={
+        **machine, "pods": DEFAULT_NODE_CAPACITY["pods"], **config.capacity})
 
 
 def helm_binary() -> str:
@@ -131,13 +162,19 @@ class RealNodeCluster:
     Every directory lives under `directory`; a node's must stay within
     `realnode.MAX_DIRECTORY_CHARS` (unix socket paths), so keep `directory` short."""
 
-    def __init__(self, directory: Path, nodes: Sequence[NodePlan],
+    def __init__(self, directory: Path, nodes: Sequence[NodePlan | NodeConfig],
                  checkpoint_namespace: str = "default", gcs: bool = True, kueue: bool = False,
                  kueue_wait_for_pods_ready: WaitForPodsReady | None = None,
                  node_lease_seconds: int = realnode.NODE_LEASE_SECONDS,
                  node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
-                 node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS) -> None:
-        """`gcs`: run the GCS emulator (bucket `GCS_BUCKET`) and its Service for pods.
+                 node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS,
+                 pools: Sequence[NodePool] = (),
+                 autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS) -> None:
+        """`nodes`: the nodes to start (a `NodeConfig` is `NodePlan.of` it).
+        `pools`: node pools the cluster autoscaler grows (`gke/autoscaler.py`, scanning every
+        `autoscaler_scan_seconds`): a scale-up starts a real node of the pool's template,
+        named as the autoscaler names it, `provision_seconds` after.
+        `gcs`: run the GCS emulator (bucket `GCS_BUCKET`) and its Service for pods.
         `kueue`: run Kueue's manager (`LocalCluster(kueue=True)`), with
         `kueue_wait_for_pods_ready` (None: Kueue's default).
         `node_lease_seconds`: the kubelets' nodeLeaseDurationSeconds (renewed every quarter
@@ -145,6 +182,7 @@ class RealNodeCluster:
         kube-controller-manager's --node-monitor-grace-period and --node-monitor-period (a
         node whose Lease went unrenewed that long turns Unknown); the grace must exceed the
         renew interval."""
+        nodes = [n if isinstance(n, NodePlan) else NodePlan.of(n) for n in nodes]
         names = [n.name for n in nodes]
         if not names:
             raise ValueError("a real-node cluster needs at least one node")
@@ -152,6 +190,15 @@ class RealNodeCluster:
             raise ValueError(f"node names repeat: {names}")
         self.directory = directory.absolute()
         self.plan = list(nodes)
+        self.pools = list(pools)
+        self.autoscaler_scan_seconds = autoscaler_scan_seconds
+        # Reclaimed VMs their pool is recreating, by name (what the autoscaler counts as on
+        # their way, as it does KubeletHost's).
+        self.recreating: dict[str, NodeConfig] = {}
+        # The autoscaler's thread, its loop and its GKE client, while it runs.
+        self._autoscaler: tuple[threading.Thread, asyncio.AbstractEventLoop,
+                                asyncio.Event] | None = None
+        self._pool_cloud: GkeCloud | None = None
         self.checkpoint_namespace = checkpoint_namespace
         self.cluster = LocalCluster(self.directory / "control", nodes=[], with_gcs=gcs,
                                     buckets=[GCS_BUCKET],
@@ -233,15 +280,18 @@ class RealNodeCluster:
         with self.kube() as api:
             progress(f"checkpoint volume {CHECKPOINT_CLAIM} ({self.checkpoints})")
             self._offer_checkpoints(kubernetes.client.CoreV1Api(api))
+        if any(not p.queued_provisioning for p in self.pools):
+            progress(f"the cluster autoscaler ({', '.join(p.name for p in self.pools)})")
+            self._start_autoscaler()
 
     def _start_node(self, plan: NodePlan, directory: Path) -> RealNode:
-        """Start a node (a VM boots, its kubelet registers), labelled as its pool labels
-        it."""
+        """Start a node (a VM boots, its kubelet registers) as its pool makes it: labels,
+        taints, allocatable resources (`plan.node_config()`, `nodeshape.py`)."""
         index = self.plan.index(plan) + 1
         node = RealNode.for_cluster(self.cluster.info, plan.name, directory, index=index,
                                     registry=self.registry.host, network=self.network,
-                                    feature_gates=plan.kubelet_feature_gates,
-                                    node_lease_seconds=self.node_lease_seconds)
+                                    node_lease_seconds=self.node_lease_seconds,
+                                    config=plan.node_config())
         with self._lock:
             if self._stopping:
                 raise RealClusterError(f"node {plan.name}: the cluster is stopping")
@@ -249,11 +299,97 @@ class RealNodeCluster:
             self.nodes[plan.name] = node
             self._stack.callback(node.stop)
         node.start()
-        if plan.spot:
-            with self.kube() as api:
-                kubernetes.client.CoreV1Api(api).patch_node(
-                    plan.name, {"metadata": {"labels": {SPOT_LABEL: "true"}}})
         return node
+
+    # --- node pools and their autoscaler (gke/autoscaler.py's `NodePoolHost`) ---------------
+    @property
+    def cloud(self) -> GkeCloud:
+        """The autoscaler's GKE client (`identities.CLOUD`), on the autoscaler's loop."""
+        if self._pool_cloud is None:
+            raise RealClusterError("no cluster autoscaler runs (RealNodeCluster(pools=...))")
+        return self._pool_cloud
+
+    def pool_sizes(self) -> Counter[str]:
+        """Nodes running in each pool, less those going that are counted as on their way."""
+        with self._lock:
+            return Counter(self._plan_of(name).node_config().pool for name in self.nodes
+                           if name not in self.recreating)
+
+    def upcoming_nodes(self) -> list[NodeConfig]:
+        with self._lock:
+            return [_simulable(config) for config in self.recreating.values()]
+
+    def has_node(self, name: str) -> bool:
+        with self._lock:
+            return any(p.name == name for p in self.plan)
+
+    async def add_node(self, config: NodeConfig) -> None:
+        """A new VM of `config`'s pool boots and its kubelet registers (the node pool's
+        instance group grew); RealClusterError if it did not start."""
+        plan = NodePlan.of(config)
+        with self._lock:
+            if self._stopping:
+                raise RealClusterError(f"node {config.name}: the cluster is stopping")
+            if any(p.name == config.name for p in self.plan):
+                raise RealClusterError(f"node {config.name} already exists")
+            self.plan.append(plan)
+            settled = threading.Event()
+            thread = threading.Thread(
+                target=self._recreate, args=(plan, self.directory / "nodes" / plan.name, 0.0,
+                                             settled),
+                name=f"add-{plan.name}", daemon=True)
+            self._recreations.append((thread, settled))
+        thread.start()
+        await asyncio.to_thread(settled.wait)
+        if config.name not in self.nodes:
+            raise RealClusterError(f"node {config.name} did not start (the log says why)")
+
+    def _plan_of(self, name: str) -> NodePlan:
+        return next(p for p in self.plan if p.name == name)
+
+    def _start_autoscaler(self) -> None:
+        """The cluster autoscaler on a loop of its own thread, with GKE's identity."""
+        started = threading.Event()
+        failed: list[BaseException] = []
+
+        async def run() -> None:
+            done = asyncio.Event()
+            self._pool_cloud = GkeCloud(ApiClient(
+                self.cluster.api_url, self.cluster.identity_ssl_context(identities.CLOUD),
+                identities.CLOUD.common_name))
+            scaler = NodeAutoscaler(self, self.pools, self.autoscaler_scan_seconds)
+            try:
+                await scaler.start()
+                self._autoscaler = (threading.current_thread(), asyncio.get_running_loop(),
+                                    done)
+                started.set()
+                await done.wait()
+            finally:
+                await scaler.stop()
+                await self._pool_cloud.close()
+
+        def thread_main() -> None:
+            try:
+                asyncio.run(run())
+            except BaseException as err:  # raised by _start_autoscaler, or logged
+                failed.append(err)
+                log.exception("the cluster autoscaler stopped")
+            finally:
+                started.set()
+
+        thread = threading.Thread(target=thread_main, name="autoscaler", daemon=True)
+        thread.start()
+        started.wait()
+        if failed:
+            raise RealClusterError(f"the cluster autoscaler did not start: {failed[0]}")
+
+    def _stop_autoscaler(self) -> None:
+        running, self._autoscaler = self._autoscaler, None
+        if running is not None:
+            thread, loop, done = running
+            loop.call_soon_threadsafe(done.set)
+            # Its scale-ups under way finish starting their node first (`_recreate`).
+            thread.join(realnode.START_TIMEOUT_SECONDS + 60)
 
     # --- GKE's part --------------------------------------------------------------------------
     def reclaim(self, name: str, replace_after_seconds: float | None = None
@@ -266,10 +402,11 @@ class RealNodeCluster:
         caller picks it); the new VM has a fresh disk (a new node directory; the old one's
         pod logs stay, `retired`). Returns logind's account of the shutdown."""
         node = self._node(name)
-        account = node.shutdown()
-        with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
-            kubernetes.client.CoreV1Api(api).delete_node(name)
-        self._retire(node, replace_after_seconds)
+        with self._coming_back(name, replace_after_seconds):
+            account = node.shutdown()
+            with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
+                kubernetes.client.CoreV1Api(api).delete_node(name)
+            self._retire(node, replace_after_seconds)
         return account
 
     def halt(self, name: str, back_after_seconds: float | None = None) -> None:
@@ -282,8 +419,9 @@ class RealNodeCluster:
         `reclaim`'s recreation (a fresh disk: a new node directory), and its kubelet
         registers with the Node object that stayed."""
         node = self._node(name)
-        node.halt()
-        self._retire(node, back_after_seconds)
+        with self._coming_back(name, back_after_seconds):
+            node.halt()
+            self._retire(node, back_after_seconds)
 
     def schedule_maintenance(self, name: str, in_seconds: float,
                              back_after_seconds: float | None = DEFAULT_REPLACE_AFTER_SECONDS
@@ -355,6 +493,24 @@ class RealNodeCluster:
             raise RealClusterError(f"no running node {name!r} (running: {sorted(self.nodes)})")
         return node
 
+    @contextlib.contextmanager
+    def _coming_back(self, name: str, back_after_seconds: float | None) -> Iterator[None]:
+        """While node `name`'s VM goes, one its pool will recreate is already on its way
+        (`recreating`, which the autoscaler counts as upcoming), as the instance group
+        recreates it from the moment it was lost: pods its shutdown fails are not a reason
+        to grow another pool meanwhile."""
+        if back_after_seconds is None:
+            yield
+            return
+        with self._lock:
+            self.recreating[name] = self._plan_of(name).node_config()
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                self.recreating.pop(name, None)
+            raise
+
     def _retire(self, node: RealNode, back_after_seconds: float | None) -> None:
         """The VM of `node` is gone (its directory kept, `retired`); with
         `back_after_seconds` one boots under its name that long after, with a fresh disk."""
@@ -362,7 +518,8 @@ class RealNodeCluster:
             self.retired.append(node)
             del self.nodes[node.name]
             if back_after_seconds is not None and not self._stopping:
-                plan = next(p for p in self.plan if p.name == node.name)
+                plan = self._plan_of(node.name)
+                self.recreating[node.name] = plan.node_config()
                 generation = sum(1 for n in self.retired if n.name == node.name)
                 directory = self.directory / "nodes" / f"{node.name}.{generation}"
                 settled = threading.Event()
@@ -387,9 +544,11 @@ class RealNodeCluster:
             try:
                 self._start_node(plan, directory)
             except Exception:  # logged: the caller waits for the Node, and says what it saw
-                log.exception("node %s was not recreated", plan.name)
+                log.exception("node %s was not started", plan.name)
                 return
         finally:
+            with self._lock:
+                self.recreating.pop(plan.name, None)
             settled.set()
         self._stopped.wait()
 
@@ -461,6 +620,9 @@ class RealNodeCluster:
         """Stop everything started, in the reverse order (a node being recreated first
         finishes starting), then remove the registry's storage (the images pushed, hundreds
         of MB; a new cluster pushes them again). Idempotent."""
+        with self._lock:
+            self._stopping = True  # no scale-up starts a node from now on
+        self._stop_autoscaler()
         threads = self._settle_recreations()  # and no more of anything
         with self._lock:
             maintenances = list(self._maintenances)

@@ -58,8 +58,10 @@ from tardigrade_local import (
     nodeimage,
     nodepower,
     noderegistry,
+    nodeshape,
 )
 from tardigrade_local.controlplane import SERVICE_CIDR
+from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.kubeconfig import write_kubeconfig
 from tardigrade_local.lifetime import die_with_parent, orphan_records
 from tardigrade_local.nodefootprint import NodeFootprint, cgroup_hierarchies
@@ -120,7 +122,8 @@ class RealNode:
                  egress_routes: Path | None = None, registry: str | None = None,
                  network: ClusterNetwork | None = None,
                  network_policies: bool = False,
-                 feature_gates: Mapping[str, bool] | None = None) -> None:
+                 feature_gates: Mapping[str, bool] | None = None,
+                 config: NodeConfig | None = None) -> None:
         """`egress_routes`: the cluster's egress proxy's routes (`egressproxy.py`), without
         which kube-apiserver cannot reach this kubelet (no logs, exec or port-forward).
         `registry`: an image registry on this host's loopback (`Registry.host`,
@@ -135,12 +138,22 @@ class RealNode:
         release's defaults; kube-apiserver's are the cluster's (`ClusterConfig.feature_gates`).
         A gate another one depends on can be turned off only with its dependents
         (`ContainerRestartRules` with `RestartAllContainersOnContainerExits`): the kubelet
-        refuses to start otherwise (`KUBELET_WITHOUT_RESTART_RULES`)."""
+        refuses to start otherwise (`KUBELET_WITHOUT_RESTART_RULES`).
+        `config`: the node as its GKE node pool makes it (`nodeshape.py`): its labels and
+        pool label, taints, allocatable cpu/memory/pods and extended resources (its feature
+        gates join `feature_gates`); NodeShapeError at once if this machine cannot be it.
+        None: the kubelet's defaults, the whole machine allocatable."""
         if network_policies and network is None:
             raise ValueError("network_policies=True needs a cluster network (network=): "
                              "the enforcer filters traffic between nodes' pods")
         self.network_policies = network_policies
-        self.feature_gates = dict(feature_gates or {})
+        if config is not None and config.name != name:
+            raise ValueError(f"node {name}: its NodeConfig is named {config.name!r}")
+        self.config = config
+        self.shape = (nodeshape.shape(config, nodeshape.Machine.here())
+                      if config is not None else None)
+        self.feature_gates = {**(config.feature_gates if config else {}),
+                              **(feature_gates or {})}
         self.name = name
         self.directory = directory.absolute()
         self.api_url = api_url
@@ -166,14 +179,16 @@ class RealNode:
                     network: ClusterNetwork | None = None,
                     network_policies: bool = False,
                     feature_gates: Mapping[str, bool] | None = None,
-                    node_lease_seconds: int = NODE_LEASE_SECONDS) -> RealNode:
+                    node_lease_seconds: int = NODE_LEASE_SECONDS,
+                    config: NodeConfig | None = None) -> RealNode:
         """A node of the local cluster whose `cluster.json` is `info` (`LocalCluster.info`);
         start it with `ClusterConfig(node_egress=True)` for the API server to reach it."""
         routes = info.get("egress_routes")
         return cls(name, directory, str(info["direct_api_url"]), Path(info["ca_file"]).parent,
                    index=index, egress_routes=Path(routes) if routes else None,
                    registry=registry, network=network, network_policies=network_policies,
-                   feature_gates=feature_gates, node_lease_seconds=node_lease_seconds)
+                   feature_gates=feature_gates, node_lease_seconds=node_lease_seconds,
+                   config=config)
 
     # --- where things are --------------------------------------------------------------------
     @property
@@ -279,10 +294,14 @@ class RealNode:
             str(gobuild.binary("kubelet")), f"--config={self._write_kubelet_config()}",
             f"--kubeconfig={self.directory / 'etc' / 'kubelet.kubeconfig'}",
             f"--root-dir={self.directory / 'kubelet'}", f"--hostname-override={self.name}",
-            f"--node-ip={self.addresses.node_ip}", "--v=2"], extra_env=bus_env)
+            f"--node-ip={self.addresses.node_ip}", "--v=2",
+            *([f"--node-labels={self.shape.node_labels}"] if self.shape else [])],
+            extra_env=bus_env)
         if self.network is not None:
             self._start_kube_proxy()
         self._wait(deadline, f"Node {self.name} Ready", self._ready)
+        if self.shape is not None:
+            self._take_shape(deadline)
         if self.network_policies:
             # After the Node exists (it reads its address there), as a DaemonSet's pod would.
             self._start_network_policies()
@@ -449,6 +468,8 @@ imports = []
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "nodeLeaseDurationSeconds": self.node_lease_seconds,
             "serializeImagePulls": False,
+            # Taints, maxPods and the reservations of the node's NodeConfig (nodeshape.py).
+            **(self.shape.config if self.shape else {}),
             # Graceful node shutdown with GKE's grace (nodepower.py).
             **nodepower.KUBELET_SHUTDOWN_CONFIG,
             **self._cluster_dns_config(),
@@ -515,20 +536,56 @@ imports = []
                                str(self.containerd_socket), "version"], capture_output=True)
         return done.returncode == 0
 
-    def _ready(self) -> bool:
-        """The Node is Ready, read with the node's own credentials (the Node authorizer lets
-        a node read its own Node object)."""
+    def _node_request(self, method: str = "GET", body: Any = None,
+                      content_type: str = "application/json-patch+json") -> dict[str, Any]:
+        """A request about this node's Node object with the node's own credentials (the Node
+        authorizer lets a node read it and write its status; NodeRestriction lets it change
+        its status, not its labels or taints)."""
         pki = self.directory / "pki"
         context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         context.load_cert_chain(str(pki / "kubelet-client.crt"), str(pki / "kubelet-client.key"))
+        path = f"{self.api_url}/api/v1/nodes/{self.name}" + ("/status" if body else "")
+        request = urllib.request.Request(
+            path, method=method, data=json.dumps(body).encode() if body else None,
+            headers={"Content-Type": content_type} if body else {})
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return dict(json.loads(response.read()))
+
+    def _ready(self) -> bool:
+        """The Node is Ready, read with the node's own credentials."""
         try:
-            with urllib.request.urlopen(f"{self.api_url}/api/v1/nodes/{self.name}",
-                                        context=context, timeout=10) as response:
-                node = json.loads(response.read())
+            node = self._node_request()
         except (urllib.error.URLError, OSError, ValueError):
             return False
         return any(c["type"] == "Ready" and c["status"] == "True"
                    for c in node.get("status", {}).get("conditions", []))
+
+    def _take_shape(self, deadline: float) -> None:
+        """Advertise the config's extended resources (a PATCH of the Node's status capacity,
+        as no device plugin runs here: nodeshape.py), then wait until the Node shows the
+        config's allocatable: the kubelet derives the extended resources' allocatable in its
+        next status update (every nodeStatusUpdateFrequency, 10 s), which also shows that it
+        keeps them. Done on every start: a VM recreated under the name of a Node object that
+        stayed gets a kubelet that may zero them (`reconcileExtendedResource`)."""
+        assert self.shape is not None
+        shape = self.shape
+        if shape.extended:
+            self._node_request("PATCH", nodeshape.capacity_patch(shape.extended))
+        wrong: list[str] = []
+
+        def shaped() -> bool:
+            nonlocal wrong
+            try:
+                wrong = nodeshape.mismatches(shape, self._node_request())
+            except (urllib.error.URLError, OSError, ValueError) as err:
+                wrong = [str(err)]
+            return not wrong
+
+        try:
+            self._wait(deadline, f"Node {self.name} with its config's allocatable", shaped)
+        except RealNodeError as err:
+            raise RealNodeError(f"node {self.name} does not show its NodeConfig: "
+                                f"{'; '.join(wrong)}\n{err}") from err
 
     # --- power -------------------------------------------------------------------------------
     def shutdown(self) -> dict[str, Any]:

@@ -12,8 +12,17 @@ import sys
 
 import pytest
 from kube_helpers import Kube, condition, container_status, kubectl, wait_for
+from kubernetes.utils import parse_quantity
 from tardigrade_local import gobuild, nodeimage
 from tardigrade_local.cluster import LocalCluster
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
+from tardigrade_local.gke.tpuslices import (
+    SPOT_LABEL,
+    TPU_ACCELERATOR_LABEL,
+    TPU_RESOURCE,
+    TPU_TAINT,
+    TPU_TOPOLOGY_LABEL,
+)
 from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION
 from tardigrade_local.realnode import RealNode, sweep_orphans
 
@@ -101,6 +110,59 @@ def test_a_pod_runs_as_a_container_and_its_log_comes_through_the_api_server(
     assert "written by hello" in log
     # ...and the container ran in the node's own cgroups.
     assert f":memory:{node.cgroup_root}/kubepods/besteffort/pod{pod['metadata']['uid']}/" in log
+
+
+# A TPU host of a GKE node pool, as small as this machine allows (1 CPU, 1 GiB allocatable).
+TPU_NODE = NodeConfig(
+    "tpu-pool-1", labels={TPU_ACCELERATOR_LABEL: "tpu-v5-lite-podslice",
+                          TPU_TOPOLOGY_LABEL: "2x4", SPOT_LABEL: "true"},
+    taints=(TPU_TAINT,), capacity={"cpu": "1", "memory": "1Gi", "pods": "20",
+                                   TPU_RESOURCE: "4"}, pool="tpu-pool")
+
+
+def test_a_node_takes_its_pools_labels_taints_allocatable_and_tpu_chips(
+        cluster, kube, tmp_path_factory):
+    with RealNode.for_cluster(cluster.info, TPU_NODE.name, tmp_path_factory.mktemp("np"),
+                              index=3, config=TPU_NODE):
+        # Only the pool's taint once node lifecycle has taken its not-ready one off.
+        found = wait_for(lambda: (node := kube.plain(kube.core.read_node(TPU_NODE.name)))[
+            "spec"].get("taints") == [TPU_TAINT] and node, POD_TIMEOUT_SECONDS,
+                         what=f"{TPU_NODE.name} tainted as its pool taints it")
+        labels = found["metadata"]["labels"]
+        assert {k: labels.get(k) for k in TPU_NODE.labels} == dict(TPU_NODE.labels)
+        assert labels[NODE_POOL_LABEL] == "tpu-pool"
+        assert labels["kubernetes.io/hostname"] == TPU_NODE.name  # the kubelet's own stay
+        allocatable, capacity = found["status"]["allocatable"], found["status"]["capacity"]
+        # The machine's figures are the capacity; the rest is reserved for the system.
+        assert parse_quantity(allocatable["cpu"]) == 1
+        assert parse_quantity(allocatable["memory"]) == 2**30
+        assert parse_quantity(capacity["cpu"]) == os.cpu_count()
+        assert allocatable["pods"] == capacity["pods"] == "20"
+        assert capacity[TPU_RESOURCE] == allocatable[TPU_RESOURCE] == "4"
+        # The node advertised the chips in its status capacity; their allocatable is the
+        # kubelet's own doing, in a status update of its that kept them.
+        kubelet_fields = [json.dumps(m.get("fieldsV1")) for m in found["metadata"][
+            "managedFields"] if m["manager"] == "kubelet" and m.get("subresource") == "status"]
+        assert any('"f:allocatable"' in f and f'"f:{TPU_RESOURCE}"' in f
+                   for f in kubelet_fields), kubelet_fields
+        # A TPU pod is admitted by the real kubelet and runs there; a second asking for more
+        # chips than are left is not scheduled.
+        for name, chips in (("tpu-user", "4"), ("tpu-greedy", "1")):
+            kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                             "spec": {
+                "restartPolicy": "Never", "nodeSelector": {NODE_POOL_LABEL: "tpu-pool"},
+                "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists",
+                                 "effect": "NoSchedule"}],
+                "containers": [{"name": "main", "image": nodeimage.BUSYBOX_IMAGE,
+                                "imagePullPolicy": "Never", "command": ["sleep", "3600"],
+                                "resources": {"limits": {TPU_RESOURCE: chips}}}]}})
+        pod = kube.wait_phase("tpu-user", ("Running",), timeout=POD_TIMEOUT_SECONDS)
+        assert pod["spec"]["nodeName"] == TPU_NODE.name
+        wait_for(lambda: (condition(kube.pod("tpu-greedy") or {}, "PodScheduled") or {}
+                          ).get("reason") == "Unschedulable", POD_TIMEOUT_SECONDS,
+                 what="tpu-greedy unschedulable")
+        for name in ("tpu-user", "tpu-greedy"):
+            kube.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
 
 def test_the_nodes_of_a_killed_process_are_swept(cluster, kube, tmp_path_factory):

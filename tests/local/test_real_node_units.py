@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
 
 import pytest
-from tardigrade_local import egressproxy, gobuild, noderegistry
+from tardigrade_local import egressproxy, gobuild, noderegistry, nodeshape
+from tardigrade_local.gke.nodes import NodeConfig
+from tardigrade_local.realcluster import SPOT_LABEL, NodePlan, RealNodeCluster, plan_nodes
 from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES, Addresses, RealNode
 
 
@@ -142,3 +145,95 @@ def test_a_nodes_kubelet_gets_its_own_feature_gates_and_the_others_the_defaults(
     # RestartAllContainersOnContainerExits on over ContainerRestartRules off.
     assert config(feature_gates=KUBELET_WITHOUT_RESTART_RULES)["featureGates"] == {
         "ContainerRestartRules": False, "RestartAllContainersOnContainerExits": False}
+
+
+# A machine of 2 CPUs and 8 GiB, as cAdvisor would report it.
+MACHINE = nodeshape.Machine(cpu_millis=2000, memory_bytes=8 * 2**30)
+TPU_HOST = NodeConfig("tpu-1", labels={"cloud.google.com/gke-tpu-topology": "2x4"},
+                      taints=({"key": "google.com/tpu", "value": "present",
+                               "effect": "NoSchedule"},),
+                      capacity={"cpu": "1500m", "memory": "2Gi", "pods": "32",
+                                "google.com/tpu": "4", "ephemeral-storage": "100Gi"},
+                      pool="tpu-pool")
+
+
+def test_a_node_config_becomes_the_kubelets_labels_taints_and_reservations():
+    shape = nodeshape.shape(TPU_HOST, MACHINE)
+    assert shape.node_labels == ("cloud.google.com/gke-nodepool=tpu-pool,"
+                                 "cloud.google.com/gke-tpu-topology=2x4")
+    assert shape.config == {
+        "registerWithTaints": [{"key": "google.com/tpu", "value": "present",
+                                "effect": "NoSchedule"}],
+        "maxPods": 32,
+        # What the template does not offer is reserved; memory less the eviction threshold.
+        "systemReserved": {"cpu": "500m",
+                           "memory": str(6 * 2**30 - nodeshape.EVICTION_HARD_MEMORY_BYTES)}}
+    assert shape.extended == {"google.com/tpu": "4"}
+    assert nodeshape.capacity_patch(shape.extended) == [
+        {"op": "add", "path": "/status/capacity/google.com~1tpu", "value": "4"}]
+    node = {"status": {"capacity": {"cpu": "2", "memory": "8Gi", "google.com/tpu": "4"},
+                       "allocatable": {"cpu": "1500m", "memory": "2Gi"}}}
+    assert nodeshape.mismatches(shape, node) == ["allocatable google.com/tpu None (wanted 4)"]
+    node["status"]["allocatable"]["google.com/tpu"] = "4"
+    assert nodeshape.mismatches(shape, node) == []
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"capacity": {"cpu": "4"}}, r"capacity.cpu 4 is more than this machine's 2 CPUs"),
+    ({"capacity": {"memory": "8Gi"}}, r"capacity.memory 8Gi is more than this machine's "
+                                      r"memory less the kubelet's eviction threshold: give "
+                                      r"it at most 8092Mi"),
+    ({"capacity": {"example": "1"}}, r"capacity.example is neither"),
+    ({"capacity": {"nvidia.com/gpu": "0.5"}}, r"a whole number of devices"),
+    ({"labels": {"kubernetes.io/role": "x"}}, r"label kubernetes.io/role: the kubelet refuses"),
+    ({"labels": {"node-restriction.kubernetes.io/a": "x"}}, r"may never set labels"),
+    ({"taints": ({"key": "a", "effect": "Sometimes"},)}, r"effect of NoSchedule"),
+])
+def test_a_node_config_no_real_node_of_this_machine_can_be_is_refused_naming_it(
+        change, message):
+    with pytest.raises(nodeshape.NodeShapeError, match=message):
+        nodeshape.shape(dataclasses.replace(NodeConfig("n"), **change), MACHINE)
+
+
+def test_allowed_kubelet_labels_pass():
+    config = NodeConfig("n", labels={"node.kubernetes.io/instance-type": "ct5lp-hightpu-4t",
+                                     "topology.kubernetes.io/zone": "us-west4-a"},
+                        capacity={})
+    assert nodeshape.shape(config, MACHINE).config == {}
+
+
+def test_a_node_plan_is_a_node_config_with_the_spot_label_and_its_gates():
+    spot = plan_nodes(1, 1)[1]
+    assert spot.node_config() == NodeConfig("real-2", labels={SPOT_LABEL: "true"},
+                                            capacity={})
+    gated = dataclasses.replace(spot, kubelet_feature_gates=KUBELET_WITHOUT_RESTART_RULES,
+                                config=TPU_HOST)
+    config = gated.node_config()
+    assert (config.name, config.pool, config.capacity) == ("real-2", "tpu-pool",
+                                                           TPU_HOST.capacity)
+    assert config.labels[SPOT_LABEL] == "true" and config.feature_gates == \
+        KUBELET_WITHOUT_RESTART_RULES
+    assert NodePlan.of(dataclasses.replace(TPU_HOST, labels={SPOT_LABEL: "true"})).spot
+
+
+def test_a_real_node_refuses_a_config_larger_than_the_machine_before_starting(tmp_path):
+    with pytest.raises(nodeshape.NodeShapeError, match=r"capacity.cpu 4096 is more"):
+        RealNode("n", tmp_path, "https://127.0.0.1:6443", tmp_path,
+                 config=NodeConfig("n", capacity={"cpu": "4096"}))
+
+
+def test_a_vm_its_pool_recreates_is_on_its_way_from_the_moment_it_goes(tmp_path):
+    real = RealNodeCluster(tmp_path, plan_nodes(1, 1))
+    real.nodes = {name: RealNode(name, tmp_path / name, "", tmp_path)
+                  for name in ("real-1", "real-2")}
+    assert real.pool_sizes() == {"default-pool": 2} and real.upcoming_nodes() == []
+    with real._coming_back("real-2", 1.0):  # while its shutdown fails its pods
+        assert real.pool_sizes() == {"default-pool": 1}
+        [coming] = real.upcoming_nodes()
+        # As the autoscaler simulates it: the kubelet's figures are the machine's.
+        assert (coming.name, coming.labels, coming.capacity["cpu"]) == (
+            "real-2", {SPOT_LABEL: "true"}, f"{nodeshape.Machine.here().cpu_millis}m")
+    with pytest.raises(RuntimeError), real._coming_back("real-1", 1.0):
+        raise RuntimeError("the shutdown failed")
+    assert [c.name for c in real.upcoming_nodes()] == ["real-2"]
+    assert real.has_node("real-2") and not real.has_node("spot-pool-1")

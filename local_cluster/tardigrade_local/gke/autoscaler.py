@@ -15,7 +15,8 @@ What it copies (kubernetes/autoscaler, cluster-autoscaler):
 - the new node registers after a provisioning delay (the cloud creates the VM; GPU/TPU nodes
   take minutes), up to `--max-node-provision-time` (15 min) before the autoscaler gives up.
 
-`plan_scale_up` is the pure decision; `NodeAutoscaler` runs it against the local kubelets.
+`plan_scale_up` is the pure decision; `NodeAutoscaler` runs it against the nodes of a
+`NodePoolHost`: the node agents' `KubeletHost` or the real nodes' `RealNodeCluster`.
 """
 
 from __future__ import annotations
@@ -26,16 +27,14 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tardigrade_local.gke import fitcheck
 from tardigrade_local.gke.client import Informer, core_path
+from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.disruptions import TAINT_NOT_READY, TAINT_UNREACHABLE
 from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.kubelet.node import node_object
-
-if TYPE_CHECKING:
-    from tardigrade_local.kubelet.host import KubeletHost
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +171,37 @@ def _place_on_simulated(pod: Obj, simulated: list[tuple[Obj, list[Obj]]]) -> boo
     return False
 
 
+class NodePoolHost(Protocol):
+    """The nodes an autoscaler grows: what the cloud's node pools (managed instance groups)
+    hold, and a way to add a VM to one."""
+
+    @property
+    def cloud(self) -> GkeCloud:
+        """GKE's client, on the loop the autoscaler runs on."""
+        ...
+
+    def pool_sizes(self) -> Mapping[str, int]:
+        """Nodes running in each pool."""
+        ...
+
+    def upcoming_nodes(self) -> Sequence[NodeConfig]:
+        """Nodes on their way that the autoscaler did not ask for: VMs their pool's instance
+        group is recreating."""
+        ...
+
+    def has_node(self, name: str) -> bool:
+        """Whether `name` is taken (a node that runs, ran, or is on its way)."""
+        ...
+
+    async def add_node(self, config: NodeConfig) -> None:
+        """A VM of `config` boots and its kubelet registers."""
+        ...
+
+
 class NodeAutoscaler:
     """Grows the local node pools for unschedulable pods, as the cluster autoscaler does."""
 
-    def __init__(self, host: KubeletHost, pools: Iterable[NodePool],
+    def __init__(self, host: NodePoolHost, pools: Iterable[NodePool],
                  scan_interval_seconds: float = SCAN_INTERVAL_SECONDS) -> None:
         self.host = host
         # A queued-provisioning pool grows only for a ProvisioningRequest.
@@ -217,9 +243,8 @@ class NodeAutoscaler:
         pending = sorted((p for p in pods if is_unschedulable(p)
                           and fitcheck.schedule(p, nodes, bound).node is None),
                          key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        sizes: Counter[str] = Counter(a.config.pool for a in self.host.agents.values()
-                                      if a.state != "gone")
-        upcoming = [*self.provisioning.values(), *self.host.recreating.values()]
+        sizes = self.host.pool_sizes()
+        upcoming = [*self.provisioning.values(), *self.host.upcoming_nodes()]
         plan = plan_scale_up(pending, self.pools, sizes, upcoming)
         for verdict in plan.verdicts:
             uid = verdict.pod["metadata"].get("uid", "")
@@ -260,7 +285,7 @@ class NodeAutoscaler:
     def _new_name(self, pool: NodePool) -> str:
         while True:
             name = f"{pool.name}-{next(self._names)}"
-            if name not in self.host.agents and name not in self.provisioning:
+            if not self.host.has_node(name) and name not in self.provisioning:
                 return name
 
     async def stop(self) -> None:

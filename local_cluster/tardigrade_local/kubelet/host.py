@@ -21,6 +21,7 @@ import datetime as dt
 import logging
 import signal
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -214,6 +215,16 @@ class KubeletHost:
         return task
 
     # --- nodes ---------------------------------------------------------------------------
+    # --- node pools (gke/autoscaler.py's `NodePoolHost`) ------------------------------------
+    def pool_sizes(self) -> Counter[str]:
+        return Counter(a.config.pool for a in self.agents.values() if a.state != "gone")
+
+    def upcoming_nodes(self) -> list[NodeConfig]:
+        return list(self.recreating.values())
+
+    def has_node(self, name: str) -> bool:
+        return name in self.agents
+
     async def add_node(self, config: NodeConfig, lost_pods: set[str] | None = None) -> None:
         """A VM boots and its kubelet registers (a new node, or a VM recreated under its
         name, which finds the pods bound to its predecessor)."""
