@@ -530,7 +530,10 @@ def test_an_admitted_job_whose_pods_ask_for_more_is_resized_through_kueue(
              or "insufficient unused quota" in cluster.status("reshaped").get("message", ""),
              60, "Kueue's reason for 2 x 300m")
     assert cluster.status("reshaped")["phase"] == "Queued"
-    assert not cluster.pods("reshaped")
+    # The stopped ranks' pods go once their kubelet has ended them, a few seconds after the
+    # save; no new one comes meanwhile.
+    wait_for(lambda: not cluster.pods("reshaped"), 120, "the stopped gang's pods gone")
+    assert cluster.status("reshaped")["phase"] == "Queued"
     # The ClusterQueue's usage is Kueue's status write, after the old Workload went.
     wait_for(lambda: quota_used(cluster) == RANKS_CPU[0], 30, "no quota in use")
     step = saved_step(recorder, first)
