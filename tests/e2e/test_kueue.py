@@ -21,7 +21,11 @@ ranks asking one cpu each, simulated trainers):
 - A gang that must not finish trains 1,000,000 real steps; checkpoints go to the GCS
   emulator, under a prefix of the test's own (job names repeat across tests).
 - The step each rank saved is read from its termination message as a watch saw it (a real
-  kubelet removes a deleted pod's files, and the operator deletes stopped pods).
+  kubelet removes a deleted pod's files, and the operator deletes stopped pods). A stopped
+  gang's pods outlive its save by seconds (the kubelet ends them), where simulated ones went
+  at once: the tests wait for them to go rather than assert it on the spot.
+- Kueue frees a suspended job's quota as soon as its Workload is deactivated (docs/kueue.md,
+  "Suspending"): the next gang may run beside the suspended one's exiting ranks.
 - The PodsReady timeout is 60 s (was 45) and the trainer image is on the node before any
   gang is admitted: a real pod's start, not its first image pull, is what it times.
 
