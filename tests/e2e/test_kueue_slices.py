@@ -4,7 +4,10 @@ written here as the operator would write them, to find out what Kueue itself doe
 (docs/kueue.md, "Growing a running gang"). A Workload that names the admitted one it replaces
 (`kueue.x-k8s.io/workload-slice-replacement-for`) is admitted at the larger size with the
 replaced one's quota counted as its own, which Kueue then finishes (`WorkloadSliceReplaced`);
-one that does not fit waits while the replaced one stays admitted."""
+one that does not fit waits while the replaced one stays admitted.
+
+No pod ever runs here (no operator, and Kueue admits by a ClusterQueue's quota, not by
+nodes), so the cluster has no node at all: the API server and Kueue are all it needs."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 
 import pytest
 from tardigrade_local import gobuild
-from tardigrade_local.cluster import LocalCluster, simulated_nodes
+from tardigrade_local.cluster import LocalCluster
 from tardigrade_operator.decision import queueing
 
 from tests.e2e.harness import NAMESPACE, Cluster, wait_for
@@ -29,9 +32,8 @@ REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("kueue-slices")
-    with LocalCluster(root / "cluster", nodes=simulated_nodes(1), with_gcs=False,
-                      kueue=True) as local:
+    root = tmp_path_factory.mktemp("kslices")
+    with LocalCluster(root / "cluster", nodes=0, with_gcs=False, kueue=True) as local:
         cluster = Cluster(local)
         meta = {"apiVersion": "kueue.x-k8s.io/v1beta2"}
         cluster.custom.create_cluster_custom_object(*KUEUE, "resourceflavors", {

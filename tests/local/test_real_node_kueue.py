@@ -17,7 +17,7 @@ What the trainers did is read from the record: their termination messages (kept 
 on the job's pods, as the operator deletes stopped pods), rank 0's log, the jobs' status and
 events, the Workloads' conditions. The rest of Kueue's behaviours (resizes, grows and
 shrinks, suspend, queue moves, a gang that cannot start within the PodsReady timeout) are
-tests/e2e/test_kueue.py's, on simulated nodes.
+tests/e2e/test_kueue.py's, on real nodes too.
 
 One cluster (three real nodes: the operator's, two spot ones for the gangs) for the module;
 the tests run in order and build on each other.
