@@ -318,9 +318,10 @@ class Trainer:
             # or compiling the step, the longer part, then runs beside the restore.
             with session.phase_clock.during(phase_clock.COMPILE):
                 self._compiling.wait_traced()
-        # The restore reads and checks the state beside the step's load, but hands it to the
-        # devices once the step is loaded: on a TPU v5e host its transfers beside the load
-        # slowed the load by about 2 s, longer than they take after it.
+        # The restore reads and checks the state beside the step's load, and hands it to the
+        # devices once the step is loaded: on a TPU v5e host the whole restore beside the load
+        # slowed the load from 6.6 s to 8.6 s, and the whole restore after it was no faster
+        # (docs/benchmarks/tpu-chip.md, run 24). The reads need no device.
         after_load = (restore.devices_after(self._preload.wait)
                       if self._preload is not None else contextlib.nullcontext())
         with after_load:
