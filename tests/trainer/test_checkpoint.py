@@ -18,7 +18,6 @@ from tardigrade_checkpoint import (
     KeepLast,
     keep_union,
 )
-from tardigrade_checkpoint import restore as restore_module
 from tardigrade_checkpoint.manager import COMMIT_FILE, gathered_state_hash, step_dir
 
 
@@ -70,34 +69,6 @@ def test_save_then_restore_onto_other_meshes_is_bitwise_identical(tmp_path):
         assert events[-1]["event"] == "checkpoint_restored"
         assert events[-1]["regions_verified"] >= 6
     assert [e["event"] for e in events][:2] == ["checkpoint_started", "checkpoint_committed"]
-    manager.close()
-
-
-def test_a_restore_under_devices_after_waits_once_before_its_first_transfer(tmp_path,
-                                                                          monkeypatch):
-    events: list[dict] = []
-    manager = CheckpointManager(str(tmp_path), on_event=events.append)
-    state = _state(_mesh(2, 2), seed=5)
-    manager.save(3, state, mesh={"data": 2, "model": 2})
-    manager.wait()
-    order: list[str] = []
-    real_put = jax.device_put
-
-    def device_put(*args, **kwargs):
-        order.append("device_put")
-        return real_put(*args, **kwargs)
-
-    monkeypatch.setattr(restore_module.jax, "device_put", device_put)
-    with restore_module.devices_after(lambda: order.append("wait")):
-        restored, _ = manager.restore(3, _target(_mesh(2, 2), PartitionSpec("data", "model")))
-    assert gathered_state_hash(restored) == gathered_state_hash(state)
-    # Once, before any transfer (4 devices x 3 leaves), and said in the restore's event.
-    assert order[0] == "wait" and order.count("wait") == 1 and order.count("device_put") == 12
-    assert events[-1]["event"] == "checkpoint_restored" and events[-1]["devices_after_s"] >= 0
-    # Outside the context a restore waits for nothing.
-    order.clear()
-    manager.restore(3, _target(_mesh(2, 2), PartitionSpec("data", "model")))
-    assert "wait" not in order and "devices_after_s" not in events[-1]
     manager.close()
 
 

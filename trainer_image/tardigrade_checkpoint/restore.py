@@ -6,21 +6,15 @@ byte read is checked against the digests in the commit marker: a saved shard tha
 overlaps this host's slices (after a resharding) is read whole into scratch memory, once, to
 be checked. Reads go through the storage interface (rootstore.py), which takes whole chunks
 from their files on a local disk.
-
-A caller can hold back the restore's transfers to the devices (`devices_after`) while it does
-something else on them: the reads and their checks go on meanwhile.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
 import mmap
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -38,23 +32,6 @@ from tardigrade_checkpoint.errors import (
 from tardigrade_checkpoint.marker import CheckpointInfo
 from tardigrade_checkpoint.rootstore import ChunkFiles, RootStore, Waitable
 from tardigrade_checkpoint.storage import is_unavailable
-
-# What a restore in this context waits for before its first transfer to a device.
-_DEVICES_AFTER: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
-    "tardigrade_restore_devices_after", default=None)
-
-
-@contextlib.contextmanager
-def devices_after(wait: Callable[[], None]) -> Iterator[None]:
-    """Restores in this context call `wait()` before their first transfer to a device (none
-    before a read is done and checked), while their reads go on. For a trainer loading its
-    compiled step onto the devices meanwhile: on a TPU v5e host, a restore beside that load
-    slowed the load by 2 s of its 6.6 s."""
-    token = _DEVICES_AFTER.set(wait)
-    try:
-        yield
-    finally:
-        _DEVICES_AFTER.reset(token)
 
 
 @dataclasses.dataclass
@@ -177,8 +154,7 @@ def read_state(root: RootStore, info: CheckpointInfo, target: Any, *, verify: bo
     """(checkpoint `info` read into the shapes and shardings of `target`, regions verified).
 
     `timings`, if given, gets where the calling thread spent the restore: `read_wait_s`
-    waiting for reads and their checks, `device_put_s` handing buffers to the devices, and
-    under `devices_after`, `devices_after_s` waiting before the first of them.
+    waiting for reads and their checks, `device_put_s` handing buffers to the devices.
 
     `target` is a pytree of `jax.ShapeDtypeStruct`s (or arrays) carrying `.sharding` for the
     current mesh; None reads the checkpoint's own leaves (targetless.py). A target or `dtype`
@@ -222,20 +198,12 @@ def read_state(root: RootStore, info: CheckpointInfo, target: Any, *, verify: bo
 
         spent = timings if timings is not None else {}
         spent.update(read_wait_s=0.0, device_put_s=0.0)
-        hold: list[Callable[[], None]] = []
-        if (wait := _DEVICES_AFTER.get()) is not None:
-            hold.append(wait)
-            spent["devices_after_s"] = 0.0
 
         def place(read: _PendingRead, name: str, devices: list[jax.Device | None],
                   into: dict[jax.Device | None, Any], dtype: np.dtype) -> None:
             started = time.perf_counter()
             buffer = cast.to_dtype(read.result(mismatches, name), dtype)  # after the check
             checked_at = time.perf_counter()
-            if hold and any(device is not None for device in devices):
-                hold.pop()()
-                spent["devices_after_s"] = time.perf_counter() - checked_at
-                checked_at = time.perf_counter()
             for device in devices:
                 into[device] = buffer if device is None else jax.device_put(buffer, device)
             spent["read_wait_s"] += checked_at - started

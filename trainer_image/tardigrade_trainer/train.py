@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -15,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
-from tardigrade_checkpoint import restore
 from tardigrade_checkpoint.faults import COMPILE
 from tardigrade_checkpoint.manager import gathered_state_hash
 from tardigrade_checkpoint.storage import StorageRetries
@@ -318,16 +316,9 @@ class Trainer:
             # or compiling the step, the longer part, then runs beside the restore.
             with session.phase_clock.during(phase_clock.COMPILE):
                 self._compiling.wait_traced()
-        # The restore reads and checks the state beside the step's load, and hands it to the
-        # devices once the step is loaded: on a TPU v5e host the whole restore beside the load
-        # slowed the load from 6.6 s to 8.6 s, and the whole restore after it was no faster
-        # (docs/benchmarks/tpu-chip.md, run 24). The reads need no device.
-        after_load = (restore.devices_after(self._preload.wait)
-                      if self._preload is not None else contextlib.nullcontext())
-        with after_load:
-            state = session.restore_or(
-                lambda: hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key),
-                target=target)
+        state = session.restore_or(
+            lambda: hax.named_jit(self._init_state, axis_resources=plan.axis_mapping)(key),
+            target=target)
         start = session.start_step
         if config.debug_state_hash:
             self.log({"event": "state_hash", "step": start - 1, "hash": gathered_state_hash(state)})
