@@ -100,6 +100,8 @@ def test_the_loop_runs_the_step_it_compiled_and_a_relaunch_compiles_none(tmp_pat
     # Run before it was traced, then checked beside the loop: the program it holds is the one
     # this code lowers.
     assert compiled["step_cache"] == "hit" and compiled["step_untraced"] is True
+    # Its load started from `__main__` as the devices opened, and the trainer took it over.
+    assert compiled["step_preloaded_early"] is True
     assert [e["matches"] for e in relaunch.events("step_checked")] == [True], relaunch.describe()
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tardigrade_contract import contract
 from tardigrade_sdk import attempts, inplace, phases
 
-from tardigrade_trainer import cache_seal, compile_cache
+from tardigrade_trainer import cache_seal, compile_cache, step_identity
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 if TYPE_CHECKING:
@@ -105,6 +105,11 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     mirror, pulled = ((None, {}) if in_children
                       else _pull_compilation_cache(cache, cache_key, env, config))
     distributed.configure_compilation_cache(cache.local if cache else None)
+    # The cached step's load starts as soon as the devices are open, not once the trainer's
+    # modules are imported (on a TPU host that could be a second later): where the devices
+    # open early, and the cache pulled above holds the entry (step_identity.py).
+    early = (step_identity.EarlyPreload(cache.local, config)
+             if cache is not None and env.num_processes == 1 and not in_children else None)
 
     from tardigrade_sdk.session import TrainingSession
 
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None, faults: SaveFaults | None = None) -> int
     with TrainingSession(env=env, checkpoint_options=checkpoint_options(config),
                          faults=faults) as session:
         Trainer(session, config, compilation_cache=cache, mirror=mirror,
-                cache_pulled=pulled).run()
+                cache_pulled=pulled, early_preload=early).run()
     return contract.EXIT_SUCCEEDED
 
 

@@ -18,7 +18,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from tardigrade_trainer import model
 from tardigrade_trainer.config import ConfigError, TrainerConfig
 
 SLICE = "slice"
@@ -65,9 +64,25 @@ def slice_order(devices: list[jax.Device], num_slices: int) -> list[jax.Device]:
     return [d for k in range(num_slices) for d in ordered[k * per_slice:(k + 1) * per_slice]]
 
 
+def device_order(config: TrainerConfig, devices: list[jax.Device],
+                 num_slices: int | None = None) -> list[jax.Device]:
+    """The devices in the order of `build_mesh`'s grid, flattened (without the model's
+    libraries: step_identity.py orders them before those are imported)."""
+    return list(_grid(config, devices, num_slices).flat)
+
+
 def build_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None,
                num_slices: int | None = None) -> MeshPlan:
-    devices = list(jax.devices() if devices is None else devices)
+    from tardigrade_trainer import model  # haliax: see device_order
+
+    grid = _grid(config, list(jax.devices() if devices is None else devices), num_slices)
+    mapping: dict[str, str | tuple[str, ...]] = {
+        model.BATCH: (SLICE, DATA), model.HEADS: MODEL, model.MLP: MODEL}
+    return MeshPlan(mesh=Mesh(grid, (SLICE, DATA, MODEL)), axis_mapping=mapping)
+
+
+def _grid(config: TrainerConfig, devices: list[jax.Device], num_slices: int | None
+          ) -> np.ndarray:
     if num_slices is None:
         num_slices = int(os.environ.get(NUM_SLICES_ENV) or 1)
     data = config.check_devices(len(devices))
@@ -81,9 +96,6 @@ def build_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None,
         raise ConfigError(f"the data axis of {data} devices does not split into {num_slices} "
                           "slices")
     # Rows of the inner grid are host-local: devices are listed process by process.
-    grid = np.array(slice_order(devices, num_slices)).reshape(
+    return np.array(slice_order(devices, num_slices)).reshape(
         num_slices, data // num_slices, config.model_axis_size
     )
-    mapping: dict[str, str | tuple[str, ...]] = {
-        model.BATCH: (SLICE, DATA), model.HEADS: MODEL, model.MLP: MODEL}
-    return MeshPlan(mesh=Mesh(grid, (SLICE, DATA, MODEL)), axis_mapping=mapping)

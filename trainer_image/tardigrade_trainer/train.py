@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -31,6 +29,7 @@ from tardigrade_trainer import (
     model,
     step_cache,
     step_check,
+    step_identity,
 )
 from tardigrade_trainer.config import TrainerConfig
 
@@ -131,20 +130,24 @@ class StepCompile:
 class Trainer:
     """The reference loop: one user of `TrainingSession`, which owns the operator's side."""
 
-    DONATE = (True, False, False)  # the step's state, not its batch
+    DONATE = step_identity.DONATE  # the step's state, not its batch
 
     def __init__(self, session: TrainingSession, config: TrainerConfig, *,
                  compilation_cache: compile_cache.Location | None = None,
                  mirror: compile_cache.RootMirror | None = None,
-                 cache_pulled: dict[str, Any] | None = None) -> None:
+                 cache_pulled: dict[str, Any] | None = None,
+                 early_preload: step_identity.EarlyPreload | None = None) -> None:
         """`compilation_cache`: where JAX's cache is (configured before JAX compiled
-        anything); `mirror`: the bucket it mirrors, pushed to once the step is compiled."""
+        anything); `mirror`: the bucket it mirrors, pushed to once the step is compiled;
+        `early_preload`: the cached step's load, started as the devices opened."""
         self.cache = compilation_cache
         self.mirror = mirror
         self._compiling: StepCompile | None = None
         self._check: step_check.ProgramCheck | None = None
         self._step_cache: step_cache.StepCache | None = None
         self._preload: step_cache.Preload | None = None
+        self._early = early_preload
+        self.preloaded_early = False
         self.cache_pulled = cache_pulled or {}
         self.session = session
         self.env = session.env
@@ -224,28 +227,22 @@ class Trainer:
 
     def _start_preloading(self) -> None:
         """Read and load this rank's cached step onto the devices from now on, before the step
-        is traced (step_cache.Preload): a relaunch's first step waits for that load, the
-        longest part of its start once its compiles are cached. The entry is named by what
-        determines the program (the process, this package's source, the libraries and the
-        configuration) and used only if it holds the program lowered later."""
+        is traced (step_cache.Preload), unless `__main__` started that load already, when the
+        devices opened (step_identity.EarlyPreload): a relaunch's first step waits for that
+        load, the longest part of its start once its compiles are cached. The entry is named
+        by what determines the program (step_identity.preload_key) and used only if it holds
+        the program lowered later."""
         if self.cache is None:
             return
-        self._step_cache = step_cache.StepCache(self.cache.local, jax.process_index())
         devices = list(self.plan.mesh.devices.flat)
-        identity = {
-            "trainer": step_cache.source_digest(Path(__file__).resolve().parent),
-            "libraries": step_cache.library_versions("marin-haliax", "haliax", "equinox",
-                                                     "optax"),
-            "config": dataclasses.asdict(self.config),
-            "donate": self.DONATE,
-            # What JAX and libtpu read from the environment may change the program (XLA_FLAGS
-            # is one of the process's facts); their logging and cache settings do not.
-            "environment": {k: v for k, v in sorted(os.environ.items())
-                            if k.startswith(("JAX_", "LIBTPU_"))
-                            and "LOG" not in k and "CACHE" not in k},
-        }
-        key = step_cache.identity_key(step_cache.program_facts(devices), identity)
-        self._preload = step_cache.Preload(self._step_cache, key, devices)
+        key = step_identity.preload_key(self.config, devices)
+        if self._early is not None:
+            self._preload = self._early.preload(key, devices)
+            self.preloaded_early = self._preload is not None
+        if self._preload is None:
+            self._step_cache = step_cache.StepCache(self.cache.local, jax.process_index())
+            self._preload = step_cache.Preload(self._step_cache, key, devices)
+        self._step_cache = self._preload.cache
 
     def _meet_compiled(self, compiling: StepCompile) -> tuple[Any, dict[str, Any]]:
         """The step the loop is to call (the executable compiled or loaded, never jit's own:
@@ -296,6 +293,8 @@ class Trainer:
                 self.log({"event": "step_checked", "step": None, **self._check.fields()})
             if self._preload is not None:
                 self._preload.wait()
+            if self._early is not None:
+                self._early.wait()  # a load started early and not adopted
 
     def _run(self) -> None:
         env, config, plan, session = self.env, self.config, self.plan, self.session
@@ -331,8 +330,9 @@ class Trainer:
                 self._compiling = self._start_compiling(target, batch_sharding)
             with session.phase_clock.during(phase_clock.COMPILE):
                 step_fn, got = self._meet_compiled(self._compiling)
+            early = {"step_preloaded_early": True} if self.preloaded_early else {}
             self.log({"event": "compiled", "step": start, **compile_stats.totals(), **got,
-                      **self.cache_pulled})
+                      **early, **self.cache_pulled})
             if self.mirror is not None:
                 compile_cache.push_in_background(self.mirror, lambda fields: self.log(
                     {"event": "compilation_cache_pushed", **fields}))
