@@ -62,9 +62,11 @@ def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
                                       "topologyName": "blocks"}}),
         ("clusterqueues", {**meta, "kind": "ClusterQueue", "metadata": {"name": "tas"},
                            "spec": {"namespaceSelector": {}, "resourceGroups": [{
-                               "coveredResources": ["cpu"],
+                               "coveredResources": ["cpu", "memory"],
                                "flavors": [{"name": "tas", "resources": [
-                                   {"name": "cpu", "nominalQuota": "4"}]}]}]}}),
+                                   {"name": "cpu", "nominalQuota": "4"},
+                                   # Never the limit: the CPUs are what the test counts.
+                                   {"name": "memory", "nominalQuota": "16Gi"}]}]}]}}),
     ]
 
 
@@ -91,6 +93,9 @@ def job(cluster: RealCluster, name: str, replicas: int, topology: dict[str, str]
     body = cluster.trainingjob(name, steps=100_000, replicas=replicas)
     body["metadata"]["labels"] = {queueing.QUEUE_LABEL: QUEUE}
     spec = body["spec"]
+    # Not elastic, as the simulated gangs were: a gang no block holds must wait, not shrink.
+    spec.pop("minReplicas", None)
+    spec.pop("maxReplicas", None)
     spec["resources"]["requests"] = {"cpu": "1", "memory": "256Mi"}
     spec["topology"] = topology
     spec["checkpoint"]["interval"] = {"steps": 1000}
