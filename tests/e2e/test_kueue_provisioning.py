@@ -84,9 +84,11 @@ def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
                                     "admissionChecksStrategy": {
                                         "admissionChecks": [{"name": CHECK}]},
                                     "resourceGroups": [{
-                                        "coveredResources": ["cpu"],
+                                        # A real trainer asks for memory too.
+                                        "coveredResources": ["cpu", "memory"],
                                         "flavors": [{"name": "dws", "resources": [
-                                            {"name": "cpu", "nominalQuota": "4"}]}]}]}}),
+                                            {"name": "cpu", "nominalQuota": "4"},
+                                            {"name": "memory", "nominalQuota": "16Gi"}]}]}]}}),
     ]
 
 
