@@ -10,7 +10,8 @@ pods (`clusterapi.py`), the GCS emulator's Service for pods (`clustergcs.py`: tr
 checkpoint to `gs://GCS_BUCKET/...` with `gcs_pod_env()` in their TrainingJob's `env`;
 `gcs=False` leaves the emulator and its Service out), the real nodes (`realnode.py`, each as
 its `NodeConfig` says, `nodeshape.py`; spot ones labelled `cloud.google.com/gke-spot=true`, as
-GKE does; with `pools=`, the cluster autoscaler, which starts more), and a ReadWriteMany
+GKE does; with `pools=`, the cluster autoscaler, which starts more, and with Kueue GKE's
+queued provisioning for the queued-provisioning pools), and a ReadWriteMany
 PersistentVolume over one host directory every node mounts, bound to a claim
 (`CHECKPOINT_CLAIM`), where trainers may checkpoint instead (a shared filesystem; a claim is
 what the chart's admission lets a trainer mount). `install_operator` is `helm install` of the
@@ -69,6 +70,7 @@ from tardigrade_local.gke.client import ApiClient
 from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.disruptions import DEFAULT_REPLACE_AFTER_SECONDS
 from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.gke.provisioning import QueuedProvisioner
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.paths import project_python_path
@@ -173,7 +175,10 @@ class RealNodeCluster:
         """`nodes`: the nodes to start (a `NodeConfig` is `NodePlan.of` it).
         `pools`: node pools the cluster autoscaler grows (`gke/autoscaler.py`, scanning every
         `autoscaler_scan_seconds`): a scale-up starts a real node of the pool's template,
-        named as the autoscaler names it, `provision_seconds` after.
+        named as the autoscaler names it, `provision_seconds` after. A pool with
+        `queued_provisioning` grows only for ProvisioningRequests (`gke/provisioning.py`,
+        with `kueue` only): all of a request's nodes start together from its template, and
+        each is deleted (its VM and its Node) once the request is gone and the node empty.
         `gcs`: run the GCS emulator (bucket `GCS_BUCKET`) and its Service for pods.
         `kueue`: run Kueue's manager (`LocalCluster(kueue=True)`), with
         `kueue_wait_for_pods_ready` (None: Kueue's default).
@@ -280,8 +285,9 @@ class RealNodeCluster:
         with self.kube() as api:
             progress(f"checkpoint volume {CHECKPOINT_CLAIM} ({self.checkpoints})")
             self._offer_checkpoints(kubernetes.client.CoreV1Api(api))
-        if any(not p.queued_provisioning for p in self.pools):
-            progress(f"the cluster autoscaler ({', '.join(p.name for p in self.pools)})")
+        if self._autoscaled_pools() or self._queued_pools():
+            progress(f"GKE's cluster autoscaler ({', '.join(p.name for p in self.pools)}"
+                     + (", queued provisioning" if self._queued_pools() else "") + ")")
             self._start_autoscaler()
 
     def _start_node(self, plan: NodePlan, directory: Path) -> RealNode:
@@ -301,7 +307,16 @@ class RealNodeCluster:
         node.start()
         return node
 
-    # --- node pools and their autoscaler (gke/autoscaler.py's `NodePoolHost`) ---------------
+    # --- node pools, their autoscaler and queued provisioning (gke/autoscaler.py's
+    # `NodePoolHost` and `ProvisioningHost`) --------------------------------------------------
+    def _autoscaled_pools(self) -> list[NodePool]:
+        return [p for p in self.pools if not p.queued_provisioning]
+
+    def _queued_pools(self) -> list[NodePool]:
+        """Pools GKE's queued provisioning grows: only where Kueue runs (the
+        ProvisioningRequest CRD comes with it, `kueue.py`), as `cluster.py` has it."""
+        return [p for p in self.pools if p.queued_provisioning] if self.with_kueue else []
+
     @property
     def cloud(self) -> GkeCloud:
         """The autoscaler's GKE client (`identities.CLOUD`), on the autoscaler's loop."""
@@ -344,11 +359,28 @@ class RealNodeCluster:
         if config.name not in self.nodes:
             raise RealClusterError(f"node {config.name} did not start (the log says why)")
 
+    async def remove_node(self, name: str) -> None:
+        """GKE gives a released ProvisioningRequest's empty node back: its VM is deleted
+        (`RealNode.stop`: nothing runs on it any more; its directory keeps its logs,
+        `retired`) and its Node object goes. The name stays taken."""
+        with self._lock:
+            node = self.nodes.get(name)
+        if node is None:
+            return
+        await asyncio.to_thread(node.stop)
+        with self._lock:
+            if self.nodes.get(name) is node:
+                self.retired.append(node)
+                del self.nodes[name]
+        await self.cloud.delete_node(name)
+
     def _plan_of(self, name: str) -> NodePlan:
         return next(p for p in self.plan if p.name == name)
 
     def _start_autoscaler(self) -> None:
-        """The cluster autoscaler on a loop of its own thread, with GKE's identity."""
+        """The cluster autoscaler (for the pools it grows) and GKE's queued provisioning (for
+        the queued-provisioning pools, with Kueue) on a loop of its own thread, with GKE's
+        identity."""
         started = threading.Event()
         failed: list[BaseException] = []
 
@@ -357,15 +389,21 @@ class RealNodeCluster:
             self._pool_cloud = GkeCloud(ApiClient(
                 self.cluster.api_url, self.cluster.identity_ssl_context(identities.CLOUD),
                 identities.CLOUD.common_name))
-            scaler = NodeAutoscaler(self, self.pools, self.autoscaler_scan_seconds)
+            parts: list[NodeAutoscaler | QueuedProvisioner] = []
+            if self._autoscaled_pools():
+                parts.append(NodeAutoscaler(self, self.pools, self.autoscaler_scan_seconds))
+            if self._queued_pools():
+                parts.append(QueuedProvisioner(self, self.pools))
             try:
-                await scaler.start()
+                for part in parts:
+                    await part.start()
                 self._autoscaler = (threading.current_thread(), asyncio.get_running_loop(),
                                     done)
                 started.set()
                 await done.wait()
             finally:
-                await scaler.stop()
+                for part in parts:
+                    await part.stop()
                 await self._pool_cloud.close()
 
         def thread_main() -> None:

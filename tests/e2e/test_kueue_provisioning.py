@@ -7,26 +7,40 @@ waits with no pod until GKE reports Provisioned, then Kueue admits it and the ga
 the nodes provisioned for it, its pods carrying the check's podSetUpdates (the
 consume-provisioning-request annotations); deleting the job gives the nodes back. A running
 job grown trains on at its size while the extra replicas' request is provisioned, then
-saves, and resumes at the new size on nodes provisioned for the new Workload."""
+saves, and resumes at the new size on nodes provisioned for the new Workload.
+
+On real nodes (real kubelets and containerd, `RealNodeCluster(pools=...)` with Kueue): the
+queued-provisioning pool's nodes are real nodes started from its template, one CPU each (one
+rank a node), and a released node's VM is deleted and its Node object goes; the operator is
+the chart's, on the default pool's node, and the ranks are real trainers of the registry's
+image checkpointing to the GCS emulator."""
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tardigrade_local.cluster import LocalCluster, simulated_nodes
+import urllib3
+from kubernetes import watch
 from tardigrade_local.gke.autoscaler import NodePool
-from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
+from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.gke.provisioning import QUEUED_PROVISIONING_CLASS, REQUEST_LABEL
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_operator.decision import queueing
 
-from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess, wait_for
+from tests.e2e.harness import (
+    NAMESPACE,
+    NEEDS_REAL_NODES,
+    InstalledOperator,
+    RealCluster,
+    real_cluster,
+    wait_for,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_REAL_NODES]
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 PROVREQ = ("autoscaling.x-k8s.io", "v1")
@@ -39,7 +53,15 @@ CHECK = "dws-prov"
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 # Long enough to see the job wait with no pod; the booked nodes come together after it.
-PROVISION_SECONDS = 20.0
+PROVISION_SECONDS = 30.0
+# A pool node's allocatable, well within this 2-core machine (nodeshape.py): one rank of a
+# CPU a node, as the simulated nodes had.
+POOL_NODE_CAPACITY = {"cpu": "1", "memory": "4Gi", "pods": "20"}
+# Real nodes' boot, the trainer image's pull onto each fresh disk, JAX's start and compile,
+# on a shared 2-core machine: Kueue's waitForPodsReady and our waits for a running gang.
+RUNNING_SECONDS = 600
+# A gang's save on its way out (its SIGTERM grace), then its empty nodes' VMs deleted.
+RELEASE_SECONDS = 240
 
 
 def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
@@ -62,26 +84,25 @@ def kueue_objects() -> list[tuple[str, dict[str, Any]]]:
                                     "admissionChecksStrategy": {
                                         "admissionChecks": [{"name": CHECK}]},
                                     "resourceGroups": [{
-                                        "coveredResources": ["cpu"],
+                                        # A real trainer asks for memory too.
+                                        "coveredResources": ["cpu", "memory"],
                                         "flavors": [{"name": "dws", "resources": [
-                                            {"name": "cpu", "nominalQuota": "4"}]}]}]}}),
+                                            {"name": "cpu", "nominalQuota": "4"},
+                                            {"name": "memory", "nominalQuota": "16Gi"}]}]}]}}),
     ]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("kueue-dws")
-    template = NodeConfig("template", capacity={**DEFAULT_NODE_CAPACITY, "cpu": "1"},
-                          simulated=True)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    template = NodeConfig("template", capacity=POOL_NODE_CAPACITY)
     # Room for a grow's peak: the gang's 2 nodes, the extra one, and the 3 of the Workload
     # made again at the new size, before the old requests' nodes are given back.
     pool = NodePool(POOL, max_size=6, template=template, provision_seconds=PROVISION_SECONDS,
                     queued_provisioning=True)
-    with LocalCluster(root / "cluster", nodes=simulated_nodes(1, capacity={"cpu": "1"}),
-                      with_gcs=False, kueue=True, node_pools=[pool],
-                      kueue_wait_for_pods_ready=WaitForPodsReady(timeout_seconds=300)
-                      ) as local:
-        cluster = Cluster(local)
+    # The operator's node (the default pool, outside the flavor) and the empty pool.
+    with real_cluster(tmp_path_factory.mktemp("pv"), 0, kueue=True, pools=[pool],
+                      kueue_wait_for_pods_ready=WaitForPodsReady(
+                          timeout_seconds=RUNNING_SECONDS)) as cluster:
         for plural, body in kueue_objects():
             cluster.custom.create_cluster_custom_object(*KUEUE, plural, body)
         cluster.custom.create_namespaced_custom_object(*KUEUE, NAMESPACE, "localqueues", {
@@ -100,33 +121,32 @@ def condition(obj: dict[str, Any] | None, kind: str) -> str | None:
     return found[0]["status"] if found else None
 
 
-def job(name: str, checkpoints: Path, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": NAMESPACE,
-                     "labels": {queueing.QUEUE_LABEL: QUEUE}},
-        "spec": {"replicas": replicas,
-                 "image": "ghcr.io/tardigrade-dev/tardigrade-trainer:0.1.0",
-                 "resources": {"requests": {"cpu": "1"}},
-                 "trainer": {"steps": 1_000_000, "step_seconds": 0.05},
-                 "checkpoint": {"path": str(checkpoints / name), "interval": {"steps": 1000},
-                                "saveOnPreemption": True},
-                 "failurePolicy": {"backoffSeconds": 0}},
-    }
+def job(cluster: RealCluster, name: str, replicas: int) -> dict[str, Any]:
+    """A real trainer that runs until deleted, one rank a pool node (a CPU each), wherever
+    Kueue's flavor puts it (no spot node selector: the flavor's nodeLabels are the pods')."""
+    body = cluster.trainingjob(name, steps=1_000_000, replicas=replicas)
+    body["metadata"]["labels"] = {queueing.QUEUE_LABEL: QUEUE}
+    spec = body["spec"]
+    spec["resources"]["requests"] = {"cpu": "1", "memory": "256Mi"}
+    spec["checkpoint"]["interval"] = {"steps": 1000}
+    spec["checkpoint"]["saveOnPreemption"] = True
+    spec["failurePolicy"] = {"backoffSeconds": 0}
+    spec["podTemplate"] = {"terminationGracePeriodSeconds": 30}
+    return body
 
 
-def workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+def workload_of(cluster: RealCluster, name: str) -> dict[str, Any] | None:
     listed = cluster.custom.list_namespaced_custom_object(*KUEUE, NAMESPACE, "workloads")
     return next((w for w in listed["items"]
                  if w["metadata"]["labels"].get("tardigrade.dev/job") == name), None)
 
 
-def requests(cluster: Cluster) -> list[dict[str, Any]]:
+def requests(cluster: RealCluster) -> list[dict[str, Any]]:
     return list(cluster.custom.list_namespaced_custom_object(
         *PROVREQ, NAMESPACE, "provisioningrequests")["items"])
 
 
-def pool_nodes(cluster: Cluster) -> dict[str, dict[str, str]]:
+def pool_nodes(cluster: RealCluster) -> dict[str, dict[str, str]]:
     return {n.metadata.name: n.metadata.labels
             for n in cluster.core.list_node(label_selector=f"{POOL_LABEL}={POOL}").items}
 
@@ -137,9 +157,9 @@ def check_state(workload: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+        cluster: RealCluster, operator: InstalledOperator):
     assert pool_nodes(cluster) == {}
-    cluster.apply(job("booked", tmp_path, replicas=2))
+    cluster.apply(job(cluster, "booked", replicas=2))
     request = wait_for(lambda: next(iter(requests(cluster)), None), 60,
                        "Kueue's ProvisioningRequest")
     assert request["spec"]["provisioningClassName"] == QUEUED_PROVISIONING_CLASS
@@ -157,7 +177,7 @@ def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
     assert pool_nodes(cluster) == {}
     # GKE provisions the nodes together, then says Provisioned; Kueue admits the Workload.
     provisioned = wait_for(lambda: (r := next(iter(requests(cluster)), None))
-                           and condition(r, "Provisioned") == "True" and r, 120,
+                           and condition(r, "Provisioned") == "True" and r, RUNNING_SECONDS,
                            "the request Provisioned")
     assert condition(provisioned, "Accepted") == "True"
     nodes = pool_nodes(cluster)
@@ -168,7 +188,7 @@ def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
     assert check_state(admitted)["state"] == "Ready"
     updates = check_state(admitted)["podSetUpdates"]
     assert [u["annotations"][CONSUME] for u in updates] == [provisioned["metadata"]["name"]]
-    cluster.wait_phase("booked", {"Running"}, 120)
+    cluster.wait_phase("booked", {"Running"}, RUNNING_SECONDS)
     pods = cluster.pods("booked")
     assert len(pods) == 2
     for pod in pods:
@@ -178,13 +198,13 @@ def test_a_job_waits_for_provisioned_then_runs_on_the_provisioned_nodes(
     assert len({p.spec.node_name for p in pods}) == 2
     # Deleted, the job gives its nodes back: its Workload and request go, and GKE the nodes.
     cluster.kubectl("delete", "tj/booked", "--wait=false")
-    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), RELEASE_SECONDS,
              "the request and its nodes released")
     operator.assert_alive()
     cluster.clear_jobs()
 
 
-def request_of(cluster: Cluster, workload: dict[str, Any] | None) -> dict[str, Any] | None:
+def request_of(cluster: RealCluster, workload: dict[str, Any] | None) -> dict[str, Any] | None:
     """Kueue's request for `workload` (owned by it)."""
     uid = (workload or {}).get("metadata", {}).get("uid")
     return next((r for r in requests(cluster)
@@ -192,7 +212,7 @@ def request_of(cluster: Cluster, workload: dict[str, Any] | None) -> dict[str, A
                 None)
 
 
-def grow_workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
+def grow_workload_of(cluster: RealCluster, name: str) -> dict[str, Any] | None:
     listed = cluster.custom.list_namespaced_custom_object(*KUEUE, NAMESPACE, "workloads")
     return next((w for w in listed["items"]
                  if w["metadata"]["labels"].get("tardigrade.dev/job") == name
@@ -200,19 +220,64 @@ def grow_workload_of(cluster: Cluster, name: str) -> dict[str, Any] | None:
                 None)
 
 
-def saved_step(cluster: Cluster, pods: set[str]) -> int:
-    messages = [json.loads(cluster.local.layout.termination_log(NAMESPACE, pod, "trainer")
-                           .read_text()) for pod in sorted(pods)]
-    saved = {m["checkpoint_step"] for m in messages}
-    assert len(saved) == 1, messages
+class TerminationMessages:
+    """The trainer's termination message of each of a job's pods, as its kubelet reports the
+    container terminated (a real kubelet removes a deleted pod's files: the API is where the
+    message stays, until the pod goes)."""
+
+    def __init__(self, cluster: RealCluster, job: str) -> None:
+        selector = f"tardigrade.dev/job={job}"
+        listed = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector)
+        # As the kubelet reported it: a message that is not the trainer's (the kubelet's
+        # fallback to the log's end) shows as it is where a test reads it.
+        self.messages: dict[str, str] = {}
+        self._stopped = False
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True, args=(
+            cluster, selector, listed.metadata.resource_version))
+        self._thread.start()
+
+    def _run(self, cluster: RealCluster, selector: str, version: str) -> None:
+        try:
+            for event in self._watch.stream(cluster.core.list_namespaced_pod, NAMESPACE,
+                                            label_selector=selector, resource_version=version,
+                                            timeout_seconds=3 * RUNNING_SECONDS):
+                pod = event["object"]
+                for status in pod.status.container_statuses or []:
+                    ended = status.state.terminated if status.state else None
+                    if status.name == "trainer" and ended is not None and ended.message:
+                        self.messages[pod.metadata.name] = ended.message
+        except urllib3.exceptions.ProtocolError:
+            if not self._stopped:  # a stream cut by stop() is fine, any other is not
+                raise
+
+    def stop(self) -> dict[str, str]:
+        self._stopped = True
+        self._watch.stop()
+        return dict(self.messages)
+
+
+def saved_step(ended: TerminationMessages, pods: set[str]) -> int:
+    texts = wait_for(lambda: pods <= set(ended.messages) and ended.stop(), 60,
+                     f"the termination messages of {sorted(pods)}")
+    try:
+        messages = {pod: json.loads(texts[pod]) for pod in sorted(pods)}
+    except ValueError as err:
+        raise AssertionError(f"a termination message is not the trainer's: {texts}") from err
+    saved = {message.get("checkpoint_step") for message in messages.values()}
+    assert len(saved) == 1 and None not in saved, messages
     return int(saved.pop())
 
 
 def test_a_grow_trains_on_at_its_size_until_the_extra_nodes_are_provisioned(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
-    cluster.apply(job("grower", tmp_path, replicas=2))
-    cluster.wait_phase("grower", {"Running"}, 180)
+        cluster: RealCluster, operator: InstalledOperator):
+    cluster.apply(job(cluster, "grower", replicas=2))
+    cluster.wait_phase("grower", {"Running"}, RUNNING_SECONDS)
     first = {p.metadata.name for p in cluster.pods("grower")}
+    ended = TerminationMessages(cluster, "grower")
+    # A real gang trains some time after its pods run (JAX's start, restore, compile): a grow
+    # provisioned before then would stop a gang that never trained.
+    wait_for(lambda: int(cluster.status("grower").get("step") or 0) > 5, 180, "training")
     before = workload_of(cluster, "grower")
     assert before is not None and len(pool_nodes(cluster)) == 2
     cluster.kubectl("scale", "tj/grower", "--replicas=3")
@@ -235,8 +300,8 @@ def test_a_grow_trains_on_at_its_size_until_the_extra_nodes_are_provisioned(
     # and the gang of 3 resumes from the saved step on the nodes booked for it.
     status = wait_for(lambda: (s := cluster.status("grower")).get("phase") == "Running"
                       and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
-                      and s, 240, "the gang of 3 resumed")
-    assert status["recoveries"][-1]["restoreStep"] == saved_step(cluster, first) > step + 20
+                      and s, RUNNING_SECONDS, "the gang of 3 resumed")
+    assert status["recoveries"][-1]["restoreStep"] == saved_step(ended, first) > step + 20
     after = workload_of(cluster, "grower")
     assert after is not None and after["metadata"]["uid"] != before["metadata"]["uid"]
     booked = request_of(cluster, after)
@@ -249,36 +314,37 @@ def test_a_grow_trains_on_at_its_size_until_the_extra_nodes_are_provisioned(
         assert nodes[pod.spec.node_name][REQUEST_LABEL] == booked["metadata"]["name"]
     # The first and the grow's requests went with their Workloads, and their nodes with them.
     wait_for(lambda: [r["metadata"]["name"] for r in requests(cluster)] == [
-        booked["metadata"]["name"]] and len(pool_nodes(cluster)) == 3, 120,
+        booked["metadata"]["name"]] and len(pool_nodes(cluster)) == 3, RELEASE_SECONDS,
         "only the new request's nodes left")
     assert status["restarts"]["failures"] == 0
     cluster.kubectl("delete", "tj/grower", "--wait=false")
-    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), RELEASE_SECONDS,
              "the request and its nodes released")
     operator.assert_alive()
     cluster.clear_jobs()
 
 
 def test_an_evicted_job_gives_its_nodes_back_and_is_provisioned_again_when_requeued(
-        cluster: Cluster, operator: OperatorProcess, tmp_path: Path):
+        cluster: RealCluster, operator: InstalledOperator):
     """Suspended, the job's Workload is evicted (Deactivated); Kueue v0.19 deletes an evicted
     Workload's request (CleanupProvisioningRequestsOnEviction, beta, on) and GKE takes the
     nodes back. Resumed, the Workload gets a new request and the gang resumes on its nodes."""
-    cluster.apply(job("evictee", tmp_path, replicas=2))
-    cluster.wait_phase("evictee", {"Running"}, 180)
+    cluster.apply(job(cluster, "evictee", replicas=2))
+    cluster.wait_phase("evictee", {"Running"}, RUNNING_SECONDS)
     first_request = requests(cluster)[0]["metadata"]["uid"]
     first_nodes = set(pool_nodes(cluster))
     first = {p.metadata.name for p in cluster.pods("evictee")}
-    wait_for(lambda: int(cluster.status("evictee").get("step") or 0) > 5, 60, "training")
+    ended = TerminationMessages(cluster, "evictee")
+    wait_for(lambda: int(cluster.status("evictee").get("step") or 0) > 5, 180, "training")
     cluster.kubectl("patch", "tj/evictee", "--type=merge", "-p", '{"spec":{"suspend":true}}')
-    cluster.wait_phase("evictee", {"Suspended"}, 120)
-    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+    cluster.wait_phase("evictee", {"Suspended"}, RELEASE_SECONDS)
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), RELEASE_SECONDS,
              "the evicted Workload's request and nodes given back")
-    step = saved_step(cluster, first)
+    step = saved_step(ended, first)
     cluster.kubectl("patch", "tj/evictee", "--type=merge", "-p", '{"spec":{"suspend":false}}')
     status = wait_for(lambda: (s := cluster.status("evictee")).get("phase") == "Running"
                       and s["recoveries"] and s["recoveries"][-1]["cause"] == "Resume"
-                      and s, 180, "resumed on newly provisioned nodes")
+                      and s, RUNNING_SECONDS, "resumed on newly provisioned nodes")
     assert status["recoveries"][-1]["restoreStep"] == step
     [again] = requests(cluster)
     assert again["metadata"]["uid"] != first_request
@@ -290,7 +356,7 @@ def test_an_evicted_job_gives_its_nodes_back_and_is_provisioned_again_when_reque
         assert nodes[pod.spec.node_name][REQUEST_LABEL] == again["metadata"]["name"]
     assert status["restarts"]["failures"] == 0
     cluster.kubectl("delete", "tj/evictee", "--wait=false")
-    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), 120,
+    wait_for(lambda: not requests(cluster) and not pool_nodes(cluster), RELEASE_SECONDS,
              "the request and its nodes released")
     operator.assert_alive()
     cluster.clear_jobs()

@@ -4,6 +4,8 @@ of the ordinary autoscaler. End to end, with Kueue: tests/e2e/test_kueue_provisi
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +14,7 @@ from tardigrade_local import kueue
 from tardigrade_local.cluster import ClusterConfig
 from tardigrade_local.gke.autoscaler import NodeAutoscaler, NodePool
 from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
-from tardigrade_local.gke.provisioning import plan_booking
+from tardigrade_local.gke.provisioning import Booking, QueuedProvisioner, plan_booking
 
 # Nodes of 2 cpus (the rest of the default capacity).
 SMALL = NodeConfig.from_dict({"name": "template", "capacity": {"cpu": "2"}})
@@ -63,3 +65,46 @@ def test_the_provisioning_request_crd_comes_from_the_autoscaler_module_kueue_pin
     assert crd["metadata"]["name"] == "provisioningrequests.autoscaling.x-k8s.io"
     served = {v["name"] for v in crd["spec"]["versions"] if v["served"]}
     assert "v1" in served and crd["spec"]["scope"] == "Namespaced"
+
+
+class PoolHost:
+    """A `ProvisioningHost` whose nodes are names in pools (no VM behind them)."""
+
+    def __init__(self, nodes: dict[str, str]) -> None:
+        self.cloud = SimpleNamespace(client=None)
+        self.nodes = dict(nodes)  # name -> pool
+        self.removed: list[str] = []
+
+    def pool_sizes(self) -> dict[str, int]:
+        return dict(Counter(self.nodes.values()))
+
+    def upcoming_nodes(self) -> list[NodeConfig]:
+        return []
+
+    def has_node(self, name: str) -> bool:
+        return name in self.nodes or name in self.removed
+
+    async def add_node(self, config: NodeConfig) -> None:
+        self.nodes[config.name] = config.pool
+
+    async def remove_node(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self.removed.append(name)
+
+
+def test_booked_nodes_count_in_their_pool_from_the_booking_on_whatever_the_host():
+    host = PoolHost({"dws-pool-1": "dws-pool", "other-1": "other"})
+    provisioner = QueuedProvisioner(host, [DWS])
+    names = provisioner._book("uid-1", Booking({"dws-pool": 2}, None))
+    # A name the host has taken is never booked again.
+    assert sorted(names) == ["dws-pool-2", "dws-pool-3"]
+    assert provisioner._sizes()["dws-pool"] == 3
+    # A booked node the host created is counted once.
+    asyncio.run(host.add_node(DWS.node_config("dws-pool-2")))
+    assert provisioner._sizes()["dws-pool"] == 3
+    # The pool is full: a second request waits, saying why.
+    refused = plan_booking([template_pod(0)], [DWS], provisioner._sizes())
+    assert refused.refusal == "pod didn't trigger scale-up: 1 max node group size reached"
+    asyncio.run(host.remove_node("dws-pool-1"))
+    assert provisioner._sizes()["dws-pool"] == 2
+    assert provisioner._new_name(DWS) not in {"dws-pool-1", "dws-pool-2", "dws-pool-3"}

@@ -9,9 +9,11 @@ import dataclasses
 import json
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tardigrade_local import egressproxy, gobuild, noderegistry, nodeshape
+from tardigrade_local.gke.autoscaler import NodePool
 from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.realcluster import SPOT_LABEL, NodePlan, RealNodeCluster, plan_nodes
 from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES, Addresses, RealNode
@@ -237,3 +239,30 @@ def test_a_vm_its_pool_recreates_is_on_its_way_from_the_moment_it_goes(tmp_path)
         raise RuntimeError("the shutdown failed")
     assert [c.name for c in real.upcoming_nodes()] == ["real-2"]
     assert real.has_node("real-2") and not real.has_node("spot-pool-1")
+
+
+def test_a_released_queued_provisioning_node_is_deleted_and_its_name_stays_taken(tmp_path):
+    queued = NodePool("dws", max_size=2, queued_provisioning=True)
+    real = RealNodeCluster(tmp_path, plan_nodes(1, 0), pools=[queued], kueue=True)
+    assert real._queued_pools() == [queued] and real._autoscaled_pools() == []
+    # Without Kueue there is no ProvisioningRequest API: nothing grows the pool.
+    assert RealNodeCluster(tmp_path, plan_nodes(1, 0), pools=[queued])._queued_pools() == []
+    real.plan.append(NodePlan.of(queued.node_config("dws-1")))
+    stopped: list[str] = []
+    real.nodes = {name: RealNode(name, tmp_path / name, "", tmp_path)
+                  for name in ("real-1", "dws-1")}
+    for node in real.nodes.values():
+        node.stop = lambda name=node.name: stopped.append(name)  # type: ignore[method-assign]
+    deleted: list[str] = []
+
+    async def delete_node(name: str) -> None:
+        deleted.append(name)
+
+    real._pool_cloud = SimpleNamespace(delete_node=delete_node)  # type: ignore[assignment]
+    assert real.pool_sizes() == {"default-pool": 1, "dws": 1}
+    asyncio.run(real.remove_node("dws-1"))
+    assert (stopped, deleted) == (["dws-1"], ["dws-1"])
+    assert real.pool_sizes() == {"default-pool": 1}
+    assert [n.name for n in real.retired] == ["dws-1"] and real.has_node("dws-1")
+    asyncio.run(real.remove_node("dws-1"))  # gone already: nothing more
+    assert (stopped, deleted) == (["dws-1"], ["dws-1"])

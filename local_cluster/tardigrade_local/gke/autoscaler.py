@@ -16,7 +16,8 @@ What it copies (kubernetes/autoscaler, cluster-autoscaler):
   take minutes), up to `--max-node-provision-time` (15 min) before the autoscaler gives up.
 
 `plan_scale_up` is the pure decision; `NodeAutoscaler` runs it against the nodes of a
-`NodePoolHost`: the node agents' `KubeletHost` or the real nodes' `RealNodeCluster`.
+`NodePoolHost`: the node agents' `KubeletHost` or the real nodes' `RealNodeCluster` (both
+also `ProvisioningHost`s, which GKE's queued provisioning drives).
 """
 
 from __future__ import annotations
@@ -198,6 +199,24 @@ class NodePoolHost(Protocol):
         ...
 
 
+class ProvisioningHost(NodePoolHost, Protocol):
+    """The nodes GKE's queued provisioning books (gke/provisioning.py): a pool's nodes are
+    added as the autoscaler adds them, and each goes once its request is released."""
+
+    async def remove_node(self, name: str) -> None:
+        """Node `name`'s VM is deleted and its Node object goes (the node is empty: its
+        request's pods are gone). Nothing happens to a node already gone."""
+        ...
+
+
+def is_schedulable(node: Obj) -> bool:
+    """Free of the taints of a node that is not (yet) Ready: kube-apiserver's
+    `node.kubernetes.io/not-ready` on a new Node (TaintNodesByCondition) and the node
+    lifecycle controller's; the scheduler can place pods there."""
+    taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+    return not taints & {TAINT_NOT_READY, TAINT_UNREACHABLE}
+
+
 class NodeAutoscaler:
     """Grows the local node pools for unschedulable pods, as the cluster autoscaler does."""
 
@@ -277,10 +296,7 @@ class NodeAutoscaler:
 
     def _schedulable(self, name: str) -> bool:
         node = self.nodes.cache.get(("", name))
-        if node is None:
-            return False
-        taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
-        return not taints & {TAINT_NOT_READY, TAINT_UNREACHABLE}
+        return node is not None and is_schedulable(node)
 
     def _new_name(self, pool: NodePool) -> str:
         while True:

@@ -32,16 +32,20 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tardigrade_local.gke.autoscaler import NOT_TRIGGER_SCALE_UP, NodePool, plan_scale_up
+from tardigrade_local.gke.autoscaler import (
+    NOT_TRIGGER_SCALE_UP,
+    NodePool,
+    ProvisioningHost,
+    is_schedulable,
+    plan_scale_up,
+)
 from tardigrade_local.gke.client import ApiError, Informer, core_path, group_path
-
-if TYPE_CHECKING:
-    from tardigrade_local.kubelet.host import KubeletHost
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,10 @@ QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
 REQUEST_LABEL = "tardigrade.dev/provisioning-request"
 RETRY_SECONDS = 2.0
 EMPTY_POLL_SECONDS = 1.0
+SCHEDULABLE_POLL_SECONDS = 0.2
+# From the nodes' creation to every one schedulable: the cluster autoscaler's
+# --max-node-provision-time (a real node boots in tens of seconds on a loaded machine).
+MAX_NODE_PROVISION_SECONDS = 900.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +97,11 @@ def is_true(request: Obj, kind: str) -> bool:
 
 
 class QueuedProvisioner:
-    """Serves ProvisioningRequests of GKE's queued-provisioning class from the local pools."""
+    """Serves ProvisioningRequests of GKE's queued-provisioning class from the local pools,
+    on the nodes of `host`: the node agents' `KubeletHost` or the real nodes'
+    `RealNodeCluster` (its loop's GKE client)."""
 
-    def __init__(self, host: KubeletHost, pools: Iterable[NodePool]) -> None:
+    def __init__(self, host: ProvisioningHost, pools: Iterable[NodePool]) -> None:
         self.host = host
         self.client = host.cloud.client
         self.pools = [p for p in pools if p.queued_provisioning]
@@ -185,7 +195,21 @@ class QueuedProvisioner:
                                                REQUEST_LABEL: request_name})
                    for name, pool in names.items()]
         await asyncio.gather(*(self.host.add_node(config) for config in configs))
-        await self.host.wait_schedulable(names=set(names))
+        await self._wait_schedulable(set(names))
+
+    async def _wait_schedulable(self, names: set[str]) -> None:
+        """Until every one of `names` is Ready and untainted (`is_schedulable`)."""
+        deadline = time.monotonic() + MAX_NODE_PROVISION_SECONDS
+        while names:
+            listing = await self.client.request("GET", core_path("nodes"))
+            names -= {node["metadata"]["name"] for node in listing.get("items") or []
+                      if is_schedulable(node)}
+            if names and time.monotonic() > deadline:
+                raise TimeoutError(f"nodes not schedulable after "
+                                   f"{MAX_NODE_PROVISION_SECONDS:g} s: "
+                                   f"{', '.join(sorted(names))}")
+            if names:
+                await asyncio.sleep(SCHEDULABLE_POLL_SECONDS)
 
     async def _release(self, uid: str) -> None:
         """The request is gone: its nodes are scaled down, each once no pod runs on it (Kueue
@@ -198,10 +222,8 @@ class QueuedProvisioner:
     async def _scale_down_when_empty(self, name: str) -> None:
         while await self._pods_on(name):
             await asyncio.sleep(EMPTY_POLL_SECONDS)
-        agent = self.host.agents.get(name)
-        if agent is not None and agent.state != "gone":
-            await self.host.lose_node(name)
-            log.info("queued provisioning: node %s released", name)
+        await self.host.remove_node(name)
+        log.info("queued provisioning: node %s released", name)
 
     async def _pods_on(self, name: str) -> int:
         """Pods bound to the node that have not finished (a deleted one still counts until
@@ -212,11 +234,10 @@ class QueuedProvisioner:
                    if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
 
     def _sizes(self) -> Counter[str]:
-        sizes: Counter[str] = Counter(a.config.pool for a in self.host.agents.values()
-                                      if a.state != "gone")
+        sizes: Counter[str] = Counter(self.host.pool_sizes())
         for nodes in self.booked.values():
             for name, pool in nodes.items():
-                if name not in self.host.agents:  # booked, not created yet
+                if not self.host.has_node(name):  # booked, not created yet
                     sizes[pool] += 1
         return sizes
 
@@ -224,7 +245,7 @@ class QueuedProvisioner:
         taken = {n for names in self.booked.values() for n in names}
         while True:
             name = f"{pool.name}-{next(self._names)}"
-            if name not in self.host.agents and name not in taken:
+            if not self.host.has_node(name) and name not in taken:
                 return name
 
     async def _pods(self, request: Obj) -> list[Obj]:

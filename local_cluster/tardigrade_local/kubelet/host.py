@@ -215,7 +215,7 @@ class KubeletHost:
         return task
 
     # --- nodes ---------------------------------------------------------------------------
-    # --- node pools (gke/autoscaler.py's `NodePoolHost`) ------------------------------------
+    # --- node pools (gke/autoscaler.py's `ProvisioningHost`) ---------------------------------
     def pool_sizes(self) -> Counter[str]:
         return Counter(a.config.pool for a in self.agents.values() if a.state != "gone")
 
@@ -426,6 +426,13 @@ class KubeletHost:
         finally:
             for a in agents:
                 self.recreating.pop(a.name, None)
+
+    async def remove_node(self, name: str) -> None:
+        """GKE's queued provisioning gives a released request's empty node back
+        (gke/autoscaler.py's `ProvisioningHost`): the VM goes, the cloud deletes its Node."""
+        agent = self.agents.get(name)
+        if agent is not None and agent.state != "gone":
+            await self.lose_node(name)
 
     async def lose_node(self, name: str) -> None:
         """The machine vanished: processes die now, nothing more is reported, and the cloud
