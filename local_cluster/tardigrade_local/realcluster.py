@@ -431,17 +431,12 @@ class RealNodeCluster:
             if name in running:
                 hosts = tpuslices.slice_of(running[name], running.values())
                 return [self.nodes[host.name] for host in hosts]
-        self._node(name)  # raises, naming the running nodes
-        raise AssertionError("unreachable")
+        raise RealClusterError(f"no running node {name!r} (running: {sorted(running)})")
 
     @staticmethod
     def _shut_down(hosts: Sequence[RealNode]) -> dict[str, dict[str, Any] | BaseException]:
-        """Shut the VMs down at once; each one's account, or what went wrong."""
-        if len(hosts) == 1:
-            try:
-                return {hosts[0].name: hosts[0].shutdown()}
-            except Exception as err:
-                return {hosts[0].name: err}
+        """Shut the VMs down at once (a thread each, as a maintenance's shutdown runs on a
+        thread of its own); each one's account, or what went wrong."""
         results: dict[str, dict[str, Any] | BaseException] = {}
         with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
             futures = {host.name: pool.submit(host.shutdown) for host in hosts}

@@ -16,7 +16,13 @@ import pytest
 from tardigrade_local import egressproxy, gobuild, noderegistry, nodeshape
 from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.gke.tpuslices import SliceShape, slice_nodes
-from tardigrade_local.realcluster import SPOT_LABEL, NodePlan, RealNodeCluster, plan_nodes
+from tardigrade_local.realcluster import (
+    SPOT_LABEL,
+    NodePlan,
+    RealClusterError,
+    RealNodeCluster,
+    plan_nodes,
+)
 from tardigrade_local.realnode import (
     KUBELET_WITHOUT_RESTART_RULES,
     Addresses,
@@ -285,5 +291,7 @@ def test_a_reclaim_takes_every_host_of_a_multi_host_slice_and_its_pool_brings_th
         # A node of no slice goes alone.
         real.reclaim("real-1")
         assert sorted(real.nodes) == ["s2-1"] and deleted[-1] == "real-1"
+        with pytest.raises(RealClusterError, match=r"no running node 's1-0' \(running: \['s2-1'\]"):
+            real.reclaim("s1-0")
     finally:
         real._settle_recreations()  # the recreations waiting for their delay end
