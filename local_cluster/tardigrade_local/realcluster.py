@@ -31,6 +31,7 @@ real-node tests run one in the test process. Needs root and Linux (`realnode.py`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -64,7 +65,7 @@ from tardigrade_local.clusterapi import ClusterAPI
 from tardigrade_local.clusterdns import ClusterDNS
 from tardigrade_local.clustergcs import ClusterGCS
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
-from tardigrade_local.gke import hostmaintenance, realreclaim
+from tardigrade_local.gke import hostmaintenance, realreclaim, tpuslices
 from tardigrade_local.gke.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
 from tardigrade_local.gke.client import ApiClient
 from tardigrade_local.gke.cloud import GkeCloud
@@ -435,17 +436,52 @@ class RealNodeCluster:
         """A spot reclaim of node `name`, as GKE does it: the VM shuts down
         (`RealNode.shutdown`: logind's PrepareForShutdown, the real kubelet's graceful node
         shutdown), then it is gone and GKE's cloud node lifecycle controller deletes its Node
-        object. With `replace_after_seconds`, the node pool's managed instance group
-        recreates the VM under the same name that long after (GKE documents no figure: the
-        caller picks it); the new VM has a fresh disk (a new node directory; the old one's
-        pod logs stay, `retired`). Returns logind's account of the shutdown."""
-        node = self._node(name)
-        with self._coming_back(name, replace_after_seconds):
-            account = node.shutdown()
-            with self.kube() as api, contextlib.suppress(kubernetes.client.ApiException):
-                kubernetes.client.CoreV1Api(api).delete_node(name)
-            self._retire(node, replace_after_seconds)
+        object. A host of a multi-host TPU slice goes with every host of its slice pool, their
+        VMs shut down at once (GKE shuts down every TPU VM of the slice: `gke/tpuslices.py`).
+        With `replace_after_seconds`, the node pool's managed instance group recreates the
+        VMs under the same names that long after (GKE documents no figure: the caller picks
+        it; a slice's hosts all at once); a new VM has a fresh disk (a new node directory;
+        the old one's pod logs stay, `retired`). Returns logind's account of `name`'s
+        shutdown."""
+        hosts = self._slice_of(name)
+        with contextlib.ExitStack() as coming_back:
+            for host in hosts:
+                coming_back.enter_context(self._coming_back(host.name, replace_after_seconds))
+            accounts = self._shut_down(hosts)
+            gone = [host for host in hosts if isinstance(accounts[host.name], dict)]
+            with self.kube() as api:
+                for host in gone:
+                    with contextlib.suppress(kubernetes.client.ApiException):
+                        kubernetes.client.CoreV1Api(api).delete_node(host.name)
+            for host in gone:
+                self._retire(host, replace_after_seconds)
+            failed = [error for error in accounts.values() if isinstance(error, BaseException)]
+            if failed:
+                raise failed[0]
+        account = accounts[name]
+        assert isinstance(account, dict)
         return account
+
+    def _slice_of(self, name: str) -> list[RealNode]:
+        """Node `name`, or every running host of its multi-host TPU slice pool."""
+        with self._lock:
+            running = {n: self._plan_of(n).node_config() for n in self.nodes}
+            if name in running:
+                hosts = tpuslices.slice_of(running[name], running.values())
+                return [self.nodes[host.name] for host in hosts]
+        raise RealClusterError(f"no running node {name!r} (running: {sorted(running)})")
+
+    @staticmethod
+    def _shut_down(hosts: Sequence[RealNode]) -> dict[str, dict[str, Any] | BaseException]:
+        """Shut the VMs down at once (a thread each, as a maintenance's shutdown runs on a
+        thread of its own); each one's account, or what went wrong."""
+        results: dict[str, dict[str, Any] | BaseException] = {}
+        with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+            futures = {host.name: pool.submit(host.shutdown) for host in hosts}
+        for host, future in futures.items():
+            error = future.exception()
+            results[host] = error if error is not None else future.result()
+        return results
 
     def halt(self, name: str, back_after_seconds: float | None = None) -> None:
         """Node `name`'s VM is lost without a shutdown (a host error, a power loss):
@@ -546,7 +582,8 @@ class RealNodeCluster:
             yield
         except BaseException:
             with self._lock:
-                self.recreating.pop(name, None)
+                if name in self.nodes:  # not gone: a retired one is recreated (`_retire`)
+                    self.recreating.pop(name, None)
             raise
 
     def _retire(self, node: RealNode, back_after_seconds: float | None) -> None:

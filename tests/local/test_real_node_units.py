@@ -11,12 +11,25 @@ import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
+import kubernetes
 import pytest
 from tardigrade_local import egressproxy, gobuild, noderegistry, nodeshape
 from tardigrade_local.gke.autoscaler import NodePool
 from tardigrade_local.gke.nodes import NodeConfig
-from tardigrade_local.realcluster import SPOT_LABEL, NodePlan, RealNodeCluster, plan_nodes
-from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES, Addresses, RealNode
+from tardigrade_local.gke.tpuslices import SliceShape, slice_nodes
+from tardigrade_local.realcluster import (
+    SPOT_LABEL,
+    NodePlan,
+    RealClusterError,
+    RealNodeCluster,
+    plan_nodes,
+)
+from tardigrade_local.realnode import (
+    KUBELET_WITHOUT_RESTART_RULES,
+    Addresses,
+    RealNode,
+    RealNodeError,
+)
 
 
 def test_node_programs_are_stamped_with_their_pinned_versions():
@@ -266,3 +279,47 @@ def test_a_released_queued_provisioning_node_is_deleted_and_its_name_stays_taken
     assert [n.name for n in real.retired] == ["dws-1"] and real.has_node("dws-1")
     asyncio.run(real.remove_node("dws-1"))  # gone already: nothing more
     assert (stopped, deleted) == (["dws-1"], ["dws-1"])
+
+
+def test_a_reclaim_takes_every_host_of_a_multi_host_slice_and_its_pool_brings_them_back(
+        tmp_path, monkeypatch):
+    host = {"cpu": "500m", "memory": "1Gi", "pods": "20"}
+    shape = SliceShape("tpu-v5-lite-podslice", "2x4", 4)
+    real = RealNodeCluster(tmp_path, [*plan_nodes(1, 0),
+                                      *slice_nodes("s1", shape, host_capacity=host),
+                                      *slice_nodes("s2", shape, host_capacity=host)])
+    real.nodes = {p.name: RealNode(p.name, tmp_path / p.name, "", tmp_path) for p in real.plan}
+    shut: list[str] = []
+    deleted: list[str] = []
+
+    def shutdown(node: RealNode) -> dict[str, object]:
+        if node.name == "s2-1":
+            raise RealNodeError("logind did not answer")
+        shut.append(node.name)
+        return {"released": True, "host": node.name}
+
+    monkeypatch.setattr(RealNode, "shutdown", shutdown)
+    monkeypatch.setattr(RealNodeCluster, "kube", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api",
+                        lambda api: SimpleNamespace(delete_node=deleted.append))
+    try:
+        assert real.reclaim("s1-1", replace_after_seconds=3600)["host"] == "s1-1"
+        assert sorted(shut) == sorted(deleted) == ["s1-0", "s1-1"]
+        assert sorted(real.nodes) == ["real-1", "s2-0", "s2-1"]
+        # The pool recreates both hosts: on their way, out of its size.
+        assert sorted(real.recreating) == ["s1-0", "s1-1"]
+        assert real.pool_sizes() == {"default-pool": 1, "s2": 2}
+        assert [(c.labels["cloud.google.com/gke-tpu-topology"], c.capacity["google.com/tpu"])
+                for c in real.upcoming_nodes()] == [("2x4", "4")] * 2
+        # A host whose VM would not shut down stays; the one that did goes and comes back.
+        with pytest.raises(RealNodeError, match="logind"):
+            real.reclaim("s2-0", replace_after_seconds=3600)
+        assert sorted(real.nodes) == ["real-1", "s2-1"]
+        assert sorted(real.recreating) == ["s1-0", "s1-1", "s2-0"]
+        # A node of no slice goes alone.
+        real.reclaim("real-1")
+        assert sorted(real.nodes) == ["s2-1"] and deleted[-1] == "real-1"
+        with pytest.raises(RealClusterError, match=r"no running node 's1-0' \(running: \['s2-1'\]"):
+            real.reclaim("s1-0")
+    finally:
+        real._settle_recreations()  # the recreations waiting for their delay end

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
 
@@ -53,12 +53,14 @@ class SliceShape:
         return self.chips() // self.chips_per_host
 
 
-def slice_nodes(pool: str, shape: SliceShape, spot: bool = True) -> list[NodeConfig]:
-    """The hosts of one slice node pool, named `<pool>-<host>`."""
+def slice_nodes(pool: str, shape: SliceShape, spot: bool = True,
+                host_capacity: Mapping[str, str] = DEFAULT_NODE_CAPACITY) -> list[NodeConfig]:
+    """The hosts of one slice node pool, named `<pool>-<host>`, each with `host_capacity`
+    (cpu, memory, pods: a real node's must fit the machine, `nodeshape.py`) and its chips."""
     labels = {TPU_ACCELERATOR_LABEL: shape.accelerator, TPU_TOPOLOGY_LABEL: shape.topology}
     if spot:
         labels[SPOT_LABEL] = "true"
-    capacity = {**DEFAULT_NODE_CAPACITY, TPU_RESOURCE: str(shape.chips_per_host)}
+    capacity = {**host_capacity, TPU_RESOURCE: str(shape.chips_per_host)}
     return [NodeConfig(f"{pool}-{host}", labels=labels, taints=(TPU_TAINT,),
                        capacity=capacity, pool=pool) for host in range(shape.hosts())]
 
