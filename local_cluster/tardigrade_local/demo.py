@@ -132,7 +132,7 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
     console.print(f"[bold]Starting a cluster of real nodes[/] (state in {state})")
     real = RealNodeCluster(state / "c", plan_nodes(1, SPOT_NODES))
     real.start(progress=lambda what: console.print(f"  [dim]{what}[/]"))
-    shipper = LogShipper(real.kube, state / "logs", NAMESPACE, "tardigrade.dev/job")
+    shipper = LogShipper(real.pod_logs_dirs, state / "logs", NAMESPACE)
     try:
         console.print("[bold]Installing the operator[/] (helm, the registry's image)")
         real.install_operator(*HELM_VALUES)
@@ -149,7 +149,7 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
             subprocess.run(["kubectl", *args], env=env, input=stdin, text=True, check=True,
                            capture_output=True)
 
-        shipper.start()  # before the jobs' first pods: it follows every container run
+        shipper.start()  # before the jobs' first pods: it reads every container run
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
         kubectl("apply", "-f", "-", stdin=yaml.safe_dump(reference))
         log = StepLog(core, NAMESPACE, name)
@@ -189,7 +189,8 @@ def _run(out_dir: Path, state: Path, settings: DemoSettings, console: Console) -
         shipper.stop()
         files = StepLog.from_pod_log_dirs([shipper.directory], NAMESPACE, name)
         ref_files = StepLog.from_pod_log_dirs([shipper.directory], NAMESPACE, ref_name)
-        # What the API served while the pods lived fills in what the shipper missed.
+        # What the API served while the pods lived fills in what the shipper may have missed
+        # (lines written just before a pod's removal).
         curve = {**log.curve(), **files.curve()}
         ref_curve = ref_files.curve()
         job_obj = custom.get_namespaced_custom_object(

@@ -642,6 +642,11 @@ class RealNodeCluster:
         with self._lock:
             return [*self.retired, *self.nodes.values()]
 
+    def pod_logs_dirs(self) -> list[Path]:
+        """Every node's pod log folder (the kubelet's podLogsDir), the retired nodes' too: what
+        a logging agent on each node reads (logshipper.py)."""
+        return [node.pod_logs_dir for node in self.all_nodes()]
+
     def _start_registry(self) -> None:
         """Its port is picked free, then bound by the registry a moment later: another
         server of the machine may take it meanwhile, so a registry that exits at once gets

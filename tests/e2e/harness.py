@@ -468,7 +468,7 @@ def real_cluster(directory: Path, spot_nodes: int, *, kueue: bool = False,
     timings)."""
     plan = list(nodes) if nodes is not None else plan_nodes(1, spot_nodes)
     with RealNodeCluster(directory, plan, kueue=kueue, **options) as real, LogShipper(
-            real.kube, directory / "logs", NAMESPACE, "tardigrade.dev/job") as shipper:
+            real.pod_logs_dirs, directory / "logs", NAMESPACE) as shipper:
         yield RealCluster(real, shipper.directory)
 
 
