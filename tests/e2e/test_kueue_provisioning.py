@@ -18,13 +18,10 @@ image checkpointing to the GCS emulator."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import urllib3
-from kubernetes import watch
 from tardigrade_local.gke.autoscaler import NodePool
 from tardigrade_local.gke.nodes import NodeConfig
 from tardigrade_local.gke.provisioning import QUEUED_PROVISIONING_CLASS, REQUEST_LABEL
@@ -39,6 +36,7 @@ from tests.e2e.harness import (
     real_cluster,
     wait_for,
 )
+from tests.local.kube_helpers import Kube, PodRecorder
 
 pytestmark = [pytest.mark.slow, NEEDS_REAL_NODES]
 
@@ -220,46 +218,22 @@ def grow_workload_of(cluster: RealCluster, name: str) -> dict[str, Any] | None:
                 None)
 
 
-class TerminationMessages:
-    """The trainer's termination message of each of a job's pods, as its kubelet reports the
-    container terminated (a real kubelet removes a deleted pod's files: the API is where the
-    message stays, until the pod goes)."""
-
-    def __init__(self, cluster: RealCluster, job: str) -> None:
-        selector = f"tardigrade.dev/job={job}"
-        listed = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector)
-        # As the kubelet reported it: a message that is not the trainer's (the kubelet's
-        # fallback to the log's end) shows as it is where a test reads it.
-        self.messages: dict[str, str] = {}
-        self._stopped = False
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, daemon=True, args=(
-            cluster, selector, listed.metadata.resource_version))
-        self._thread.start()
-
-    def _run(self, cluster: RealCluster, selector: str, version: str) -> None:
-        try:
-            for event in self._watch.stream(cluster.core.list_namespaced_pod, NAMESPACE,
-                                            label_selector=selector, resource_version=version,
-                                            timeout_seconds=3 * RUNNING_SECONDS):
-                pod = event["object"]
-                for status in pod.status.container_statuses or []:
-                    ended = status.state.terminated if status.state else None
-                    if status.name == "trainer" and ended is not None and ended.message:
-                        self.messages[pod.metadata.name] = ended.message
-        except urllib3.exceptions.ProtocolError:
-            if not self._stopped:  # a stream cut by stop() is fine, any other is not
-                raise
-
-    def stop(self) -> dict[str, str]:
-        self._stopped = True
-        self._watch.stop()
-        return dict(self.messages)
+def termination_messages(cluster: RealCluster, job: str) -> PodRecorder:
+    """The job's pods from now on, for their trainers' termination messages as their kubelets
+    report the containers terminated (a real kubelet removes a deleted pod's files: the API
+    is where the message stays, until the pod goes)."""
+    return PodRecorder(Kube(str(cluster.real.kubeconfig)), NAMESPACE,
+                       f"tardigrade.dev/job={job}", timeout_seconds=3 * RUNNING_SECONDS,
+                       since_now=True).start()
 
 
-def saved_step(ended: TerminationMessages, pods: set[str]) -> int:
-    texts = wait_for(lambda: pods <= set(ended.messages) and ended.stop(), 60,
-                     f"the termination messages of {sorted(pods)}")
+def saved_step(ended: PodRecorder, pods: set[str]) -> int:
+    # As the kubelet reported it: a message that is not the trainer's (the kubelet's fallback
+    # to the log's end) shows as it is.
+    texts = wait_for(lambda: (found := {pod: ended.termination_text(pod, "trainer")
+                                        for pod in pods}) and all(found.values()) and found,
+                     60, f"the termination messages of {sorted(pods)}")
+    ended.stop()
     try:
         messages = {pod: json.loads(texts[pod]) for pod in sorted(pods)}
     except ValueError as err:
@@ -274,7 +248,7 @@ def test_a_grow_trains_on_at_its_size_until_the_extra_nodes_are_provisioned(
     cluster.apply(job(cluster, "grower", replicas=2))
     cluster.wait_phase("grower", {"Running"}, RUNNING_SECONDS)
     first = {p.metadata.name for p in cluster.pods("grower")}
-    ended = TerminationMessages(cluster, "grower")
+    ended = termination_messages(cluster, "grower")
     # A real gang trains some time after its pods run (JAX's start, restore, compile): a grow
     # provisioned before then would stop a gang that never trained.
     wait_for(lambda: int(cluster.status("grower").get("step") or 0) > 5, 180, "training")
@@ -334,7 +308,7 @@ def test_an_evicted_job_gives_its_nodes_back_and_is_provisioned_again_when_reque
     first_request = requests(cluster)[0]["metadata"]["uid"]
     first_nodes = set(pool_nodes(cluster))
     first = {p.metadata.name for p in cluster.pods("evictee")}
-    ended = TerminationMessages(cluster, "evictee")
+    ended = termination_messages(cluster, "evictee")
     wait_for(lambda: int(cluster.status("evictee").get("step") or 0) > 5, 180, "training")
     cluster.kubectl("patch", "tj/evictee", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     cluster.wait_phase("evictee", {"Suspended"}, RELEASE_SECONDS)

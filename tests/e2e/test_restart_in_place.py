@@ -27,8 +27,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import urllib3
-from kubernetes import watch
 from tardigrade_local import nodeimage
 from tardigrade_local.realcluster import plan_nodes
 from tardigrade_local.realnode import KUBELET_WITHOUT_RESTART_RULES
@@ -45,6 +43,7 @@ from tests.e2e.harness import (
     real_cluster,
     wait_for,
 )
+from tests.local.kube_helpers import Kube, PodRecorder
 
 pytestmark = [
     pytest.mark.slow,
@@ -220,44 +219,25 @@ class PodEvent:
     attempt: str  # the pod's attempt label in this event
     restarts: int  # its container's restart count
 
+    @classmethod
+    def of(cls, pod: dict[str, Any]) -> PodEvent:
+        restarts = max((s.get("restartCount") or 0
+                        for s in pod["status"].get("containerStatuses") or []), default=0)
+        return cls(pod["metadata"]["name"], pod["metadata"]["labels"]["tardigrade.dev/attempt"],
+                   restarts)
 
-class PodEvents:
-    """A job's pod watch events in the order the API server sent them, from a list's version
-    on: whether a kept pod was written while its container restarted shows in the order."""
 
-    def __init__(self, cluster: RealCluster, job: str) -> None:
-        selector = f"tardigrade.dev/job={job}"
-        listed = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=selector)
-        self.seen: list[PodEvent] = []
-        self._stopped = False
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, daemon=True, args=(
-            cluster, selector, listed.metadata.resource_version))
-        self._thread.start()
-
-    def _run(self, cluster: RealCluster, selector: str, version: str) -> None:
-        try:
-            for event in self._watch.stream(cluster.core.list_namespaced_pod, NAMESPACE,
-                                            label_selector=selector, resource_version=version,
-                                            timeout_seconds=int(NODE_BACK_SECONDS
-                                                                + TRAIN_SECONDS)):
-                pod = event["object"]
-                self.seen.append(PodEvent(pod.metadata.name,
-                                          pod.metadata.labels["tardigrade.dev/attempt"],
-                                          _restarts(pod)))
-        except urllib3.exceptions.ProtocolError:
-            if not self._stopped:  # a stream cut by stop() is fine, any other is not
-                raise
-
-    def stop(self) -> list[PodEvent]:
-        self._stopped = True
-        self._watch.stop()
-        return list(self.seen)
+def pod_events(cluster: RealCluster, job: str) -> PodRecorder:
+    """The job's pod watch events from now on, in the order the API server sent them."""
+    return PodRecorder(Kube(str(cluster.real.kubeconfig)), NAMESPACE,
+                       f"tardigrade.dev/job={job}",
+                       timeout_seconds=int(NODE_BACK_SECONDS + TRAIN_SECONDS),
+                       since_now=True).start()
 
 
 def _assert_kept_pods_joined_after_the_gang_ran(cluster: RealCluster, name: str,
                                                 kept: set[str], recovery: dict[str, Any],
-                                                events: PodEvents,
+                                                events: PodRecorder,
                                                 operator: InstalledOperator) -> None:
     """Every pod of the new attempt carries its world; a kept pod gets the new attempt's label
     only once the whole gang runs again, so no pod write competes with its restart."""
@@ -272,7 +252,8 @@ def _assert_kept_pods_joined_after_the_gang_ran(cluster: RealCluster, name: str,
     assert kept <= set(worlds), (kept, worlds)
     # The kept pods' worlds name the step the gang restored (the pin), as the new pod's does.
     assert {worlds[pod]["restoreStep"] for pod in kept} == {str(recovery["restoreStep"])}
-    seen = events.stop()
+    seen = [PodEvent.of(pod) for pod in events.stop()]
+    assert events.error is None, events.error
     relabels = [i for i, e in enumerate(seen) if e.pod in kept and e.attempt == "2"]
     assert relabels, seen
     if _in_process(operator):
@@ -389,7 +370,7 @@ def test_preemption_of_one_rank_restarts_the_others_in_place(cluster: RealCluste
     before = _pods(cluster, name)
     assert {p.spec.node_name for p in before.values()} == {"real-2", "real-3", OLD_NODE}
     victim = next(p for p in before.values() if p.spec.node_name == VICTIM_NODE)
-    events = PodEvents(cluster, name)
+    events = pod_events(cluster, name)
     # The reclaim returns once the VM is off; the pool recreates it a moment later, where the
     # lost rank's new pod goes (one trainer per node).
     reclaim = threading.Thread(target=cluster.real.reclaim,

@@ -94,46 +94,75 @@ def kubectl(*args: str, env: dict[str, str], timeout: float = 60) -> str:
 
 
 class PodRecorder:
-    """Every state of the selected pods that the API server sends a watch, kept by pod name:
-    the operator deletes a stopped gang's pods soon after it sees them (and with them their
-    termination messages), so a poll could miss them."""
+    """Every state of the selected pods that the API server sends a watch: by pod name
+    (`seen`) and in the order sent (`order`). The operator deletes a stopped gang's pods soon
+    after it sees them (and with them their termination messages), so a poll could miss them;
+    whether a pod was written before or after its container restarted shows in the order."""
 
     def __init__(self, kube: Kube, namespace: str, label_selector: str,
-                 timeout_seconds: int | None = None) -> None:
-        """`timeout_seconds`: the watch's own end (None: when the recorder is left)."""
+                 timeout_seconds: int | None = None, since_now: bool = False) -> None:
+        """`timeout_seconds`: the watch's own end (None: when the recorder stops).
+        `since_now`: only what changes after `start` (the watch from a list's version), not
+        the pods' states as they were."""
         self.kube = kube
         self.namespace = namespace
         self.label_selector = label_selector
         self.timeout_seconds = timeout_seconds
+        self.since_now = since_now
         self.seen: dict[str, list[dict[str, Any]]] = {}
+        self.order: list[dict[str, Any]] = []
         self.error: Exception | None = None
+        self._stopped = False
         self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> PodRecorder:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> PodRecorder:
+        options: dict[str, Any] = ({} if self.timeout_seconds is None
+                                   else {"timeout_seconds": self.timeout_seconds})
+        if self.since_now:  # listed here, before `start` returns: nothing after it is missed
+            options["resource_version"] = self.kube.core.list_namespaced_pod(
+                self.namespace, label_selector=self.label_selector).metadata.resource_version
+        self._thread = threading.Thread(target=self._run, args=(options,), daemon=True)
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> list[dict[str, Any]]:
+        """Ends the watch; every state recorded, in order."""
+        self._stopped = True
         self._watch.stop()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        return list(self.order)
 
-    def _run(self) -> None:
+    def _run(self, options: dict[str, Any]) -> None:
         try:
-            bounded = ({} if self.timeout_seconds is None
-                       else {"timeout_seconds": self.timeout_seconds})
             for event in self._watch.stream(self.kube.core.list_namespaced_pod, self.namespace,
-                                            label_selector=self.label_selector, **bounded):
+                                            label_selector=self.label_selector, **options):
                 pod = self.kube.plain(event["object"])
+                self.order.append(pod)
                 self.seen.setdefault(pod["metadata"]["name"], []).append(pod)
         except Exception as err:  # the watch ends with the cluster: kept for a message
-            self.error = err
+            if not self._stopped:
+                self.error = err
 
-    def termination(self, pod: str) -> dict[str, Any] | None:
-        """The container's termination message (JSON), once it terminated with one."""
+    def termination_text(self, pod: str, container: str | None = None) -> str | None:
+        """A container's termination message as its kubelet reported it (a kubelet's fallback
+        to the log's end included), once it terminated with one."""
         for state in reversed(self.seen.get(pod, [])):
             for status in state["status"].get("containerStatuses") or []:
                 terminated = (status.get("state") or {}).get("terminated")
-                if terminated and terminated.get("message"):
-                    return dict(json.loads(terminated["message"]))
+                if (container is None or status["name"] == container) and terminated \
+                        and terminated.get("message"):
+                    return str(terminated["message"])
         return None
+
+    def termination(self, pod: str) -> dict[str, Any] | None:
+        """The container's termination message (JSON), once it terminated with one."""
+        text = self.termination_text(pod)
+        return None if text is None else dict(json.loads(text))
