@@ -6,7 +6,8 @@ secure port with a CA of its own; the CRDs, once it is ready, so that the contro
 manager's garbage collector finds them in its first discovery (it reads discovery again
 only every 30 s, `garbagecollector.go` `Sync` with `--controllers` defaults); the RBAC of our
 own identities (`identities.py`); then the controller manager and the scheduler. Every port
-is a free one, so clusters run side by side. Every process is told to die with its
+is a free one, so clusters run side by side (a port another process takes between its pick
+and the component's bind is picked again, `BIND_ATTEMPTS`). Every process is told to die with its
 supervisor (`PR_SET_PDEATHSIG`), so a killed cluster leaves none behind.
 
 Which flag each `ControlPlaneSettings` field sets, and which upstream constants cannot be
@@ -25,7 +26,7 @@ import os
 import ssl
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,11 @@ SERVICE_CIDR = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 READY_TIMEOUT_SECONDS = 90.0
+# `free_port` checks a port free and the component binds it a moment later: another process
+# (a cluster starting beside this one) may bind it in between, and the component exits with
+# Go's EADDRINUSE message. It is then started again on new ports, this many times in all.
+BIND_ATTEMPTS = 5
+ADDRESS_IN_USE = "bind: address already in use"
 STOP_TIMEOUT_SECONDS = 10.0
 # Controllers a cluster of loopback pods cannot run: EndpointSlice validation refuses
 # loopback addresses (`ValidateEndpointSlice` -> `validateEndpoints` ->
@@ -118,9 +124,12 @@ class Component:
         self.argv = list(argv)
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
+        # Where this start's output begins in the log (a restart appends to it).
+        self._log_offset = 0
 
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
@@ -132,6 +141,18 @@ class Component:
 
     def exited(self) -> bool:
         return self.proc is None or self.proc.returncode is not None
+
+    def output(self) -> str:
+        """What the process wrote to its log since its last start."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log_file:
+            log_file.seek(self._log_offset)
+            return log_file.read().decode(errors="replace")
+
+    def lost_its_port(self) -> bool:
+        """Whether it exited because a port it was to listen on was taken."""
+        return self.exited() and ADDRESS_IN_USE in self.output()
 
     def failure(self) -> str:
         tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
@@ -282,9 +303,8 @@ class ControlPlane:
         self.etcd_port, self.api_port = free_port(), free_port()
         await asyncio.to_thread(self._write_pki)
         self._write_kubeconfigs()
-        self.components["etcd"] = Component("etcd", self._etcd_argv(), self.logs_dir / "etcd.log")
-        await self.components["etcd"].start()
-        await self._wait("etcd", self._etcd_healthy)
+        await self._start_on_free_ports("etcd", self._etcd_argv, self._etcd_healthy,
+                                        self._new_etcd_port)
         if self.settings.node_egress:
             self.components["egress-proxy"] = Component(
                 "egress-proxy", [sys.executable, "-m", "tardigrade_local.egressproxy",
@@ -292,10 +312,8 @@ class ControlPlane:
                 self.logs_dir / "egress-proxy.log")
             await self.components["egress-proxy"].start()
             await self._wait("egress-proxy", self._egress_ready)
-        self.components["kube-apiserver"] = Component(
-            "kube-apiserver", self._apiserver_argv(), self.logs_dir / "kube-apiserver.log")
-        await self.components["kube-apiserver"].start()
-        await self._wait("kube-apiserver", self._api_ready)
+        await self._start_on_free_ports("kube-apiserver", self._apiserver_argv, self._api_ready,
+                                        self._new_api_port)
         log.info("kube-apiserver ready after %.1f s", time.monotonic() - started)
         async with self.admin_session() as session:
             await identities.install(session, self.api_url)
@@ -310,6 +328,33 @@ class ControlPlane:
         # plugin refuses them until the controller manager made it).
         await self._wait("kube-controller-manager", self._default_service_account)
         log.info("control plane ready after %.1f s", time.monotonic() - started)
+
+    async def _start_on_free_ports(self, name: str, argv: Callable[[], list[str]],
+                                   ready: Callable[[], Awaitable[bool]],
+                                   new_ports: Callable[[], None]) -> None:
+        """Start component `name` with the command line `argv()` and wait until `ready`; if
+        it exits because a port picked for it was taken meanwhile, `new_ports()` picks
+        others and it starts again (BIND_ATTEMPTS in all). Any other failure is raised."""
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            component = Component(name, argv(), self.logs_dir / f"{name}.log")
+            self.components[name] = component
+            await component.start()
+            try:
+                await self._wait(name, ready)
+                return
+            except ComponentError:
+                if attempt == BIND_ATTEMPTS or not component.lost_its_port():
+                    raise
+            log.warning("%s exited: a port picked for it was taken meanwhile (attempt %d of "
+                        "%d); starting it on new ports", name, attempt, BIND_ATTEMPTS)
+            new_ports()
+
+    def _new_etcd_port(self) -> None:
+        self.etcd_port = free_port()  # the peer port is picked anew by `_etcd_argv`
+
+    def _new_api_port(self) -> None:
+        self.api_port = free_port()
+        self._write_kubeconfigs()  # they hold the API server's URL
 
     async def _install_kueue(self, session: Any) -> None:
         """Kueue's CRDs, RBAC and webhooks from its module's manifests (`kueue.py`)."""

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from tardigrade_local.gke import fitcheck
 from tardigrade_local.gke import interpodaffinity as ipa
-from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
-from tardigrade_local.kubelet.node import node_object
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig, node_object
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang
 
@@ -24,11 +23,11 @@ def tpu_node(name: str, pool: str) -> dict[str, Any]:
     config = NodeConfig(name, labels=TPU_LABELS, taints=(TPU_TAINT,), pool=pool,
                         capacity={"cpu": "32", "memory": "128Gi", "pods": "110",
                                   "google.com/tpu": "4"})
-    return node_object(config, "10.0.0.1", 10250)
+    return node_object(config)
 
 
 def node(name: str, **labels: str) -> dict[str, Any]:
-    return node_object(NodeConfig(name, labels=labels), "10.0.0.1", 10250)
+    return node_object(NodeConfig(name, labels=labels))
 
 
 def pod(name: str, namespace: str = "default", labels: dict[str, str] | None = None,

@@ -95,7 +95,8 @@ def test_wait_for_pods_ready_is_written_in_kueues_field_names(tmp_path):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("kueue")
-    with LocalCluster(root / "cluster", nodes=1, with_gcs=False, kueue=True) as local:
+    # No node: these tests run no pod, only Kueue's objects and its manager.
+    with LocalCluster(root / "cluster", nodes=0, with_gcs=False, kueue=True) as local:
         yield Cluster(local, trainer_token_review=False)
 
 

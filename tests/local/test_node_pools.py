@@ -1,5 +1,7 @@
-"""Node pools: a reclaimed spot VM recreated by its managed instance group, and a cluster
-autoscaler that grows pools for unschedulable pods (with its events on the pods)."""
+"""Node pools and the cluster autoscaler's decision, pure: which pool grows for unschedulable
+pods and what each pod is told. On real nodes: a reclaimed spot VM recreated under its name and
+a scale-up for a pending gang (tests/e2e/test_node_pools.py), NotTriggerScaleUp on a pod
+(tests/local/test_gke_on_real_nodes.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import Kube, python_pod, wait_for
-from tardigrade_local.cluster import ClusterConfig, LocalCluster
+from tardigrade_local.cluster import ClusterConfig
 from tardigrade_local.gke.autoscaler import (
     MAX_SIZE_REACHED,
     NOT_TRIGGER_SCALE_UP,
@@ -18,8 +19,7 @@ from tardigrade_local.gke.autoscaler import (
     is_unschedulable,
     plan_scale_up,
 )
-from tardigrade_local.gke.nodes import DEFAULT_POOL, NODE_POOL_LABEL, NodeConfig
-from tardigrade_local.kubelet.node import node_labels
+from tardigrade_local.gke.nodes import DEFAULT_POOL, NODE_POOL_LABEL, NodeConfig, node_labels
 
 # Nodes of 2 cpus (the rest of the default capacity).
 SMALL = NodeConfig.from_dict({"name": "template", "capacity": {"cpu": "2"}})
@@ -114,66 +114,3 @@ def test_nodes_carry_their_pool_and_the_config_round_trips():
                            node_pools=[NodePool("pool-a", 2, SMALL, 5)])
     again = ClusterConfig.from_json(config.to_json())
     assert (again.node_pools, again.replace_after_seconds) == (config.node_pools, 3)
-
-
-# ------------------------------------------------------------------- against the cluster ---
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("pools") / "state"
-    nodes = [NodeConfig.from_dict({"name": "spot-1", "capacity": {"cpu": "2"}})]
-    with LocalCluster(state, nodes=nodes, with_gcs=False, shutdown_grace_seconds=2,
-                      replace_after_seconds=1.0, autoscaler_scan_seconds=0.5,
-                      node_pools=[NodePool(DEFAULT_POOL, 2, SMALL, provision_seconds=1.0)]
-                      ) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def kube(cluster):
-    return Kube(str(cluster.kubeconfig))
-
-
-def events_on(kube: Kube, pod: str) -> list[tuple[str, str]]:
-    listed = kube.core.list_namespaced_event(
-        "default", field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}")
-    return [(e.reason, e.message) for e in listed.items]
-
-
-@pytest.mark.slow
-def test_a_preempted_node_is_recreated_under_its_name_by_default(cluster, kube):
-    cluster.preempt_node("spot-1", wait=True)
-    assert "spot-1" not in kube.node_names()
-    wait_for(lambda: "spot-1" in kube.node_names(), timeout=30, what="spot-1 recreated")
-    node = kube.core.read_node("spot-1")
-    assert node.metadata.labels[NODE_POOL_LABEL] == DEFAULT_POOL
-
-
-@pytest.mark.slow
-def test_an_unschedulable_pod_triggers_a_scale_up_and_runs_on_the_new_node(cluster, kube):
-    wait_for(lambda: "spot-1" in kube.node_names(), timeout=30, what="spot-1")
-    big = python_pod("needs-a-node", "import time; time.sleep(60)",
-                     container={"resources": {"requests": {"cpu": "1500m"}}})
-    filler = python_pod("filler", "import time; time.sleep(60)",
-                        container={"resources": {"requests": {"cpu": "1"}}})
-    kube.create_pod(filler)
-    kube.wait_phase("filler", ("Running",))
-    kube.create_pod(big)
-    reasons = wait_for(lambda: [r for r, _ in events_on(kube, "needs-a-node")
-                                if r == TRIGGERED_SCALE_UP] or None,
-                       timeout=30, what="TriggeredScaleUp")
-    assert reasons == [TRIGGERED_SCALE_UP]
-    pod = kube.wait_phase("needs-a-node", ("Running",), timeout=60)
-    assert pod["spec"]["nodeName"] not in ("spot-1", None)
-    assert len(kube.node_names()) == 2
-
-
-@pytest.mark.slow
-def test_a_pod_no_pool_can_take_gets_not_trigger_scale_up(cluster, kube):
-    kube.create_pod(python_pod("too-big", "print(1)",
-                               container={"resources": {"requests": {"cpu": "64"}}}))
-    found = wait_for(lambda: [m for r, m in events_on(kube, "too-big")
-                              if r == NOT_TRIGGER_SCALE_UP] or None,
-                     timeout=30, what="NotTriggerScaleUp")
-    assert found == ["pod didn't trigger scale-up: 1 Insufficient cpu"]

@@ -1,5 +1,6 @@
 """429 Too Many Requests, as kube-apiserver's API Priority and Fairness sends it while a
-thousand ranks review their peers at once: the node agents' client and the trainers'
+thousand ranks review their peers at once: the API client of GKE's part (its cloud, cluster
+autoscaler, queued provisioning and maintenance handler, `gke/client.py`) and the trainers'
 TokenReview wait the Retry-After and try again, as client-go does, instead of failing."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
-from tardigrade_local.gke import client as kubelet_client
+from tardigrade_local.gke import client as gke_client
 from tardigrade_sdk import peerauth
 
 
@@ -48,12 +49,12 @@ async def _serve(throttle: Throttling) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-def test_the_node_agents_client_waits_out_429s_for_their_retry_after():
+def test_gkes_client_waits_out_429s_for_their_retry_after():
     throttle = Throttling(refusals=2, wait="1")
 
     async def run() -> dict:
         runner, url = await _serve(throttle)
-        client = kubelet_client.ApiClient(url)
+        client = gke_client.ApiClient(url)
         try:
             return await client.request("GET", "/api/v1/nodes/n")
         finally:
@@ -65,21 +66,21 @@ def test_the_node_agents_client_waits_out_429s_for_their_retry_after():
     assert len(throttle.times) == 3 and all(gap >= 0.95 for gap in gaps), gaps
 
 
-def test_the_node_agents_client_gives_up_after_client_gos_retries():
+def test_gkes_client_gives_up_after_client_gos_retries():
     throttle = Throttling(refusals=100, wait="0")
 
     async def run() -> None:
         runner, url = await _serve(throttle)
-        client = kubelet_client.ApiClient(url)
+        client = gke_client.ApiClient(url)
         try:
             await client.request("GET", "/api/v1/nodes/n")
         finally:
             await client.close()
             await runner.cleanup()
 
-    with pytest.raises(kubelet_client.ApiError, match="429"):
+    with pytest.raises(gke_client.ApiError, match="429"):
         asyncio.run(run())
-    assert len(throttle.times) == kubelet_client.THROTTLE_RETRIES + 1
+    assert len(throttle.times) == gke_client.THROTTLE_RETRIES + 1
 
 
 @pytest.fixture

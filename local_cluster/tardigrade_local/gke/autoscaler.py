@@ -34,8 +34,7 @@ from tardigrade_local.gke import fitcheck
 from tardigrade_local.gke.client import Informer, core_path
 from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.disruptions import TAINT_NOT_READY, TAINT_UNREACHABLE
-from tardigrade_local.gke.nodes import NodeConfig
-from tardigrade_local.kubelet.node import node_object
+from tardigrade_local.gke.nodes import NodeConfig, node_object
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def plan_scale_up(pending: Iterable[Obj], pools: Iterable[NodePool], sizes: Mapp
     pools = sorted(pools, key=lambda p: p.name)
     # Simulated nodes: (node object, pods placed on it).
     simulated: list[tuple[Obj, list[Obj]]] = [
-        (node_object(config, "0.0.0.0", 0), []) for config in upcoming]
+        (node_object(config), []) for config in upcoming]
     coming = Counter(config.pool for config in upcoming)
     grow: Counter[str] = Counter()
     triggered: list[tuple[Obj, str]] = []
@@ -131,7 +130,7 @@ def plan_scale_up(pending: Iterable[Obj], pools: Iterable[NodePool], sizes: Mapp
         reasons: Counter[str] = Counter()
         chosen = None
         for pool in pools:
-            template = node_object(pool.node_config(f"{pool.name}-template"), "0.0.0.0", 0)
+            template = node_object(pool.node_config(f"{pool.name}-template"))
             why = fitcheck.unfit_reason(pod, template)
             if why is not None:
                 reasons[why] += 1
@@ -147,8 +146,7 @@ def plan_scale_up(pending: Iterable[Obj], pools: Iterable[NodePool], sizes: Mapp
                                    f"pod didn't trigger scale-up: {text}"))
             continue
         grow[chosen.name] += 1
-        node = node_object(chosen.node_config(f"{chosen.name}-new-{grow[chosen.name]}"),
-                           "0.0.0.0", 0)
+        node = node_object(chosen.node_config(f"{chosen.name}-new-{grow[chosen.name]}"))
         simulated.append((node, [_on(pod, node)]))
         triggered.append((pod, chosen.name))
     infos = " ".join(

@@ -1,7 +1,8 @@
 """A small asyncio client for the Kubernetes REST API, and a list+watch cache (informer).
 
-The kubelet needs a handful of verbs on core/v1 objects; aiohttp keeps it on the event loop
-with the processes it supervises.
+GKE's part (the cloud's node lifecycle, the cluster autoscaler, queued provisioning, the host
+maintenance handler) needs a handful of verbs on a few kinds; aiohttp keeps it on the event
+loop it runs on.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 # How long a request keeps retrying while the API server is unreachable (restarting): like
-# client-go's controllers, the kubelet waits the control plane out instead of giving up.
+# client-go's controllers, GKE's part waits the control plane out instead of giving up.
 UNREACHABLE_RETRY_SECONDS = 60.0
 # 429 Too Many Requests (API Priority and Fairness, max-inflight): client-go waits the
 # Retry-After the server sends and tries again, up to 10 times (rest/request.go,

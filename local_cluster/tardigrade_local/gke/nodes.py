@@ -1,11 +1,15 @@
 """A node as GKE's node pool makes it: name, labels, taints, allocatable resources, pool.
 
 The template of an autoscaled pool (`autoscaler.NodePool`), a TPU slice's hosts
-(`tpuslices.py`) and every node the local cluster starts are described by one `NodeConfig`."""
+(`tpuslices.py`) and every node the local cluster starts are described by one `NodeConfig`.
+`node_object` is the Node such a node registers as, Ready: what the cluster autoscaler
+simulates pods onto for a node not there yet (its template node,
+cluster-autoscaler `TemplateNodeInfo`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import platform
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,3 +58,39 @@ class NodeConfig:
                 "taints": [dict(t) for t in self.taints], "capacity": dict(self.capacity),
                 "pool": self.pool, "simulated": self.simulated,
                 "kubeletVersion": self.kubelet_version, "featureGates": dict(self.feature_gates)}
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def node_labels(config: NodeConfig) -> dict[str, str]:
+    """The labels of a node of `config`: those the kubelet sets on its own Node
+    (pkg/kubelet/kubelet_node_status.go, `initialNode`), its pool's and the config's."""
+    return {
+        "kubernetes.io/hostname": config.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": _arch(),
+        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": _arch(),
+        NODE_POOL_LABEL: config.pool,
+        **config.labels,
+    }
+
+
+def node_object(config: NodeConfig) -> dict[str, Any]:
+    """The Node a node of `config` registers as, once Ready: its labels, taints, and capacity
+    and allocatable as the config's (the figures a pool's template states)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": config.name, "labels": node_labels(config)},
+        "spec": {"taints": [dict(t) for t in config.taints]} if config.taints else {},
+        "status": {
+            "capacity": dict(config.capacity),
+            "allocatable": dict(config.capacity),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status"}],
+        },
+    }
