@@ -491,32 +491,58 @@ class RealNodeCluster:
         their tolerations' end (local_cluster/README.md, "Ungraceful node loss"). With
         `back_after_seconds`, the VM boots again under its name that long after, as
         `reclaim`'s recreation (a fresh disk: a new node directory), and its kubelet
-        registers with the Node object that stayed."""
+        registers with the Node object that stayed.
+
+        A host of a multi-host TPU slice takes its slice with it: Compute Engine recovers or
+        reschedules every instance of a multi-host slice together, never one alone ("Failure
+        recovery of TPU instances"), so the slice's other VMs stop as any stopped VM does,
+        through a shutdown (logind, the kubelet's graceful node shutdown), their Node objects
+        staying too, and all come back together."""
+        hosts = self._slice_of(name)
         node = self._node(name)
-        with self._coming_back(name, back_after_seconds):
+        others = [host for host in hosts if host is not node]
+        with contextlib.ExitStack() as coming_back:
+            for host in hosts:
+                coming_back.enter_context(self._coming_back(host.name, back_after_seconds))
             node.halt()
             self._retire(node, back_after_seconds)
+            if not others:
+                return
+            accounts = self._shut_down(others)
+            for host in others:
+                if isinstance(accounts[host.name], dict):
+                    self._retire(host, back_after_seconds)
+            failed = [error for error in accounts.values() if isinstance(error, BaseException)]
+            if failed:
+                raise failed[0]
 
     def schedule_maintenance(self, name: str, in_seconds: float,
                              back_after_seconds: float | None = DEFAULT_REPLACE_AFTER_SECONDS
                              ) -> float:
         """GKE's scheduled host maintenance of node `name` (a GPU/TPU VM, which cannot
-        live-migrate), as the node agents have it (`KubeletHost.schedule_maintenance`; sources
-        in local_cluster/README.md, "Scheduled host maintenance"), GKE's part shared with
-        them (`gke/hostmaintenance.py`, GKE's identity): labelled now with the start,
+        live-migrate; sources in local_cluster/README.md, "Scheduled host maintenance"),
+        GKE's part in `gke/hostmaintenance.py` (GKE's identity): labelled now with the start,
         `in_seconds` from now (epoch seconds, returned); at the start tainted
         impending-node-termination:NoSchedule and its pods deleted with their own grace (at
         most 1 h) by GKE's maintenance handler, then the VM shuts down as for `reclaim`
         (logind, the kubelet's graceful node shutdown) and its Node object goes; it comes
         back under its name `back_after_seconds` later (None: never), a fresh VM without the
-        label."""
-        node = self._node(name)
+        label. A host of a multi-host TPU slice: every host of the slice, at the same start
+        (maintenance of one instance of a slice puts all of them into maintenance, and the
+        slice is rescheduled as one: "Manually start a host maintenance event")."""
+        hosts = self._slice_of(name)
         start = self._as_cloud(lambda cloud: hostmaintenance.announce(cloud, name, in_seconds))
-        thread = threading.Thread(target=self._maintain, args=(node, start, back_after_seconds),
-                                  name=f"maintenance-{name}", daemon=True)
-        with self._lock:
-            self._maintenances.append(thread)
-        thread.start()
+        for host in hosts:
+            if host.name != name:
+                self._as_cloud(lambda cloud, host=host: hostmaintenance.announce_at(
+                    cloud, host.name, start))
+        for host in hosts:
+            thread = threading.Thread(target=self._maintain,
+                                      args=(host, start, back_after_seconds),
+                                      name=f"maintenance-{host.name}", daemon=True)
+            with self._lock:
+                self._maintenances.append(thread)
+            thread.start()
         return start
 
     def _maintain(self, node: RealNode, start: float, back_after_seconds: float | None

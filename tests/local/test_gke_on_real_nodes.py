@@ -11,12 +11,15 @@ test asserting what kube-apiserver, kube-controller-manager and the real kubelet
 - scheduled host maintenance (`schedule_maintenance`): the label ahead, at the start the
   impending-termination taint and the pods deleted with their own grace, the VM back under
   its name without the label;
+- a multi-host TPU slice lost or maintained as one: a host halted takes the slice's other
+  hosts down through their shutdown, a maintenance of one host is every host's, and the slice
+  comes back whole;
 - the cluster autoscaler's NotTriggerScaleUp on a pod no pool can take;
 - kube-apiserver's default tolerations.
 
-One cluster of two nodes for the module; the tests share it in order (`vm-b` is lost for good
-in the last one). With a training gang and the operator: tests/e2e/test_node_loss.py,
-test_maintenance.py, test_node_pools.py."""
+One cluster of two nodes and a slice of two hosts for the module; the tests share it in
+order (`vm-b` is lost for good in the last one). With a training gang and the operator:
+tests/e2e/test_node_loss.py, test_maintenance.py, test_node_pools.py, test_tpu_slices.py."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from tardigrade_local import nodeimage
 from tardigrade_local.gke import disruptions as d
 from tardigrade_local.gke.autoscaler import NOT_TRIGGER_SCALE_UP, NodePool
 from tardigrade_local.gke.nodes import NodeConfig
+from tardigrade_local.gke.tpuslices import TPU_TAINT, SliceShape, slice_nodes
 from tardigrade_local.realcluster import NodePlan, RealNodeCluster
 
 from tests.e2e.harness import NEEDS_REAL_NODES
@@ -56,6 +60,7 @@ HALTED_BACK_AFTER = 15.0
 NO_ROOM = NodePool("no-room", max_size=0, template=NodeConfig(
     "template", capacity={"cpu": "1", "memory": "1Gi", "pods": "10"}))
 FOREVER = "echo ready; while true; do sleep 1; done"
+STOPS_ON_TERM = f"trap 'echo stopping; exit 0' TERM; {FOREVER}"
 # The maintenance's pod saves for longer on SIGTERM than the kubelet's graceful node shutdown
 # gives a regular pod (15 s): only the maintenance handler's grace, the pod's own, lets it
 # finish.
@@ -65,12 +70,17 @@ SAVER = (f"trap 'echo saving; sleep {SAVE_SECONDS}; echo saved; exit 42' TERM; "
          f"echo ready; while true; do sleep 1; done")
 MAINTENANCE_IN = 5.0
 MAINTENANCE_BACK_AFTER = 5.0
+# A v5e slice of 2 hosts (4 chips each), its hosts as small as a real node here may be.
+SLICE = slice_nodes("tpu-slice", SliceShape("tpu-v5-lite-podslice", "2x4", 4),
+                    host_capacity={"cpu": "1", "memory": "2Gi", "pods": "10"})
+SLICE_HOSTS = [host.name for host in SLICE]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodeCluster]:
     # Short: the kubelet's socket paths live under each node's directory.
-    with RealNodeCluster(tmp_path_factory.mktemp("gke"), [NodePlan("vm-a"), NodePlan("vm-b")],
+    with RealNodeCluster(tmp_path_factory.mktemp("gke"),
+                         [NodePlan("vm-a"), NodePlan("vm-b"), *map(NodePlan.of, SLICE)],
                          gcs=False, node_lease_seconds=NODE_LEASE,
                          node_monitor_period_seconds=NODE_MONITOR_PERIOD,
                          node_monitor_grace_seconds=NODE_MONITOR_GRACE, pools=[NO_ROOM],
@@ -292,6 +302,66 @@ def test_maintenance_is_announced_then_terminates_the_node_with_the_pods_grace(
     back = wait_for(successor, NODE_BACK_SECONDS, "the VM back", interval=0.5)
     assert not any(t.key == d.IMPENDING_TERMINATION_TAINT for t in back.spec.taints or [])
     assert d.SCHEDULED_MAINTENANCE_LABEL not in back.metadata.labels
+
+
+def slice_back(kube: Kube, cluster: RealNodeCluster, gone: dict[str, object]
+               ) -> None:
+    """Every host of the slice a new VM (not the RealNode in `gone`), its Node Ready."""
+    def back() -> bool:
+        return all(cluster.nodes.get(host) not in (None, gone[host])
+                   and ready(node(kube, host))["status"] == "True" for host in SLICE_HOSTS)
+    wait_for(back, NODE_BACK_SECONDS, "every host of the slice back", interval=0.5)
+
+
+def test_a_halted_slice_host_takes_its_whole_slice_down_and_back(
+        kube: Kube, cluster: RealNodeCluster):
+    lost, other = SLICE_HOSTS
+    for pod, host in (("on-lost", lost), ("on-other", other)):
+        # Ends on SIGTERM, as a workload does: the kubelet writes the pod's status once it is
+        # killed, and a pod still running at the shutdown's grace would be cut off with its VM.
+        kube.create_pod(sh_pod(pod, STOPS_ON_TERM, node=host, grace=30,
+                               tolerations=[{**TPU_TAINT, "operator": "Equal"}]))
+    for pod in ("on-lost", "on-other"):
+        started(kube, cluster, pod)
+    vms = {host: cluster.nodes[host] for host in SLICE_HOSTS}
+    with PodRecorder(kube, "default", "test in (on-lost,on-other)") as states:
+        cluster.halt(lost, back_after_seconds=HALTED_BACK_AFTER)
+        # The other host went through its kubelet's graceful node shutdown: its pod was told.
+        wait_for(lambda: any(condition(s, d.DISRUPTION_TARGET)
+                             for s in states.seen.get("on-other", [])), 60,
+                 "the other host's pod given the node shutdown's DisruptionTarget")
+    told = next(condition(s, d.DISRUPTION_TARGET) for s in states.seen["on-other"]
+                if condition(s, d.DISRUPTION_TARGET))
+    assert told["reason"] == d.REASON_TERMINATION_BY_KUBELET, told
+    # The halted host's pod was killed with its VM: nobody told it.
+    assert not any(condition(s, d.DISRUPTION_TARGET) for s in states.seen["on-lost"])
+    # Both Nodes stayed (stopped VMs, not deleted ones) and the slice comes back as one.
+    assert {n.metadata.name for n in kube.core.list_node().items} >= set(SLICE_HOSTS)
+    slice_back(kube, cluster, dict(vms))
+    delete(kube, "on-lost", "on-other")
+
+
+def test_maintenance_of_one_slice_host_is_the_whole_slices(
+        kube: Kube, cluster: RealNodeCluster):
+    first = {host: kube.core.read_node(host).metadata.uid for host in SLICE_HOSTS}
+    vms = {host: cluster.nodes[host] for host in SLICE_HOSTS}
+    start = cluster.schedule_maintenance(SLICE_HOSTS[0], MAINTENANCE_IN,
+                                         back_after_seconds=MAINTENANCE_BACK_AFTER)
+    for host in SLICE_HOSTS:  # announced on every host, for the same start
+        labels = kube.core.read_node(host).metadata.labels
+        assert labels[d.SCHEDULED_MAINTENANCE_LABEL] == str(int(start)), (host, labels)
+
+    def replaced() -> bool:
+        return all((found := read_node(kube, host)) is not None
+                   and found.metadata.uid != first[host] for host in SLICE_HOSTS)
+    # Each host's Node goes with its VM and comes back as a new one.
+    wait_for(replaced, MAINTENANCE_IN + NODE_BACK_SECONDS, "every host maintained and back",
+             interval=0.5)
+    slice_back(kube, cluster, dict(vms))
+    for host in SLICE_HOSTS:
+        back = kube.core.read_node(host)
+        assert d.SCHEDULED_MAINTENANCE_LABEL not in back.metadata.labels, host
+        assert not any(t.key == d.IMPENDING_TERMINATION_TAINT for t in back.spec.taints or [])
 
 
 def test_a_pod_no_pool_can_take_gets_not_trigger_scale_up(kube: Kube):

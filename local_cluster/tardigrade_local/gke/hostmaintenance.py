@@ -74,8 +74,14 @@ async def announce(cloud: GkeCloud, node: str, in_seconds: float) -> float:
     """Label `node` with the start of its maintenance `in_seconds` from now; returns the
     start."""
     start = start_after(in_seconds)
-    await cloud.label_node(node, {SCHEDULED_MAINTENANCE_LABEL: label_value(start)})
+    await announce_at(cloud, node, start)
     return start
+
+
+async def announce_at(cloud: GkeCloud, node: str, start: float) -> None:
+    """Label `node` with a maintenance starting at `start` (epoch seconds): another host of
+    a slice already announced."""
+    await cloud.label_node(node, {SCHEDULED_MAINTENANCE_LABEL: label_value(start)})
 
 
 async def wait_for_start(start: float) -> None:
