@@ -5,8 +5,8 @@
                                    [--with EARLIER.json]
 
 For each gang size N (`--quick`: 8 and 64), a fresh local cluster with N + 1 simulated nodes
-(`tardigrade_local.kubelet.simulated`: pods without processes, one rank per node as on TPU
-hosts), the real operator (this checkout, run as a ServiceAccount on the API server's TLS port
+(`tardigrade_local.simulator`, benches only: pods without processes, one rank per node as on
+TPU hosts), the real operator (this checkout, run as a ServiceAccount on the API server's TLS port
 so that the audit log records its requests) and one TrainingJob of N simulated ranks. Once the
 gang trains, the node of its last rank is preempted (GKE spot reclaim: DisruptionTarget,
 SIGTERM, the ranks save one step), and the bench follows, from watches on the admin port:

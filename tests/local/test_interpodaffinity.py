@@ -9,7 +9,7 @@ import pytest
 from tardigrade_local.gke import fitcheck
 from tardigrade_local.gke import interpodaffinity as ipa
 from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
-from tardigrade_local.kubelet.node import node_object
+from tardigrade_local.simulator.node import node_object
 from tardigrade_operator.api.parse import parse_trainingjob
 from tardigrade_operator.rendering.manifests import GangLaunch, JobRef, build_gang
 

@@ -23,7 +23,7 @@ from tardigrade_local.gke.tpuslices import (
     TPU_TAINT,
     TPU_TOPOLOGY_LABEL,
 )
-from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION
+from tardigrade_local.simulator.config import SIMULATED_ANNOTATION
 from tardigrade_local.realnode import RealNode, sweep_orphans
 
 pytestmark = [

@@ -35,7 +35,7 @@ from tardigrade_local.gke.client import Informer, core_path
 from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.disruptions import TAINT_NOT_READY, TAINT_UNREACHABLE
 from tardigrade_local.gke.nodes import NodeConfig
-from tardigrade_local.kubelet.node import node_object
+from tardigrade_local.simulator.node import node_object
 
 log = logging.getLogger(__name__)
 

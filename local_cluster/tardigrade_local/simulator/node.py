@@ -1,4 +1,4 @@
-"""The Node object a local kubelet registers, pure."""
+"""The Node object a simulated node registers, pure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 from tardigrade_local import gobuild
 from tardigrade_local.gke.events import now_rfc3339
 from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
-from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
-from tardigrade_local.kubelet.restartrules import KubeletGates
+from tardigrade_local.simulator.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
+from tardigrade_local.simulator.restartrules import KubeletGates
 
 # What the node agents report, and whose behaviour they follow: the pinned release's kubelet.
 KUBELET_VERSION = gobuild.kubernetes_version()
@@ -73,13 +73,12 @@ def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
         "conditions": ready_conditions(ready, message),
         "addresses": [{"type": "InternalIP", "address": ip},
                       {"type": "Hostname", "address": config.name}],
-        # The API server proxies `pods/log` to this port on the InternalIP.
+        # A simulated node serves no kubelet endpoint (no `kubectl logs`): port 0.
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {
             "machineID": config.name, "systemUUID": config.name, "bootID": config.name,
-            "kernelVersion": platform.release(), "osImage": "local processes",
-            "containerRuntimeVersion": (SIMULATED_RUNTIME_VERSION if config.simulated
-                                        else "local://process"),
+            "kernelVersion": platform.release(), "osImage": "simulated",
+            "containerRuntimeVersion": SIMULATED_RUNTIME_VERSION,
             "kubeletVersion": version, "kubeProxyVersion": version, "operatingSystem": "linux",
             "architecture": _arch(),
         },
