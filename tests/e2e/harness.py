@@ -202,9 +202,11 @@ class Cluster:
         return StepLog(self.core, NAMESPACE, job)
 
     def complete_log(self, job: str) -> StepLog:
-        """Rank 0's log of every attempt so far, from the kubelets' files: with the last lines
-        of pods already deleted, which a `step_log` polling the API may have missed."""
-        return StepLog.from_container_logs(self.local.layout, NAMESPACE, job)
+        """Rank 0's log of every attempt so far, with the last lines of pods already deleted,
+        which a `step_log` polling the API may have missed: only real nodes have pods
+        (`RealCluster.complete_log`)."""
+        raise AssertionError(f"{job}: a control plane without nodes ran no pod; complete "
+                             f"logs come from real nodes (RealCluster)")
 
     def wait_phase(self, name: str, phases: set[str], timeout: float,
                    collector: StepLog | None = None) -> dict[str, Any]:
