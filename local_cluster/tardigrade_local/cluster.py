@@ -154,7 +154,7 @@ class ClusterConfig:
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
     operator_command: list[str] | None = None
     # --feature-gates of kube-apiserver, kube-controller-manager and kube-scheduler
-    # (`Name=true,...`), passed as given; each node agent has its own (NodeConfig).
+    # (`Name=true,...`), passed as given; each simulated node has its own (NodeConfig).
     feature_gates: str = ""
     # Put users' kubeconfig through a TCP proxy whose connections a test can cut
     # (`apiproxy.py`, `LocalCluster.cut_watches`).

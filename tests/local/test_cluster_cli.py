@@ -76,7 +76,7 @@ def test_up_simulated_preempt_status_control_plane_faults_down(tmp_path):
         wait_for(lambda: "node/sim-node-2" not in kubectl("get", "nodes", "-o", "name",
                                                           env=env), 60, "sim-node-2 gone")
 
-        # Control-plane faults: the state survives, and the node agents watch again.
+        # Control-plane faults: the state survives, and the simulated nodes watch again.
         restart = tardigrade("restart-apiserver", "--downtime", "0.5", cwd=tmp_path)
         assert restart.returncode == 0, restart.stderr
         assert "node/sim-node-1" in kubectl("get", "nodes", "-o", "name", env=env).split()
@@ -108,7 +108,7 @@ def test_up_starts_real_nodes_with_kueue_and_refuses_real_node_flags_with_simula
         tmp_path, monkeypatch: pytest.MonkeyPatch):
     """`up --kueue --kueue-pods-ready-timeout` reaches the real-node cluster's configuration;
     a bench's cluster (`--simulated-nodes`) refuses the real nodes' flags, each named, before
-    anything starts; the node agent's flags are gone."""
+    anything starts; the flags of the former process node agent are gone."""
     asked: list[realcluster.ServeConfig] = []
 
     def start_served(root: Path, config: realcluster.ServeConfig, timeout: float,
