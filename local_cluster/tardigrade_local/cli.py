@@ -51,7 +51,7 @@ def _attach(state_dir: Path | None) -> LocalCluster:
 @app.command()
 def up(
     nodes: int | None = typer.Option(None, "--nodes", "-n", min=0,
-                                     help="Ordinary real nodes [default: 1]."),
+                                     help="Ordinary real nodes (1 unless given)."),
     spot_nodes: int | None = typer.Option(
         None, "--spot-nodes", min=0, help="Real nodes labelled cloud.google.com/gke-spot=true."),
     simulated: int = typer.Option(
