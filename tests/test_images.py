@@ -385,6 +385,22 @@ def _entry_point(reference: str) -> list[str]:
     return [*config["Entrypoint"], *(config.get("Cmd") or [])]  # type: ignore[misc]
 
 
+def _run_captured(reference: str, argv: list[str], env: str = "", then_show: str = ""
+                  ) -> tuple[int, str, str, str]:
+    """`argv` in a container of the image (with `env`, `NAME=value ...`): its exit status,
+    stdout and stderr, apart from what buildah itself adds to a failed run's stderr, and the
+    file `then_show` as the run left it in the same container."""
+    script = (f'{env} "$@" >/tmp/out 2>/tmp/err; echo "$?"; cat /tmp/out; '
+              'echo "--- stderr"; cat /tmp/err; echo "--- file"; '
+              f'{"cat " + then_show if then_show else "true"}')
+    result = imagebuild.run_in_image(reference, ["sh", "-c", script, "sh", *argv])
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, rest = result.stdout.split("\n", 1)
+    out, _, rest = rest.partition("--- stderr\n")
+    err, _, shown = rest.partition("--- file\n")
+    return int(code), out, err, shown
+
+
 @pytest.fixture(scope="module")
 def operator_image() -> str:
     return imagebuild.build("operator").reference
@@ -424,22 +440,19 @@ def test_operator_image_runs_every_operator_side_command(operator_image, args, e
 def test_local_commands_without_the_local_extra_say_which_extra_in_one_line(operator_image,
                                                                           args):
     entry = imagebuild.image_config(operator_image)["Entrypoint"]
-    result = imagebuild.run_in_image(operator_image, [*entry, *args])  # type: ignore[misc]
-    assert result.returncode == 2
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'tardigrade[local]'" in lines[0], result.stderr
+    code, out, err, _ = _run_captured(operator_image, [*entry, *args])  # type: ignore[misc]
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'tardigrade[local]'" in lines[0], err
 
 
 @pytest.mark.slow
 def test_trainer_image_without_the_operator_environment_names_what_is_missing():
     reference = imagebuild.build("trainer-cpu").reference
-    # One container: the entry point with only a termination log set, then that log.
-    script = ('TARDIGRADE_TERMINATION_LOG=/tmp/termination-log "$@"; '
-              'echo "exit=$?" >&2; cat /tmp/termination-log')
-    result = imagebuild.run_in_image(reference, ["sh", "-c", script, "sh",
-                                                 *_entry_point(reference)])
-    exit_code = re.search(r"^exit=(\d+)$", result.stderr, re.MULTILINE)
-    assert exit_code is not None and exit_code.group(1) != "0", result.stderr[-3000:]
-    assert re.search(r"TARDIGRADE_\w+ is not set", result.stderr), result.stderr[-3000:]
-    assert json.loads(result.stdout)["reason"] == "ConfigError"
+    code, _, err, log = _run_captured(reference, _entry_point(reference),
+                                      env="TARDIGRADE_TERMINATION_LOG=/tmp/termination-log",
+                                      then_show="/tmp/termination-log")
+    assert code != 0
+    assert re.search(r"TARDIGRADE_\w+ is not set", err), err[-3000:]
+    assert json.loads(log)["reason"] == "ConfigError"
