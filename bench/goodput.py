@@ -1,20 +1,23 @@
-"""Goodput of one training job under preemptions and resizes, on the local cluster.
+"""Goodput of one training job under preemptions and resizes, on real nodes.
 
     python bench/goodput.py [--quick] [--seed 0] [--out DIR] [--arms a,b,c,d,e,f,g,h]
 
 The same TrainingJob (examples/trainingjob.yaml: the reference trainer, 2 ranks, a fixed
-number of steps) runs through the local cluster and the operator, one arm after the other:
+number of steps) runs on real nodes (`realcluster.RealNodeCluster`: the real kubelet and
+containerd, the registry's trainer-cpu image, checkpoints in the GCS emulator's bucket) under
+the chart's operator (helm), one arm after the other:
 
   a undisturbed    nobody touches it: the baseline every ratio is taken against;
-  b preempted      spot reclaims on a seeded schedule (every 45-60 s): the node of a random
-                   rank gets DisruptionTarget and SIGTERM, then is gone after the grace period
-                   (the local cluster's default: GKE spot's 15 s for regular pods);
+  b preempted      spot reclaims on a seeded schedule (every 45-60 s): the VM of a random
+                   rank's node shuts down (the real kubelet's graceful node shutdown:
+                   DisruptionTarget and SIGTERM, GKE spot's 15 s for regular pods), then its
+                   Node is gone; its node pool recreates it under its name later;
   c no-save        the same schedule with `checkpoint.saveOnPreemption: false`: only the
                    periodic checkpoints survive, what JobSet- or Kubeflow-style restarts give;
   d resized        `kubectl scale` 2 -> 1 -> 2 ... on the same schedule (down and up: a
                    third rank would only oversubscribe a 2-core machine);
   e halted         one ungraceful loss at the schedule's first point: the VM of a random rank
-                   stops without a shutdown (`tardigrade local halt`): the Node object stays,
+                   stops without a shutdown (`RealNodeCluster.halt`): the Node object stays,
                    turns Unknown after the node monitor grace period, the VM comes back under
                    its name later; no notice, so no save: the operator relaunches from the last
                    commit;
@@ -36,13 +39,15 @@ number of steps) runs through the local cluster and the operator, one arm after 
   l halted,        (k) with a memory tier every 5 steps (spec.checkpoint.memoryTier): the
     memory tier    survivor restarts in place with its memory, the lost rank's new pod reads
                    its shards from the survivor's replica (docs/memory-tier.md).
-Arms g, h, k and l run on a second local cluster whose operator has restart in place on, i and j on
-a third with restart in process too; every cluster's nodes run a 1.36 kubelet with
-ContainerRestartRules and its API server the gate, so the arms differ only in the operator's
-switches. Each rank has a node of its own (it asks for a whole node's CPUs), as a trainer has
-its accelerator host: so a reclaim takes one rank, never two. Their logs are collected live (a
-kept pod's earlier runs are gone from the node once it restarted twice: the kubelet keeps one
-previous log), each line tagged with the attempt its trainer ran as.
+Arms g, h, k and l run on a second cluster whose operator has restart in place on
+(operator.restartInPlace), i and j on a third with restart in process too
+(operator.restartInProcess); the real kubelets (1.36) have ContainerRestartRules on by
+default, so the arms differ only in the operator's switches. Each cluster has one on-demand
+node (the operator's) and three spot nodes (the trainers'). Each rank has a spot node of its
+own (it asks for most of a node's CPUs), as a trainer has its accelerator host: so a reclaim
+takes one rank, never two. Their logs are shipped off the nodes as they are written
+(`logshipper.py`: a real kubelet removes a deleted pod's files, and keeps one previous log of
+a restarted container), each line tagged with the attempt its trainer ran as.
 
 Per arm: wall time (submission to last step), goodput = time spent on steps that were kept /
 wall time, its ratio to arm a, the operator's own goodput account of the job (status.goodput,
@@ -73,7 +78,9 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +90,22 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / d) for d in ("operator", "trainer_image", "local_cluster")]
 
-from tardigrade_local.cluster import LocalCluster, operator_command  # noqa: E402
+from kubernetes.utils import parse_quantity  # noqa: E402
+from tardigrade_local.clustergcs import env_vars  # noqa: E402
 from tardigrade_local.controlplane import NODE_MONITOR_GRACE_SECONDS  # noqa: E402
 from tardigrade_local.demo import demo_job  # noqa: E402
 from tardigrade_local.gke.disruptions import (  # noqa: E402
     DEFAULT_REPLACE_AFTER_SECONDS,
     REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
 )
-from tardigrade_local.gke.nodes import (  # noqa: E402
-    DEFAULT_NODE_CAPACITY,
-    NodeConfig,
-)
 from tardigrade_local.goodput import Disruption, RunReport, percentile, run_report  # noqa: E402
+from tardigrade_local.logshipper import LogShipper  # noqa: E402
+from tardigrade_local.realcluster import (  # noqa: E402
+    GCS_BUCKET,
+    SPOT_LABEL,
+    RealNodeCluster,
+    plan_nodes,
+)
 from tardigrade_local.recovery_phases import (  # noqa: E402
     PHASES,
     median_phases,
@@ -105,9 +116,15 @@ from tardigrade_local.steplog import StepLog  # noqa: E402
 
 NS = "default"
 GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
-# A reclaimed spot VM comes back under its name (the local cluster's stand-in for the node
-# pool's managed instance group; disruptions.DEFAULT_REPLACE_AFTER_SECONDS).
+# A reclaimed spot VM comes back under its name (the node pool's managed instance group;
+# disruptions.DEFAULT_REPLACE_AFTER_SECONDS).
 NODE_RETURNS_AFTER_SECONDS = DEFAULT_REPLACE_AFTER_SECONDS
+# The trainers' nodes: one rank each, and one to spare for a relaunch while a reclaimed VM is
+# being recreated.
+SPOT_NODES = 3
+# Of a spot node's allocatable CPUs, what a rank asks for: more than half, so that no node
+# takes two ranks.
+RANK_CPU_SHARE = 0.6
 # The operator's default TARDIGRADE_NODE_LOST_AFTER_SECONDS (config.py), which the bench's
 # operator runs with.
 NODE_LOST_AFTER_SECONDS = 60.0
@@ -180,15 +197,14 @@ ARMS = {
     "l": Arm("l", "halted-memory-tier", "halt", interval_steps=BUCKET_INTERVAL_STEPS,
              at_most=1, steps=1200, in_place=True, memory_interval=MEMORY_INTERVAL_STEPS),
 }
-KUBELET = {"kubelet_version": "v1.36.0", "feature_gates": {"ContainerRestartRules": True}}
-NODE_CPU = DEFAULT_NODE_CAPACITY["cpu"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     steps: int = 1200
     every_seconds: tuple[float, float] = (45.0, 60.0)
-    # What regular pods get when a spot node shuts down: GKE's 15 s of the 30 s notice.
+    # What regular pods get when a spot node shuts down: GKE's 15 s of the 30 s notice, as the
+    # real kubelets are configured (nodepower.KUBELET_SHUTDOWN_CONFIG); recorded, not set.
     grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
     resize_between: tuple[int, int] = (1, 2)
     timeout_seconds: float = 1800.0  # per arm: a guard against a stuck job, not a budget
@@ -221,15 +237,29 @@ class ArmResult:
         return not self.arm.trainer
 
 
+def rank_cpu(allocatable: Iterable[str]) -> str:
+    """What a rank asks for, of the spot nodes' allocatable CPUs: more than half of the
+    smallest, so that no node takes two ranks."""
+    smallest = min(parse_quantity(cpus) for cpus in allocatable)
+    return f"{int(float(smallest) * 1000 * RANK_CPU_SHARE)}m"
+
+
 class Bench:
-    def __init__(self, cluster: LocalCluster, settings: Settings, seed: int) -> None:
-        self.cluster = cluster
+    def __init__(self, real: RealNodeCluster, shipped_logs: Path, settings: Settings,
+                 seed: int) -> None:
+        """`shipped_logs`: where a `LogShipper` writes the job pods' logs."""
+        self.real = real
+        self.shipped_logs = shipped_logs
         self.settings = settings
         self.seed = seed
-        client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        client = kubernetes.config.new_client_from_config(config_file=str(real.kubeconfig))
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
-        self.env = cluster.client_env()
+        self.env = {**real.cluster.client_env(), "KUBECONFIG": str(real.kubeconfig)}
+        # Reclaims run beside the loop (a VM's shutdown takes its grace period).
+        self.reclaims: list[threading.Thread] = []
+        spot = self.core.list_node(label_selector=f"{SPOT_LABEL}=true").items
+        self.rank_cpu = rank_cpu(n.status.allocatable["cpu"] for n in spot)
 
     def kubectl(self, *args: str, stdin: str | None = None) -> None:
         subprocess.run(["kubectl", *args], env=self.env, input=stdin, text=True, check=True,
@@ -256,12 +286,19 @@ class Bench:
         name = f"goodput-{arm.name}"
         job["metadata"]["name"] = name
         job["spec"]["trainer"]["log_every"] = 1  # every step's time: the goodput needs them
+        # The registry's trainer image, the emulator's client variables (a real kubelet adds
+        # nothing to a pod's env), on the spot nodes.
+        job["spec"].update(image=self.real.images["trainer-cpu"],
+                           env=env_vars(self.real.gcs_pod_env()))
+        job["spec"]["podTemplate"] = {**job["spec"].get("podTemplate", {}),
+                                      "nodeSelector": {SPOT_LABEL: "true"}}
         # One trainer per node, as on accelerator hosts (a trainer asks for all of its host's
         # chips): two ranks on one node would make a reclaim of "one rank" take both, and a
         # recovery that keeps pods would then have none to keep.
-        job["spec"]["resources"]["requests"]["cpu"] = NODE_CPU
+        job["spec"]["resources"] = {"requests": {"cpu": self.rank_cpu, "memory": "512Mi"},
+                                    "limits": {"memory": "3Gi"}}
         checkpoint = job["spec"]["checkpoint"]
-        checkpoint["path"] = f"gs://tardigrade/checkpoints/{name}-{self.seed}"
+        checkpoint["path"] = f"gs://{GCS_BUCKET}/checkpoints/{name}-{self.seed}"
         checkpoint["saveOnPreemption"] = arm.save_on_preemption
         if arm.interval_steps is not None:
             checkpoint["interval"] = {"steps": arm.interval_steps}
@@ -323,13 +360,17 @@ class Bench:
                 pod = next(p for p in gang
                            if p.metadata.labels["tardigrade.dev/rank"] == str(victim))
                 if arm.disruption == "preemption":
-                    # The grace is the cluster's own (Settings.grace_seconds, set at start).
-                    self.cluster.preempt_node(pod.spec.node_name,
-                                              replace_after_seconds=NODE_RETURNS_AFTER_SECONDS)
+                    # The grace is the real kubelet's (Settings.grace_seconds).
+                    reclaim = threading.Thread(
+                        target=self.real.reclaim, args=(pod.spec.node_name,),
+                        kwargs={"replace_after_seconds": NODE_RETURNS_AFTER_SECONDS},
+                        name=f"reclaim {pod.spec.node_name}", daemon=True)
+                    reclaim.start()
+                    self.reclaims.append(reclaim)
                     what = f"preempted {pod.spec.node_name} (rank {victim})"
                 elif arm.disruption == "halt":
-                    self.cluster.halt_node(pod.spec.node_name,
-                                           back_after_seconds=HALTED_VM_BACK_AFTER_SECONDS)
+                    self.real.halt(pod.spec.node_name,
+                                   back_after_seconds=HALTED_VM_BACK_AFTER_SECONDS)
                     what = f"halted {pod.spec.node_name} (rank {victim})"
                 else:
                     low, high = self.settings.resize_between
@@ -340,10 +381,12 @@ class Bench:
                 print(f"  {when - submitted:6.1f}s step {log.last_step}: {what}", flush=True)
                 next_at = when + rng.uniform(*self.settings.every_seconds)
             time.sleep(0.5)
-        # The whole log, also what the API could not serve any more (pods on reclaimed nodes);
-        # in place, the live one (see the module's docstring).
-        final = log if arm.in_place else StepLog.from_container_logs(self.cluster.layout, NS,
-                                                                     name)
+        for reclaim in self.reclaims:
+            reclaim.join()
+        self.reclaims.clear()
+        # The whole log, as shipped off the nodes while it was written: also what the API
+        # could not serve any more (pods on reclaimed nodes, a kept pod's earlier runs).
+        final = StepLog.from_pod_log_dirs([self.shipped_logs], NS, name)
         report = run_report(final.records, disruptions, submitted)
         runs = [{"attempt": int(r["attempt"]), "step": int(r["step"]),
                  "time": float(r["time"]) - submitted}
@@ -458,9 +501,7 @@ def verdicts(results: list[ArmResult]) -> list[str]:
             lines.append(f"{target}: not judged, arm (b) or ({key}) saw no recovered preemption")
         else:
             ratio = percentile(in_place, 0.5) / percentile(recreate, 0.5)
-            lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio <= 0.5 else 'MISSED'} "
-                         "(a pod's sandbox and image cost no time on the local cluster, so "
-                         "recreating is cheaper here than on a cluster: local_cluster/README.md)")
+            lines.append(f"{target}: {ratio:.2f} x -> {'met' if ratio <= 0.5 else 'MISSED'}")
     window = next((r for r in results if r.arm.key == "f"), None)
     if window is not None:
         target = "target (f) save on notice inside the shutdown window"
@@ -563,19 +604,20 @@ def plot(results: list[ArmResult], path: Path) -> None:
 
 def run_arms(arms: list[Arm], settings: Settings, args: argparse.Namespace,
              in_place: bool, in_process: bool = False) -> list[ArmResult]:
-    """The arms on one local cluster whose operator has restart in place (and in process)
-    on or off."""
-    nodes = [NodeConfig(f"local-node-{i}", **KUBELET) for i in range(1, 4)]
-    operator = operator_command(namespace=NS, resync_seconds=1)
-    # operator_command is `env VAR=... tardigrade ...`: the switch goes with the others.
-    operator.insert(1, f"TARDIGRADE_RESTART_IN_PLACE={'true' if in_place else 'false'}")
-    operator.insert(1, f"TARDIGRADE_RESTART_IN_PROCESS={'true' if in_process else 'false'}")
+    """The arms on one real-node cluster whose operator has restart in place (and in
+    process) on or off."""
+    values = ("--set", "operator.resyncSeconds=1",
+              # Rank 0's progress read every 2 s, not backed off to 60 s: steps are short.
+              "--set", "operator.progressMaxIntervalSeconds=2",
+              "--set", f"operator.restartInPlace={'true' if in_place else 'false'}",
+              "--set", f"operator.restartInProcess={'true' if in_process else 'false'}")
     results: list[ArmResult] = []
-    with tempfile.TemporaryDirectory(prefix="tardigrade-goodput-") as state, \
-            LocalCluster(Path(state) / "cluster", nodes=nodes, operator_command=operator,
-                         shutdown_grace_seconds=settings.grace_seconds, api_proxy=False,
-                         feature_gates="ContainerRestartRules=true") as cluster:
-        bench = Bench(cluster, settings, args.seed)
+    # Short: a node's directory under it must keep the kubelet's socket paths within limits.
+    with tempfile.TemporaryDirectory(prefix="tg-goodput-") as state, \
+            RealNodeCluster(Path(state) / "c", plan_nodes(1, SPOT_NODES)) as real, \
+            LogShipper(real.pod_logs_dirs, Path(state) / "logs", NS) as shipper:
+        real.install_operator(*values)
+        bench = Bench(real, shipper.directory, settings, args.seed)
         for arm in arms:
             print(f"arm ({arm.key}) {arm.name}: {bench.steps(arm)} steps", flush=True)
             try:

@@ -5,9 +5,9 @@
                                    [--fixed-up-to N] [--out FILE.json] [--plot FILE.png]
 
 N one-replica TrainingJobs (cumulative over `--jobs`) on simulated nodes of the local cluster
-(`kubelet/simulated.py`: pods without processes, each rank a `simgang.TrainerRank` that steps
-every 50 ms and serves `/progress` on its pod IP, so the operator reads real HTTP progress as
-from a trainer). Simulated, with zero latency: a container's start (no image pull, no
+(`simulator/`, benches only: pods without processes, each rank a `simgang.TrainerRank` that
+steps every 50 ms and serves `/progress` on its pod IP, so the operator reads real HTTP
+progress as from a trainer). Simulated, with zero latency: a container's start (no image pull, no
 process), the trainer itself; real: the API server (CEL validation included), the kubelets'
 pod lifecycle and status writes, the scheduler, the operator process and its HTTP reads. The
 first arm of each N launches the new jobs: `running_after_s` is from the first create to every
@@ -67,7 +67,7 @@ GROUP, VERSION, PLURAL = "tardigrade.dev", "v1alpha1", "trainingjobs"
 PODS_PER_NODE = 500
 TARGETS = {"cpu": 25.0, "reaction_p99": 1.0, "rss": 300.0}
 SIMULATED = (
-    "simulated: nodes and pods without processes (kubelet/simulated.py), a container starts "
+    "simulated: nodes and pods without processes (simulator/simulated.py), a container starts "
     "at once (simulated_start_seconds 0: no image pull, no process start-up), a trainer rank "
     "is a simgang.TrainerRank stepping every 50 ms; real: the API server, the kubelets' pod "
     "lifecycle and status writes, the scheduler, the operator process and its HTTP progress "

@@ -5,8 +5,8 @@
                                    [--with EARLIER.json]
 
 For each gang size N (`--quick`: 8 and 64), a fresh local cluster with N + 1 simulated nodes
-(`tardigrade_local.kubelet.simulated`: pods without processes, one rank per node as on TPU
-hosts), the real operator (this checkout, run as a ServiceAccount on the API server's TLS port
+(`tardigrade_local.simulator`, benches only: pods without processes, one rank per node as on
+TPU hosts), the real operator (this checkout, run as a ServiceAccount on the API server's TLS port
 so that the audit log records its requests) and one TrainingJob of N simulated ranks. Once the
 gang trains, the node of its last rank is preempted (GKE spot reclaim: DisruptionTarget,
 SIGTERM, the ranks save one step), and the bench follows, from watches on the admin port:
@@ -19,7 +19,7 @@ SIGTERM, the ranks save one step), and the bench follows, from watches on the ad
   TrainingJob status writes, the kubelets' pod status writes;
 - the operator's RSS and CPU seconds over the recovery; the cluster's (its processes summed:
   etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the supervisor running
-  the node agents) memory and CPU per simulated pod while the gang starts;
+  the simulator's node agents) memory and CPU per simulated pod while the gang starts;
 - where the machine's cores went during the recovery: the CPU seconds of the operator, the
   cluster's processes and the bench itself, the machine's busy share, and the floor they set
   (their sum over the cores): a recovery whose floor is near its time was waiting for a core.
@@ -324,8 +324,9 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 class ClusterProcesses:
-    """The local cluster's processes together (the supervisor with its node agents, etcd,
-    kube-apiserver, kube-controller-manager, kube-scheduler): CPU seconds and RSS, summed."""
+    """The local cluster's processes together (the supervisor with the simulator's node
+    agents, etcd, kube-apiserver, kube-controller-manager, kube-scheduler): CPU seconds and
+    RSS, summed."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.procs = [psutil.Process(pid) for pid in cluster.processes().values()]

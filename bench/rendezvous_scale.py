@@ -100,7 +100,7 @@ def api_reviews(count: int = 300) -> tuple[float, float]:
     from tardigrade_sdk import peerauth
 
     with tempfile.TemporaryDirectory() as state, \
-            LocalCluster(Path(state) / "cluster", nodes=1, with_gcs=False,
+            LocalCluster(Path(state) / "cluster", nodes=[], with_gcs=False,
                          api_proxy=False) as cluster:
         # Rank 0 reviews with its pod's ServiceAccount token, over TLS, as in a cluster.
         access = peerauth._from_kubeconfig(cluster.service_account_kubeconfig(

@@ -5,8 +5,8 @@
   back and checked (USER, WORKDIR, ENTRYPOINT, CMD, ENV, labels), and its entry point and
   modules run inside the image as its user. Cold (empty image cache): the module took 5 min
   here; warm: 1 min 14 s, the builds being lookups and the rest the pushes (figures below);
-- each Dockerfile's install line rebuilt as a virtualenv (`imagevenv`), which is what the local
-  cluster runs its pods from: entry point, imports, every operator-side command.
+  the operator image runs every operator-side command, and the trainer image without the
+  operator's environment names what is missing.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator
 
 import pytest
-from tardigrade_local import imagebuild, imagevenv
+from tardigrade_local import imagebuild
 from tardigrade_local.dockerfile import (
     DockerfileError,
     ImageRecipe,
@@ -30,7 +28,6 @@ from tardigrade_local.dockerfile import (
     parse_stages,
     read_recipe,
 )
-from tardigrade_local.kubelet.images import ImageMap
 from tardigrade_local.registry import Registry
 
 from tests.conftest import REPO_ROOT
@@ -40,7 +37,7 @@ DOCKERFILES = [REPO_ROOT / "operator" / "Dockerfile",
 PROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
 EXTRAS = PROJECT["optional-dependencies"]
 IDS = [p.relative_to(REPO_ROOT).as_posix() for p in DOCKERFILES]
-SHIPPED = imagevenv.recipes()
+SHIPPED = [imagebuild.image(name).recipe for name in imagebuild.DOCKERFILES]
 
 
 def _recipe(dockerfile) -> ImageRecipe:
@@ -182,115 +179,6 @@ def test_dockerignore_matches_like_docker(tmp_path):
     assert ignore.excluded("a/b/__pycache__/x.pyc") and ignore.excluded("__pycache__")
     assert ignore.excluded("x.egg-info/PKG-INFO") and not ignore.excluded("a/x.egg-info")
     assert ignore.excluded("bench/run.py") and not ignore.excluded("bench/keep")
-
-
-# --- the images, rebuilt as virtualenvs -----------------------------------------------------
-def _image_env(recipe: ImageRecipe, venv: imagevenv.ImageVenv, home) -> dict[str, str]:
-    """What a container of the image gets: its ENV and its programs first on PATH; none of the
-    checkout (no PYTHONPATH, run outside the repository)."""
-    return {**dict(recipe.env), "PATH": f"{venv.bin_dir}{os.pathsep}{os.defpath}",
-            "HOME": str(home)}
-
-
-@pytest.fixture(scope="module", params=SHIPPED, ids=[r.name for r in SHIPPED])
-def image(request) -> imagevenv.ImageVenv:
-    venv = imagevenv.image_venv(request.param)
-    imagevenv.ensure(venv)
-    return venv
-
-
-def _run(image: imagevenv.ImageVenv, argv: list[str], tmp_path,
-         **env: str) -> subprocess.CompletedProcess[str]:
-    with imagevenv.in_use(image):
-        return subprocess.run(argv, env={**_image_env(image.recipe, image, tmp_path), **env},
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.slow
-def test_entrypoint_and_cmd_run_with_help(image, tmp_path):
-    # The local kubelet's own resolution: ENTRYPOINT + CMD, programs from the image's venv.
-    argv = ImageMap.with_extra([image.rule()]).argv(image.recipe.title, None, None)
-    assert argv[0].startswith(str(image.bin_dir))
-    result = _run(image, [*argv, "--help"], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "usage" in result.stdout.lower()
-
-
-@pytest.mark.slow
-def test_the_image_imports_every_module_it_runs_and_not_the_local_cluster(image, tmp_path):
-    probe = (
-        "import importlib, importlib.util, json, sys\n"
-        f"modules = {list(image.recipe.modules)!r}\n"
-        "files = {m: importlib.import_module(m).__file__ for m in modules}\n"
-        "print(json.dumps({'files': files,\n"
-        "                  'local': importlib.util.find_spec('tardigrade_local') is not None}))\n"
-    )
-    result = _run(image, [str(image.python), "-c", probe], tmp_path)
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
-    assert found["local"] is False
-    for module, path in found["files"].items():
-        assert path.startswith(str(image.venv)), f"{module} came from {path}"
-
-
-@pytest.fixture(scope="module")
-def operator_image() -> imagevenv.ImageVenv:
-    venv = imagevenv.shipped_image("operator")
-    imagevenv.ensure(venv)
-    return venv
-
-
-@pytest.mark.slow
-def test_the_operator_image_cannot_import_the_trainer_sdk_or_checkpoint_library(
-        operator_image, tmp_path):
-    probe = ("import importlib.util, json\n"
-             f"print(json.dumps({{m: importlib.util.find_spec(m) is not None "
-             f"for m in {[*TRAINER_ONLY, 'tardigrade_contract']!r}}}))\n")
-    result = _run(operator_image, [str(operator_image.python), "-c", probe], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {**dict.fromkeys(TRAINER_ONLY, False),
-                                         "tardigrade_contract": True}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--version"], f"tardigrade {PROJECT['version']}"),
-    (["crd"], "kind: CustomResourceDefinition"),
-    (["reference"], "TrainingJob"),
-    (["timeline", "--help"], "Usage"),
-    (["operator", "run", "--help"], "--all-namespaces"),
-    # The chart's pre-delete hook runs this in the operator image.
-    (["operator", "release", "--help"], "--deployment"),
-])
-def test_operator_image_runs_every_operator_side_command(operator_image, tmp_path, args,
-                                                         expected):
-    result = _run(operator_image, [str(operator_image.bin_dir / "tardigrade"), *args], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert expected in result.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("args", [["local", "up"], ["local", "--help"], ["demo", "--quick"]])
-def test_local_commands_without_the_local_extra_say_which_extra_in_one_line(operator_image,
-                                                                          tmp_path, args):
-    result = _run(operator_image, [str(operator_image.bin_dir / "tardigrade"), *args], tmp_path)
-    assert result.returncode == 2
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'tardigrade[local]'" in lines[0], result.stderr
-
-
-@pytest.mark.slow
-def test_trainer_image_without_the_operator_environment_names_what_is_missing(tmp_path):
-    recipe = next(r for r in SHIPPED if r.name == "trainer-cpu")
-    venv = imagevenv.image_venv(recipe)
-    imagevenv.ensure(venv)
-    argv = ImageMap.with_extra([venv.rule()]).argv(recipe.title, None, None)
-    result = _run(venv, argv, tmp_path,
-                  TARDIGRADE_TERMINATION_LOG=str(tmp_path / "termination-log"))
-    assert result.returncode != 0
-    assert re.search(r"TARDIGRADE_\w+ is not set", result.stderr), result.stderr
-    assert json.loads((tmp_path / "termination-log").read_text())["reason"] == "ConfigError"
 
 
 # --- the real images, built with buildah from the same Dockerfiles -------------------------
@@ -491,10 +379,80 @@ def test_the_image_key_changes_with_each_input_and_nothing_else(tmp_path):
     assert key() not in (first, changed)
 
 
-def test_the_interpreter_building_the_venvs_matches_the_base_images():
-    for recipe in SHIPPED:
-        version = re.match(r"python:(\d+\.\d+)", recipe.base)
-        assert version is not None, f"{recipe.name}: base image {recipe.base} is not python:X.Y"
-        if version.group(1) != f"{sys.version_info.major}.{sys.version_info.minor}":
-            pytest.skip(f"{recipe.name} is based on Python {version.group(1)}; the venvs here "
-                        f"use {sys.version.split()[0]}")
+# --- what the built images run, as a node runs them ----------------------------------------
+def _entry_point(reference: str) -> list[str]:
+    config = imagebuild.image_config(reference)
+    return [*config["Entrypoint"], *(config.get("Cmd") or [])]  # type: ignore[misc]
+
+
+def _run_captured(reference: str, argv: list[str], env: str = "", then_show: str = ""
+                  ) -> tuple[int, str, str, str]:
+    """`argv` in a container of the image (with `env`, `NAME=value ...`): its exit status,
+    stdout and stderr, apart from what buildah itself adds to a failed run's stderr, and the
+    file `then_show` as the run left it in the same container."""
+    script = (f'{env} "$@" >/tmp/out 2>/tmp/err; echo "$?"; cat /tmp/out; '
+              'echo "--- stderr"; cat /tmp/err; echo "--- file"; '
+              f'{"cat " + then_show if then_show else "true"}')
+    result = imagebuild.run_in_image(reference, ["sh", "-c", script, "sh", *argv])
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, rest = result.stdout.split("\n", 1)
+    out, _, rest = rest.partition("--- stderr\n")
+    err, _, shown = rest.partition("--- file\n")
+    return int(code), out, err, shown
+
+
+@pytest.fixture(scope="module")
+def operator_image() -> str:
+    return imagebuild.build("operator").reference
+
+
+@pytest.mark.slow
+def test_the_operator_image_cannot_import_the_trainer_sdk_or_checkpoint_library(
+        operator_image):
+    probe = ("import importlib.util, json\n"
+             f"print(json.dumps({{m: importlib.util.find_spec(m) is not None "
+             f"for m in {[*TRAINER_ONLY, 'tardigrade_contract']!r}}}))\n")
+    result = imagebuild.run_in_image(operator_image, ["python", "-c", probe])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == {**dict.fromkeys(TRAINER_ONLY, False),
+                                         "tardigrade_contract": True}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--version"], f"tardigrade {PROJECT['version']}"),
+    (["crd"], "kind: CustomResourceDefinition"),
+    (["reference"], "TrainingJob"),
+    (["timeline", "--help"], "Usage"),
+    (["operator", "run", "--help"], "--all-namespaces"),
+    # The chart's pre-delete hook runs this in the operator image.
+    (["operator", "release", "--help"], "--deployment"),
+])
+def test_operator_image_runs_every_operator_side_command(operator_image, args, expected):
+    entry = imagebuild.image_config(operator_image)["Entrypoint"]
+    result = imagebuild.run_in_image(operator_image, [*entry, *args])  # type: ignore[misc]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert expected in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["local", "up"], ["local", "--help"], ["demo", "--quick"]])
+def test_local_commands_without_the_local_extra_say_which_extra_in_one_line(operator_image,
+                                                                          args):
+    entry = imagebuild.image_config(operator_image)["Entrypoint"]
+    code, out, err, _ = _run_captured(operator_image, [*entry, *args])  # type: ignore[misc]
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'tardigrade[local]'" in lines[0], err
+
+
+@pytest.mark.slow
+def test_trainer_image_without_the_operator_environment_names_what_is_missing():
+    reference = imagebuild.build("trainer-cpu").reference
+    code, _, err, log = _run_captured(reference, _entry_point(reference),
+                                      env="TARDIGRADE_TERMINATION_LOG=/tmp/termination-log",
+                                      then_show="/tmp/termination-log")
+    assert code != 0
+    assert re.search(r"TARDIGRADE_\w+ is not set", err), err[-3000:]
+    assert json.loads(log)["reason"] == "ConfigError"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -11,39 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from tardigrade_local import realcluster
-from tardigrade_local.cluster import (
-    ClusterError,
-    LocalCluster,
-    kill_leftover_pods,
-    operator_command,
-)
-from tardigrade_local.cluster import simulated_nodes as make_simulated_nodes
-from tardigrade_local.gke import tpuslices
-from tardigrade_local.gke.autoscaler import NodePool
-from tardigrade_local.gke.disruptions import (
-    DEFAULT_REPLACE_AFTER_SECONDS,
-    REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
-)
-from tardigrade_local.gke.nodes import DEFAULT_POOL, NodeConfig
-from tardigrade_local.kubelet import ImageRule
+from tardigrade_local.cluster import ClusterError, LocalCluster, simulated_nodes
 from tardigrade_local.kueue import WaitForPodsReady
-from tardigrade_local.paths import StateLayout
+from tardigrade_local.paths import StateLayout, project_python_path
 
-app = typer.Typer(help="Run a local Kubernetes (API server + process kubelet + GCS emulator).")
+app = typer.Typer(help="Run a local Kubernetes: the real control plane, real nodes (the real "
+                  "kubelet and containerd), a registry, GCS emulator and the operator.")
 
 StateDir = typer.Option(None, "--state-dir", "-d", envvar="TARDIGRADE_LOCAL_STATE_DIR",
                         help="Where the cluster keeps its state [default: .tardigrade/local].")
-ImageMapOption = typer.Option(
-    None, "--image-map", help="YAML list of image rules {pattern, entrypoint, cmd, env}; they "
-    "take precedence over the built-in ones (e.g. *tardigrade-trainer).")
 LabelOption = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable.")
 OperatorSetOption = typer.Option(
-    None, "--operator-set", help="With --real-nodes: a `helm install --set` value for the "
-    "operator's release (e.g. operator.restartInPlace=true), repeatable.")
-SPOT_POOL = "spot-pool"
+    None, "--operator-set", help="A `helm install --set` value for the operator's release "
+    "(e.g. operator.restartInPlace=true), repeatable.")
 # A cold start builds the operator and trainer images (many minutes); a warm one takes about
 # a minute.
 REAL_START_TIMEOUT_SECONDS = 3600.0
@@ -56,7 +39,7 @@ def _layout(state_dir: Path | None) -> StateLayout:
 def _attach(state_dir: Path | None) -> LocalCluster:
     root = _layout(state_dir).root
     if realcluster.is_served(root):
-        # A real-node cluster (`up --real-nodes`): its control plane's own state directory.
+        # A real-node cluster (`up`): its control plane's own state directory.
         root = root / "control"
     try:
         return LocalCluster.attach(root)
@@ -67,41 +50,21 @@ def _attach(state_dir: Path | None) -> LocalCluster:
 
 @app.command()
 def up(
-    nodes: int = typer.Option(1, "--nodes", "-n", min=0, help="Ordinary nodes."),
-    spot_nodes: int = typer.Option(0, "--spot-nodes", min=0,
-                                   help="Nodes labelled cloud.google.com/gke-spot=true."),
-    simulated_nodes: int = typer.Option(
+    nodes: int | None = typer.Option(None, "--nodes", "-n", min=0,
+                                     help="Ordinary real nodes (1 unless given)."),
+    spot_nodes: int | None = typer.Option(
+        None, "--spot-nodes", min=0, help="Real nodes labelled cloud.google.com/gke-spot=true."),
+    simulated: int = typer.Option(
         0, "--simulated-nodes", min=0,
-        help="Nodes whose pods run without processes, as on kwok nodes (annotated "
-        "local.tardigrade.dev/simulated=true); Tardigrade ranks there are simulated."),
+        help="For benches only: the control plane with this many simulated nodes instead of "
+        "real ones, whose pods run no process (local_cluster/README.md, \"The simulator\")."),
     state_dir: Path | None = StateDir,
     foreground: bool = typer.Option(False, "--foreground/--background",
                                     help="Stay attached; Ctrl-C stops the cluster."),
-    gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator (with "
-                             "--real-nodes, with the Service kube-system/fake-gcs for pods)."),
-    shutdown_grace: float = typer.Option(
-        REGULAR_POD_SHUTDOWN_GRACE_SECONDS,
-        help="Seconds a pod gets (at most its own grace) when its node shuts down: the kubelet's "
-        "grace for regular pods; GKE spot VMs give them 15 s of the 30 s notice."),
+    gcs: bool = typer.Option(True, "--gcs/--no-gcs", help="Start the GCS emulator (with the "
+                             "Service kube-system/fake-gcs for pods)."),
     operator: bool = typer.Option(True, "--operator/--no-operator",
-                                  help="Run the Tardigrade operator in the cluster."),
-    operator_command: str | None = typer.Option(
-        None, help="Run this command as the operator instead (KUBECONFIG is set for it)."),
-    image_map: Path | None = ImageMapOption,
-    replace_after: float = typer.Option(
-        DEFAULT_REPLACE_AFTER_SECONDS, min=0,
-        help="Seconds until a preempted node comes back under its name, as a GKE node pool's "
-        "managed instance group recreates a reclaimed spot VM (no delay is promised there)."),
-    replace: bool = typer.Option(True, "--replace/--no-replace",
-                                 help="Whether preempted nodes come back at all."),
-    autoscale_max: int = typer.Option(
-        0, min=0, help="Run a cluster autoscaler that grows each pool up to this many nodes "
-        "for unschedulable pods (TriggeredScaleUp / NotTriggerScaleUp events); 0: none."),
-    provision_seconds: float = typer.Option(
-        30.0, min=0, help="Seconds an autoscaled node takes to register (GPU/TPU: minutes)."),
-    tpu_slices: int = typer.Option(
-        0, min=0, help="Multi-host TPU slice node pools (tpu-slice-1, ...), spot; a slice's "
-        "hosts are reclaimed and recreated together."),
+                                  help="Install the Tardigrade operator (helm, the chart)."),
     kueue: bool = typer.Option(
         False, "--kueue/--no-kueue",
         help="Build (first time: minutes) and run Kueue's manager (the pinned v0.19.2, or "
@@ -110,67 +73,43 @@ def up(
     kueue_pods_ready_timeout: float = typer.Option(
         0.0, min=0, help="Kueue's waitForPodsReady timeout in seconds (recovery timeout the "
         "same); 0: Kueue's default (30 min from v0.19, off before)."),
-    tpu_slice_shape: str = typer.Option(
-        "tpu-v5-lite-podslice:2x4:4", help="ACCELERATOR:TOPOLOGY:CHIPS_PER_HOST of each TPU "
-        "slice (2x4 with 4 chips a host: 2 hosts)."),
-    real_nodes: bool = typer.Option(
-        False, "--real-nodes",
-        help="Real nodes instead of the process node agent: the real kubelet and containerd "
-        "per node, each in its own network namespace, with a cluster network, DNS, an image "
-        "registry and the operator installed with helm from the chart (Linux, root; "
-        "local_cluster/README.md, \"Real nodes\"). --nodes and --spot-nodes count them."),
     operator_set: list[str] | None = OperatorSetOption,
 ) -> None:
-    """Start the cluster and print the `export KUBECONFIG=...` line."""
-    if real_nodes:
-        unsupported = {"--simulated-nodes": simulated_nodes, "--tpu-slices": tpu_slices,
-                       "--autoscale-max": autoscale_max,
-                       "--operator-command": operator_command, "--image-map": image_map}
-        given = [flag for flag, value in unsupported.items() if value]
+    """Start the cluster and print the `export KUBECONFIG=...` line: real nodes, each the real
+    kubelet and containerd in its own network namespace, with a cluster network, DNS, an
+    image registry and the operator installed with helm from the chart (Linux, root;
+    local_cluster/README.md, "Real nodes")."""
+    layout = _layout(state_dir)
+    if simulated:
+        given = [flag for flag, value in (("--nodes", nodes), ("--spot-nodes", spot_nodes),
+                                          ("--operator-set", operator_set)) if value]
         if given:
-            typer.echo(f"error: {', '.join(given)}: not with --real-nodes (yet); leave "
-                       f"{' and '.join(given)} out", err=True)
+            typer.echo(f"error: {', '.join(given)}: not with --simulated-nodes (a bench's "
+                       f"cluster has simulated nodes only, and runs the checkout's operator); "
+                       f"leave {' and '.join(given)} out", err=True)
             raise typer.Exit(2)
-        _up_real(_layout(state_dir), nodes, spot_nodes, operator, operator_set or [],
-                 foreground, gcs, kueue, kueue_pods_ready_timeout)
+        _up_simulated(layout, simulated, operator, foreground, gcs, kueue,
+                      kueue_pods_ready_timeout)
         return
-    if operator_set:
-        typer.echo("error: --operator-set: only with --real-nodes (the operator is installed "
-                   "with helm there); leave it out or add --real-nodes", err=True)
-        raise typer.Exit(2)
-    root = _layout(state_dir).root
-    if (pid := realcluster.served_pid(root)) is not None:
-        typer.echo(f"error: a real-node cluster is already running in {root} (pid {pid}); "
-                   f"run `tardigrade local down` first", err=True)
+    _up_real(layout, 1 if nodes is None else nodes, spot_nodes or 0, operator,
+             operator_set or [], foreground, gcs, kueue, kueue_pods_ready_timeout)
+
+
+def _up_simulated(layout: StateLayout, count: int, operator: bool, foreground: bool,
+                  gcs: bool, kueue: bool, kueue_pods_ready_timeout: float) -> None:
+    """The control plane with simulated nodes (benches only), the operator of this checkout
+    beside it."""
+    if (pid := realcluster.served_pid(layout.root)) is not None:
+        typer.echo(f"error: a real-node cluster is already running in {layout.root} (pid "
+                   f"{pid}); run `tardigrade local down` first", err=True)
         raise typer.Exit(1)
-    if realcluster.is_served(root):
+    if realcluster.is_served(layout.root):
         # What a killed real-node cluster left, before its directory is reused.
-        realcluster.clear_state(root)
-    rules = [ImageRule.from_dict(r) for r in yaml.safe_load(image_map.read_text()) or []] \
-        if image_map else []
-    spot_labels = {"cloud.google.com/gke-spot": "true"}
-    configs = [NodeConfig(f"local-node-{i}") for i in range(1, nodes + 1)]
-    configs += [NodeConfig(f"local-spot-{i}", labels=spot_labels, pool=SPOT_POOL)
-                for i in range(1, spot_nodes + 1)]
-    configs += make_simulated_nodes(simulated_nodes)
-    try:
-        shape = tpuslices.SliceShape.parse(tpu_slice_shape)
-        for i in range(1, tpu_slices + 1):
-            configs += tpuslices.slice_nodes(f"tpu-slice-{i}", shape)
-    except ValueError as err:
-        typer.echo(f"error: --tpu-slice-shape: {err}", err=True)
-        raise typer.Exit(2) from None
-    pools = [NodePool(DEFAULT_POOL, autoscale_max, NodeConfig("template"), provision_seconds)]
-    if spot_nodes:
-        pools.append(NodePool(SPOT_POOL, autoscale_max,
-                              NodeConfig("template", labels=spot_labels), provision_seconds))
-    cluster = LocalCluster(_layout(state_dir).root, nodes=configs, with_gcs=gcs,
+        realcluster.clear_state(layout.root)
+    cluster = LocalCluster(layout.root, nodes=simulated_nodes(count), with_gcs=gcs,
                            remove_on_exit=True, detach=not foreground,
-                           shutdown_grace_seconds=shutdown_grace,
-                           operator_command=_operator_command(operator, operator_command),
-                           image_rules=rules,
-                           replace_after_seconds=replace_after if replace else None,
-                           node_pools=pools if autoscale_max else [], kueue=kueue,
+                           operator_command=checkout_operator() if operator else None,
+                           kueue=kueue,
                            kueue_wait_for_pods_ready=WaitForPodsReady(kueue_pods_ready_timeout)
                            if kueue_pods_ready_timeout else None)
     try:
@@ -181,8 +120,17 @@ def up(
     typer.echo(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
     if not foreground:
         return
-    _until_stopped("# local cluster running; Ctrl-C stops it")
+    _until_stopped("# local cluster with simulated nodes running; Ctrl-C stops it")
     cluster.stop()
+
+
+def checkout_operator() -> list[str]:
+    """The operator of this checkout (one standalone replica, all namespaces, metrics off so
+    that two clusters' operators do not collide), as the benches run it."""
+    path = os.pathsep.join(project_python_path())
+    return ["env", "TARDIGRADE_METRICS_PORT=0", f"PYTHONPATH={path}", sys.executable, "-m",
+            "tardigrade_operator.cli", "operator", "run", "--all-namespaces", "--standalone",
+            "--health-port", "0"]
 
 
 def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
@@ -223,12 +171,6 @@ def _until_stopped(banner: str) -> None:
     stopped.wait()
 
 
-def _operator_command(enabled: bool, custom: str | None) -> list[str] | None:
-    if custom:
-        return shlex.split(custom)
-    return operator_command() if enabled else None
-
-
 @app.command()
 def down(state_dir: Path | None = StateDir) -> None:
     """Stop the cluster and every pod, and remove the state directory."""
@@ -241,7 +183,6 @@ def down(state_dir: Path | None = StateDir) -> None:
         LocalCluster.attach(layout.root).stop(remove=True)
     except ClusterError:
         # Not running: still clean up whatever a crashed cluster left.
-        kill_leftover_pods(layout)
         LocalCluster(layout.root).stop(remove=True)
     typer.echo(f"local cluster in {layout.root} is down")
 
@@ -283,15 +224,26 @@ def preempt(
 
 
 def _real_info(state_dir: Path | None) -> dict[str, Any] | None:
-    """What `up --real-nodes` started there, or None for a cluster of node agents."""
+    """What `up` started there, or None for a cluster of simulated nodes
+    (`up --simulated-nodes`)."""
     root = _layout(state_dir).root
     return realcluster.read_info(root) if realcluster.is_served(root) else None
 
 
+def _simulated_only(command: str, state_dir: Path | None) -> LocalCluster:
+    """The cluster of `up --simulated-nodes`, for what only simulated nodes do."""
+    if _real_info(state_dir) is not None:
+        typer.echo(f"error: {command}: only on simulated nodes (`up --simulated-nodes`, "
+                   f"benches); on real nodes use preempt, halt or maintenance", err=True)
+        raise typer.Exit(2)
+    return _attach(state_dir)
+
+
 @app.command("delete-node")
 def delete_node(node: str, state_dir: Path | None = StateDir) -> None:
-    """Node lost: its processes die at once and the Node object is deleted."""
-    _attach(state_dir).delete_node(node)
+    """Simulated nodes only: node lost, its pods die at once and the Node object is
+    deleted."""
+    _simulated_only("delete-node", state_dir).delete_node(node)
     typer.echo(f"node/{node} lost")
 
 
@@ -320,9 +272,10 @@ def partition(
     wait: bool = typer.Option(False, "--wait/--no-wait", help="Return once it is over."),
     state_dir: Path | None = StateDir,
 ) -> None:
-    """A NotReady flap: the node's kubelet is cut off from the control plane (partition,
-    kubelet restart) while its pods run on; Unknown after the node monitor grace period."""
-    _attach(state_dir).partition_node(node, seconds, wait)
+    """Simulated nodes only: a NotReady flap, the node's kubelet cut off from the control
+    plane (partition, kubelet restart) while its pods run on; Unknown after the node monitor
+    grace period."""
+    _simulated_only("partition", state_dir).partition_node(node, seconds, wait)
     typer.echo(f"node/{node} partitioned for {seconds:g}s")
 
 
@@ -340,7 +293,7 @@ def maintenance(
     cloud.google.com/scheduled-maintenance-time=<start, epoch seconds> now; at the start it is
     tainted cloud.google.com/impending-node-termination:NoSchedule and shut down, its pods
     getting their own grace period (at most 1 h), and the VM comes back under its name (a
-    real node of `up --real-nodes`: its VM shuts down through logind and does not come
+    real node: its VM shuts down through logind and does not come
     back)."""
     cluster = _attach(state_dir)
     if _real_info(state_dir) is not None and back_after is not None:
@@ -358,9 +311,9 @@ def add_node(
     label: list[str] | None = LabelOption,
     state_dir: Path | None = StateDir,
 ) -> None:
-    """Add a node (e.g. a replacement VM)."""
+    """Simulated nodes only: add a simulated node (e.g. a replacement VM)."""
     labels = dict(item.split("=", 1) for item in label or [])
-    _attach(state_dir).add_node(node, labels)
+    _simulated_only("add-node", state_dir).add_node(node, labels)
     typer.echo(f"node/{node} added")
 
 
@@ -372,9 +325,9 @@ def crash(
     sig: int = typer.Option(int(signal.SIGKILL), "--signal", help="Signal number."),
     state_dir: Path | None = StateDir,
 ) -> None:
-    """Make a pod's process die on its own."""
+    """Simulated nodes only: make a pod's simulated container die on its own."""
     ns, _, name = pod.rpartition("/")
-    _attach(state_dir).crash_pod(ns or namespace, name, container, sig)
+    _simulated_only("crash", state_dir).crash_pod(ns or namespace, name, container, sig)
     typer.echo(f"pod/{name} crashed")
 
 

@@ -1,14 +1,16 @@
-"""The local cluster: the real control plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler), the node agents, GKE's part, a GCS emulator and optionally the operator,
-under one state directory.
+"""The local control plane: the real etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, GKE's part, a GCS emulator and optionally Kueue and the operator, under one
+state directory. Nodes join it from elsewhere: real nodes (`realcluster.RealNodeCluster`,
+`tardigrade local up`), or, for benches only, the simulator's nodes (`simulator/`,
+`simulated_nodes`).
 
 Two halves:
 - `serve(config)` supervises everything from one process (`python -m tardigrade_local.cluster
   STATE`): the control plane's components are its child processes (`controlplane.py`), the
-  node agents run on its event loop (`kubelet/host.py`); it writes `cluster.json` (see
-  `paths.StateLayout`) when ready and stops on SIGTERM/SIGINT;
-- `LocalCluster` starts that process in the background and drives it: the API for tests, the
-  demo and the CLI. Disruptions go through the process's loopback control endpoint.
+  simulated nodes (if any) run on its event loop (`simulator/host.py`); it writes
+  `cluster.json` (see `paths.StateLayout`) when ready and stops on SIGTERM/SIGINT;
+- `LocalCluster` starts that process in the background and drives it: the API for tests,
+  benches and the CLI. Disruptions go through the process's loopback control endpoint.
 """
 
 from __future__ import annotations
@@ -35,13 +37,7 @@ import psutil
 from aiohttp import web
 
 import tardigrade_local
-from tardigrade_local import (
-    gcs,
-    gobuild,
-    identities,
-    imagevenv,
-    podnet,
-)
+from tardigrade_local import gcs, gobuild, identities
 from tardigrade_local.apiproxy import ApiProxy
 from tardigrade_local.controlplane import (
     NODE_MONITOR_GRACE_SECONDS,
@@ -49,21 +45,19 @@ from tardigrade_local.controlplane import (
     ControlPlane,
     ControlPlaneSettings,
 )
-from tardigrade_local.dockerfile import DockerfileError
 from tardigrade_local.gke import hostmaintenance, realreclaim
 from tardigrade_local.gke.autoscaler import SCAN_INTERVAL_SECONDS, NodeAutoscaler, NodePool
+from tardigrade_local.gke.client import ApiClient, core_path
+from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS, Disruptor
 from tardigrade_local.gke.nodes import DEFAULT_NODE_CAPACITY, NodeConfig
 from tardigrade_local.gke.provisioning import QueuedProvisioner
 from tardigrade_local.kubeconfig import write_kubeconfig
-from tardigrade_local.kubelet import ImageMap, ImageRule, KubeletHost, KubeletSettings
-from tardigrade_local.kubelet.config import (
-    NODE_LEASE_SECONDS,
-    PODSITE_DIR,
-)
 from tardigrade_local.kueue import WaitForPodsReady
 from tardigrade_local.lifetime import die_with_parent
 from tardigrade_local.paths import StateLayout, project_python_path
+from tardigrade_local.simulator import SimulatedHost, SimulatorSettings
+from tardigrade_local.simulator.config import NODE_LEASE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -112,29 +106,9 @@ async def _grant_trainer_token_review(plane: ControlPlane) -> None:
                     raise RuntimeError(f"cannot grant {plural}: {await resp.text()}")
 
 
-def operator_command(namespace: str | None = None, resync_seconds: float | None = None
-                     ) -> list[str]:
-    """The Tardigrade operator as the local cluster runs it (one standalone replica): the
-    operator image's console script, from the image's venv (`imagevenv`)."""
-    venv = imagevenv.shipped_image("operator")
-    # Metrics off: a second local cluster's operator would collide on the port. PYTHONPATH:
-    # only the pod network's site directory, not the checkout, as in an operator pod.
-    env = ["TARDIGRADE_METRICS_PORT=0", f"PYTHONPATH={PODSITE_DIR}"]
-    if resync_seconds is not None:
-        env.append(f"TARDIGRADE_RESYNC_SECONDS={resync_seconds:g}")
-    scope = ["--namespace", namespace] if namespace else ["--all-namespaces"]
-    return ["env", *env, str(venv.bin_dir / "tardigrade"), "operator", "run",
-            *scope, "--standalone", "--health-port", "0"]
-
-
-def default_nodes(count: int, spot: bool = False) -> list[NodeConfig]:
-    labels = {"cloud.google.com/gke-spot": "true"} if spot else {}
-    return [NodeConfig(f"local-node-{i}", labels=labels) for i in range(1, count + 1)]
-
-
 def simulated_nodes(count: int, capacity: Mapping[str, str] | None = None,
                     prefix: str = "sim-node") -> list[NodeConfig]:
-    """Nodes whose pods run without processes (`kubelet/simulated.py`)."""
+    """Simulated nodes, whose pods run without processes (`simulator/`): for benches only."""
     extra = dict(capacity or {})
     return [NodeConfig(f"{prefix}-{i}", capacity={**DEFAULT_NODE_CAPACITY, **extra},
                        simulated=True) for i in range(1, count + 1)]
@@ -146,12 +120,13 @@ class ClusterConfig:
     each field that sets a component's flag, and the upstream timings no flag sets."""
 
     state_dir: Path
-    nodes: list[NodeConfig] = dataclasses.field(default_factory=lambda: default_nodes(1))
+    # Simulated nodes (benches only: `simulator/`); none: the control plane alone, which
+    # real nodes join (`realcluster.RealNodeCluster`).
+    nodes: list[NodeConfig] = dataclasses.field(default_factory=list)
     with_gcs: bool = True
     buckets: list[str] = dataclasses.field(default_factory=lambda: ["tardigrade"])
     crd_files: list[Path] = dataclasses.field(default_factory=list)
     load_repo_crds: bool = True
-    image_rules: list[ImageRule] = dataclasses.field(default_factory=list)
     pod_env: dict[str, str] = dataclasses.field(default_factory=dict)
     # What regular pods get on a node shutdown (GKE spot: 15 s of the 30 s notice).
     shutdown_grace_seconds: float = REGULAR_POD_SHUTDOWN_GRACE_SECONDS
@@ -179,7 +154,7 @@ class ClusterConfig:
     # A command to run with KUBECONFIG set once the cluster is up (e.g. the operator).
     operator_command: list[str] | None = None
     # --feature-gates of kube-apiserver, kube-controller-manager and kube-scheduler
-    # (`Name=true,...`), passed as given; each node agent has its own (NodeConfig).
+    # (`Name=true,...`), passed as given; each simulated node has its own (NodeConfig).
     feature_gates: str = ""
     # Put users' kubeconfig through a TCP proxy whose connections a test can cut
     # (`apiproxy.py`, `LocalCluster.cut_watches`).
@@ -214,7 +189,6 @@ class ClusterConfig:
         data["state_dir"] = str(self.state_dir)
         data["nodes"] = [n.to_dict() for n in self.nodes]
         data["crd_files"] = [str(p) for p in self.crd_files]
-        data["image_rules"] = [r.to_dict() for r in self.image_rules]
         data["node_pools"] = [p.to_dict() for p in self.node_pools]
         return data
 
@@ -224,7 +198,6 @@ class ClusterConfig:
         fields["state_dir"] = Path(data["state_dir"])
         fields["nodes"] = [NodeConfig.from_dict(n) for n in data.get("nodes") or []]
         fields["crd_files"] = [Path(p) for p in data.get("crd_files") or []]
-        fields["image_rules"] = [ImageRule.from_dict(r) for r in data.get("image_rules") or []]
         fields["node_pools"] = [NodePool.from_dict(p) for p in data.get("node_pools") or []]
         fields["kueue_wait_for_pods_ready"] = WaitForPodsReady.from_dict(
             data.get("kueue_wait_for_pods_ready"))
@@ -240,17 +213,25 @@ def crd_files(config: ClusterConfig) -> list[Path]:
     return files
 
 
-def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
-                 ) -> web.Application:
-    """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses."""
+def _control_app(host: SimulatedHost | None, cloud: GkeCloud, plane: ControlPlane,
+                 proxy: ApiProxy | None) -> web.Application:
+    """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses.
+    `host`: the simulated nodes (benches only), if the cluster has any."""
     background: set[asyncio.Task[Any]] = set()
 
     def real_node(name: str) -> realreclaim.RealNode | None:
         """A real node of this cluster (`realnode.py`): its kubelet is the real one, so GKE
-        acts on its machine, not on a node agent."""
-        if name in host.agents:
+        acts on its machine, not on a simulated node's agent."""
+        if host is not None and name in host.agents:
             return None
         return realreclaim.recorded_node(name, plane.egress_routes)
+
+    def simulator(what: str) -> SimulatedHost:
+        """The simulated nodes, for what only they do; KeyError (404) without them."""
+        if host is None:
+            raise KeyError(f"{what}: this cluster has no simulated nodes (real nodes are "
+                           f"driven by the RealNodeCluster that started them)")
+        return host
 
     def refuse_for_real_node(name: str, body: dict[str, Any], *fields: str) -> None:
         given = [f for f in fields if body.get(f) is not None]
@@ -267,20 +248,27 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
         if wait:
             await task
 
+    async def node_of_pod(namespace: str, pod: str) -> str:
+        obj = await cloud.client.get(core_path("pods", namespace, pod))
+        node = (obj or {}).get("spec", {}).get("nodeName")
+        if not node:
+            raise KeyError(f'pod "{namespace}/{pod}" is not bound to a node')
+        return str(node)
+
     async def preempt(request: web.Request) -> web.Response:
         body = await request.json()
         if "namespace" in request.match_info:
-            node = await host.node_of_pod(request.match_info["namespace"],
-                                          request.match_info["pod"])
+            node = await node_of_pod(request.match_info["namespace"], request.match_info["pod"])
         else:
             node = request.match_info["node"]
         if (real := real_node(node)) is not None:
             refuse_for_real_node(node, body, "graceSeconds", "replaceAfterSeconds")
-            await run(realreclaim.reclaim(host.cloud, real), bool(body.get("wait")))
+            await run(realreclaim.reclaim(cloud, real), bool(body.get("wait")))
             return web.json_response({"node": node})
-        host._agent(node)  # unknown node -> KeyError -> 404
-        await run(host.preempt_node(node, body.get("graceSeconds"),
-                                    body.get("replaceAfterSeconds")), bool(body.get("wait")))
+        sim = simulator(node)
+        sim._agent(node)  # unknown node -> KeyError -> 404
+        await run(sim.preempt_node(node, body.get("graceSeconds"),
+                                   body.get("replaceAfterSeconds")), bool(body.get("wait")))
         return web.json_response({"node": node})
 
     async def halt(request: web.Request) -> web.Response:
@@ -290,8 +278,9 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
             refuse_for_real_node(node, body, "backAfterSeconds")
             await run(realreclaim.lose(real), bool(body.get("wait")))
             return web.json_response({"node": node})
-        host._agent(node)  # unknown node -> KeyError -> 404
-        await run(host.halt_node(node, body.get("backAfterSeconds")), bool(body.get("wait")))
+        sim = simulator(node)
+        sim._agent(node)  # unknown node -> KeyError -> 404
+        await run(sim.halt_node(node, body.get("backAfterSeconds")), bool(body.get("wait")))
         return web.json_response({"node": node})
 
     async def maintenance(request: web.Request) -> web.Response:
@@ -299,37 +288,43 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
         node = request.match_info["node"]
         if (real := real_node(node)) is not None:
             refuse_for_real_node(node, body, "backAfterSeconds")
-            start = await hostmaintenance.announce(host.cloud, node, float(body["inSeconds"]))
-            await run(realreclaim.maintain(host.cloud, real, start), False)
+            start = await hostmaintenance.announce(cloud, node, float(body["inSeconds"]))
+            await run(realreclaim.maintain(cloud, real, start), False)
             return web.json_response({"node": node, "start": start})
-        start = await host.schedule_maintenance(node, float(body["inSeconds"]),
-                                                body.get("backAfterSeconds"))
+        start = await simulator(node).schedule_maintenance(node, float(body["inSeconds"]),
+                                                           body.get("backAfterSeconds"))
         return web.json_response({"node": node, "start": start})
 
     async def partition(request: web.Request) -> web.Response:
         body = await request.json()
         node = request.match_info["node"]
-        host._agent(node)
-        await run(host.partition_node(node, float(body["seconds"])), bool(body.get("wait")))
+        sim = simulator(node)
+        sim._agent(node)
+        await run(sim.partition_node(node, float(body["seconds"])), bool(body.get("wait")))
         return web.json_response({"node": node})
 
     async def delete_node(request: web.Request) -> web.Response:
-        await host.lose_node(request.match_info["node"])
+        await simulator(request.match_info["node"]).lose_node(request.match_info["node"])
         return web.json_response({"node": request.match_info["node"]})
 
     async def add_node(request: web.Request) -> web.Response:
-        config = NodeConfig.from_dict(await request.json())
-        await host.add_node(config)
+        # A node added here is one more of the simulator's: real nodes are started by the
+        # RealNodeCluster that runs them.
+        config = dataclasses.replace(NodeConfig.from_dict(await request.json()), simulated=True)
+        await simulator(config.name).add_node(config)
         return web.json_response(config.to_dict())
 
     async def crash(request: web.Request) -> web.Response:
         body = await request.json()
-        host.crash_pod(request.match_info["namespace"], request.match_info["pod"],
-                       body.get("container"), int(body.get("signal") or signal.SIGKILL))
+        pod = f"{request.match_info['namespace']}/{request.match_info['pod']}"
+        simulator(pod).crash_pod(request.match_info["namespace"], request.match_info["pod"],
+                                 body.get("container"),
+                                 int(body.get("signal") or signal.SIGKILL))
         return web.json_response({})
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response({**host.status(), "processes": plane.pids()})
+        nodes = host.status() if host is not None else {"nodes": []}
+        return web.json_response({**nodes, "processes": plane.pids()})
 
     async def restart_apiserver(request: web.Request) -> web.Response:
         """kube-apiserver's process stops, stays down `downtimeSeconds`, starts again; with
@@ -374,6 +369,18 @@ def _control_app(host: KubeletHost, plane: ControlPlane, proxy: ApiProxy | None
     return app
 
 
+def _simulator_settings(config: ClusterConfig, layout: StateLayout, plane: ControlPlane,
+                        pod_env: Mapping[str, str]) -> SimulatorSettings:
+    return SimulatorSettings(
+        layout=layout, api_url=plane.api_url, access=plane, cluster_env=pod_env,
+        backoff_base_seconds=config.backoff_base_seconds,
+        shutdown_grace_seconds=config.shutdown_grace_seconds,
+        replace_after_seconds=config.replace_after_seconds,
+        node_lease_seconds=config.node_lease_seconds,
+        simulated_start_seconds=config.simulated_start_seconds,
+    )
+
+
 async def serve(config: ClusterConfig) -> None:
     """Run the whole cluster until SIGTERM/SIGINT."""
     layout = StateLayout(config.state_dir.absolute())
@@ -413,30 +420,30 @@ async def serve(config: ClusterConfig) -> None:
             gcs_url = emulator.url
             pod_env.update(emulator.client_env())
         pod_env.update(config.pod_env)
-        settings = KubeletSettings(
-            layout=layout, api_url=plane.api_url, ca_pem=plane.ca_pem.decode(), access=plane,
-            image_map=ImageMap.with_extra([*config.image_rules, *imagevenv.shipped_image_rules()]),
-            cluster_env=pod_env,
-            backoff_base_seconds=config.backoff_base_seconds,
-            shutdown_grace_seconds=config.shutdown_grace_seconds,
-            replace_after_seconds=config.replace_after_seconds,
-            node_lease_seconds=config.node_lease_seconds,
-            simulated_start_seconds=config.simulated_start_seconds,
-        )
-        host = KubeletHost(settings, config.nodes)
-        await host.start()
-        stack.push_async_callback(host.stop)
-        await host.wait_schedulable()
-        if config.node_pools:
+        host: SimulatedHost | None = None
+        if config.nodes or config.node_pools:
+            # Simulated nodes (benches only): their agents, and pools that grow with more.
+            host = SimulatedHost(_simulator_settings(config, layout, plane, pod_env),
+                                 config.nodes)
+            await host.start()
+            stack.push_async_callback(host.stop)
+            await host.wait_schedulable()
+            cloud = host.cloud
+        else:
+            cloud = GkeCloud(ApiClient(plane.api_url, plane.ssl_context(identities.CLOUD.name),
+                                       identities.CLOUD.common_name))
+            stack.push_async_callback(cloud.close)
+        if host is not None and config.node_pools:
             autoscaler = NodeAutoscaler(host, config.node_pools, config.autoscaler_scan_seconds)
             await autoscaler.start()
             stack.push_async_callback(autoscaler.stop)
-        if config.kueue and any(p.queued_provisioning for p in config.node_pools):
+        if host is not None and config.kueue and any(p.queued_provisioning
+                                                     for p in config.node_pools):
             # The ProvisioningRequest CRD comes with Kueue here (kueue.py).
             provisioner = QueuedProvisioner(host, config.node_pools)
             await provisioner.start()
             stack.push_async_callback(provisioner.stop)
-        runner = web.AppRunner(_control_app(host, plane, proxy), access_log=None)
+        runner = web.AppRunner(_control_app(host, cloud, plane, proxy), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -485,11 +492,9 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
 
 def _client_env(layout: StateLayout, pod_env: Mapping[str, str]) -> dict[str, str]:
     """Environment for a process beside the cluster (operator, kubectl, tests): it finds the
-    API server and the GCS emulator, and Python resolves pod names (see `podnet`)."""
-    path = os.pathsep.join([str(PODSITE_DIR), *project_python_path(),
-                            os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, **pod_env, "KUBECONFIG": str(layout.kubeconfig), "PYTHONPATH": path,
-            podnet.ENV_HOSTS_FILE: str(layout.hosts_file)}
+    API server and the GCS emulator, and imports this checkout."""
+    path = os.pathsep.join([*project_python_path(), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, **pod_env, "KUBECONFIG": str(layout.kubeconfig), "PYTHONPATH": path}
 
 
 # Set by a LocalCluster that is not detached: the pid of the process the cluster dies with.
@@ -516,25 +521,47 @@ class ClusterError(RuntimeError):
     pass
 
 
+def _simulated_only(nodes: int | Sequence[NodeConfig], pools: Sequence[NodePool]
+                    ) -> list[NodeConfig]:
+    """The nodes of a LocalCluster: simulated ones or none. Pods that run processes run on
+    real nodes, which a LocalCluster does not start."""
+    if isinstance(nodes, int):
+        if nodes:
+            raise ClusterError(
+                f"nodes={nodes}: a LocalCluster starts no nodes that run pods; for real nodes "
+                f"use realcluster.RealNodeCluster (or `tardigrade local up`), for a bench's "
+                f"simulated ones nodes=simulated_nodes({nodes})")
+        return []
+    unsimulated = [n.name for n in [*nodes, *(p.template for p in pools)] if not n.simulated]
+    if unsimulated:
+        raise ClusterError(
+            f"nodes {', '.join(unsimulated)}: not simulated; a LocalCluster runs only the "
+            f"simulator's nodes (benches: simulated_nodes(N), NodeConfig(simulated=True)); "
+            f"for nodes that run pods use realcluster.RealNodeCluster (or `tardigrade local "
+            f"up`)")
+    return list(nodes)
+
+
 class LocalCluster:
-    """A local cluster in a background process.
+    """A local control plane in a background process: the one real nodes join
+    (`realcluster.RealNodeCluster`), or, for benches only, with simulated nodes.
 
     ```
-    with LocalCluster(tmp_path / "cluster", nodes=2) as cluster:
-        subprocess.run(["kubectl", "get", "nodes"], env=cluster.client_env())
-        cluster.preempt_node("local-node-1", grace_seconds=5, wait=True)
+    with LocalCluster(tmp_path / "cluster", nodes=[]) as cluster:
+        subprocess.run(["kubectl", "get", "namespaces"], env=cluster.client_env())
     ```
     """
 
     def __init__(self, state_dir: Path | str | None = None,
-                 nodes: int | Sequence[NodeConfig] = 1, with_gcs: bool = True,
+                 nodes: int | Sequence[NodeConfig] = (), with_gcs: bool = True,
                  remove_on_exit: bool = True, detach: bool = False, **options: Any) -> None:
-        """`detach`: the cluster outlives this process (`tardigrade local up`); otherwise it
-        dies with it, however it dies, so a killed test run leaves no cluster behind."""
+        """`nodes`: none (0 or []), or simulated nodes (`simulated_nodes`, benches only).
+        `detach`: the cluster outlives this process; otherwise it dies with it, however it
+        dies, so a killed test run leaves no cluster behind."""
         layout = (StateLayout.default() if state_dir is None
                   else StateLayout(Path(state_dir).absolute()))
         self.layout = layout
-        node_configs = default_nodes(nodes) if isinstance(nodes, int) else list(nodes)
+        node_configs = _simulated_only(nodes, options.get("node_pools") or ())
         self.config = ClusterConfig(state_dir=layout.root, nodes=node_configs,
                                     with_gcs=with_gcs, **options)
         self.remove_on_exit = remove_on_exit
@@ -565,16 +592,9 @@ class LocalCluster:
             raise ClusterError(f"a local cluster is already running in {self.layout.root} "
                                f"(pid {existing['pid']}); run `tardigrade local down` first")
         if self.layout.root.exists():
-            kill_leftover_pods(self.layout)
             shutil.rmtree(self.layout.root)
         self.layout.root.mkdir(parents=True)
         (self.layout.root / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2))
-        # Before the ready timeout starts: a first build takes about a minute, later calls
-        # only check (or reinstall our wheel after a source change).
-        try:
-            imagevenv.ensure_all()
-        except (imagevenv.ImageBuildError, DockerfileError) as err:
-            raise ClusterError(f"cannot prepare the shipped images: {err}") from err
         if self.config.kueue:
             # Built only for a cluster that asks for it (minutes cold, with progress).
             try:
@@ -603,7 +623,7 @@ class LocalCluster:
         return self
 
     def stop(self, remove: bool | None = None) -> None:
-        """Stop the cluster process and every pod process; remove the state dir."""
+        """Stop the cluster process; remove the state dir."""
         info = self._info or self.read_info()
         pid = int(info["pid"]) if info else (self._proc.pid if self._proc else None)
         if pid is not None:
@@ -611,7 +631,6 @@ class LocalCluster:
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(1)
-        kill_leftover_pods(self.layout)
         self._info = None
         if self.remove_on_exit if remove is None else remove:
             shutil.rmtree(self.layout.root, ignore_errors=True)
@@ -695,8 +714,8 @@ class LocalCluster:
         return {"supervisor": int(self.info["pid"]), **self.info.get("processes", {})}
 
     def client_env(self) -> dict[str, str]:
-        """os.environ plus KUBECONFIG, the GCS emulator variables and pod-name resolution for
-        Python, for kubectl, an operator or test subprocesses."""
+        """os.environ plus KUBECONFIG, the GCS emulator variables and this checkout on
+        PYTHONPATH, for kubectl, an operator or test subprocesses."""
         return _client_env(self.layout, self.info.get("pod_env", {}))
 
     # --- disruptions -------------------------------------------------------------------------
@@ -760,19 +779,6 @@ def _terminate_pid(pid: int, timeout: float) -> None:
             proc.wait(5)
     except psutil.Error:
         pass
-
-
-def kill_leftover_pods(layout: StateLayout) -> list[int]:
-    """SIGKILL pod process groups a dead cluster process left behind (from their pid files)."""
-    killed = []
-    for pid_file in layout.pods_dir.glob("*/*.pid") if layout.pods_dir.is_dir() else []:
-        with contextlib.suppress(ValueError, OSError, psutil.Error):
-            pid = int(pid_file.read_text())
-            # Only a process that still runs in this pod's directory is ours to kill.
-            if Path(psutil.Process(pid).cwd()) == pid_file.parent:
-                os.killpg(pid, signal.SIGKILL)
-                killed.append(pid)
-    return killed
 
 
 if __name__ == "__main__":

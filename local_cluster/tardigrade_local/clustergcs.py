@@ -11,11 +11,9 @@ kube-proxies DNAT the Service's address there, and CoreDNS names it
 
 A pod's GCS clients find it through `pod_env()`: `gcs.client_env` of the Service's URL
 (TensorStore's `TENSORSTORE_GCS_HTTP_URL`, a test token, google-auth kept off the metadata
-server). On the process node agent's cluster every pod gets those variables from its node
-agent (`ClusterConfig.pod_env`); a real kubelet adds nothing to a pod, so a job passes them
-itself, as `spec.env` of its TrainingJob: what a job on GKE does to point TensorStore at
-another endpoint. The operator never opens a bucket (a checkpoint's step and path come from
-rank 0's progress), so it needs none.
+server). A real kubelet adds nothing to a pod, so a job passes them itself, as `spec.env` of its
+TrainingJob: what a job on GKE does to point TensorStore at another endpoint. The operator never
+opens a bucket (a checkpoint's step and path come from rank 0's progress), so it needs none.
 """
 
 from __future__ import annotations

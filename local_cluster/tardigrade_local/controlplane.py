@@ -257,29 +257,6 @@ class ControlPlane:
         context.load_cert_chain(str(cert), str(key))
         return context
 
-    def node_context(self, node: str) -> ssl.SSLContext:
-        """A kubelet's client TLS context, as `system:node:NODE` in `system:nodes` (issued on
-        first use: a node's certificate outlives the VM, as its name does)."""
-        identity = identities.node_identity(node)
-        if not self.identity(identity.name)[0].exists():
-            self.issue(identity.name, identity.common_name, identity.organizations)
-        return self.ssl_context(identity.name)
-
-    def kubelet_serving_context(self, node: str, ip: str) -> ssl.SSLContext:
-        """The kubelet endpoint's server TLS context: a certificate for the node's address,
-        signed by the CA kube-apiserver checks kubelets with, and only clients that show a
-        certificate of that CA get in (kube-apiserver shows apiserver-kubelet-client)."""
-        name = f"kubelet-serving-{node}"
-        assert self.ca is not None
-        self.ca.issue(f"system:node:{node}", (identities.NODE_GROUP,), client=False,
-                      server=True, dns_names=(node,), ip_addresses=(ip,)).write(
-                          self.pki_dir, name)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.ca_file))
-        context.verify_mode = ssl.CERT_REQUIRED
-        cert, key = self.identity(name)
-        context.load_cert_chain(str(cert), str(key))
-        return context
-
     def kubeconfig_for(self, identity: str, path: Path, user: str | None = None) -> Path:
         cert, key = self.identity(identity)
         return write_kubeconfig(path, self.api_url, user=user or identity,

@@ -1,8 +1,8 @@
 """What a Dockerfile of ours says its image is: base, sources, extras, ENV, ENTRYPOINT, CMD.
 
-There is no container runtime here, so the local cluster and the image smoke tests rebuild
-each image as a virtualenv (`imagevenv`). Both read the image from its Dockerfile through this
-module, so that what they run cannot drift from what `docker build` produces. Only the subset of
+The image builder (`imagebuild.py`, buildah) and the image tests read the image from its
+Dockerfile through this module, so that what they build and check cannot drift from what
+`docker build` produces. Only the subset of
 the Dockerfile reference that our Dockerfiles use is understood (ARG with a default before the
 first FROM, FROM ... AS, WORKDIR, COPY from the build context, RUN, ENV, LABEL, USER,
 ENTRYPOINT/CMD in exec form); anything else that would change the result is an error naming

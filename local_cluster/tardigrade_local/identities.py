@@ -9,12 +9,13 @@ the identities that are ours (not Kubernetes' own).
   maintenance labels and taints, the maintenance handler's pod deletions on a real node, the
   autoscaler's events), with a role of its own, as GKE's
   own controllers have theirs;
-- `cluster-dns`: the names pods resolve (`kubelet/network.py`'s hosts file, and CoreDNS for
-  real nodes, `clusterdns.py`), with the read access CoreDNS's `system:coredns` role gives it;
-- `simulated-kubelet`: the one identity of all simulated nodes, as kwok's controller has one
-  (its nodes run no processes and mount no volumes).
-Process nodes are not here: each gets `system:node:NAME` in `system:nodes` when it registers,
-so the Node authorizer and NodeRestriction treat it as a kubelet.
+- `cluster-dns`: the names pods resolve (CoreDNS for real nodes, `clusterdns.py`), with the
+  read access CoreDNS's `system:coredns` role gives it;
+- `simulated-kubelet`: the one identity of all simulated nodes (`simulator/`, benches only),
+  as kwok's controller has one (its nodes run no processes and mount no volumes).
+Real nodes are not here: each gets `system:node:NAME` in `system:nodes` when it starts
+(`node_identity`, `realnode.py`), so the Node authorizer and NodeRestriction treat it as a
+kubelet.
 """
 
 from __future__ import annotations

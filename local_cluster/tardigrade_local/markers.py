@@ -1,7 +1,7 @@
 """Checkpoints of simulated trainers: one marker file per committed step, no tensors.
 
 Shared by the simulated trainer process (`simtrainer.py`) and the simulated ranks of
-simulated nodes (`kubelet/simgang.py`), so that both restore the same way.
+simulated nodes (`simulator/simgang.py`), so that both restore the same way.
 """
 
 from __future__ import annotations

@@ -2,12 +2,6 @@
 
 Everything lives under one state directory (default `.tardigrade/local` in the current
 directory) so that `tardigrade local down` can remove it in one step.
-
-Container logs: the kubelet writes each container's stdout and stderr in the CRI log format
-(`crilog.py`) to `container_log(ns, pod, container)`, renaming the previous run's file
-to `previous_container_log(...)` when a container restarts. The API server does not read these
-files: like the real one it proxies `pods/{name}/log` to the kubelet endpoint of the pod's node
-(`kubelet/logs.py`, at the node's InternalIP and `daemonEndpoints.kubeletEndpoint.Port`).
 """
 
 from __future__ import annotations
@@ -49,11 +43,6 @@ class StateLayout:
         return self.root / "audit.log"
 
     @property
-    def hosts_file(self) -> Path:
-        """/etc/hosts-format names of pods (headless-service hostnames) -> pod IPs."""
-        return self.root / "hosts"
-
-    @property
     def gcs_dir(self) -> Path:
         return self.root / "gcs"
 
@@ -67,29 +56,20 @@ class StateLayout:
 
     def node_root(self, node: str) -> Path:
         """The node's own root filesystem (its `/`): where its emptyDir and hostPath volumes
-        live (`kubelet/volumes.py`). Everything outside is shared by all nodes."""
+        live (`simulator/volumes.py`). Everything outside is shared by all nodes."""
         return self.nodes_dir / node
 
     def pod_dir(self, namespace: str, pod: str) -> Path:
         # `_` cannot occur in namespace or pod names (RFC 1123), so the split is unambiguous.
         return self.pods_dir / f"{namespace}_{pod}"
 
-    def container_log(self, namespace: str, pod: str, container: str) -> Path:
-        return self.pod_dir(namespace, pod) / f"{container}.log"
-
-    def previous_container_log(self, namespace: str, pod: str, container: str) -> Path:
-        return self.pod_dir(namespace, pod) / f"{container}.previous.log"
-
     def termination_log(self, namespace: str, pod: str, container: str) -> Path:
-        """Where a container's `terminationMessagePath` points on this machine."""
+        """Where a simulated container's `terminationMessagePath` points on this machine."""
         return self.pod_dir(namespace, pod) / f"{container}.termination-log"
-
-    def container_pid(self, namespace: str, pod: str, container: str) -> Path:
-        """The running container's process id (also its process group id)."""
-        return self.pod_dir(namespace, pod) / f"{container}.pid"
 
 
 def project_python_path() -> list[str]:
-    """Source folders of this checkout, so pods import our packages without an install."""
+    """Source folders of this checkout, so processes beside the cluster (the cluster's own,
+    an operator, test subprocesses) import our packages without an install."""
     repo = Path(__file__).resolve().parents[2]
     return [str(repo / d) for d in ("local_cluster", "operator", "trainer_image")]

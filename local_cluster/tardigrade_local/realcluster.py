@@ -1,7 +1,7 @@
 """A local cluster of real nodes, made and taken down in one place.
 
 `RealNodeCluster` starts, in this order, what a GKE cluster with Tardigrade installed is made
-of here: the control plane (`LocalCluster`, with no node agent, node egress on, the endpoint
+of here: the control plane (`LocalCluster`, with no nodes of its own, node egress on, the endpoint
 controllers running, the CRD left to the chart, and the GCS emulator on the host's loopback),
 an image registry (`registry.py`) with the operator and trainer-cpu images built
 (`imagebuild.py`, a lookup when their inputs are unchanged) and pushed to it, the cluster
@@ -23,7 +23,7 @@ starts, so the operator the chart installs serves Workloads from its first pass 
 Kueue's kinds at start), and the chart's objects go through Kueue's webhooks as on a GKE
 cluster with Kueue installed first.
 
-`tardigrade local up --real-nodes` runs one in a process of its own (`serve`, `python -m
+`tardigrade local up` runs one in a process of its own (`serve`, `python -m
 tardigrade_local.realcluster STATE_DIR`), which every process of the cluster dies with; the
 real-node tests run one in the test process. Needs root and Linux (`realnode.py`).
 """
@@ -86,12 +86,12 @@ IMAGE_VERSION = "0.1.0"
 OPERATOR_RELEASE, OPERATOR_NAMESPACE = "tardigrade", "tardigrade-system"
 CHECKPOINT_CLAIM = "shared-checkpoints"
 CHECKPOINT_MOUNT = "/mnt/checkpoints"
-# The GCS emulator's bucket, as the process node agents' cluster has it.
+# The GCS emulator's bucket (`ClusterConfig.buckets`' default).
 GCS_BUCKET = "tardigrade"
 # Pulls of the operator image on a node, on a machine other runs share.
 INSTALL_TIMEOUT = "300s"
 CLAIM_TIMEOUT_SECONDS = 60.0
-# The files of a cluster run by `serve` (`tardigrade local up --real-nodes`), under its
+# The files of a cluster run by `serve` (`tardigrade local up`), under its
 # state directory.
 CONFIG_FILE = "realcluster-config.json"
 INFO_FILE = "realcluster.json"
@@ -199,7 +199,7 @@ class RealNodeCluster:
         self.pools = list(pools)
         self.autoscaler_scan_seconds = autoscaler_scan_seconds
         # Reclaimed VMs their pool is recreating, by name (what the autoscaler counts as on
-        # their way, as it does KubeletHost's).
+        # their way).
         self.recreating: dict[str, NodeConfig] = {}
         # The autoscaler's thread, its loop and its GKE client, while it runs.
         self._autoscaler: tuple[threading.Thread, asyncio.AbstractEventLoop,
@@ -824,7 +824,7 @@ class RealNodeCluster:
                 "network": self.network.id}
 
 
-# --- run by `tardigrade local up --real-nodes` -------------------------------------------------
+# --- run by `tardigrade local up` ------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     nodes: int = 1
@@ -925,7 +925,7 @@ def served_pid(state_dir: Path) -> int | None:
 
 
 def is_served(state_dir: Path) -> bool:
-    """Whether `state_dir` holds a real-node cluster of `tardigrade local up --real-nodes`."""
+    """Whether `state_dir` holds a real-node cluster of `tardigrade local up`."""
     return (state_dir / CONFIG_FILE).exists()
 
 

@@ -13,7 +13,6 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from tardigrade_local import crilog
-from tardigrade_local.paths import StateLayout
 
 JOB_LABEL = "tardigrade.dev/job"
 RANK_LABEL = "tardigrade.dev/rank"
@@ -43,34 +42,13 @@ class StepLog:
         self._restarts_seen: dict[str, int] = {}
 
     @classmethod
-    def from_container_logs(cls, layout: StateLayout, namespace: str, job: str) -> StepLog:
-        """The complete log, from the files the kubelet keeps: it still has the logs of pods
-        already deleted and of nodes that are gone, which the API can no longer serve, and a
-        restarted container's run before (the kubelet keeps one; an earlier one is gone)."""
-        steplog = cls(None, namespace, job)
-        pod_name = re.compile(rf"{re.escape(namespace)}_{re.escape(job)}-a(\d+)-0")
-        pod_dirs = [(int(m.group(1)), d) for d in layout.pods_dir.glob(f"{namespace}_{job}-a*-0")
-                    if (m := pod_name.fullmatch(d.name))]
-        for attempt, pod_dir in sorted(pod_dirs):
-            current = sorted(f for f in pod_dir.glob("*.log")
-                             if not f.name.endswith(".previous.log"))
-            for log_file in current:
-                # A container restarted in its pod (restart in place) left its run before in
-                # `.previous.log`: that run came first.
-                previous = log_file.with_name(log_file.name.removesuffix(".log")
-                                              + ".previous.log")
-                for part in (previous, log_file):
-                    if part.exists():
-                        for line in crilog.text(part.read_bytes()).splitlines():
-                            steplog._read(line, attempt)
-        return steplog
-
-    @classmethod
     def from_pod_log_dirs(cls, pod_log_dirs: Iterable[Path], namespace: str, job: str
                           ) -> StepLog:
-        """The same, from real kubelets' files (`<pod logs dir>/<namespace>_<pod>_<uid>/
-        <container>/<restart count>.log`, one run each) under any number of nodes'
-        directories, gone nodes' too."""
+        """The complete log, from real kubelets' files (`<pod logs dir>/<namespace>_<pod>_
+        <uid>/<container>/<restart count>.log`, one run each) under any number of nodes'
+        directories, gone nodes' too, or as `logshipper.py` ships them: it still has the
+        logs of pods already deleted and of nodes that are gone, which the API can no longer
+        serve, and every run of a restarted container."""
         steplog = cls(None, namespace, job)
         pod_name = re.compile(rf"{re.escape(namespace)}_{re.escape(job)}-a(\d+)-0_[^_]+")
         pod_dirs = [(int(m.group(1)), d) for logs in pod_log_dirs

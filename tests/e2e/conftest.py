@@ -1,6 +1,7 @@
 """The operator most end-to-end modules run against the module's `cluster` fixture: on real
 nodes the chart's, installed with helm (the module's `OPERATOR_HELM_VALUES`, if it has them,
-added to the install); on node agents one standalone replica. A module that needs more
+added to the install); beside a control plane without nodes one standalone replica of the
+checkout's operator. A module that needs more
 defines its own `operator`."""
 
 from __future__ import annotations

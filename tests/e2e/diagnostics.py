@@ -67,19 +67,15 @@ def node_summary(node: Any) -> str:
 
 
 def container_logs(cluster: Cluster) -> Iterator[tuple[str, str, Path]]:
-    """(pod name, label, file) of every container log the cluster's kubelets kept: the node
-    agents' (`<pods dir>/<namespace>_<pod>/<container>.log`) or, on real nodes, the copy
-    shipped off them in the kubelet's layout (`<namespace>_<pod>_<uid>/<container>/
-    <restart>.log`)."""
-    if isinstance(cluster, RealCluster):
-        for log_file in sorted(cluster.shipped_logs.glob("*_*_*/*/*.log")):
-            pod_dir = log_file.parents[1].name
-            yield (pod_dir.split("_")[1],
-                   f"{pod_dir}/{log_file.parent.name}/{log_file.name}", log_file)
+    """(pod name, label, file) of every container log the cluster's kubelets kept, as shipped
+    off the real nodes in the kubelet's layout (`<namespace>_<pod>_<uid>/<container>/
+    <restart>.log`); none for a control plane without nodes."""
+    if not isinstance(cluster, RealCluster):
         return
-    for pod_dir in sorted(cluster.local.layout.pods_dir.glob("*_*")):
-        for log_file in sorted(pod_dir.glob("*.log")):
-            yield pod_dir.name.split("_", 1)[1], f"{pod_dir.name}/{log_file.name}", log_file
+    for log_file in sorted(cluster.shipped_logs.glob("*_*_*/*/*.log")):
+        pod_dir = log_file.parents[1].name
+        yield (pod_dir.split("_")[1],
+               f"{pod_dir}/{log_file.parent.name}/{log_file.name}", log_file)
 
 
 def log_tails(logs: Iterable[tuple[str, str, Path]], names: Iterable[str],

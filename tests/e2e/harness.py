@@ -17,9 +17,7 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
-from tardigrade_local import imagevenv
 from tardigrade_local.cluster import LocalCluster
-from tardigrade_local.kubelet.config import PODSITE_DIR
 from tardigrade_local.logshipper import LogShipper
 from tardigrade_local.realcluster import (
     CHECKPOINT_CLAIM,
@@ -46,14 +44,10 @@ T = TypeVar("T")
 NAMESPACE = "default"
 
 
-def operator_venv() -> imagevenv.ImageVenv:
-    """The operator image's virtualenv, built or refreshed from the current sources."""
-    return imagevenv.shipped_image("operator")
-
-
 class OperatorProcess:
-    """The operator as its image runs it (`tardigrade operator run` from the operator image's
-    virtualenv, without the checkout on PYTHONPATH), in a subprocess we can kill."""
+    """The operator of this checkout (`tardigrade operator run`) beside a control plane with
+    no nodes, in a subprocess we can kill. On real nodes the chart installs the operator's
+    image (`InstalledOperator`)."""
 
     def __init__(self, cluster: LocalCluster, log_path: Path,
                  peering: tuple[str, int] | None = None,
@@ -72,8 +66,6 @@ class OperatorProcess:
     def start(self) -> None:
         env = {
             **os.environ, **self.cluster.client_env(),
-            # Only the pod network's site directory, as in an operator pod (`operator_command`).
-            "PYTHONPATH": str(PODSITE_DIR),
             "TARDIGRADE_RESYNC_SECONDS": "1",
             "TARDIGRADE_METRICS_PORT": "0",
             "TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "15",
@@ -85,7 +77,7 @@ class OperatorProcess:
             f"--peering={self.peering[0]}", f"--priority={self.peering[1]}"]
         log = open(self.log_path, "ab")  # noqa: SIM115  (owned by the child for its lifetime)
         self.proc = subprocess.Popen(
-            [str(operator_venv().bin_dir / "tardigrade"), "operator", "run",
+            [sys.executable, "-m", "tardigrade_operator.cli", "operator", "run",
              *(f"--namespace={ns}" for ns in self.namespaces), *mode,
              "--health-port", str(self.health_port)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
@@ -210,9 +202,11 @@ class Cluster:
         return StepLog(self.core, NAMESPACE, job)
 
     def complete_log(self, job: str) -> StepLog:
-        """Rank 0's log of every attempt so far, from the kubelets' files: with the last lines
-        of pods already deleted, which a `step_log` polling the API may have missed."""
-        return StepLog.from_container_logs(self.local.layout, NAMESPACE, job)
+        """Rank 0's log of every attempt so far, with the last lines of pods already deleted,
+        which a `step_log` polling the API may have missed: only real nodes have pods
+        (`RealCluster.complete_log`)."""
+        raise AssertionError(f"{job}: a control plane without nodes ran no pod; complete "
+                             f"logs come from real nodes (RealCluster)")
 
     def wait_phase(self, name: str, phases: set[str], timeout: float,
                    collector: StepLog | None = None) -> dict[str, Any]:

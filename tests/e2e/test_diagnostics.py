@@ -77,7 +77,7 @@ def test_a_node_shows_readiness_cordon_and_taints() -> None:
 
 
 def _logs(pods_dir: Path) -> list[tuple[str, str, Path]]:
-    """(pod, label, file), as `container_logs` lists a node agent's files."""
+    """(pod, label, file) tuples, as `container_logs` yields them."""
     return [(d.name.split("_", 1)[1], f"{d.name}/trainer.log", d / "trainer.log")
             for d in sorted(pods_dir.iterdir())]
 

@@ -1,5 +1,7 @@
 """`tardigrade local up/status/preempt/restart-apiserver/cut-watches/down` as a user runs
-them, plus the GCS emulator."""
+them. `up` starts real nodes (the cluster itself starts in test_real_node_cli.py; here its
+configuration is checked); `up --simulated-nodes` is the benches' cluster, whose commands run
+here on the real control plane."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tardigrade_local
-from kube_helpers import Kube, container_status, kubectl, python_pod, wait_for
+from kube_helpers import Kube, kubectl, wait_for
 from tardigrade_local import cli, gobuild, realcluster
 from tardigrade_local.kueue import WaitForPodsReady
 from typer.testing import CliRunner
@@ -31,10 +33,16 @@ def tardigrade(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Comple
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_up_preempt_status_down(tmp_path):
-    # --no-replace: the reclaimed VM never returns (the default recreates it: next test).
-    up = tardigrade("up", "--nodes", "1", "--spot-nodes", "1", "--shutdown-grace", "2",
-                    "--no-replace", cwd=tmp_path)
+def idle_pod(name: str, node: str) -> dict:
+    """A pod that is no Tardigrade rank: on a simulated node it idles until signalled."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "restartPolicy": "Never",
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": "local/idle"}]}}
+
+
+def test_up_simulated_preempt_status_control_plane_faults_down(tmp_path):
+    up = tardigrade("up", "--simulated-nodes", "2", "--no-operator", cwd=tmp_path)
     assert up.returncode == 0, up.stderr
     state = tmp_path / ".tardigrade" / "local"
     assert up.stdout.strip() == f"export KUBECONFIG={state / 'kubeconfig'}"
@@ -43,68 +51,39 @@ def test_up_preempt_status_down(tmp_path):
     try:
         env = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
         nodes = kubectl("get", "nodes", "-o", "name", env=env).split()
-        assert sorted(nodes) == ["node/local-node-1", "node/local-spot-1"]
+        assert sorted(nodes) == ["node/sim-node-1", "node/sim-node-2"]
         # The real control plane, at the pinned version, with a heartbeat per node.
         version = json.loads(kubectl("version", "-o", "json", env=env))
         assert version["serverVersion"]["gitVersion"] == gobuild.kubernetes_version()
         leases = kubectl("get", "leases", "-n", "kube-node-lease", "-o", "name", env=env).split()
-        assert sorted(leases) == ["lease.coordination.k8s.io/local-node-1",
-                                  "lease.coordination.k8s.io/local-spot-1"]
+        assert sorted(leases) == ["lease.coordination.k8s.io/sim-node-1",
+                                  "lease.coordination.k8s.io/sim-node-2"]
         # kube-apiserver's own built-in resources, plus our CRDs and kopf's.
         resources = set(kubectl("api-resources", "-o", "name", env=env).split())
-        assert {"pods", "leases.coordination.k8s.io", "endpointslices.discovery.k8s.io",
-                "tokenreviews.authentication.k8s.io", "validatingadmissionpolicies."
-                "admissionregistration.k8s.io", "trainingjobs.tardigrade.dev",
+        assert {"pods", "leases.coordination.k8s.io", "trainingjobs.tardigrade.dev",
                 "kopfpeerings.kopf.dev"} <= resources
-        spot = kubectl("get", "nodes", "-l", "cloud.google.com/gke-spot=true", "-o", "name",
-                       env=env)
-        assert spot.strip() == "node/local-spot-1"
 
-        # Pods reach the GCS emulator through the environment the cluster gives them.
-        script = """
-            import json, os, urllib.request
-            base = os.environ["STORAGE_EMULATOR_HOST"]
-            assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == base
-            assert os.environ["GCE_METADATA_HOST"] == "127.0.0.1:1"
-            req = urllib.request.Request(
-                base + "/upload/storage/v1/b/tardigrade/o?uploadType=media&name=ckpt/x",
-                data=b"state", method="POST")
-            urllib.request.urlopen(req).read()
-            with urllib.request.urlopen(base + "/storage/v1/b/tardigrade/o") as r:
-                print(json.dumps([o["name"] for o in json.load(r)["items"]]))
-        """
         kube = Kube(str(state / "kubeconfig"))
-        kube.create_pod(python_pod("gcs", script, node="local-node-1"))
-        pod = kube.wait_phase("gcs", ("Succeeded", "Failed"), timeout=60)
-        assert pod["status"]["phase"] == "Succeeded", kubectl("logs", "gcs", env=env)
-        assert kubectl("logs", "gcs", env=env).strip() == '["ckpt/x"]'
-
-        kube.create_pod(python_pod("victim", "import time; time.sleep(60)",
-                                   node="local-spot-1"))
+        kube.create_pod(idle_pod("victim", "sim-node-2"))
         kube.wait_phase("victim", ("Running",))
         status = json.loads(tardigrade("status", "--json", cwd=tmp_path).stdout)
-        spot_node = next(n for n in status["nodes"] if n["name"] == "local-spot-1")
-        assert spot_node["pods"] == ["default/victim"]
-        assert spot_node["pool"] == "spot-pool"
+        node = next(n for n in status["nodes"] if n["name"] == "sim-node-2")
+        assert node["pods"] == ["default/victim"]
 
-        preempt = tardigrade("preempt", "victim", cwd=tmp_path)
+        preempt = tardigrade("preempt", "victim", "--no-wait", cwd=tmp_path)
         assert preempt.returncode == 0, preempt.stderr
-        assert "local-spot-1" in preempt.stdout
-        assert "node/local-spot-1" not in kubectl("get", "nodes", "-o", "name", env=env)
-        pod = kube.pod("victim")
-        if pod is not None:  # pod GC may already have removed it
-            assert pod["status"]["phase"] == "Failed"
-            assert container_status(pod)["state"]["terminated"]["exitCode"] == 143
+        assert "sim-node-2" in preempt.stdout
+        wait_for(lambda: "node/sim-node-2" not in kubectl("get", "nodes", "-o", "name",
+                                                          env=env), 60, "sim-node-2 gone")
 
-        # Control-plane faults: the state survives, and the kubelet watches again afterwards.
+        # Control-plane faults: the state survives, and the simulated nodes watch again.
         restart = tardigrade("restart-apiserver", "--downtime", "0.5", cwd=tmp_path)
         assert restart.returncode == 0, restart.stderr
-        assert kubectl("get", "nodes", "-o", "name", env=env).split() == ["node/local-node-1"]
+        assert "node/sim-node-1" in kubectl("get", "nodes", "-o", "name", env=env).split()
         cut = tardigrade("cut-watches", "--expire-history", cwd=tmp_path)
         assert cut.returncode == 0 and cut.stdout.endswith("watch connections cut\n"), cut
-        kube.create_pod(python_pod("after", "print('ran')", node="local-node-1"))
-        assert kube.wait_phase("after", ("Succeeded", "Failed"), timeout=60)["status"][
-            "phase"] == "Succeeded"
+        kube.create_pod(idle_pod("after", "sim-node-1"))
+        kube.wait_phase("after", ("Running",), timeout=60)
     finally:
         down = tardigrade("down", cwd=tmp_path)
     assert down.returncode == 0, down.stderr
@@ -119,67 +98,17 @@ def test_up_preempt_status_down(tmp_path):
     assert again.returncode == 1 and "no local cluster" in again.stderr
 
 
-def test_up_recreates_preempted_nodes_and_autoscales_by_default_pools(tmp_path):
-    up = tardigrade("up", "--no-gcs", "--no-operator", "--replace-after", "1",
-                    "--autoscale-max", "2", "--provision-seconds", "1", cwd=tmp_path)
-    assert up.returncode == 0, up.stderr
-    try:
-        kubeconfig = str(tmp_path / ".tardigrade" / "local" / "kubeconfig")
-        kube = Kube(kubeconfig)
-        before = kube.core.read_node("local-node-1").metadata.uid
-        preempt = tardigrade("preempt", "local-node-1", "--grace", "1", cwd=tmp_path)
-        assert preempt.returncode == 0, preempt.stderr
-        # Replaced a second after it went, which may be before this process reads the
-        # nodes: the proof it went and came back is a new Node object of the same name.
-        wait_for(lambda: any(n.metadata.name == "local-node-1" and n.metadata.uid != before
-                             for n in kube.core.list_node().items), 30,
-                 "local-node-1 recreated as a new Node")
-        # Two pods of 6 cpus on 8-cpu nodes: the second needs a node the autoscaler adds.
-        for name in ("first", "second"):
-            kube.create_pod(python_pod(name, "import time; time.sleep(60)",
-                                       container={"resources": {"requests": {"cpu": "6"}}}))
-        nodes = {kube.wait_phase(n, ("Running",), timeout=60)["spec"]["nodeName"]
-                 for n in ("first", "second")}
-        assert len(nodes) == 2 and "local-node-1" in nodes
-        status = json.loads(tardigrade("status", "--json", cwd=tmp_path).stdout)
-        assert {n["pool"] for n in status["nodes"]} == {"default-pool"}
-        reasons = [e.reason for e in kube.core.list_namespaced_event(
-            "default", field_selector="involvedObject.kind=Pod").items]
-        assert reasons.count("TriggeredScaleUp") == 1
-    finally:
-        assert tardigrade("down", cwd=tmp_path).returncode == 0
-
-
-def test_up_with_an_image_map_runs_mapped_images(tmp_path):
-    rules = tmp_path / "images.yaml"
-    rules.write_text('- {pattern: "example.com/hello", entrypoint: [python, -c], '
-                     'cmd: ["print(\'hello from the map\')"]}\n')
-    up = tardigrade("up", "--no-gcs", "--image-map", str(rules), cwd=tmp_path)
-    assert up.returncode == 0, up.stderr
-    try:
-        kubeconfig = str(tmp_path / ".tardigrade" / "local" / "kubeconfig")
-        kube = Kube(kubeconfig)
-        kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello"},
-                         "spec": {"restartPolicy": "Never", "containers": [
-                             {"name": "main", "image": "example.com/hello:v2"}]}})
-        assert kube.wait_phase("hello", ("Succeeded", "Failed"))["status"]["phase"] == "Succeeded"
-        env = {**os.environ, "KUBECONFIG": kubeconfig}
-        assert kubectl("logs", "hello", env=env) == "hello from the map\n"
-    finally:
-        assert tardigrade("down", cwd=tmp_path).returncode == 0
-
-
 def test_down_without_a_cluster_is_harmless(tmp_path):
     done = tardigrade("down", "--state-dir", str(tmp_path / "nothing"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     wait_for(lambda: not (tmp_path / "nothing").exists())
 
 
-def test_up_real_nodes_takes_kueue_and_still_refuses_what_real_nodes_lack(
+def test_up_starts_real_nodes_with_kueue_and_refuses_real_node_flags_with_simulated_ones(
         tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """`up --real-nodes --kueue --kueue-pods-ready-timeout` reaches the real-node cluster's
-    configuration (the cluster itself starts in test_real_node_cli.py); the flags real nodes
-    do not have yet are still refused, each named, before anything starts."""
+    """`up --kueue --kueue-pods-ready-timeout` reaches the real-node cluster's configuration;
+    a bench's cluster (`--simulated-nodes`) refuses the real nodes' flags, each named, before
+    anything starts; the flags of the former process node agent are gone."""
     asked: list[realcluster.ServeConfig] = []
 
     def start_served(root: Path, config: realcluster.ServeConfig, timeout: float,
@@ -190,17 +119,24 @@ def test_up_real_nodes_takes_kueue_and_still_refuses_what_real_nodes_lack(
     monkeypatch.setattr(realcluster, "start_served", start_served)
     state = tmp_path / "s"
     runner = CliRunner()
-    done = runner.invoke(cli.app, ["up", "--real-nodes", "--kueue",
-                                   "--kueue-pods-ready-timeout", "90", "--state-dir", str(state)])
+    done = runner.invoke(cli.app, ["up", "--kueue", "--kueue-pods-ready-timeout", "90",
+                                   "--state-dir", str(state)])
     assert done.exit_code == 0, done.output
-    assert [(c.kueue, c.wait_for_pods_ready()) for c in asked] == [(True, WaitForPodsReady(90))]
-    done = runner.invoke(cli.app, ["up", "--real-nodes", "--state-dir", str(state)])
+    assert [(c.nodes, c.spot_nodes, c.kueue, c.wait_for_pods_ready()) for c in asked] == [
+        (1, 0, True, WaitForPodsReady(90))]
+    done = runner.invoke(cli.app, ["up", "--nodes", "2", "--spot-nodes", "1",
+                                   "--state-dir", str(state)])
     assert done.exit_code == 0, done.output
-    assert (asked[-1].kueue, asked[-1].wait_for_pods_ready()) == (False, None)
-    for flags in (["--simulated-nodes", "1"], ["--tpu-slices", "1"], ["--autoscale-max", "2"],
-                  ["--operator-command", "true"]):
-        done = runner.invoke(cli.app, ["up", "--real-nodes", "--kueue", *flags,
+    assert (asked[-1].nodes, asked[-1].spot_nodes, asked[-1].kueue,
+            asked[-1].wait_for_pods_ready()) == (2, 1, False, None)
+    for flags in (["--nodes", "1"], ["--spot-nodes", "1"], ["--operator-set", "a=b"]):
+        done = runner.invoke(cli.app, ["up", "--simulated-nodes", "1", *flags,
                                        "--state-dir", str(state)])
         assert done.exit_code == 2, done.output
-        assert f"{flags[0]}: not with --real-nodes" in done.output
+        assert f"{flags[0]}: not with --simulated-nodes" in done.output
+    for flags in (["--real-nodes"], ["--tpu-slices", "1"], ["--image-map", "x.yaml"],
+                  ["--operator-command", "true"]):
+        done = runner.invoke(cli.app, ["up", *flags, "--state-dir", str(state)])
+        assert done.exit_code == 2, done.output
+        assert f"No such option: {flags[0]}" in done.output
     assert len(asked) == 2

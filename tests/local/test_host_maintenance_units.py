@@ -1,5 +1,6 @@
-"""GKE's part of a scheduled host maintenance (`gke/hostmaintenance.py`), shared by the node agents
-and the real nodes, without a cluster: the start, the handler's grace and order, its drain."""
+"""GKE's part of a scheduled host maintenance (`gke/hostmaintenance.py`), which real nodes
+(and the benches' simulated ones) go through, without a cluster: the start, the handler's
+grace and order, its drain."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ from tardigrade_local.gke.tpuslices import (
     TPU_TAINT,
     TPU_TOPOLOGY_LABEL,
 )
-from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION
 from tardigrade_local.realnode import RealNode, sweep_orphans
 
 pytestmark = [
@@ -79,7 +78,6 @@ def test_the_node_registers_with_the_pinned_kubelet_and_containerd_and_is_ready(
     containerd = gobuild.CONTAINERD.requirement("github.com/containerd/containerd/v2")
     assert info["containerRuntimeVersion"] == f"containerd://{containerd.lstrip('v')}"
     assert info["containerRuntimeVersion"] == "containerd://2.4.2"
-    assert SIMULATED_ANNOTATION not in (found["metadata"].get("annotations") or {})
     assert {"type": "InternalIP", "address": node.addresses.node_ip} in found["status"][
         "addresses"]
 

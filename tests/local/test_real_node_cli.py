@@ -1,4 +1,4 @@
-"""`tardigrade local up --real-nodes --kueue`, as a user runs it: real nodes, Kueue's manager
+"""`tardigrade local up --kueue`, as a user runs it: real nodes, Kueue's manager
 with its PodsReady timeout, the operator installed with helm, a TrainingJob that checkpoints
 to `gs://` on the GCS emulator (reached from its pod through the Service `kube-system/fake-gcs`,
 the emulator's variables in the job's `env`), the committed checkpoint read back from the
@@ -120,7 +120,7 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
     # Short: a node's directory under it must keep the kubelet's socket paths within limits.
     work = tmp_path_factory.mktemp("rcli")
     state = work / "s"
-    up = tardigrade("up", "--real-nodes", "--nodes", "1", "--spot-nodes", "1", "--kueue",
+    up = tardigrade("up", "--nodes", "1", "--spot-nodes", "1", "--kueue",
                     "--kueue-pods-ready-timeout", str(PODS_READY_TIMEOUT_SECONDS),
                     "--state-dir", str(state), cwd=work, timeout=UP_TIMEOUT_SECONDS)
     try:

@@ -84,8 +84,8 @@ PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 @pytest.fixture(scope="module")
 def real(tmp_path_factory) -> Iterator[RealNodeCluster]:
     """The cluster, the registry with our images, the network, DNS, the `kubernetes`
-    Service, the real nodes and the shared checkpoint claim, as `tardigrade local up
-    --real-nodes` starts them."""
+    Service, the real nodes and the shared checkpoint claim, as `tardigrade local up` starts
+    them."""
     with RealNodeCluster(tmp_path_factory.mktemp("real"), plan_nodes(1, len(SPOT_NODES))
                          ) as running:
         yield running

@@ -1,4 +1,4 @@
-"""Simulated containers and trainer gangs (kubelet/simulated.py, kubelet/simgang.py) on their
+"""Simulated containers and trainer gangs (simulator/simulated.py, simulator/simgang.py) on their
 own: the promises of the real trainer, kept without processes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from tardigrade_contract import contract
-from tardigrade_local.kubelet import network
-from tardigrade_local.kubelet.simulated import PID_BASE, SimulatedRuntime
+from tardigrade_local.simulator import network
+from tardigrade_local.simulator.simulated import PID_BASE, SimulatedRuntime
 
 STEP_SECONDS = 0.02
 
@@ -37,8 +37,7 @@ def termination(tmp_path: Path, rank: int, attempt: int = 0) -> dict:
 
 
 async def start_gang(runtime: SimulatedRuntime, tmp_path: Path, size: int, **options):
-    containers = [runtime.container([], rank_env(tmp_path, r, size, **options), tmp_path,
-                                    tmp_path / "log", None) for r in range(size)]
+    containers = [runtime.container(rank_env(tmp_path, r, size, **options)) for r in range(size)]
     for container in containers:
         await container.start()
     return containers
@@ -52,12 +51,12 @@ async def wait_until(predicate, timeout: float = 10.0) -> None:
 
 async def test_a_gang_trains_only_once_every_rank_has_joined(tmp_path):
     runtime = SimulatedRuntime()
-    first = runtime.container([], rank_env(tmp_path, 0, 2), tmp_path, tmp_path / "log", None)
+    first = runtime.container(rank_env(tmp_path, 0, 2))
     assert await first.start() >= PID_BASE  # never a real process id
     gang = first.rank.gang
     await asyncio.sleep(5 * STEP_SECONDS)
     assert gang.step() == 0 and gang.started_at is None
-    second = runtime.container([], rank_env(tmp_path, 1, 2), tmp_path, tmp_path / "log", None)
+    second = runtime.container(rank_env(tmp_path, 1, 2))
     await second.start()
     await wait_until(lambda: gang.step() >= 3)
     await runtime.stop()
@@ -109,8 +108,7 @@ async def test_without_save_on_preemption_sigterm_kills_the_rank(tmp_path):
 
 async def test_a_peer_that_never_joins_times_the_gang_out(tmp_path):
     runtime = SimulatedRuntime()
-    alone = runtime.container([], rank_env(tmp_path, 0, 2, init_timeout=0.1), tmp_path,
-                              tmp_path / "log", None)
+    alone = runtime.container(rank_env(tmp_path, 0, 2, init_timeout=0.1))
     await alone.start()
     assert await alone.wait() == contract.EXIT_PEER_TIMEOUT
     assert termination(tmp_path, 0)["reason"] == "PeerTimeout"
@@ -135,7 +133,7 @@ async def test_the_gang_finishes_with_succeeded_and_commits_the_last_step(tmp_pa
 async def test_a_relative_checkpoint_path_is_a_config_error_naming_it(tmp_path):
     runtime = SimulatedRuntime()
     env = {**rank_env(tmp_path, 0, 1), contract.ENV_CHECKPOINT_PATH: "gs://bucket/x"}
-    container = runtime.container([], env, tmp_path, tmp_path / "log", None)
+    container = runtime.container(env)
     await container.start()
     assert await container.wait() == contract.EXIT_CONFIG_ERROR
     assert "gs://bucket/x" in termination(tmp_path, 0)["message"]
@@ -143,7 +141,7 @@ async def test_a_relative_checkpoint_path_is_a_config_error_naming_it(tmp_path):
 
 async def test_a_container_that_is_no_rank_idles_until_signalled(tmp_path):
     runtime = SimulatedRuntime()
-    container = runtime.container([], {"PATH": "/bin"}, tmp_path, tmp_path / "log", None)
+    container = runtime.container({"PATH": "/bin"})
     await container.start()
     await asyncio.sleep(0.05)
     assert not container.exited
@@ -156,7 +154,7 @@ async def test_rank_0_serves_progress_on_its_pod_ip_until_it_exits(tmp_path):
     runtime = SimulatedRuntime()
     ip = network.IpAllocator().allocate()
     envs = [{**rank_env(tmp_path, r, 2), contract.ENV_POD_IP: ip} for r in range(2)]
-    ranks = [runtime.container([], e, tmp_path, tmp_path / "log", None) for e in envs]
+    ranks = [runtime.container(e) for e in envs]
     for container in ranks:
         await container.start()
     url = f"http://{ip}:{contract.DEFAULT_PROGRESS_PORT}/progress"
@@ -193,7 +191,7 @@ async def test_a_simulated_rank_restarts_into_the_world_its_request_carried(tmp_
     keep.mkdir()
     env = {**rank_env(tmp_path, 0, 1, attempt=1), contract.ENV_POD_IP: ip,
            contract.ENV_RESTART_KEY: "k" * 32, contract.ENV_RESTART_IN_PLACE_DIR: str(keep)}
-    first = runtime.container([], env, tmp_path, tmp_path / "log", None)
+    first = runtime.container(env)
     await first.start()
     world = {"attempt": 2, "numProcesses": 1, "processId": 0,
              "coordinatorAddress": "x:1", "restoreStep": "latest"}
@@ -214,7 +212,7 @@ async def test_a_simulated_rank_restarts_into_the_world_its_request_carried(tmp_
     async with asyncio.timeout(10):
         assert await first.wait() == contract.EXIT_RESTART_IN_PLACE
     # Restarted by its kubelet with the same environment (the patch has not arrived).
-    again = runtime.container([], env, tmp_path, tmp_path / "log", None)
+    again = runtime.container(env)
     await again.start()
     assert not again.exited and again.rank is not None and again.rank.env.attempt == 2
     again.signal_group(signal.SIGKILL)
@@ -239,7 +237,7 @@ async def test_a_simulated_rank_told_by_a_peer_outwaits_the_one_whose_pod_goes(t
         keep.mkdir()
         env = {**rank_env(tmp_path, rank, 2), contract.ENV_POD_IP: allocator.allocate(),
                contract.ENV_RESTART_IN_PLACE_DIR: str(keep)}
-        ranks.append(runtime.container([], env, tmp_path, tmp_path / "log", None))
+        ranks.append(runtime.container(env))
     for container in ranks:
         await container.start()
     await wait_until(lambda: ranks[0].rank.gang.step() >= 3)
@@ -260,7 +258,7 @@ async def test_a_rank_that_has_left_gives_no_http_answer_before_its_socket_close
     (which the operator reads as "restart in place is off in that pod")."""
     from types import SimpleNamespace
 
-    from tardigrade_local.kubelet.simulated import ProgressEndpoints
+    from tardigrade_local.simulator.simulated import ProgressEndpoints
 
     endpoints = ProgressEndpoints()
     ip = network.IpAllocator().allocate()

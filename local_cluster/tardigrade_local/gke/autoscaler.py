@@ -16,8 +16,9 @@ What it copies (kubernetes/autoscaler, cluster-autoscaler):
   take minutes), up to `--max-node-provision-time` (15 min) before the autoscaler gives up.
 
 `plan_scale_up` is the pure decision; `NodeAutoscaler` runs it against the nodes of a
-`NodePoolHost`: the node agents' `KubeletHost` or the real nodes' `RealNodeCluster` (both
-also `ProvisioningHost`s, which GKE's queued provisioning drives).
+`NodePoolHost`: the real nodes' `RealNodeCluster`, or the benches' simulated nodes
+(`simulator.SimulatedHost`); both are also `ProvisioningHost`s, which GKE's queued
+provisioning drives.
 """
 
 from __future__ import annotations

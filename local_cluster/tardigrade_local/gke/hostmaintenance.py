@@ -1,5 +1,5 @@
-"""GKE's scheduled host maintenance of a GPU/TPU node: the part GKE plays, shared by the node
-agents (`kubelet/host.py`) and the real nodes (`realreclaim.py`, `realcluster.py`).
+"""GKE's scheduled host maintenance of a GPU/TPU node: the part GKE plays, for the real nodes
+(`realreclaim.py`, `realcluster.py`) and the benches' simulated ones (`simulator/host.py`).
 
 What GKE does (sources in `disruptions.py` and local_cluster/README.md, "Scheduled host
 maintenance"):
@@ -14,8 +14,8 @@ maintenance"):
   grace of a maintenance is the handler's. It deletes the pods as GCP's documented
   predecessor of that handler did (k8s-node-termination-handler: taint the node, delete the
   pods outside kube-system first, those in it last), then waits for them to be gone.
-The VM's shutdown and return are each kind of node's own (`KubeletHost.preempt_node`,
-`RealNode.shutdown` and `RealNodeCluster`'s recreation).
+The VM's shutdown and return are each kind of node's own (`RealNode.shutdown` and
+`RealNodeCluster`'s recreation; `SimulatedHost.preempt_node`).
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ class NodeConfig:
                 "kubeletVersion": self.kubelet_version, "featureGates": dict(self.feature_gates)}
 
 
-def _arch() -> str:
+def arch() -> str:
+    """The machine's architecture as Kubernetes names it."""
     machine = platform.machine().lower()
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
@@ -71,9 +72,9 @@ def node_labels(config: NodeConfig) -> dict[str, str]:
     return {
         "kubernetes.io/hostname": config.name,
         "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": _arch(),
+        "kubernetes.io/arch": arch(),
         "beta.kubernetes.io/os": "linux",
-        "beta.kubernetes.io/arch": _arch(),
+        "beta.kubernetes.io/arch": arch(),
         NODE_POOL_LABEL: config.pool,
         **config.labels,
     }

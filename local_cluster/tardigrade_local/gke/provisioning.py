@@ -98,8 +98,8 @@ def is_true(request: Obj, kind: str) -> bool:
 
 class QueuedProvisioner:
     """Serves ProvisioningRequests of GKE's queued-provisioning class from the local pools,
-    on the nodes of `host`: the node agents' `KubeletHost` or the real nodes'
-    `RealNodeCluster` (its loop's GKE client)."""
+    on the nodes of `host`: the real nodes' `RealNodeCluster` (its loop's GKE client), or
+    the benches' `simulator.SimulatedHost`."""
 
     def __init__(self, host: ProvisioningHost, pools: Iterable[NodePool]) -> None:
         self.host = host

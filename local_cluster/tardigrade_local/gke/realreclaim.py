@@ -1,9 +1,10 @@
 """GKE's part for real nodes: a spot reclaim or a lost VM of a `realnode.RealNode`.
 
 The cluster process's control endpoint (`Disruptor.preempt_node`, `halt_node`) reclaims the
-node agents itself (`KubeletHost`); a real node is started by another process (a test), which
-holds its processes. The endpoint finds it by its record (`realnode.RECORDS_DIR`: its name and
-the egress routes of the cluster it joined) and acts on the machine as the cloud does:
+benches' simulated nodes itself (`simulator.SimulatedHost`); a real node is started by another
+process (a test, `tardigrade local up`'s `serve`), which holds its processes. The endpoint finds
+it by its record (`realnode.RECORDS_DIR`: its name and the egress routes of the cluster it
+joined) and acts on the machine as the cloud does:
 - a spot reclaim shuts the VM down (`RealNode.shutdown`: logind, the real kubelet's graceful
   node shutdown, the power-off), then the VM is gone and GKE's cloud node lifecycle controller
   deletes its Node object (`gke/cloud.py`). The node pool does not recreate it here: the

@@ -51,7 +51,7 @@ def _root(
 @app.command("local", add_help_option=False,
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def local(ctx: typer.Context) -> None:
-    """Run a local Kubernetes: API server, process kubelet, GCS emulator (local extra)."""
+    """Run a local Kubernetes: the real control plane, real nodes, GCS emulator (local extra)."""
     with needs_extra("local"):
         from tardigrade_local.cli import app as local_app
     typer.main.get_command(local_app).main(args=ctx.args, prog_name="tardigrade local")

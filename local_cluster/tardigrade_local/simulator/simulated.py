@@ -1,15 +1,14 @@
-"""Simulated nodes: pods without processes, as kwok runs them, driven by the same kubelet.
+"""Simulated containers: pods without processes, as kwok runs them.
 
 kwok (kubernetes-sigs/kwok) fakes whole kubelets: it manages the nodes that carry the
 annotation `kwok.x-k8s.io/node: fake` (`--manage-nodes-with-annotation-selector`, kwok docs
 "Manage Nodes and Pods") and moves their pods through Stages that patch pod status
 (`kustomize/stage/pod/general/`: pod-create -> Pending with ContainerCreating, pod-ready ->
-Running, pod-delete). Here only the container runtime is fake: a simulated node is an
-ordinary local node (`NodeConfig.simulated`, annotation `SIMULATED_ANNOTATION`) whose pod
-workers (`worker.py`) start `SimulatedContainer`s instead of processes. Pod status, conditions,
-events, admission, graceful deletion, node shutdown, halts, node lifecycle taints and VM
-replacement are therefore the very code paths real pods go through, and cost a few kB and no
-process per pod.
+Running, pod-delete). The simulator (`__init__.py`: benches only) does the same with its own
+node agents, because kwok cannot run what the benches need of a pod: a Tardigrade rank that
+forms a gang, serves progress and restarts in place. A simulated node
+(`NodeConfig.simulated`, annotation `SIMULATED_ANNOTATION`) has pod workers (`worker.py`)
+that start `SimulatedContainer`s, which cost a few kB and no process per pod.
 
 What a simulated container does is chosen from its environment: a Tardigrade rank (the
 operator contract's variables) runs as a `simgang.TrainerRank`; any other container idles until
@@ -25,16 +24,14 @@ import contextlib
 import itertools
 import logging
 import signal
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn
 
 from aiohttp import web
 from tardigrade_contract import contract
 from tardigrade_sdk import inplace
 
-from tardigrade_local.kubelet import simgang
-from tardigrade_local.kubelet.runtime import Container
+from tardigrade_local.simulator import simgang
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +256,8 @@ class ProgressEndpoints:
 class SimulatedRuntime:
     """The container runtime of simulated nodes: one per kubelet host, shared by its nodes."""
 
+    # The scheme of the container IDs it reports (`<scheme>://<id>`, as `containerd://...`).
     scheme = "simulated"
-    host_processes = False
 
     def __init__(self, start_seconds: float = 0.0) -> None:
         self.start_seconds = start_seconds
@@ -271,8 +268,7 @@ class SimulatedRuntime:
         self._ips: dict[int, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def container(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path,
-                  log_path: Path, memory_limit_bytes: int | None) -> Container:
+    def container(self, env: Mapping[str, str]) -> SimulatedContainer:
         return SimulatedContainer(self, env)
 
     def join(self, env: contract.TrainerEnvironment, pod_ip: str,

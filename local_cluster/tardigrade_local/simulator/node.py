@@ -1,4 +1,4 @@
-"""The Node object a local kubelet registers, pure."""
+"""The Node object a simulated node registers, pure."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import platform
 from typing import Any
 
 from tardigrade_local import gobuild
+from tardigrade_local.gke import nodes as gke_nodes
 from tardigrade_local.gke.events import now_rfc3339
-from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
-from tardigrade_local.kubelet.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
-from tardigrade_local.kubelet.restartrules import KubeletGates
+from tardigrade_local.gke.nodes import NodeConfig
+from tardigrade_local.simulator.config import SIMULATED_ANNOTATION, SIMULATED_RUNTIME_VERSION
+from tardigrade_local.simulator.restartrules import KubeletGates
 
 # What the node agents report, and whose behaviour they follow: the pinned release's kubelet.
 KUBELET_VERSION = gobuild.kubernetes_version()
@@ -21,22 +22,9 @@ def kubelet_gates(config: NodeConfig) -> KubeletGates:
     return KubeletGates.of(config.kubelet_version or KUBELET_VERSION, config.feature_gates)
 
 
-def _arch() -> str:
-    machine = platform.machine().lower()
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
-
-
 def node_labels(config: NodeConfig) -> dict[str, str]:
-    return {
-        "kubernetes.io/hostname": config.name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": _arch(),
-        "beta.kubernetes.io/os": "linux",
-        "beta.kubernetes.io/arch": _arch(),
-        "node.kubernetes.io/instance-type": "local",
-        NODE_POOL_LABEL: config.pool,
-        **config.labels,
-    }
+    """A real node's (gke/nodes.py), marked as a machine of no instance type."""
+    return {**gke_nodes.node_labels(config), "node.kubernetes.io/instance-type": "local"}
 
 
 def ready_conditions(ready: bool, message: str = "") -> list[dict[str, Any]]:
@@ -73,15 +61,14 @@ def node_status(config: NodeConfig, ip: str, port: int, ready: bool = True,
         "conditions": ready_conditions(ready, message),
         "addresses": [{"type": "InternalIP", "address": ip},
                       {"type": "Hostname", "address": config.name}],
-        # The API server proxies `pods/log` to this port on the InternalIP.
+        # A simulated node serves no kubelet endpoint (no `kubectl logs`): port 0.
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {
             "machineID": config.name, "systemUUID": config.name, "bootID": config.name,
-            "kernelVersion": platform.release(), "osImage": "local processes",
-            "containerRuntimeVersion": (SIMULATED_RUNTIME_VERSION if config.simulated
-                                        else "local://process"),
+            "kernelVersion": platform.release(), "osImage": "simulated",
+            "containerRuntimeVersion": SIMULATED_RUNTIME_VERSION,
             "kubeletVersion": version, "kubeProxyVersion": version, "operatingSystem": "linux",
-            "architecture": _arch(),
+            "architecture": gke_nodes.arch(),
         },
     }
     declared = kubelet_gates(config).declared_features()

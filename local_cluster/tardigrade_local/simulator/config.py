@@ -1,18 +1,15 @@
-"""Settings of the local kubelet and of the nodes it runs."""
+"""Settings of the simulator's node agents (`host.py`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import ssl
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Protocol
 
 from tardigrade_local.gke.disruptions import REGULAR_POD_SHUTDOWN_GRACE_SECONDS
-from tardigrade_local.kubelet.images import ImageMap
-from tardigrade_local.paths import StateLayout, project_python_path
+from tardigrade_local.paths import StateLayout
 
-PODSITE_DIR = Path(__file__).resolve().parent / "podsite"
 # The mark of a simulated node (`simulated.py`), in the style of kwok's `kwok.x-k8s.io/node:
 # fake`, and the runtime its Node reports.
 SIMULATED_ANNOTATION = "local.tardigrade.dev/simulated"
@@ -24,10 +21,6 @@ class ClusterAccess(Protocol):
 
     def ssl_context(self, identity: str) -> ssl.SSLContext: ...
 
-    def node_context(self, node: str) -> ssl.SSLContext: ...
-
-    def kubelet_serving_context(self, node: str, ip: str) -> ssl.SSLContext: ...
-
 
 # A kubelet's Lease (kubelet config `nodeLeaseDurationSeconds`, 40 s), renewed every quarter
 # of it (`nodeLeaseRenewIntervalFraction`, 0.25: pkg/kubelet/kubelet.go).
@@ -36,14 +29,11 @@ LEASE_RENEW_FRACTION = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
-class KubeletSettings:
+class SimulatorSettings:
     layout: StateLayout
-    # kube-apiserver's URL (TLS) and the CA that signed its certificate: the node agents and
-    # pods reach it there.
+    # kube-apiserver's URL (TLS), where the node agents reach it.
     api_url: str
-    ca_pem: str | None = None
     access: ClusterAccess | None = None
-    image_map: ImageMap = dataclasses.field(default_factory=ImageMap)
     # Environment every pod gets before its own env (e.g. the GCS emulator endpoint).
     cluster_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # CrashLoopBackOff: first delay, doubling up to the cap (the real kubelet: 10 s, 300 s).
@@ -59,9 +49,6 @@ class KubeletSettings:
     # The node Lease's duration; the kubelet renews it every quarter of it. The controller
     # manager's --node-monitor-grace-period must exceed the renew interval.
     node_lease_seconds: float = NODE_LEASE_SECONDS
-    python_path: tuple[str, ...] = dataclasses.field(
-        default_factory=lambda: tuple(project_python_path())
-    )
     # Simulated nodes (`simulated.py`): seconds from ContainerCreating to Running (image pull,
     # create, start). Zero by default: benches measure the control plane, not a runtime.
     # kwok's "general" pod stages wait 1 s plus up to 5 s of jitter (pod-create.yaml, `delay`).

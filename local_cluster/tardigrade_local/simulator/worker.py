@@ -1,4 +1,5 @@
-"""One pod on one node: start its containers, restart them per policy, report, stop them.
+"""One pod on one simulated node: start its simulated containers, restart them per policy,
+report, stop them.
 
 All status the kubelet writes for a pod goes through `PodWorker.push`, which re-reads the pod
 so that conditions other components added (e.g. DisruptionTarget from an eviction) survive.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import logging
 import signal
 import time
@@ -17,28 +17,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from tardigrade_local.gke import disruptions as d
 from tardigrade_local.gke.client import ApiClient, ApiError, core_path
 from tardigrade_local.gke.events import EventRecorder
-from tardigrade_local.kubelet import admission
-from tardigrade_local.kubelet import podstatus as ps
-from tardigrade_local.kubelet.config import KubeletSettings
-from tardigrade_local.kubelet.env import EnvError
-from tardigrade_local.kubelet.images import ImagePullError
-from tardigrade_local.kubelet.launch import (
-    container_launch,
-    env_sources,
-    pod_credentials,
-    termination_message,
-)
-from tardigrade_local.kubelet.probes import ContainerProbes, ProbeTarget
-from tardigrade_local.kubelet.projected import ApiVolumes, volume_dir
-from tardigrade_local.kubelet.restartrules import ALL_CONTAINERS_RESTARTING, KubeletGates, OnExit
-from tardigrade_local.kubelet.restartrules import on_exit as restart_on_exit
-from tardigrade_local.kubelet.runtime import Container, ContainerRuntime, ProcessRuntime
-from tardigrade_local.kubelet.volumes import (
+from tardigrade_local.simulator import admission
+from tardigrade_local.simulator import podstatus as ps
+from tardigrade_local.simulator.config import SimulatorSettings
+from tardigrade_local.simulator.env import EnvError
+from tardigrade_local.simulator.launch import container_env_of, env_sources, termination_message
+from tardigrade_local.simulator.restartrules import ALL_CONTAINERS_RESTARTING, KubeletGates, OnExit
+from tardigrade_local.simulator.restartrules import on_exit as restart_on_exit
+from tardigrade_local.simulator.simulated import SimulatedContainer, SimulatedRuntime
+from tardigrade_local.simulator.volumes import (
     MOUNT_RETRY_FIRST_SECONDS,
     MOUNT_RETRY_MAX_SECONDS,
     NodeDisk,
@@ -67,13 +57,13 @@ class Stop(enum.Enum):
 
 
 class PodWorker:
-    def __init__(self, settings: KubeletSettings, client: ApiClient, node_name: str,
+    def __init__(self, settings: SimulatorSettings, client: ApiClient, node_name: str,
                  host_ip: str, pod_ip: str, pod: Mapping[str, Any],
+                 runtime: SimulatedRuntime,
                  events: EventRecorder | None = None,
-                 runtime: ContainerRuntime | None = None,
                  gates: KubeletGates | None = None) -> None:
         self.settings = settings
-        self.runtime: ContainerRuntime = runtime or ProcessRuntime()
+        self.runtime = runtime
         self.gates = gates or KubeletGates()
         self.client = client
         self.events = events or EventRecorder(client)
@@ -95,9 +85,7 @@ class PodWorker:
             for record in self.records:
                 record.wait("PodInitializing")
         self.initialized = not self.init_specs
-        self.processes: dict[str, Container] = {}
-        self._kubeconfig: str | None = None  # "" once it is known the pod gets none
-        self._api_volumes: ApiVolumes | None = None  # once written
+        self.processes: dict[str, SimulatedContainer] = {}
         self.disk = NodeDisk(settings.layout.node_root(node_name))
         self.volumes: dict[str, Path] = {}
         self.start_time = ps.now_rfc3339()
@@ -183,44 +171,33 @@ class PodWorker:
         if deadline is not None:
             asyncio.get_running_loop().call_later(float(deadline), self._deadline_passed)
         await asyncio.wait({stop_wait, main}, return_when=asyncio.FIRST_COMPLETED)
-        try:
-            if self.stopping is not None:
-                await self._stop(main)
-            else:
-                stop_wait.cancel()
-                await main
-                # Terminal: nothing restarts, and the volume manager tears the pod's volumes
-                # down. The pod object stays until someone deletes it.
-                tear_down(self.disk, self.uid or self.name)
-                # The pod worker's termination is complete (`IsPodKnownTerminated`): a delete
-                # that comes later does not make it hold resources again.
-                self.terminated = True
-                await self._stop_requested.wait()
-                await self._stop(main)
-        finally:
-            if self._api_volumes is not None:
-                await self._api_volumes.stop()
+        if self.stopping is not None:
+            await self._stop(main)
+        else:
+            stop_wait.cancel()
+            await main
+            # Terminal: nothing restarts, and the volume manager tears the pod's volumes
+            # down. The pod object stays until someone deletes it.
+            tear_down(self.disk, self.uid or self.name)
+            # The pod worker's termination is complete (`IsPodKnownTerminated`): a delete
+            # that comes later does not make it hold resources again.
+            self.terminated = True
+            await self._stop_requested.wait()
+            await self._stop(main)
 
     async def _mount_volumes(self) -> bool:
-        """Set up the pod's volumes, the API-backed ones included, retrying as the volume
-        manager does (a token, ConfigMap or Secret the API refuses for now is a FailedMount
-        retried, not a dead pod); False if the pod was stopped first."""
+        """Set up the pod's volumes, retrying as the volume manager does; False if the pod
+        was stopped first. The API-backed ones (projected, configMap, secret, downwardAPI)
+        are empty directories: like kwok's, this kubelet fills no volume, and its shared
+        identity is granted no tokens, ConfigMaps or Secrets."""
         delay = MOUNT_RETRY_FIRST_SECONDS
-        pod_dir = self.settings.layout.pod_dir(self.namespace, self.name)
+        volumes_dir = self.settings.layout.pod_dir(self.namespace, self.name) / "volumes"
         while self.stopping is None:
             try:
-                self.volumes = set_up(self.pod, self.disk, functools.partial(volume_dir, pod_dir))
-                # Simulated containers read no file: their kubelet, like kwok's, fills no
-                # volume (and its shared identity is granted no tokens, ConfigMaps or Secrets).
-                if self._api_volumes is None and self.runtime.host_processes:
-                    api_volumes = ApiVolumes(self.client, self.pod, pod_dir)
-                    await api_volumes.write_all()
-                    self._api_volumes = api_volumes
+                self.volumes = set_up(self.pod, self.disk, lambda name: volumes_dir / name)
                 return True
             except VolumeSetupError as err:
                 self._event("FailedMount", str(err), warning=True)
-            except EnvError as err:
-                self._event("FailedMount", f"MountVolume.SetUp failed: {err}", warning=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_requested.wait(), delay)
             delay = min(delay * 2, MOUNT_RETRY_MAX_SECONDS)
@@ -383,14 +360,10 @@ class PodWorker:
         if self.stopping is not None:
             return None
         try:
-            argv, env = await self._prepare(spec)
-        except ImagePullError as err:
-            self._event("Failed", str(err), warning=True, container=cname)
-            record.wait("ErrImagePull", str(err))
-            await self.push()
-            record.wait("ImagePullBackOff", f'Back-off pulling image "{spec.get("image", "")}"')
-            await self.push()
-            return None
+            configmaps, secrets = await env_sources(self.client, self.namespace,
+                                                    self.pod["spec"])
+            env = container_env_of(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
+                                   configmaps, secrets, self.volumes)
         except EnvError as err:
             self._event("Failed", f"Error: {err}", warning=True, container=cname)
             record.wait("CreateContainerConfigError", str(err))
@@ -398,80 +371,19 @@ class PodWorker:
             return None
         if self.stopping is not None:
             return None
-        log_path = layout.container_log(ns, name, cname)
-        if log_path.exists():
-            log_path.replace(layout.previous_container_log(ns, name, cname))
         term_path = layout.termination_log(ns, name, cname)
         term_path.unlink(missing_ok=True)
-        memory = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
-        proc = self.runtime.container(argv, env, layout.pod_dir(ns, name), log_path,
-                                      int(parse_quantity(str(memory))) if memory else None)
-        try:
-            pid = await proc.start()
-        except OSError as err:
-            # The wording of runc's error, which is what a real node reports.
-            why = ("executable file not found in $PATH" if isinstance(err, FileNotFoundError)
-                   else err.strerror or str(err))
-            message = (f"failed to create containerd task: failed to create shim task: OCI "
-                       f"runtime create failed: runc create failed: unable to start container "
-                       f'process: exec: "{argv[0]}": {why}: unknown')
-            record.container_id = None
-            record.terminate(128, "StartError", message)
-            self._event("Failed", f"Error: {message}", warning=True, container=cname)
-            await self.push()
-            return 128
+        container = self.runtime.container(env)
+        pid = await container.start()
         self._event("Started", f"Started container {cname}", container=cname)
-        self.processes[cname] = proc
-        pid_file = layout.container_pid(ns, name, cname)
-        if self.runtime.host_processes:
-            pid_file.write_text(str(pid))
+        self.processes[cname] = container
         record.start(f"{self.runtime.scheme}://{pid}")
-        probes = self._probes(record, spec, proc, env)
-        record.ready_flag, record.started_flag = probes.ready, probes.started
-        probe_task = asyncio.create_task(probes.run()) if probes.active else None
         await self.push()
-        try:
-            code = ps.exit_code(await proc.wait())
-        finally:
-            if probe_task is not None:
-                probe_task.cancel()
-        pid_file.unlink(missing_ok=True)
+        code = ps.exit_code(await container.wait())
         self.processes.pop(cname, None)
-        record.terminate(code, ps.termination_reason(code, proc.oom_killed),
-                         termination_message(spec, term_path, log_path, code))
+        record.terminate(code, ps.termination_reason(code, container.oom_killed),
+                         termination_message(term_path))
         return code
-
-    def _probes(self, record: ps.ContainerRecord, spec: Mapping[str, Any],
-                proc: Container, env: Mapping[str, str]) -> ContainerProbes:
-        ports = {p["name"]: int(p["containerPort"]) for p in spec.get("ports") or []
-                 if p.get("name")}
-        target = ProbeTarget(self.pod_ip, ports, env,
-                             self.settings.layout.pod_dir(self.namespace, self.name))
-
-        async def changed() -> None:
-            record.ready_flag, record.started_flag = probes.ready, probes.started
-            await self.push()
-
-        async def fatal(kind: str, message: str) -> None:
-            self._event("Unhealthy", f"{kind} probe failed", warning=True, container=record.name)
-            self._event("Killing", message, container=record.name)
-            probe = spec.get(f"{kind.lower()}Probe") or {}
-            grace = probe.get("terminationGracePeriodSeconds")
-            if grace is None:
-                grace = self.pod["spec"].get("terminationGracePeriodSeconds",
-                                             DEFAULT_GRACE_SECONDS)
-            await proc.terminate(float(grace))
-
-        probes = ContainerProbes(spec, target, changed, fatal)
-        return probes
-
-    async def _prepare(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
-        if self._kubeconfig is None:
-            self._kubeconfig = (pod_credentials(self.settings, self.pod, self.volumes)
-                                if self.runtime.host_processes else None) or ""
-        configmaps, secrets = await env_sources(self.client, self.namespace, self.pod["spec"])
-        return container_launch(self.settings, self.pod, spec, self.pod_ip, self.host_ip,
-                                configmaps, secrets, self._kubeconfig or None, self.volumes)
 
     async def _stop(self, main: asyncio.Task[None]) -> None:
         kind = self.stopping
@@ -508,10 +420,8 @@ class PodWorker:
             if self.terminal_phase is None:
                 self.terminal_phase = ps.final_phase(self.records)
             await self.push()
-            # The kubelet finalizes a deleted pod once its processes are gone and its volumes
-            # are torn down (status manager `canBeDeleted`).
-            if self._api_volumes is not None:
-                await self._api_volumes.stop()
+            # The kubelet finalizes a deleted pod once its containers are gone and its
+            # volumes are torn down (status manager `canBeDeleted`).
             with contextlib.suppress(ApiError):
                 await self.client.delete(core_path("pods", self.namespace, self.name), 0)
 

@@ -1,13 +1,13 @@
-"""The local nodes' kubelets, and the cloud they run in, sharing one event loop.
+"""The simulated nodes' agents, and the cloud they run in, sharing one event loop (benches
+only: see `__init__.py`).
 
-Each local node has a `NodeAgent`, its kubelet against the real kube-apiserver: it registers
-its Node with its own credentials (`system:node:NAME`, so the Node authorizer and
-NodeRestriction apply), renews its Lease, lists and watches only the pods bound to it, runs
-them and writes their status. Scheduling, node lifecycle (Unknown, taints, eviction), pod GC
-and the workload controllers are the real kube-scheduler and kube-controller-manager.
-Simulated nodes share one identity and one pod watch, as kwok's controller does.
+Each simulated node has a `NodeAgent` against the real kube-apiserver: it registers its Node,
+renews its Lease and writes the status of the pods bound to it, whose containers are
+simulated (`simulated.py`). The agents share one identity and one pod watch, as kwok's
+controller does. Scheduling, node lifecycle (Unknown, taints, eviction), pod GC and the
+workload controllers are the real kube-scheduler and kube-controller-manager.
 
-`KubeletHost` also plays the parts that are not a kubelet's: the VMs (spot reclaim, a halt,
+`SimulatedHost` also plays the parts that are not a kubelet's: the VMs (spot reclaim, a halt,
 host maintenance, a lost machine) and GKE's own controllers (`cloud.py`), which act through
 the API as GKE does.
 """
@@ -25,8 +25,6 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-
 from tardigrade_local import identities
 from tardigrade_local.gke import disruptions as d
 from tardigrade_local.gke import hostmaintenance, tpuslices
@@ -34,14 +32,11 @@ from tardigrade_local.gke.client import ApiClient, ApiError, Informer, core_path
 from tardigrade_local.gke.cloud import GkeCloud
 from tardigrade_local.gke.events import EventRecorder
 from tardigrade_local.gke.nodes import NodeConfig
-from tardigrade_local.kubelet import admission, network
-from tardigrade_local.kubelet.config import LEASE_RENEW_FRACTION, KubeletSettings
-from tardigrade_local.kubelet.dns import ClusterDns
-from tardigrade_local.kubelet.logs import log_app
-from tardigrade_local.kubelet.node import kubelet_gates, node_object, node_status
-from tardigrade_local.kubelet.podstatus import ContainerRecord
-from tardigrade_local.kubelet.simulated import SimulatedRuntime
-from tardigrade_local.kubelet.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
+from tardigrade_local.simulator import admission, network
+from tardigrade_local.simulator.config import LEASE_RENEW_FRACTION, SimulatorSettings
+from tardigrade_local.simulator.node import kubelet_gates, node_object, node_status
+from tardigrade_local.simulator.simulated import SimulatedRuntime
+from tardigrade_local.simulator.worker import DEFAULT_GRACE_SECONDS, PodWorker, Stop
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +66,6 @@ class NodeAgent:
     client: ApiClient
     events: EventRecorder
     state: str = "ready"  # ready | shutting-down | gone
-    port: int = 0  # the kubelet endpoint (logs), on the node's own IP
-    site: web.TCPSite | None = None
     workers: dict[tuple[str, str, str], PodWorker] = dataclasses.field(default_factory=dict)
     # time.monotonic() since the kubelet stopped posting (a halted VM, a partition); None
     # while it posts.
@@ -80,7 +73,6 @@ class NodeAgent:
     # uids of pods whose containers died with a halted VM: its successor under the same
     # name reports them (`_report_lost`).
     lost_pods: set[str] = dataclasses.field(default_factory=set)
-    pods: Informer | None = None  # a process node's own pods (simulated: the host's watch)
     tasks: list[asyncio.Task[Any]] = dataclasses.field(default_factory=list)
     node_uid: str = ""
     lease: Obj | None = None
@@ -94,14 +86,25 @@ class NodeAgent:
         return core_path("nodes", name=self.name)
 
 
+def refuse_unsimulated(config: NodeConfig) -> None:
+    """The simulator runs simulated nodes only: pods that run processes run on real nodes."""
+    if not config.simulated:
+        raise ValueError(
+            f"node {config.name}: not simulated; the simulator (benches only) runs simulated "
+            f"nodes only (`cluster.simulated_nodes`, NodeConfig(simulated=True)); pods that "
+            f"run run on real nodes (`realcluster.RealNodeCluster`, `tardigrade local up`)")
+
+
 def _is_terminal(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-class KubeletHost:
-    def __init__(self, settings: KubeletSettings, nodes: list[NodeConfig]) -> None:
+class SimulatedHost:
+    def __init__(self, settings: SimulatorSettings, nodes: list[NodeConfig]) -> None:
         if settings.access is None:
             raise ValueError("the node agents need the control plane's credentials (access)")
+        for config in nodes:
+            refuse_unsimulated(config)
         self.settings = settings
         self.access = settings.access
         self.initial_nodes = list(nodes)
@@ -115,7 +118,6 @@ class KubeletHost:
         self.simulation = SimulatedRuntime(settings.simulated_start_seconds)
         self._node_index = 0
         self.cloud = GkeCloud(self._client(identities.CLOUD))
-        self.dns: ClusterDns | None = None
         # Simulated nodes' shared identity and pod watch (kwok's controller watches all pods).
         self._simulated_client: ApiClient | None = None
         self._simulated_events: EventRecorder | None = None
@@ -125,7 +127,6 @@ class KubeletHost:
         # Pods whose worker has ended never run again here, even if a stale event says Running.
         self._finished: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._runner: web.AppRunner | None = None
 
     def _client(self, identity: identities.Identity) -> ApiClient:
         return ApiClient(self.settings.api_url, self.access.ssl_context(identity.name),
@@ -134,10 +135,6 @@ class KubeletHost:
     # --- start / stop --------------------------------------------------------------------
     async def start(self) -> None:
         self.settings.layout.pods_dir.mkdir(parents=True, exist_ok=True)
-        self._runner = web.AppRunner(log_app(self.settings.layout, self._record), access_log=None)
-        await self._runner.setup()
-        if any(not n.simulated for n in self.initial_nodes):
-            await self.start_dns()
         for config in self.initial_nodes:
             await self.add_node(config)
 
@@ -167,13 +164,6 @@ class KubeletHost:
             if names:
                 await asyncio.sleep(0.1)
 
-    async def start_dns(self) -> None:
-        """Cluster DNS, for pods that resolve their peers' names (process nodes)."""
-        if self.dns is None:
-            self.dns = ClusterDns(self._client(identities.CLUSTER_DNS),
-                                  self.settings.layout.hosts_file)
-            await self.dns.start()
-
     async def stop(self) -> None:
         """Cluster shutdown: pods get a short SIGTERM grace, no more API writes."""
         workers = [w for a in self.agents.values() for w in a.workers.values()]
@@ -191,10 +181,6 @@ class KubeletHost:
                 await task
         if self._simulated_task is not None:
             await self._cancel([self._simulated_task])
-        if self.dns is not None:
-            await self.dns.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
         await self.simulation.stop()
         for agent in self.agents.values():
             await agent.client.close()
@@ -231,40 +217,19 @@ class KubeletHost:
         old = self.agents.get(config.name)
         if old is not None and old.state != "gone":
             raise ValueError(f"node {config.name} already exists")
-        if not config.simulated:
-            await self.start_dns()
+        refuse_unsimulated(config)
         self._node_index += 1
         ip = network.node_ip(self._node_index)
-        if config.simulated:
-            client, events = await self._simulated_identity()
-        else:
-            client = ApiClient(self.settings.api_url, self.access.node_context(config.name),
-                               f"system:node:{config.name}")
-            events = EventRecorder(client)
+        client, events = await self._simulated_identity()
         agent = NodeAgent(config, ip, client, events, lost_pods=set(lost_pods or ()))
-        assert self._runner is not None
-        serving = self.access.kubelet_serving_context(config.name, ip)
-        agent.site = web.TCPSite(self._runner, ip, 0, ssl_context=serving)
-        await agent.site.start()
-        agent.port = agent.site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        if old is not None:
-            await old.client.close()
         self.agents[config.name] = agent
         await self._register(agent)
         agent.tasks.append(asyncio.create_task(self._lease_loop(agent)))
-        if config.simulated:
-            # A kubelet starts by syncing the pods already bound to its node.
-            assert self._simulated_pods is not None
-            for pod in list(self._simulated_pods.cache.values()):
-                if pod["spec"].get("nodeName") == config.name:
-                    self._on_pod(agent, "MODIFIED", pod)
-        else:
-            agent.pods = Informer(client, core_path("pods"),
-                                  lambda kind, pod: self._on_pod(agent, kind, pod),
-                                  params={"fieldSelector": f"spec.nodeName={config.name}"})
-            agent.tasks.append(asyncio.create_task(agent.pods.run()))
-            agent.tasks.append(asyncio.create_task(self._status_loop(agent)))
-            await agent.pods.synced.wait()
+        # A kubelet starts by syncing the pods already bound to its node.
+        assert self._simulated_pods is not None
+        for pod in list(self._simulated_pods.cache.values()):
+            if pod["spec"].get("nodeName") == config.name:
+                self._on_pod(agent, "MODIFIED", pod)
 
     async def _simulated_identity(self) -> tuple[ApiClient, EventRecorder]:
         if self._simulated_client is None:
@@ -281,7 +246,7 @@ class KubeletHost:
         """`registerWithAPIServer`: create the Node, or take over the one a predecessor
         under the same name left (labels and annotations; NodeRestriction leaves a node's
         taints to others once it exists)."""
-        body = node_object(agent.config, agent.ip, agent.port)
+        body = node_object(agent.config, agent.ip, 0)
         try:
             node = await agent.client.create(core_path("nodes"), body)
         except ApiError as err:
@@ -329,13 +294,6 @@ class KubeletHost:
             agent.lease = None  # 409 or 404: read it again next time
             raise err
 
-    async def _status_loop(self, agent: NodeAgent) -> None:
-        while agent.state == "ready":
-            await asyncio.sleep(NODE_STATUS_UPDATE_SECONDS)
-            if agent.silent_since is None and agent.state == "ready":
-                with contextlib.suppress(ApiError, OSError):
-                    await self._sync_node_status(agent)
-
     async def _sync_node_status(self, agent: NodeAgent) -> None:
         """Post Ready unless the API already says so (a node marked Unknown while its
         kubelet was silent turns Ready again)."""
@@ -346,7 +304,7 @@ class KubeletHost:
                  if c.get("type") == "Ready"]
         if not ready or ready[0].get("status") != "True":
             await agent.client.patch(agent.path + "/status", {
-                "status": node_status(agent.config, agent.ip, agent.port)})
+                "status": node_status(agent.config, agent.ip, 0)})
 
     async def preempt_node(self, name: str, grace_seconds: float | None = None,
                            replace_after_seconds: float | None = None,
@@ -378,7 +336,7 @@ class KubeletHost:
         grace = self.settings.shutdown_grace_seconds if grace_seconds is None else grace_seconds
         with contextlib.suppress(ApiError):
             await agent.client.patch(agent.path + "/status", {"status": node_status(
-                agent.config, agent.ip, agent.port, ready=False,
+                agent.config, agent.ip, 0, ready=False,
                 message=d.NODE_SHUTDOWN_NODE_MESSAGE)})
         workers = list(agent.workers.values())
         for worker in workers:
@@ -512,20 +470,8 @@ class KubeletHost:
 
     async def _retire(self, agent: NodeAgent) -> None:
         agent.state = "gone"
-        if agent.site is not None:
-            await agent.site.stop()
-            agent.site = None
         tasks, agent.tasks = agent.tasks, []
         await self._cancel([t for t in tasks if t is not asyncio.current_task()])
-
-    def _record(self, namespace: str, pod: str, container: str) -> ContainerRecord | None:
-        for agent in self.agents.values():
-            for (ns, name, _), worker in agent.workers.items():
-                if (ns, name) == (namespace, pod):
-                    for record in [*worker.init_records, *worker.records]:
-                        if record.name == container:
-                            return record
-        return None
 
     def _agent(self, name: str) -> NodeAgent:
         agent = self.agents.get(name)
@@ -560,7 +506,7 @@ class KubeletHost:
     # --- pods ----------------------------------------------------------------------------
     def _on_simulated_pod(self, kind: str, pod: Obj) -> None:
         agent = self.agents.get(pod["spec"].get("nodeName") or "")
-        if agent is not None and agent.config.simulated:
+        if agent is not None:
             self._on_pod(agent, kind, pod)
 
     def _on_pod(self, agent: NodeAgent, kind: str, pod: Obj) -> None:
@@ -598,10 +544,8 @@ class KubeletHost:
             self._finished.add(uid)
             self._spawn(self._reject(agent, pod, rejection))
             return
-        simulated = agent.config.simulated
         worker = PodWorker(self.settings, agent.client, agent.name, agent.ip,
-                           self.ips.allocate(), pod, agent.events,
-                           runtime=self.simulation if simulated else None,
+                           self.ips.allocate(), pod, self.simulation, agent.events,
                            gates=kubelet_gates(agent.config))
         agent.workers[key] = worker
         worker.start()

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tardigrade_local.kubelet.env import EnvError, expand
+from tardigrade_local.simulator.env import EnvError, expand
 
 EMPTY_DIR_PLUGIN = "kubernetes.io~empty-dir"
 EMPTY_DIR_MODE = 0o777
