@@ -227,7 +227,10 @@ def test_halted_vm_goes_unknown_its_pods_stay_then_come_back_failed(
     wait_for(lambda: ready(node(kube, "vm-a"))["status"] == "True", NODE_BACK_SECONDS,
              what="node Ready again", interval=0.5)
     kube.wait_gone("short", timeout=120)
-    lost = kube.wait_phase("long", ("Failed",), timeout=120)
+    # The phase and the container's state may come in separate status writes.
+    lost = wait_for(lambda: (found := kube.pod("long")) and found["status"]["phase"] == "Failed"
+                    and "terminated" in (container_status(found).get("state") or {}) and found,
+                    120, what="the lost pod Failed with its container terminated")
     terminated = container_status(lost)["state"]["terminated"]
     assert (terminated["reason"], terminated["exitCode"]) == ("ContainerStatusUnknown", 137)
     wait_for(lambda: not unreachable(node(kube, "vm-a")), 60, what="unreachable taint removed")
