@@ -1,4 +1,4 @@
-"""Operator and control-plane faults, a few trials of each (the long run:
+"""Operator and control-plane faults on real nodes, one trial of each (the long run:
 `bench/faults_operator.py --trials 20`). Zero tolerance: every trial converges with no
 duplicate pod, no orphan and exact counters (see `operator_scenarios`)."""
 
@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.harness import NEEDS_REAL_NODES
 from tests.faults.operator_scenarios import SCENARIOS, FaultBed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NEEDS_REAL_NODES]
 
 SEED = int(os.environ.get("TARDIGRADE_FAULT_SEED", "0"))
 
