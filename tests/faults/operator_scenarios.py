@@ -71,11 +71,8 @@ REPLACE_AFTER_SECONDS = 1.0
 # pulls the image for its first pod; on a loaded two-core machine.
 NODE_READY_TIMEOUT = 120.0
 CONVERGE_TIMEOUT = 120.0
-# Old attempts' pods must be gone this long after convergence. A pod bound to a node that was
-# deleted (a reclaimed or lost VM) while its kubelet never ran it has nobody to confirm its
-# deletion: kube-controller-manager's pod GC deletes it once the node has been gone for its
-# quarantine (40 s), on its next pass (every 20 s) (pkg/controller/podgc/gc_controller.go).
-LEFTOVER_TIMEOUT = 90.0
+# Old attempts' pods (objects and containers) must be gone this long after convergence.
+LEFTOVER_TIMEOUT = 30.0
 # After convergence the counters must stay put this long (a late double count shows here).
 HOLD_SECONDS = 2.0
 GRACE_SECONDS = 5
