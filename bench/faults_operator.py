@@ -29,6 +29,7 @@ from tests.faults.operator_scenarios import (  # noqa: E402
     SCENARIOS,
     Expected,
     FaultBed,
+    TrialFailed,
     TrialResult,
 )
 from tests.polling import wait_for  # noqa: E402
@@ -75,7 +76,7 @@ def main() -> int:
             for index in range(args.trials):
                 try:
                     result = trial(bed, index)
-                except AssertionError as err:  # a wait inside the trial timed out
+                except (AssertionError, TrialFailed) as err:  # a wait timed out, a reclaim failed
                     result = TrialResult(scenario, False, 0, 0, [], float("nan"), str(err))
                     bed.forget_jobs()
                 results.append(result)

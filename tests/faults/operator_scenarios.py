@@ -316,6 +316,8 @@ class FaultBed:
         # gone; the fault's moment is its start), and what went wrong in any.
         self._reclaims: list[threading.Thread] = []
         self._reclaim_errors: list[BaseException] = []
+        # The nodes whose VM is going (a reclaim under way): GKE reclaims a VM once.
+        self.going: set[str] = set()
 
     def __enter__(self) -> FaultBed:
         self.real.start()
@@ -373,7 +375,10 @@ class FaultBed:
                 self.real.reclaim(node, replace_after_seconds=REPLACE_AFTER_SECONDS)
             except BaseException as err:  # raised by settle_reclaims
                 self._reclaim_errors.append(err)
+            finally:
+                self.going.discard(node)
 
+        self.going.add(node)
         thread = threading.Thread(target=run, name=f"reclaim-{node}", daemon=True)
         thread.start()
         self._reclaims.append(thread)
@@ -387,6 +392,14 @@ class FaultBed:
             error, self._reclaim_errors = self._reclaim_errors[0], []
             raise TrialFailed(f"a reclaim failed: {error}")
 
+    def reclaimable(self, node: str) -> bool:
+        """Whether `node`'s VM runs, started, and is not going already. A rank's pod may name a
+        VM that went, or its successor under the same name while it boots (the kubelet of the
+        new VM runs the pods bound to its name): a reclaim then would hit a VM that never ran
+        the rank, and a reclaim of a booting VM fails its start."""
+        return (node in self.real.nodes and node not in self.real.recreating
+                and node not in self.going)
+
     def add_node(self, name: str, labels: dict[str, str], capacity: dict[str, str]) -> None:
         """A VM of a pool of its own boots and its kubelet registers."""
         asyncio.run(self.real.add_node(NodeConfig(name, labels=labels, capacity=capacity)))
@@ -397,7 +410,7 @@ class FaultBed:
             attempt = self.cluster.status(name).get("attempt")
             nodes = [p.node for _, p in self.monitor.pods(name)
                      if p.attempt == attempt and p.node and p.active
-                     and (rank is None or p.rank == rank)]
+                     and (rank is None or p.rank == rank) and self.reclaimable(p.node)]
             return self.rng.choice(nodes) if nodes else None
         return wait_for(found, 60, f"a bound pod of {name}")
 
@@ -677,7 +690,8 @@ def preemption_storm(bed: FaultBed, index: int, preemptions: int = STORM_PREEMPT
                     recoveries and recoveries[-1]["attempt"] > attempt):
                 return None
             nodes = [p.node for _, p in bed.monitor.pods(name)
-                     if p.attempt == attempt and p.node and p.active]
+                     if p.attempt == attempt and p.node and p.active
+                     and bed.reclaimable(p.node)]
             return bed.rng.choice(nodes) if nodes else None
 
         node = wait_for(current_gang_placed, 60, f"attempt {attempt} placed")
