@@ -11,7 +11,7 @@ tolerance:
   current attempt, no relaunch pending) before the deadline;
 - duplicate pods: one pod name created twice (two uids), i.e. a rank of one attempt launched
   twice, or two pods claiming one (attempt, rank);
-- orphans: pods of an older attempt still running while a newer attempt has running pods (a
+- orphans: pods of an older attempt Running while a newer attempt has Running pods (a
   gang never overlaps its successor), or still present, or with a container still running
   on a node (its containerd, `crictl ps`), after convergence;
 - counter mismatches: status.attempt, replicas, restarts.* and the recovery causes against
@@ -225,10 +225,14 @@ class PodMonitor:
                 self._uids[meta.name].add(meta.uid)
                 self._created[state.job].append(meta.name)
             self._pods[meta.name] = state
-            active = tuple(sorted({p.attempt for p in self._pods.values()
-                                   if p.job == state.job and p.active}))
-            if len(active) > 1 and active not in self._overlaps[state.job]:
-                self._overlaps[state.job].add(active)
+            # Running, not merely non-terminal: on real nodes a pod bound to a VM that went
+            # before its kubelet ran it stays Pending until pod GC deletes it, never running;
+            # should the VM recreated under that name run it, it turns Running here. Older
+            # pods left after convergence, Pending or not, are `_leftovers`.
+            running = tuple(sorted({p.attempt for p in self._pods.values()
+                                    if p.job == state.job and p.phase == "Running"}))
+            if len(running) > 1 and running not in self._overlaps[state.job]:
+                self._overlaps[state.job].add(running)
                 self._overlap_pods[state.job].append(", ".join(
                     f"{n} {p.phase} on {p.node}" for n, p in sorted(self._pods.items())
                     if p.job == state.job and p.active))

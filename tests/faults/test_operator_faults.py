@@ -26,7 +26,8 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultBed]:
 @pytest.mark.parametrize("scenario", list(SCENARIOS),
                          ids=[trial.__name__ for trial in SCENARIOS.values()])
 def test_trial_converges_with_exact_bookkeeping(bed: FaultBed, scenario: str):
-    # One trial each keeps this under ~90 s on two cores; the bench runs 20 of each.
+    # One trial each: about 6 min on real nodes with the set-up (two cores, load average
+    # about 2; 90 s on the process node agents); the bench runs 20 of each.
     result = SCENARIOS[scenario](bed, 0)
     assert result.ok, f"seed {SEED}: {result.describe()}"
     bed.operator.assert_alive()
