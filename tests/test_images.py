@@ -456,3 +456,27 @@ def test_trainer_image_without_the_operator_environment_names_what_is_missing():
     assert code != 0
     assert re.search(r"TARDIGRADE_\w+ is not set", err), err[-3000:]
     assert json.loads(log)["reason"] == "ConfigError"
+
+
+@pytest.mark.slow
+def test_a_derived_test_image_runs_its_added_program_on_its_base_and_is_cached(registry):
+    """`build_derived` (tests/faults/Dockerfile.simtrainer): the trainer CPU image as built
+    here is its base, through BASE_IMAGE, nothing pulled; the added simulated trainer imports
+    from the image's install; a second build is a lookup; it pushes under its key."""
+    base = imagebuild.build("trainer-cpu")  # a lookup after the fixtures' builds
+    dockerfile = REPO_ROOT / "tests" / "faults" / "Dockerfile.simtrainer"
+    built = imagebuild.build_derived("simtrainer", dockerfile, base)
+    result = imagebuild.run_in_image(built.reference, [
+        "python", "-c", "import tardigrade_local.simtrainer as s, tardigrade_contract as c; "
+                        "print(s.__file__, c.__file__)"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    program, contract = result.stdout.split()
+    assert program == "/opt/simtrainer/tardigrade_local/simtrainer.py"
+    assert contract.startswith("/usr/local/lib/python3.11/")  # the image's install
+    again = imagebuild.build_derived("simtrainer", dockerfile, base)
+    assert (again.cached, again.reference, again.image_id) == (
+        True, built.reference, built.image_id)
+    reference = imagebuild.push_derived(built, registry.host)
+    assert reference == f"{registry.host}/tardigrade-dev/simtrainer:{built.key}"
+    assert imagebuild.pull(reference) == built.image_id
+    imagebuild.forget(reference)  # the registry's port is this run's

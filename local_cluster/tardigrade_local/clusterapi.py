@@ -31,9 +31,13 @@ SLICE = "kubernetes-cluster-network"
 class ClusterAPI(RelayedService):
     """`with ClusterAPI(network, cluster.info, tmp / "api"): ...` (pods reach 10.0.0.1:443)"""
 
-    def __init__(self, network: ClusterNetwork, info: Mapping[str, Any], directory: Path
-                 ) -> None:
-        super().__init__(network, str(info["direct_api_url"]), API_ADDRESS, API_PORT,
+    def __init__(self, network: ClusterNetwork, info: Mapping[str, Any], directory: Path,
+                 through_proxy: bool = False) -> None:
+        """`through_proxy`: relay to the control plane's API proxy (`apiproxy.py`) instead of
+        kube-apiserver itself, so that `LocalCluster.cut_watches` cuts pods' connections too
+        (the chart's operator in the fault trials); the kubelets keep their own way."""
+        target = info["api_url"] if through_proxy else info["direct_api_url"]
+        super().__init__(network, str(target), API_ADDRESS, API_PORT,
                          str(info["kubeconfig"]), directory)
 
     def _publish(self, client: Any) -> None:

@@ -18,7 +18,7 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # Labels our Dockerfiles carry. `title` is the OCI image title (the image repository's last
@@ -291,24 +291,30 @@ class DockerIgnore:
 def context_files(recipe: ImageRecipe) -> list[tuple[Path, str]]:
     """(file in the context, its path in the build stage relative to the stage's WORKDIR) for
     everything the build stage copies, after .dockerignore; sorted, so it can be hashed."""
-    ignore = DockerIgnore.read(recipe.context)
+    return copied_files(recipe.context, recipe.sources, recipe.dockerfile.name)
+
+
+def copied_files(context: Path, copies: Iterable[tuple[tuple[str, ...], str]],
+                 dockerfile: str) -> list[tuple[Path, str]]:
+    """`context_files` of any COPY instructions (sources, destination) of `dockerfile`."""
+    ignore = DockerIgnore.read(context)
     files: dict[str, Path] = {}
-    for sources, dest in recipe.sources:
+    for sources, dest in copies:
         for pattern in sources:
-            matches = sorted(recipe.context.glob(pattern)) if pattern not in (".", "./") \
-                else [recipe.context]
+            matches = sorted(context.glob(pattern)) if pattern not in (".", "./") \
+                else [context]
             if not matches:
                 # As `docker build`: "COPY failed: no source files were specified".
-                raise DockerfileError(f"{recipe.dockerfile.name}: COPY {pattern}: no such file "
-                                      f"in the build context {recipe.context}")
+                raise DockerfileError(f"{dockerfile}: COPY {pattern}: no such file "
+                                      f"in the build context {context}")
             for match in matches:
-                rel = match.relative_to(recipe.context).as_posix()
+                rel = match.relative_to(context).as_posix()
                 if rel != "." and ignore.excluded(rel):
                     continue
                 if match.is_dir():
                     # COPY dir dest: the directory's contents go into dest.
                     for path in sorted(match.rglob("*")):
-                        inner = path.relative_to(recipe.context).as_posix()
+                        inner = path.relative_to(context).as_posix()
                         if path.is_file() and not ignore.excluded(inner):
                             target = posixpath.join(dest, path.relative_to(match).as_posix())
                             files[posixpath.normpath(target)] = path

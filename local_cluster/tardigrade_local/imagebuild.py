@@ -37,7 +37,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from tardigrade_local.dockerfile import ImageRecipe, context_files, parse_stages, read_recipe
+from tardigrade_local.dockerfile import (
+    ImageRecipe,
+    context_files,
+    copied_files,
+    parse_stages,
+    read_recipe,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"operator": "operator/Dockerfile", "trainer-cpu": "trainer_image/Dockerfile.cpu",
@@ -279,21 +285,79 @@ def build(name: str, out: TextIO = sys.stderr, root: Path = REPO_ROOT,
             return Built(img, reference, found, True, time.monotonic() - started)
         print(f"imagebuild: building {name} from {img.dockerfile.relative_to(root)} "
               f"(key {key})", file=out, flush=True)
-        args = [arg for k, v in img.build_args(base).items() for arg in ("--build-arg",
-                                                                         f"{k}={v}")]
-        volumes = (["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
-                   if HOST_CA_BUNDLE.is_file() else [])
-        buildah("bud", "--isolation", "chroot", "--network", "host", "--pull-never",
-                "--layers=false", "--quiet", *volumes, *args, "-f", str(img.dockerfile),
-                "-t", reference, str(root), what=f"building {name}",
-                timeout=BUILD_TIMEOUT_SECONDS)
-        found = image_id(reference)
-        if found is None:
-            raise ImageBuildError(f"buildah built {name} but {reference} is not in the store")
+        found = _bud(name, img.dockerfile, root, reference, img.build_args(base))
     seconds = time.monotonic() - started
     print(f"imagebuild: {name} built in {seconds:.0f} s", file=out, flush=True)
     prune(name)
     return Built(img, reference, found, False, seconds)
+
+
+def _bud(name: str, dockerfile: Path, root: Path, reference: str,
+         build_args: dict[str, str]) -> str:
+    """`buildah bud` of `dockerfile` with `root` as the context, tagged `reference`; returns
+    the image id."""
+    args = [arg for k, v in build_args.items() for arg in ("--build-arg", f"{k}={v}")]
+    volumes = (["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
+               if HOST_CA_BUNDLE.is_file() else [])
+    buildah("bud", "--isolation", "chroot", "--network", "host", "--pull-never",
+            "--layers=false", "--quiet", *volumes, *args, "-f", str(dockerfile),
+            "-t", reference, str(root), what=f"building {name}",
+            timeout=BUILD_TIMEOUT_SECONDS)
+    found = image_id(reference)
+    if found is None:
+        raise ImageBuildError(f"buildah built {name} but {reference} is not in the store")
+    return found
+
+
+# --- images made from ours (test images) ----------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DerivedBuilt:
+    """An image whose Dockerfile starts FROM one of our built images (`build_derived`)."""
+
+    name: str
+    reference: str  # in our buildah store
+    image_id: str
+    key: str
+    cached: bool
+    seconds: float
+
+
+def build_derived(name: str, dockerfile: Path, base: Built, out: TextIO = sys.stderr,
+                  root: Path = REPO_ROOT) -> DerivedBuilt:
+    """Build `dockerfile` (context `root`) on top of `base`, handed to it through its
+    `BASE_IMAGE` build argument as for the shipped images (the base is in our store, so
+    nothing is pulled), unless an image with the same inputs is stored: the Dockerfile, the
+    files it copies (after .dockerignore), the base image's id, buildah's version. Such an
+    image adds files to a shipped one (a test's stand-in program); it is not a shipped image,
+    so none of `read_recipe`'s rules for those apply."""
+    started = time.monotonic()
+    stages = parse_stages(dockerfile.read_text(), str(dockerfile))
+    copies = [copy for stage in stages for copy in stage.context_copies]
+    files = [f"{target}\0".encode() + path.read_bytes()
+             for path, target in copied_files(root, copies, dockerfile.name)]
+    args = {BASE_ARG: base.reference}
+    key = _digest(dockerfile.read_bytes(), *files, base.image_id.encode(),
+                  json.dumps(args).encode(), _buildah_version().encode(),
+                  _storage_driver().encode())
+    reference = f"{BUILD_NAME}/{name}:{key}"
+    with _locked(cache_base() / "containers" / f"{name}-{key}.lock"):
+        found = image_id(reference)
+        if found:
+            return DerivedBuilt(name, reference, found, key, True, time.monotonic() - started)
+        print(f"imagebuild: building {name} from {dockerfile} on {base.reference}", file=out,
+              flush=True)
+        found = _bud(name, dockerfile, root, reference, args)
+    prune(name)
+    return DerivedBuilt(name, reference, found, key, False, time.monotonic() - started)
+
+
+def push_derived(built: DerivedBuilt, registry: str) -> str:
+    """Copy a `build_derived` image to `registry` (host:port, plain HTTP) as
+    `<registry>/tardigrade-dev/<name>:<key>`; returns that reference."""
+    target = f"{registry}/{REPOSITORY}/{built.name}:{built.key}"
+    buildah("push", "--tls-verify=false", "--quiet", built.reference, f"docker://{target}",
+            what=f"pushing {built.name} to {target}", timeout=1800)
+    return target
 
 
 def forget(reference: str) -> None:

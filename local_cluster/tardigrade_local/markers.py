@@ -6,7 +6,7 @@ simulated nodes (`simulator/simgang.py`), so that both restore the same way.
 
 from __future__ import annotations
 
-import os
+import uuid
 from pathlib import Path
 
 from tardigrade_contract import contract
@@ -32,7 +32,8 @@ class MarkerCheckpoints:
 
     def commit(self, step: int) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{CHECKPOINT_PREFIX}{step}.{os.getpid()}"
+        # Unique per writer: every rank commits, and ranks in containers all run as pid 1.
+        tmp = self.root / f".{CHECKPOINT_PREFIX}{step}.{uuid.uuid4().hex}"
         tmp.write_text(str(step))
         tmp.replace(self.path(step))
 

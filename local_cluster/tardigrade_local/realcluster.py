@@ -51,6 +51,7 @@ from typing import Any, TextIO, TypeVar
 
 import kubernetes
 import psutil
+import urllib3
 
 from tardigrade_local import (
     clustergcs,
@@ -97,6 +98,8 @@ CONFIG_FILE = "realcluster-config.json"
 INFO_FILE = "realcluster.json"
 LOG_FILE = "realcluster.log"
 STOP_TIMEOUT_SECONDS = 300.0
+# How long GKE's part goes on trying to delete a gone VM's Node object.
+NODE_DELETE_TIMEOUT_SECONDS = 120.0
 REGISTRY_ATTEMPTS = 3
 # A maintenance under way when the cluster stops: the handler's drain (the pods' grace and
 # a margin) and logind's shutdown delay.
@@ -172,7 +175,8 @@ class RealNodeCluster:
                  node_monitor_grace_seconds: float = NODE_MONITOR_GRACE_SECONDS,
                  node_monitor_period_seconds: float = NODE_MONITOR_PERIOD_SECONDS,
                  pools: Sequence[NodePool] = (),
-                 autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS) -> None:
+                 autoscaler_scan_seconds: float = SCAN_INTERVAL_SECONDS,
+                 pods_api_through_proxy: bool = False) -> None:
         """`nodes`: the nodes to start (a `NodeConfig` is `NodePlan.of` it).
         `pools`: node pools the cluster autoscaler grows (`gke/autoscaler.py`, scanning every
         `autoscaler_scan_seconds`): a scale-up starts a real node of the pool's template,
@@ -187,7 +191,10 @@ class RealNodeCluster:
         of it); `node_monitor_grace_seconds` and `node_monitor_period_seconds`:
         kube-controller-manager's --node-monitor-grace-period and --node-monitor-period (a
         node whose Lease went unrenewed that long turns Unknown); the grace must exceed the
-        renew interval."""
+        renew interval.
+        `pods_api_through_proxy`: pods reach kube-apiserver (the `kubernetes` Service) through
+        the control plane's API proxy, whose `cut_watches` then cuts the chart's operator's
+        watches too (`ClusterAPI`'s `through_proxy`)."""
         nodes = [n if isinstance(n, NodePlan) else NodePlan.of(n) for n in nodes]
         names = [n.name for n in nodes]
         if not names:
@@ -214,6 +221,7 @@ class RealNodeCluster:
                                     node_monitor_grace_seconds=node_monitor_grace_seconds,
                                     node_monitor_period_seconds=node_monitor_period_seconds)
         self.node_lease_seconds = node_lease_seconds
+        self.pods_api_through_proxy = pods_api_through_proxy
         self.registry = Registry(self.directory / "registry" / "storage",
                                  log_path=self.directory / "registry" / "registry.log")
         self.network = ClusterNetwork(self.directory / "net")
@@ -276,7 +284,8 @@ class RealNodeCluster:
         self.dns = stack.enter_context(ClusterDNS(self.network, self.cluster.info,
                                                   self.directory / "dns"))
         self.api = stack.enter_context(ClusterAPI(self.network, self.cluster.info,
-                                                  self.directory / "api"))
+                                                  self.directory / "api",
+                                                  through_proxy=self.pods_api_through_proxy))
         if self.with_gcs:
             self.gcs = stack.enter_context(ClusterGCS(self.network, self.cluster.info,
                                                       self.directory / "gcs"))
@@ -449,10 +458,8 @@ class RealNodeCluster:
                 coming_back.enter_context(self._coming_back(host.name, replace_after_seconds))
             accounts = self._shut_down(hosts)
             gone = [host for host in hosts if isinstance(accounts[host.name], dict)]
-            with self.kube() as api:
-                for host in gone:
-                    with contextlib.suppress(kubernetes.client.ApiException):
-                        kubernetes.client.CoreV1Api(api).delete_node(host.name)
+            for host in gone:
+                self._delete_node_object(host.name)
             for host in gone:
                 self._retire(host, replace_after_seconds)
             failed = [error for error in accounts.values() if isinstance(error, BaseException)]
@@ -515,6 +522,33 @@ class RealNodeCluster:
             failed = [error for error in accounts.values() if isinstance(error, BaseException)]
             if failed:
                 raise failed[0]
+
+    def lose(self, name: str) -> None:
+        """Node `name`'s VM is deleted for good without a shutdown: `halt`, then GKE's cloud
+        node lifecycle controller deletes its Node object (the VM is gone), as after a
+        reclaim; its pods are left to pod GC."""
+        self.halt(name)
+        self._delete_node_object(name)
+
+    def _delete_node_object(self, name: str) -> None:
+        """GKE's cloud node lifecycle controller deletes the Node of a VM that is gone, and
+        tries again while the API server does not answer (restarting, a connection cut)."""
+        deadline = time.monotonic() + NODE_DELETE_TIMEOUT_SECONDS
+        while True:
+            try:
+                with self.kube() as api:
+                    kubernetes.client.CoreV1Api(api).delete_node(name)
+                return
+            except kubernetes.client.ApiException as err:
+                if err.status < 500:
+                    return  # 404: gone already
+                error: Exception = err
+            except urllib3.exceptions.HTTPError as err:
+                error = err
+            if time.monotonic() > deadline:
+                raise RealClusterError(f"the Node {name} was not deleted within "
+                                       f"{NODE_DELETE_TIMEOUT_SECONDS:.0f} s: {error}")
+            time.sleep(0.5)
 
     def schedule_maintenance(self, name: str, in_seconds: float,
                              back_after_seconds: float | None = DEFAULT_REPLACE_AFTER_SECONDS

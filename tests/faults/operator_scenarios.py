@@ -1,24 +1,35 @@
-"""Operator and control-plane faults on the local cluster: scenarios, invariants, one runner.
+"""Operator and control-plane faults on real nodes: scenarios, invariants, one runner.
 
-Shared by `tests/faults/test_operator_faults.py` (a few trials) and `bench/faults_operator.py`
-(the long run). Each trial runs a TrainingJob of simulated trainers
-(`tardigrade_local.simtrainer`, no JAX) through injected faults and checks, with zero
+Shared by `tests/faults/test_operator_faults.py` (one trial each) and
+`bench/faults_operator.py` (the long run). The cluster is a `RealNodeCluster`: real kubelets
+and containerd, one on-demand node for the operator the chart installs (its image from the
+local registry) and three spot nodes for the trainers. Each trial runs a TrainingJob of
+simulated trainers (`tardigrade_local.simtrainer`, no JAX, in a test image built FROM the
+trainer CPU image: `Dockerfile.simtrainer`) through injected faults and checks, with zero
 tolerance:
 - converged: the job is Running with exactly its gang (one running pod per rank of the
   current attempt, no relaunch pending) before the deadline;
 - duplicate pods: one pod name created twice (two uids), i.e. a rank of one attempt launched
   twice, or two pods claiming one (attempt, rank);
-- orphans: pods of an older attempt still running while a newer attempt has running pods (a
-  gang never overlaps its successor), or still present or running as processes after
-  convergence;
+- orphans: pods of an older attempt Running while a newer attempt has Running pods (a
+  gang never overlaps its successor), or still present, or with a container still running
+  on a node (its containerd, `crictl ps`), after convergence;
 - counter mismatches: status.attempt, replicas, restarts.* and the recovery causes against
   what the trial injected (every job runs with maxRestarts 0, so a disruption mistaken for a
   crash fails the job).
+
+The faults, as GKE and a cluster have them: the operator's container SIGKILLed by its node's
+runtime and its pod replaced by the Deployment; a spot reclaim (`RealNodeCluster.reclaim`: the
+kubelet's graceful node shutdown, the Node deleted, the VM back under its name shortly after);
+a VM deleted for good (`RealNodeCluster.lose`); kube-apiserver restarted; every connection
+through the API proxy cut, the operator pod's included (`pods_api_through_proxy`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import random
 import threading
 import time
@@ -29,20 +40,39 @@ from typing import Any
 
 import kubernetes
 from kubernetes import watch
-from tardigrade_local.cluster import LocalCluster
+from tardigrade_local import imagebuild
+from tardigrade_local.gke.nodes import NodeConfig
+from tardigrade_local.realcluster import (
+    CHECKPOINT_CLAIM,
+    CHECKPOINT_MOUNT,
+    SPOT_LABEL,
+    RealNodeCluster,
+    plan_nodes,
+)
 
-from tests.e2e.harness import NAMESPACE, Cluster, OperatorProcess
+from tests.conftest import REPO_ROOT
+from tests.e2e.harness import NAMESPACE, InstalledOperator, RealCluster
 from tests.polling import wait_for
 
 LABEL_JOB = "tardigrade.dev/job"
 LABEL_ATTEMPT = "tardigrade.dev/attempt"
 LABEL_RANK = "tardigrade.dev/rank"
 SIM_COMMAND = ["python", "-m", "tardigrade_local.simtrainer"]
+SIM_DOCKERFILE = Path(__file__).with_name("Dockerfile.simtrainer")
 POOL_LABEL = "faults.tardigrade.dev/pool"
-# Short enough that a capacity shrink happens within a trial; no grow-back probe meanwhile.
-OPERATOR_ENV = {"TARDIGRADE_UNSCHEDULABLE_TIMEOUT_SECONDS": "4",
-                "TARDIGRADE_GROW_BACK_AFTER_SECONDS": "3600"}
+SPOT_NODES = 3
+# Added to the chart's install (`harness.FAST_OPERATOR_VALUES` first): a capacity shrink
+# happens within a trial; no grow-back probe meanwhile.
+OPERATOR_VALUES = ("--set", "operator.unschedulableTimeoutSeconds=4",
+                   "--set", "operator.growBackAfterSeconds=3600")
+# A reclaimed VM's pool recreates it this long after its shutdown (as the node agents had it).
+REPLACE_AFTER_SECONDS = 1.0
+# A recreated or added VM: containerd and the kubelet start, it registers, and (a fresh disk)
+# pulls the image for its first pod; on a loaded two-core machine.
+NODE_READY_TIMEOUT = 120.0
 CONVERGE_TIMEOUT = 120.0
+# Old attempts' pods (objects and containers) must be gone this long after convergence.
+LEFTOVER_TIMEOUT = 30.0
 # After convergence the counters must stay put this long (a late double count shows here).
 HOLD_SECONDS = 2.0
 GRACE_SECONDS = 5
@@ -139,6 +169,8 @@ class PodMonitor:
         self._uids: dict[str, set[str]] = defaultdict(set)
         self._created: dict[str, list[str]] = defaultdict(list)  # job -> pod names, in order
         self._overlaps: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+        # The active pods when each overlap was first seen, for the trial's note.
+        self._overlap_pods: dict[str, list[str]] = defaultdict(list)
         self._synced = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-monitor", daemon=True)
@@ -193,10 +225,17 @@ class PodMonitor:
                 self._uids[meta.name].add(meta.uid)
                 self._created[state.job].append(meta.name)
             self._pods[meta.name] = state
-            active = tuple(sorted({p.attempt for p in self._pods.values()
-                                   if p.job == state.job and p.active}))
-            if len(active) > 1:
-                self._overlaps[state.job].add(active)
+            # Running, not merely non-terminal: on real nodes a pod bound to a VM that went
+            # before its kubelet ran it stays Pending until pod GC deletes it, never running;
+            # should the VM recreated under that name run it, it turns Running here. Older
+            # pods left after convergence, Pending or not, are `_leftovers`.
+            running = tuple(sorted({p.attempt for p in self._pods.values()
+                                    if p.job == state.job and p.phase == "Running"}))
+            if len(running) > 1 and running not in self._overlaps[state.job]:
+                self._overlaps[state.job].add(running)
+                self._overlap_pods[state.job].append(", ".join(
+                    f"{n} {p.phase} on {p.node}" for n, p in sorted(self._pods.items())
+                    if p.job == state.job and p.active))
 
     # --- questions -----------------------------------------------------------------------
     def created(self, job: str, attempt: int | None = None) -> list[str]:
@@ -223,56 +262,91 @@ class PodMonitor:
         with self._lock:
             return sorted(self._overlaps[job])
 
+    def overlap_pods(self, job: str) -> list[str]:
+        with self._lock:
+            return list(self._overlap_pods[job])
+
 
 # ----------------------------------------------------------------------------- the bed ---
 
 
-def sim_job(name: str, replicas: int, checkpoints: Path, **spec: Any) -> dict[str, Any]:
-    """A TrainingJob of simulated trainers that trains until deleted."""
+def sim_job(name: str, replicas: int, image: str, node_selector: dict[str, str] | None = None,
+            **spec: Any) -> dict[str, Any]:
+    """A TrainingJob of simulated trainers that trains until deleted, checkpointing to the
+    cluster's shared claim, on spot nodes (or `node_selector`'s)."""
     body: dict[str, Any] = {
         "replicas": replicas, "maxReplicas": 4,
-        "image": "python:3.11-slim", "command": SIM_COMMAND,
+        "image": image, "command": SIM_COMMAND,
         "trainer": {"steps": 10_000_000, "step_seconds": 0.05},
-        "checkpoint": {"path": str(checkpoints / name), "interval": {"steps": 20}},
+        "checkpoint": {"path": f"{CHECKPOINT_MOUNT}/{name}", "interval": {"steps": 20}},
         # No restart budget: a disruption counted as a crash fails the job at once.
         "failurePolicy": {"maxRestarts": 0, "backoffSeconds": 0},
-        "podTemplate": {"terminationGracePeriodSeconds": GRACE_SECONDS},
+        "podTemplate": {
+            "terminationGracePeriodSeconds": GRACE_SECONDS,
+            "nodeSelector": node_selector or {SPOT_LABEL: "true"},
+            "volumes": [{"name": "shared",
+                         "persistentVolumeClaim": {"claimName": CHECKPOINT_CLAIM}}],
+            "volumeMounts": [{"name": "shared", "mountPath": CHECKPOINT_MOUNT}]},
     }
     body.update(spec)
     return {"apiVersion": "tardigrade.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": body}
 
 
-class FaultBed:
-    """One local cluster (3 nodes), the operator as a killable process, and a pod monitor."""
+def simtrainer_image(real: RealNodeCluster) -> str:
+    """The simulated trainer's test image (`Dockerfile.simtrainer` on the trainer CPU image
+    the cluster pushed), built unless its inputs are unchanged, pushed to the cluster's
+    registry; returns its reference there."""
+    built = imagebuild.build_derived("simtrainer", SIM_DOCKERFILE,
+                                     imagebuild.build("trainer-cpu"), root=REPO_ROOT)
+    return imagebuild.push_derived(built, real.registry.host)
 
-    def __init__(self, root: Path, seed: int, nodes: int = 3) -> None:
+
+class FaultBed:
+    """A real-node cluster (the operator's on-demand node, `nodes` spot nodes), the chart's
+    operator, and a pod monitor."""
+
+    def __init__(self, root: Path, seed: int, nodes: int = SPOT_NODES) -> None:
         self.root = root
         self.rng = random.Random(seed)
         self.nodes = nodes
-        self.local = LocalCluster(root / "cluster", nodes=nodes, with_gcs=False,
-                                  shutdown_grace_seconds=GRACE_SECONDS)
-        self.cluster: Cluster
-        self.operator: OperatorProcess
+        self.real = RealNodeCluster(root / "real", plan_nodes(1, nodes), gcs=False,
+                                    pods_api_through_proxy=True)
+        self.image = ""
+        self.cluster: RealCluster
+        self.operator: InstalledOperator
         self.monitor: PodMonitor
+        # Reclaims under way, each on a thread of its own (a reclaim returns once the VM is
+        # gone; the fault's moment is its start), and what went wrong in any.
+        self._reclaims: list[threading.Thread] = []
+        self._reclaim_errors: list[BaseException] = []
+        # The nodes whose VM is going (a reclaim under way): GKE reclaims a VM once.
+        self.going: set[str] = set()
 
     def __enter__(self) -> FaultBed:
-        self.local.start()
+        self.real.start()
         try:
-            self.cluster = Cluster(self.local)
-            self.operator = OperatorProcess(self.local, self.root / "operator.log",
-                                            env=OPERATOR_ENV)
+            self.image = simtrainer_image(self.real)
+            # No log shipper: the trials read no trainer log.
+            self.cluster = RealCluster(self.real, self.root / "logs")
+            self.operator = InstalledOperator(self.cluster, self.root / "operator.log",
+                                              OPERATOR_VALUES)
             self.operator.start()
             self.monitor = PodMonitor(self.cluster.core).start()
         except BaseException:
-            self.local.stop()
+            self.real.stop()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.monitor.stop()
         self.operator.stop()
-        self.local.stop()
+        for thread in self._reclaims:
+            thread.join(NODE_READY_TIMEOUT)
+        self.real.stop()
+
+    def sim_job(self, name: str, replicas: int, **spec: Any) -> dict[str, Any]:
+        return sim_job(name, replicas, self.image, **spec)
 
     # --- acting --------------------------------------------------------------------------
     def apply(self, job: dict[str, Any]) -> None:
@@ -285,8 +359,54 @@ class FaultBed:
             {"spec": {"replicas": replicas}})
 
     def restart_operator(self) -> None:
-        self.operator.kill()  # SIGKILL: no cleanup, no last status write
+        """SIGKILL to the operator's container (its node's runtime: no cleanup, no last
+        status write), its pod deleted at once so that the Deployment replaces it (the
+        kubelet's restart in place would add its crash-loop back-off to every later kill);
+        returns once the new pod is Ready."""
+        for pod in self.operator._pods():
+            node = self.real.nodes[pod.spec.node_name]
+            for container in node.crictl("ps", "--quiet", "--label",
+                                         f"io.kubernetes.pod.uid={pod.metadata.uid}").split():
+                node.crictl("stop", "--timeout", "0", container)
+        self.operator.kill()
         self.operator.start()
+
+    def reclaim(self, node: str) -> None:
+        """A spot reclaim of `node`, its VM back `REPLACE_AFTER_SECONDS` after it went; runs
+        on while the trial goes on (`settle_reclaims` waits for it)."""
+        def run() -> None:
+            try:
+                self.real.reclaim(node, replace_after_seconds=REPLACE_AFTER_SECONDS)
+            except BaseException as err:  # raised by settle_reclaims
+                self._reclaim_errors.append(err)
+            finally:
+                self.going.discard(node)
+
+        self.going.add(node)
+        thread = threading.Thread(target=run, name=f"reclaim-{node}", daemon=True)
+        thread.start()
+        self._reclaims.append(thread)
+
+    def settle_reclaims(self) -> None:
+        """Wait for the reclaims under way to be over; TrialFailed if one went wrong."""
+        for thread in self._reclaims:
+            thread.join(NODE_READY_TIMEOUT)
+        self._reclaims = [t for t in self._reclaims if t.is_alive()]
+        if self._reclaim_errors:
+            error, self._reclaim_errors = self._reclaim_errors[0], []
+            raise TrialFailed(f"a reclaim failed: {error}")
+
+    def reclaimable(self, node: str) -> bool:
+        """Whether `node`'s VM runs, started, and is not going already. A rank's pod may name a
+        VM that went, or its successor under the same name while it boots (the kubelet of the
+        new VM runs the pods bound to its name): a reclaim then would hit a VM that never ran
+        the rank, and a reclaim of a booting VM fails its start."""
+        return (node in self.real.nodes and node not in self.real.recreating
+                and node not in self.going)
+
+    def add_node(self, name: str, labels: dict[str, str], capacity: dict[str, str]) -> None:
+        """A VM of a pool of its own boots and its kubelet registers."""
+        asyncio.run(self.real.add_node(NodeConfig(name, labels=labels, capacity=capacity)))
 
     def node_of(self, name: str, rank: int | None = None) -> str:
         """The node of a running rank of the job's current attempt (a random one)."""
@@ -294,18 +414,21 @@ class FaultBed:
             attempt = self.cluster.status(name).get("attempt")
             nodes = [p.node for _, p in self.monitor.pods(name)
                      if p.attempt == attempt and p.node and p.active
-                     and (rank is None or p.rank == rank)]
+                     and (rank is None or p.rank == rank) and self.reclaimable(p.node)]
             return self.rng.choice(nodes) if nodes else None
         return wait_for(found, 60, f"a bound pod of {name}")
 
     def wait_nodes(self, count: int) -> None:
+        """`count` spot nodes Ready, once every reclaim under way is over."""
+        self.settle_reclaims()
+
         def ready() -> bool:
             nodes = self.cluster.core.list_node().items
-            up = [n for n in nodes if POOL_LABEL not in (n.metadata.labels or {})
+            up = [n for n in nodes if (n.metadata.labels or {}).get(SPOT_LABEL) == "true"
                   and any(c.type == "Ready" and c.status == "True"
                           for c in n.status.conditions or [])]
             return len(up) >= count
-        wait_for(ready, 60, f"{count} ready nodes")
+        wait_for(ready, NODE_READY_TIMEOUT, f"{count} ready spot nodes")
 
     def kill_operator_when(self, moment: Callable[[], bool], what: str) -> None:
         wait_for(moment, 60, what, interval=0.005)
@@ -362,7 +485,12 @@ class FaultBed:
             mismatches.append(held)
         if checks is not None:
             mismatches += checks(status)
-        orphans = len(self.monitor.overlaps(name)) + self._leftovers(name, status["attempt"])
+        leftovers = self._leftovers(name, status["attempt"])
+        orphans = len(self.monitor.overlaps(name)) + len(leftovers)
+        if leftovers:
+            note = f"{note} left: {'; '.join(leftovers)}".strip()
+        if self.monitor.overlaps(name):
+            note = f"{note} overlaps: {' | '.join(self.monitor.overlap_pods(name))}".strip()
         result = TrialResult(scenario, True, self.monitor.duplicates(name), orphans, mismatches,
                              seconds, note)
         self.delete(name)
@@ -379,25 +507,45 @@ class FaultBed:
             time.sleep(0.2)
         return ""
 
-    def _leftovers(self, name: str, attempt: int) -> int:
-        """Old-attempt pods (objects or processes) still there once the gang converged."""
-        current = {f"{name}-a{attempt}-"}
+    def _leftovers(self, name: str, attempt: int) -> list[str]:
+        """Old-attempt pods (objects, or containers running on a node) still there once the
+        gang converged, each described."""
+        current = f"{name}-a{attempt}-"
 
         def objects() -> list[str]:
-            return [p.metadata.name for p in self.cluster.pods(name)
-                    if not p.metadata.name.startswith(tuple(current))]
+            return [f"pod {p.metadata.name} {p.status.phase} on {p.spec.node_name}"
+                    f"{' deleting' if p.metadata.deletion_timestamp else ''}"
+                    for p in self.cluster.pods(name)
+                    if not p.metadata.name.startswith(current)]
 
-        def processes() -> list[str]:
-            running = [pod.split("/", 1)[1] for node in self.local.status()["nodes"]
-                       for pod in node["pods"]]
-            return [p for p in running if p.startswith(f"{name}-a")
-                    and not p.startswith(tuple(current))]
+        def containers() -> list[str]:
+            return [f"container of {pod}" for pod in self.running_containers()
+                    if pod.startswith(f"{name}-a") and not pod.startswith(current)]
 
+        started = time.monotonic()
+        seen = objects() + containers()
         try:
-            wait_for(lambda: not objects() and not processes(), 30, "old attempts to go")
+            wait_for(lambda: not objects() and not containers(), LEFTOVER_TIMEOUT,
+                     "old attempts to go")
         except AssertionError:
-            return len(objects()) + len(processes())
-        return 0
+            return objects() + containers()
+        if seen:  # shown with the test's output (-rA), and by the bench
+            print(f"{name}: old attempts gone {time.monotonic() - started:.0f} s after "
+                  f"convergence: {'; '.join(seen)}", flush=True)
+        return []
+
+    def running_containers(self) -> list[str]:
+        """The pod of every container running on a node of the cluster, as its containerd
+        lists them (a node that went meanwhile has none left)."""
+        pods = []
+        for node in list(self.real.nodes.values()):
+            try:
+                listed = json.loads(node.crictl("ps", "--output", "json"))["containers"]
+            except Exception:  # the node went while we asked: nothing of it runs any more
+                continue
+            pods += [c["labels"].get("io.kubernetes.pod.name", "") for c in listed
+                     if c["labels"].get("io.kubernetes.pod.namespace") == NAMESPACE]
+        return pods
 
     def delete(self, name: str) -> None:
         self.cluster.custom.delete_namespaced_custom_object(
@@ -423,7 +571,7 @@ class TrialFailed(Exception):
 
 
 def _start(bed: FaultBed, name: str, replicas: int, **spec: Any) -> None:
-    bed.apply(sim_job(name, replicas, bed.root / "checkpoints", **spec))
+    bed.apply(bed.sim_job(name, replicas, **spec))
     wait_for(lambda: bed.converged(name), CONVERGE_TIMEOUT, f"{name} to start")
 
 
@@ -446,7 +594,7 @@ def kill_during_launch(bed: FaultBed, index: int) -> TrialResult:
     replicas = bed.rng.choice([2, 3])
     moment, how = _kill_moment(bed, name, 1, window=3.0)
     started = time.monotonic()
-    bed.apply(sim_job(name, replicas, bed.root / "checkpoints"))
+    bed.apply(bed.sim_job(name, replicas))
     bed.kill_operator_when(moment, how)
     return bed.judge("operator SIGKILL during launch", name, Expected(1, replicas), started,
                      how)
@@ -458,7 +606,7 @@ def kill_during_recovery(bed: FaultBed, index: int) -> TrialResult:
     node = bed.node_of(name)
     moment, how = _kill_moment(bed, name, 2, window=4.0)
     started = time.monotonic()
-    bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+    bed.reclaim(node)
     bed.kill_operator_when(moment, how)
     result = bed.judge("operator SIGKILL during recovery", name,
                        Expected(2, 2, ("Preemption",)), started, how)
@@ -486,7 +634,7 @@ def _control_plane_fault(bed: FaultBed, index: int, fault: str) -> TrialResult:
     _start(bed, name, 2)
     node = bed.node_of(name)
     started = time.monotonic()
-    bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+    bed.reclaim(node)
     if rng.random() < 0.5:
         time.sleep(rng.uniform(0, 2.0))  # the random moment of the fault, not a wait
     else:
@@ -495,12 +643,12 @@ def _control_plane_fault(bed: FaultBed, index: int, fault: str) -> TrialResult:
                  60, "a rank of the preempted gang to stop", interval=0.005)
     if fault == "apiserver-restart":
         downtime = rng.uniform(0, 3.0)
-        bed.local.restart_apiserver(downtime)
+        bed.real.cluster.restart_apiserver(downtime)
         how = f"API server down {downtime:.1f}s"
     else:
         cuts = rng.randint(2, 4)
         for _ in range(cuts):
-            bed.local.cut_watches(expire_history=rng.random() < 0.5)
+            bed.real.cluster.cut_watches(expire_history=rng.random() < 0.5)
             time.sleep(rng.uniform(0, 1.0))
         how = f"{cuts} watch cuts"
     first = wait_for(lambda: bed.converged(name), CONVERGE_TIMEOUT, f"{name} to recover")
@@ -546,11 +694,12 @@ def preemption_storm(bed: FaultBed, index: int, preemptions: int = STORM_PREEMPT
                     recoveries and recoveries[-1]["attempt"] > attempt):
                 return None
             nodes = [p.node for _, p in bed.monitor.pods(name)
-                     if p.attempt == attempt and p.node and p.active]
+                     if p.attempt == attempt and p.node and p.active
+                     and bed.reclaimable(p.node)]
             return bed.rng.choice(nodes) if nodes else None
 
         node = wait_for(current_gang_placed, 60, f"attempt {attempt} placed")
-        bed.local.preempt_node(node, grace_seconds=GRACE_SECONDS, replace_after_seconds=1)
+        bed.reclaim(node)
         # Next hit only once this one is counted: each injection is one expected preemption.
         wait_for(lambda hit=hit: (bed.cluster.status(name).get("restarts") or {}).get(
             "preemptions", 0) > hit or bed.cluster.status(name).get("phase") == "Failed",
@@ -573,13 +722,11 @@ def node_lost_for_good(bed: FaultBed, index: int) -> TrialResult:
     pool = f"pool{index}"
     nodes = [f"{pool}-{i}" for i in range(3)]
     for node in nodes:
-        bed.local.add_node(node, labels={POOL_LABEL: pool}, capacity={"pods": "1"})
-    _start(bed, name, 3, minReplicas=2,
-           podTemplate={"terminationGracePeriodSeconds": GRACE_SECONDS,
-                        "nodeSelector": {POOL_LABEL: pool}})
+        bed.add_node(node, labels={POOL_LABEL: pool}, capacity={"pods": "1"})
+    _start(bed, name, 3, minReplicas=2, node_selector={POOL_LABEL: pool})
     victim = bed.node_of(name)
     started = time.monotonic()
-    bed.local.delete_node(victim)
+    bed.real.lose(victim)
 
     def explained(status: dict[str, Any]) -> list[str]:
         problems = []
@@ -599,7 +746,7 @@ def node_lost_for_good(bed: FaultBed, index: int) -> TrialResult:
                        started, f"lost {victim}", checks=explained)
     for node in nodes:
         if node != victim:
-            bed.local.delete_node(node)
+            bed.real.lose(node)
     return result
 
 
