@@ -15,6 +15,8 @@ from tardigrade_contract import contract
 from tardigrade_sdk import inplace
 from tardigrade_sdk.metrics import Metrics, ProgressServer
 
+from tests.polling import wait_for
+
 
 def _env(tmp_path: Path | None, attempt: int = 1) -> contract.TrainerEnvironment:
     return contract.TrainerEnvironment(
@@ -304,9 +306,12 @@ def test_a_rank_told_of_lost_ranks_answers_then_leaves_without_a_notice(tmp_path
         code, why = requests.answer(auth, query, body, notice=lambda: notices.append("SIGTERM"))
         return code, why
 
+    finished: list[int] = []
+
     def after() -> None:
         answered.append(1)
         requests.after_answer()
+        finished.append(1)
 
     server = ProgressServer(Metrics(), 0, "127.0.0.1", on_restart=answer,
                             after_restart=after).start()
@@ -326,13 +331,18 @@ def test_a_rank_told_of_lost_ranks_answers_then_leaves_without_a_notice(tmp_path
         code, why = send(f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=1,x", world)
         assert code == 400 and contract.RESTART_LOST_RANKS_PARAM in why
         assert left == [] and not requests.released.is_set()
+        done = len(finished)
         code, why = send(f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=3,1", world)
         assert code == 202 and "ranks 1, 3 lost" in why
         # No notice: a save cannot commit without the lost ranks. The world is kept for the
-        # restarted container, and the rank left once, after its answer.
+        # restarted container, and the rank left once, after its answer (the server's thread
+        # acts once the reply is sent: the client may read the reply first).
+        wait_for(lambda: len(finished) > done, 10, "the answer's aftermath in the server's thread")
         assert notices == [] and left == [(1, 3)] and requests.released.is_set()
         assert json.loads((tmp_path / inplace.WORLD_FILE).read_text()) == _world()
+        done = len(finished)
         assert send(f"attempt=2&{contract.RESTART_LOST_RANKS_PARAM}=1", world)[0] == 202
+        wait_for(lambda: len(finished) > done, 10, "the second answer's aftermath")
         assert left == [(1, 3)]
     finally:
         server.stop()
