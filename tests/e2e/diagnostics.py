@@ -7,7 +7,7 @@ wait that timed out says only what it waited for."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from tests.e2e.harness import NAMESPACE, Cluster, RealCluster
 
 LOG_LINES = 12
 OPERATOR_LOG_LINES = 60
+KUBELET_LOG_LINES = 30
 STEP_RECORD = '"event": "step",'  # tardigrade_trainer session.py's record of each step
 STATUS_KEYS = ("phase", "attempt", "replicas", "message", "restarts")
 
@@ -60,10 +61,30 @@ def _state(state: Any) -> str:
 
 
 def node_summary(node: Any) -> str:
-    ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "?")
-    taints = ",".join(t.key for t in node.spec.taints or [])
-    return (f"node {node.metadata.name}: Ready={ready} "
+    ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+    said = "?" if ready is None else f"{ready.status} ({ready.reason}: {ready.message})"
+    taints = ",".join(f"{t.key}:{t.effect}" for t in node.spec.taints or [])
+    return (f"node {node.metadata.name}: Ready={said} "
             f"unschedulable={bool(node.spec.unschedulable)} taints=[{taints}]")
+
+
+def _not_ready(node: Any) -> bool:
+    return not any(c.type == "Ready" and c.status == "True"
+                   for c in node.status.conditions or [])
+
+
+def kubelet_tails(vms: Mapping[str, Any], nodes: Iterable[Any],
+                  lines: int = KUBELET_LOG_LINES) -> str:
+    """The last lines of the kubelet of each Node that is not Ready and whose VM runs (`vms`:
+    `RealNodeCluster.nodes`): why a node does not come back is in its kubelet's log, which
+    goes with the test's files."""
+    out = []
+    for node in nodes:
+        vm = vms.get(node.metadata.name)
+        if vm is not None and _not_ready(node):
+            out.append(f"--- kubelet of {node.metadata.name} ({vm.directory.name})")
+            out.append(tail(vm.logs_dir / "kubelet.log", lines))
+    return "\n".join(out)
 
 
 def container_logs(cluster: Cluster) -> Iterator[tuple[str, str, Path]]:
@@ -117,7 +138,10 @@ def snapshot(cluster: Cluster, operator_log: Path | None) -> str:
         parts.extend(job_summary(job) for job in jobs)
         parts.extend(pod_summary(pod) for pod in cluster.core.list_namespaced_pod(
             NAMESPACE, label_selector="tardigrade.dev/job").items)
-        parts.extend(node_summary(node) for node in cluster.core.list_node().items)
+        nodes = cluster.core.list_node().items
+        parts.extend(node_summary(node) for node in nodes)
+        if isinstance(cluster, RealCluster):
+            parts.append(kubelet_tails(dict(cluster.real.nodes), nodes))
         parts.append(log_tails(container_logs(cluster),
                                [job["metadata"]["name"] for job in jobs]))
     except Exception as err:  # the cluster may be what broke

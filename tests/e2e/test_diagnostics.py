@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from kubernetes.client import (
     V1ContainerState,
@@ -70,10 +71,35 @@ def test_a_node_shows_readiness_cordon_and_taints() -> None:
     node = V1Node(metadata=V1ObjectMeta(name="n"),
                   spec=V1NodeSpec(unschedulable=True, taints=[V1Taint(
                       key="node.kubernetes.io/not-ready", effect="NoExecute")]),
-                  status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready",
-                                                                  status="Unknown")]))
+                  status=V1NodeStatus(conditions=[V1NodeCondition(
+                      type="Ready", status="Unknown", reason="NodeStatusUnknown",
+                      message="Kubelet stopped posting node status.")]))
     assert diagnostics.node_summary(node) == (
-        "node n: Ready=Unknown unschedulable=True taints=[node.kubernetes.io/not-ready]")
+        "node n: Ready=Unknown (NodeStatusUnknown: Kubelet stopped posting node status.) "
+        "unschedulable=True taints=[node.kubernetes.io/not-ready:NoExecute]")
+
+
+def _node(name: str, ready: str) -> V1Node:
+    return V1Node(metadata=V1ObjectMeta(name=name), spec=V1NodeSpec(),
+                  status=V1NodeStatus(conditions=[V1NodeCondition(type="Ready",
+                                                                  status=ready)]))
+
+
+def test_kubelet_tails_show_the_running_vms_of_nodes_not_ready(tmp_path: Path) -> None:
+    vms = {}
+    for name in ("ready", "down", "nolog"):
+        directory = tmp_path / f"{name}.2"
+        (directory / "logs").mkdir(parents=True)
+        vms[name] = SimpleNamespace(directory=directory, logs_dir=directory / "logs")
+        if name != "nolog":
+            (directory / "logs" / "kubelet.log").write_text(
+                "".join(f"{name} {i}\n" for i in range(50)))
+    nodes = [_node("ready", "True"), _node("down", "False"), _node("nolog", "Unknown"),
+             _node("gone", "Unknown")]  # a Node whose VM is not running: no log to read
+    text = diagnostics.kubelet_tails(vms, nodes, lines=3).splitlines()
+    assert text[:4] == ["--- kubelet of down (down.2)", "down 47", "down 48", "down 49"]
+    assert text[4] == "--- kubelet of nolog (nolog.2)"
+    assert text[5].startswith("(unreadable: ") and len(text) == 6
 
 
 def _logs(pods_dir: Path) -> list[tuple[str, str, Path]]:
