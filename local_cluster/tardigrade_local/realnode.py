@@ -691,6 +691,11 @@ table inet {PARTITION_TABLE} {{
             proc.kill()
             proc.wait(10)
 
+    def exits(self) -> dict[str, int | None]:
+        """Each process this node started (kubelet, containerd, the system bus...) -> its exit
+        status, None while it runs: what a VM's init would show of its services."""
+        return {name: proc.poll() for name, proc in self._procs.items()}
+
     def leftovers(self) -> dict[str, list[str]]:
         """What of this node is still on the machine (all empty once stopped)."""
         return self.footprint.leftovers()

@@ -17,7 +17,7 @@ from tests.e2e.harness import NAMESPACE, Cluster, RealCluster
 
 LOG_LINES = 12
 OPERATOR_LOG_LINES = 60
-KUBELET_LOG_LINES = 30
+NODE_LOG_LINES = 30
 STEP_RECORD = '"event": "step",'  # tardigrade_trainer session.py's record of each step
 STATUS_KEYS = ("phase", "attempt", "replicas", "message", "restarts")
 
@@ -73,17 +73,24 @@ def _not_ready(node: Any) -> bool:
                    for c in node.status.conditions or [])
 
 
-def kubelet_tails(vms: Mapping[str, Any], nodes: Iterable[Any],
-                  lines: int = KUBELET_LOG_LINES) -> str:
-    """The last lines of the kubelet of each Node that is not Ready and whose VM runs (`vms`:
-    `RealNodeCluster.nodes`): why a node does not come back is in its kubelet's log, which
-    goes with the test's files."""
+def node_tails(vms: Mapping[str, Any], nodes: Iterable[Any],
+               lines: int = NODE_LOG_LINES) -> str:
+    """For each Node that is not Ready and whose VM runs (`vms`: `RealNodeCluster.nodes`):
+    which of the VM's processes have exited, and the last lines of its kubelet and
+    containerd. Why a node does not come back is there, and those files go with the test's."""
     out = []
     for node in nodes:
         vm = vms.get(node.metadata.name)
-        if vm is not None and _not_ready(node):
-            out.append(f"--- kubelet of {node.metadata.name} ({vm.directory.name})")
-            out.append(tail(vm.logs_dir / "kubelet.log", lines))
+        if vm is None or not _not_ready(node):
+            continue
+        exits = vm.exits()
+        gone = ", ".join(f"{name} exited {code}" for name, code in exits.items()
+                         if code is not None)
+        out.append(f"--- {node.metadata.name} ({vm.directory.name}): "
+                   f"{gone or f'{len(exits)} processes running'}")
+        for process in ("kubelet", "containerd"):
+            out.append(f"--- {process} of {node.metadata.name}")
+            out.append(tail(vm.logs_dir / f"{process}.log", lines))
     return "\n".join(out)
 
 
@@ -141,7 +148,7 @@ def snapshot(cluster: Cluster, operator_log: Path | None) -> str:
         nodes = cluster.core.list_node().items
         parts.extend(node_summary(node) for node in nodes)
         if isinstance(cluster, RealCluster):
-            parts.append(kubelet_tails(dict(cluster.real.nodes), nodes))
+            parts.append(node_tails(dict(cluster.real.nodes), nodes))
         parts.append(log_tails(container_logs(cluster),
                                [job["metadata"]["name"] for job in jobs]))
     except Exception as err:  # the cluster may be what broke

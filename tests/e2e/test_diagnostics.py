@@ -85,21 +85,27 @@ def _node(name: str, ready: str) -> V1Node:
                                                                   status=ready)]))
 
 
-def test_kubelet_tails_show_the_running_vms_of_nodes_not_ready(tmp_path: Path) -> None:
+def test_node_tails_show_the_running_vms_of_nodes_not_ready(tmp_path: Path) -> None:
     vms = {}
     for name in ("ready", "down", "nolog"):
         directory = tmp_path / f"{name}.2"
         (directory / "logs").mkdir(parents=True)
-        vms[name] = SimpleNamespace(directory=directory, logs_dir=directory / "logs")
+        exits = {"kubelet": None, "containerd": 137 if name == "down" else None}
+        vms[name] = SimpleNamespace(directory=directory, logs_dir=directory / "logs",
+                                    exits=lambda exits=exits: exits)
         if name != "nolog":
-            (directory / "logs" / "kubelet.log").write_text(
-                "".join(f"{name} {i}\n" for i in range(50)))
+            for process in ("kubelet", "containerd"):
+                (directory / "logs" / f"{process}.log").write_text(
+                    "".join(f"{process} {name} {i}\n" for i in range(50)))
     nodes = [_node("ready", "True"), _node("down", "False"), _node("nolog", "Unknown"),
              _node("gone", "Unknown")]  # a Node whose VM is not running: no log to read
-    text = diagnostics.kubelet_tails(vms, nodes, lines=3).splitlines()
-    assert text[:4] == ["--- kubelet of down (down.2)", "down 47", "down 48", "down 49"]
-    assert text[4] == "--- kubelet of nolog (nolog.2)"
-    assert text[5].startswith("(unreadable: ") and len(text) == 6
+    text = diagnostics.node_tails(vms, nodes, lines=2).splitlines()
+    assert text[:7] == ["--- down (down.2): containerd exited 137",
+                        "--- kubelet of down", "kubelet down 48", "kubelet down 49",
+                        "--- containerd of down", "containerd down 48", "containerd down 49"]
+    assert text[7] == "--- nolog (nolog.2): 2 processes running"
+    assert text[8] == "--- kubelet of nolog" and text[9].startswith("(unreadable: ")
+    assert len(text) == 12
 
 
 def _logs(pods_dir: Path) -> list[tuple[str, str, Path]]:
