@@ -74,6 +74,13 @@ def up(
         0.0, min=0, help="Kueue's waitForPodsReady timeout in seconds (recovery timeout the "
         "same); 0: Kueue's default (30 min from v0.19, off before)."),
     operator_set: list[str] | None = OperatorSetOption,
+    tpu_slices: int = typer.Option(
+        0, min=0, help="Spot multi-host TPU slice node pools (tpu-slice-1, ...), each host a "
+        "real node advertising its chips (google.com/tpu, taint google.com/tpu=present); "
+        "`preempt`, `halt` and `maintenance` of a host take its whole slice, as GKE does."),
+    tpu_slice_shape: str = typer.Option(
+        realcluster.DEFAULT_SLICE_SHAPE, help="ACCELERATOR:TOPOLOGY:CHIPS_PER_HOST of each "
+        "TPU slice (the topology's chips over chips per host: hosts a slice)."),
 ) -> None:
     """Start the cluster and print the `export KUBECONFIG=...` line: real nodes, each the real
     kubelet and containerd in its own network namespace, with a cluster network, DNS, an
@@ -82,7 +89,8 @@ def up(
     layout = _layout(state_dir)
     if simulated:
         given = [flag for flag, value in (("--nodes", nodes), ("--spot-nodes", spot_nodes),
-                                          ("--operator-set", operator_set)) if value]
+                                          ("--operator-set", operator_set),
+                                          ("--tpu-slices", tpu_slices)) if value]
         if given:
             typer.echo(f"error: {', '.join(given)}: not with --simulated-nodes (a bench's "
                        f"cluster has simulated nodes only, and runs the checkout's operator); "
@@ -91,8 +99,12 @@ def up(
         _up_simulated(layout, simulated, operator, foreground, gcs, kueue,
                       kueue_pods_ready_timeout)
         return
-    _up_real(layout, 1 if nodes is None else nodes, spot_nodes or 0, operator,
-             operator_set or [], foreground, gcs, kueue, kueue_pods_ready_timeout)
+    config = realcluster.ServeConfig(
+        nodes=1 if nodes is None else nodes, spot_nodes=spot_nodes or 0, operator=operator,
+        gcs=gcs, helm_values=tuple(arg for value in operator_set or [] for arg in ("--set", value)),
+        kueue=kueue, kueue_pods_ready_timeout=kueue_pods_ready_timeout, tpu_slices=tpu_slices,
+        tpu_slice_shape=tpu_slice_shape)
+    _up_real(layout, config, foreground)
 
 
 def _up_simulated(layout: StateLayout, count: int, operator: bool, foreground: bool,
@@ -133,21 +145,20 @@ def checkout_operator() -> list[str]:
             "--health-port", "0"]
 
 
-def _up_real(layout: StateLayout, nodes: int, spot_nodes: int, operator: bool,
-             operator_set: list[str], foreground: bool, gcs: bool, kueue: bool,
-             kueue_pods_ready_timeout: float) -> None:
-    if nodes + spot_nodes == 0:
-        typer.echo("error: --nodes/--spot-nodes: a real-node cluster needs at least one node",
-                   err=True)
+def _up_real(layout: StateLayout, config: realcluster.ServeConfig, foreground: bool) -> None:
+    try:
+        plan = config.plan()
+    except ValueError as err:
+        typer.echo(f"error: --tpu-slice-shape: {err}", err=True)
+        raise typer.Exit(2) from None
+    if not plan:
+        typer.echo("error: --nodes/--spot-nodes/--tpu-slices: a real-node cluster needs at "
+                   "least one node", err=True)
         raise typer.Exit(2)
-    if operator and nodes == 0:
+    if config.operator and config.nodes == 0:
         typer.echo("error: --nodes: the chart keeps the operator off spot nodes; give at least "
                    "one ordinary node (--nodes 1) or --no-operator", err=True)
         raise typer.Exit(2)
-    config = realcluster.ServeConfig(
-        nodes=nodes, spot_nodes=spot_nodes, operator=operator, gcs=gcs,
-        helm_values=tuple(arg for value in operator_set for arg in ("--set", value)),
-        kueue=kueue, kueue_pods_ready_timeout=kueue_pods_ready_timeout)
     try:
         # Progress (the cluster's log) on stderr; the export line alone on stdout.
         info = realcluster.start_served(layout.root, config, REAL_START_TIMEOUT_SECONDS,

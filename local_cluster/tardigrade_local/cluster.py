@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -213,6 +213,11 @@ def crd_files(config: ClusterConfig) -> list[Path]:
     return files
 
 
+async def _together(acts: Iterable[Awaitable[Any]]) -> None:
+    """Every one of `acts` at once (the hosts of a slice go together)."""
+    await asyncio.gather(*acts)
+
+
 def _control_app(host: SimulatedHost | None, cloud: GkeCloud, plane: ControlPlane,
                  proxy: ApiProxy | None) -> web.Application:
     """The 'cloud console': node lifecycle and faults, which no Kubernetes API expresses.
@@ -225,6 +230,14 @@ def _control_app(host: SimulatedHost | None, cloud: GkeCloud, plane: ControlPlan
         if host is not None and name in host.agents:
             return None
         return realreclaim.recorded_node(name, plane.egress_routes)
+
+    async def slice_of(name: str, real: realreclaim.RealNode) -> list[realreclaim.RealNode]:
+        """Real node `real` (Node `name`) and the other running hosts of its multi-host TPU
+        slice, which the cloud stops and maintains with it."""
+        listed = await cloud.client.get(core_path("nodes")) or {}
+        mates = [found for host in realreclaim.slice_hosts(listed.get("items") or [], name)
+                 if host != name and (found := real_node(host)) is not None]
+        return [real, *mates]
 
     def simulator(what: str) -> SimulatedHost:
         """The simulated nodes, for what only they do; KeyError (404) without them."""
@@ -263,8 +276,10 @@ def _control_app(host: SimulatedHost | None, cloud: GkeCloud, plane: ControlPlan
             node = request.match_info["node"]
         if (real := real_node(node)) is not None:
             refuse_for_real_node(node, body, "graceSeconds", "replaceAfterSeconds")
-            await run(realreclaim.reclaim(cloud, real), bool(body.get("wait")))
-            return web.json_response({"node": node})
+            hosts = await slice_of(node, real)
+            await run(_together(realreclaim.reclaim(cloud, host) for host in hosts),
+                      bool(body.get("wait")))
+            return web.json_response({"node": node, "nodes": [host.name for host in hosts]})
         sim = simulator(node)
         sim._agent(node)  # unknown node -> KeyError -> 404
         await run(sim.preempt_node(node, body.get("graceSeconds"),
@@ -276,8 +291,9 @@ def _control_app(host: SimulatedHost | None, cloud: GkeCloud, plane: ControlPlan
         node = request.match_info["node"]
         if (real := real_node(node)) is not None:
             refuse_for_real_node(node, body, "backAfterSeconds")
-            await run(realreclaim.lose(real), bool(body.get("wait")))
-            return web.json_response({"node": node})
+            hosts = await slice_of(node, real)
+            await run(realreclaim.lose(real, hosts[1:]), bool(body.get("wait")))
+            return web.json_response({"node": node, "nodes": [host.name for host in hosts]})
         sim = simulator(node)
         sim._agent(node)  # unknown node -> KeyError -> 404
         await run(sim.halt_node(node, body.get("backAfterSeconds")), bool(body.get("wait")))
@@ -288,9 +304,14 @@ def _control_app(host: SimulatedHost | None, cloud: GkeCloud, plane: ControlPlan
         node = request.match_info["node"]
         if (real := real_node(node)) is not None:
             refuse_for_real_node(node, body, "backAfterSeconds")
-            start = await hostmaintenance.announce(cloud, node, float(body["inSeconds"]))
-            await run(realreclaim.maintain(cloud, real, start), False)
-            return web.json_response({"node": node, "start": start})
+            hosts = await slice_of(node, real)
+            start = hostmaintenance.start_after(float(body["inSeconds"]))
+            for host in hosts:
+                await hostmaintenance.announce_at(cloud, host.name, start)
+            await run(_together(realreclaim.maintain(cloud, host, start) for host in hosts),
+                      False)
+            return web.json_response({"node": node, "start": start,
+                                      "nodes": [host.name for host in hosts]})
         start = await simulator(node).schedule_maintenance(node, float(body["inSeconds"]),
                                                            body.get("backAfterSeconds"))
         return web.json_response({"node": node, "start": start})

@@ -859,6 +859,12 @@ class RealNodeCluster:
 
 
 # --- run by `tardigrade local up` ------------------------------------------------------------
+DEFAULT_SLICE_SHAPE = "tpu-v5-lite-podslice:2x4:4"
+# A slice host's allocatable: one trainer a host, several hosts on a 2-core machine (a real
+# node's figures must fit the machine, `nodeshape.py`). Its chips come from the shape.
+SLICE_HOST_CAPACITY = {"cpu": "1", "memory": "4Gi", "pods": "20"}
+
+
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     nodes: int = 1
@@ -871,6 +877,19 @@ class ServeConfig:
     # Kueue's manager, and its waitForPodsReady timeout in seconds (0: Kueue's default).
     kueue: bool = False
     kueue_pods_ready_timeout: float = 0.0
+    # Spot multi-host TPU slice pools tpu-slice-1..., each a slice of this shape
+    # (`SliceShape.parse`), a real node a host.
+    tpu_slices: int = 0
+    tpu_slice_shape: str = DEFAULT_SLICE_SHAPE
+
+    def plan(self) -> list[NodePlan]:
+        """The nodes to start: `plan_nodes`' ordinary and spot ones, then the slices' hosts
+        (named `tpu-slice-<i>-<host>`). ValueError naming the shape if it is not one."""
+        shape = tpuslices.SliceShape.parse(self.tpu_slice_shape)
+        hosts = [NodePlan.of(config) for i in range(1, self.tpu_slices + 1)
+                 for config in tpuslices.slice_nodes(f"tpu-slice-{i}", shape,
+                                                     host_capacity=SLICE_HOST_CAPACITY)]
+        return [*plan_nodes(self.nodes, self.spot_nodes), *hosts]
 
     def wait_for_pods_ready(self) -> WaitForPodsReady | None:
         return (WaitForPodsReady(self.kueue_pods_ready_timeout)
@@ -909,7 +928,7 @@ def serve(state_dir: Path) -> int:
     me = psutil.Process()
     base = {"pid": me.pid, "started": me.create_time()}
     write_json(state_dir / INFO_FILE, {**base, "state": "starting"})
-    real = RealNodeCluster(state_dir, plan_nodes(config.nodes, config.spot_nodes),
+    real = RealNodeCluster(state_dir, config.plan(),
                            gcs=config.gcs, kueue=config.kueue,
                            kueue_wait_for_pods_ready=config.wait_for_pods_ready())
     try:

@@ -17,6 +17,7 @@ import pytest
 import tardigrade_local
 from kube_helpers import Kube, kubectl, wait_for
 from tardigrade_local import cli, gobuild, realcluster
+from tardigrade_local.gke import tpuslices
 from tardigrade_local.kueue import WaitForPodsReady
 from typer.testing import CliRunner
 
@@ -129,14 +130,51 @@ def test_up_starts_real_nodes_with_kueue_and_refuses_real_node_flags_with_simula
     assert done.exit_code == 0, done.output
     assert (asked[-1].nodes, asked[-1].spot_nodes, asked[-1].kueue,
             asked[-1].wait_for_pods_ready()) == (2, 1, False, None)
-    for flags in (["--nodes", "1"], ["--spot-nodes", "1"], ["--operator-set", "a=b"]):
+    for flags in (["--nodes", "1"], ["--spot-nodes", "1"], ["--operator-set", "a=b"],
+                  ["--tpu-slices", "1"]):
         done = runner.invoke(cli.app, ["up", "--simulated-nodes", "1", *flags,
                                        "--state-dir", str(state)])
         assert done.exit_code == 2, done.output
         assert f"{flags[0]}: not with --simulated-nodes" in done.output
-    for flags in (["--real-nodes"], ["--tpu-slices", "1"], ["--image-map", "x.yaml"],
+    for flags in (["--real-nodes"], ["--image-map", "x.yaml"],
                   ["--operator-command", "true"]):
         done = runner.invoke(cli.app, ["up", *flags, "--state-dir", str(state)])
         assert done.exit_code == 2, done.output
         assert f"No such option: {flags[0]}" in done.output
     assert len(asked) == 2
+
+
+def test_up_with_tpu_slices_plans_a_real_node_for_every_host_of_every_slice(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """`up --tpu-slices N --tpu-slice-shape A:T:C`: the ordinary node, then N spot slice pools
+    of topology-over-chips hosts each, with GKE's TPU labels, taint and chips; a bad shape is
+    refused before anything starts, naming the flag."""
+    asked: list[realcluster.ServeConfig] = []
+    monkeypatch.setattr(realcluster, "start_served",
+                        lambda root, config, timeout, progress=None: asked.append(config)
+                        or {"kubeconfig": str(root / "kubeconfig")})
+    runner = CliRunner()
+    state = ["--state-dir", str(tmp_path / "s")]
+    done = runner.invoke(cli.app, ["up", "--tpu-slices", "2", "--tpu-slice-shape",
+                                   "tpu-v5p-slice:2x2x2:4", *state])
+    assert done.exit_code == 0, done.output
+    plan = asked[-1].plan()
+    assert [p.name for p in plan] == ["real-1", "tpu-slice-1-0", "tpu-slice-1-1",
+                                      "tpu-slice-2-0", "tpu-slice-2-1"]
+    assert not plan[0].spot and all(p.spot for p in plan[1:])
+    for host in plan[1:]:
+        config = host.node_config()
+        assert config.pool == host.name.rsplit("-", 1)[0]
+        assert config.labels[tpuslices.TPU_TOPOLOGY_LABEL] == "2x2x2"
+        assert config.labels[tpuslices.TPU_ACCELERATOR_LABEL] == "tpu-v5p-slice"
+        assert config.capacity[tpuslices.TPU_RESOURCE] == "4"
+        assert config.taints == (tpuslices.TPU_TAINT,)
+    for shape, error in (("tpu-v5p-slice:2x2x2", "expected ACCELERATOR:TOPOLOGY:CHIPS"),
+                         ("tpu-v5p-slice:2x3:4", "not whole hosts of 4")):
+        done = runner.invoke(cli.app, ["up", "--tpu-slices", "1", "--tpu-slice-shape", shape,
+                                       *state])
+        assert done.exit_code == 2, done.output
+        assert "--tpu-slice-shape" in done.output and error in done.output
+    done = runner.invoke(cli.app, ["up", "--nodes", "0", "--no-operator", *state])
+    assert done.exit_code == 2 and "needs at least one node" in done.output
+    assert len(asked) == 1

@@ -13,6 +13,9 @@ joined) and acts on the machine as the cloud does:
 - scheduled host maintenance (`maintain`): the label at once, then at the start GKE's
   maintenance handler's taint and pod deletions with their own grace
   (`hostmaintenance.py`), then the VM's shutdown as for a reclaim, then its Node goes.
+Each acts on a host of a multi-host TPU slice's whole slice (`slice_hosts`), as
+`RealNodeCluster` does: Compute Engine stops, recovers and maintains a slice's instances
+together (local_cluster/README.md, "TPU slices").
 What the dead machine leaves on ours is removed at once; its starter's `stop()` then finds
 nothing left to do.
 """
@@ -23,9 +26,11 @@ import asyncio
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
-from tardigrade_local.gke import hostmaintenance
+from tardigrade_local.gke import hostmaintenance, tpuslices
 from tardigrade_local.gke.cloud import GkeCloud
+from tardigrade_local.gke.nodes import NODE_POOL_LABEL, NodeConfig
 from tardigrade_local.realnode import RECORDS_DIR, RealNode
 
 
@@ -43,6 +48,25 @@ def recorded_node(name: str, egress_routes: Path | None) -> RealNode | None:
     return None
 
 
+def slice_hosts(nodes: list[dict[str, Any]], name: str) -> list[str]:
+    """The Nodes that go and come back with Node `name`, from the Node objects `nodes` (as
+    the cloud knows its VMs: by pool, accelerator topology and chips): every host of its
+    multi-host TPU slice pool, itself included, or just `name`."""
+    def config(node: dict[str, Any]) -> NodeConfig:
+        labels = node["metadata"].get("labels") or {}
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        return NodeConfig(node["metadata"]["name"], labels=labels,
+                          capacity={k: v for k, v in capacity.items()
+                                    if k == tpuslices.TPU_RESOURCE},
+                          pool=labels.get(NODE_POOL_LABEL, ""))
+
+    configs = [config(node) for node in nodes]
+    mine = next((c for c in configs if c.name == name), None)
+    if mine is None:
+        return [name]
+    return [c.name for c in tpuslices.slice_of(mine, configs)]
+
+
 async def reclaim(cloud: GkeCloud, node: RealNode) -> None:
     """Spot reclaim: the VM shuts down (the kubelet's graceful node shutdown), then its Node
     object goes."""
@@ -50,10 +74,13 @@ async def reclaim(cloud: GkeCloud, node: RealNode) -> None:
     await cloud.delete_node(node.name)
 
 
-async def lose(node: RealNode) -> None:
+async def lose(node: RealNode, slice_mates: list[RealNode] | None = None) -> None:
     """The VM stops without a shutdown; its Node object stays (the node lifecycle controller
-    turns it Unknown)."""
-    await asyncio.to_thread(node.halt)
+    turns it Unknown). `slice_mates`: the other hosts of its multi-host TPU slice, which
+    stop with it through a shutdown (logind, the kubelet's graceful node shutdown), their
+    Node objects staying too."""
+    await asyncio.gather(asyncio.to_thread(node.halt),
+                         *(asyncio.to_thread(mate.shutdown) for mate in slice_mates or []))
 
 
 async def maintain(cloud: GkeCloud, node: RealNode, start: float) -> list[str]:
