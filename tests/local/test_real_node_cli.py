@@ -26,6 +26,7 @@ import yaml
 from kube_helpers import kubectl, wait_for
 from tardigrade_local.clustergcs import env_vars
 from tardigrade_local.gke.disruptions import SCHEDULED_MAINTENANCE_LABEL
+from tardigrade_local.gke.tpuslices import TPU_TOPOLOGY_LABEL
 from tardigrade_local.nodenet import ClusterNetwork
 from tardigrade_local.realcluster import SPOT_LABEL
 from tardigrade_local.realnode import RealNode
@@ -120,7 +121,7 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
     # Short: a node's directory under it must keep the kubelet's socket paths within limits.
     work = tmp_path_factory.mktemp("rcli")
     state = work / "s"
-    up = tardigrade("up", "--nodes", "1", "--spot-nodes", "1", "--kueue",
+    up = tardigrade("up", "--nodes", "1", "--spot-nodes", "1", "--tpu-slices", "1", "--kueue",
                     "--kueue-pods-ready-timeout", str(PODS_READY_TIMEOUT_SECONDS),
                     "--state-dir", str(state), cwd=work, timeout=UP_TIMEOUT_SECONDS)
     try:
@@ -133,14 +134,18 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
 
         nodes = kubectl("get", "nodes", "-o", "name", env=env).split()
-        assert sorted(nodes) == ["node/real-1", "node/real-2"]
+        slice_hosts = ["node/tpu-slice-1-0", "node/tpu-slice-1-1"]
+        assert sorted(nodes) == ["node/real-1", "node/real-2", *slice_hosts]
         spot = kubectl("get", "nodes", "-l", f"{SPOT_LABEL}=true", "-o", "name", env=env)
-        assert spot.split() == ["node/real-2"]
+        assert sorted(spot.split()) == ["node/real-2", *slice_hosts]
+        tpu = kubectl("get", "nodes", "-l", f"{TPU_TOPOLOGY_LABEL}=2x4", "-o", "name", env=env)
+        assert sorted(tpu.split()) == slice_hosts
         status = tardigrade("status", "--json", "--state-dir", str(state), cwd=work)
         assert status.returncode == 0, status.stderr
         report = json.loads(status.stdout)
-        assert [(n["name"], n["state"], n["spot"]) for n in report["nodes"]] == [
-            ("real-1", "Ready", False), ("real-2", "Ready", True)]
+        assert sorted((n["name"], n["state"], n["spot"]) for n in report["nodes"]) == [
+            ("real-1", "Ready", False), ("real-2", "Ready", True),
+            ("tpu-slice-1-0", "Ready", True), ("tpu-slice-1-1", "Ready", True)]
         assert report["kueue"] is True
         # The operator runs as a pod of the registry's image, on the on-demand node.
         operator = json.loads(kubectl("get", "pods", "-n", "tardigrade-system", "-o", "json",
@@ -188,6 +193,12 @@ def test_up_real_nodes_trains_to_a_checkpoint_and_down_leaves_nothing(tmp_path_f
         assert preempt.stdout.strip() == "node/real-2 preempted"
         wait_for(lambda: "node/real-2" not in kubectl("get", "nodes", "-o", "name", env=env),
                  NODE_GONE_TIMEOUT_SECONDS, what="real-2's Node gone")
+        # A reclaim of one host of a multi-host TPU slice takes every host of the slice.
+        preempt = tardigrade("preempt", "tpu-slice-1-0", "--wait", "--state-dir", str(state),
+                             cwd=work)
+        assert preempt.returncode == 0, preempt.stderr
+        left = kubectl("get", "nodes", "-o", "name", env=env).split()
+        assert not set(slice_hosts) & set(left), left
 
         # GKE's host maintenance of the other node: announced at once with its start; at the
         # start GKE's handler drains it (the operator's pod, with its own grace) and its VM
