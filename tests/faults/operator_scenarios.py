@@ -144,6 +144,13 @@ def counter_mismatches(status: dict[str, Any], expected: Expected) -> list[str]:
 # ------------------------------------------------------------------------- pod monitor ---
 
 
+def attempt_and_rank(pod: str) -> tuple[int, int]:
+    """The attempt and rank in a trainer pod's name (`naming.pod_name`:
+    `<job>-a<attempt>-<rank>`)."""
+    _, attempt, rank = pod.rsplit("-", 2)
+    return int(attempt[1:]), int(rank)
+
+
 @dataclasses.dataclass(frozen=True)
 class PodState:
     job: str
@@ -246,7 +253,7 @@ class PodMonitor:
             names = list(self._created[job])
         if attempt is None:
             return names
-        return [n for n in names if n.rsplit("-", 2)[-2] == f"a{attempt}"]
+        return [n for n in names if attempt_and_rank(n)[0] == attempt]
 
     def bound_to(self, pod: str) -> str | None:
         """The node pod `pod` was bound to, even once deleted."""
@@ -262,8 +269,7 @@ class PodMonitor:
             twice = sum(len(self._uids[n]) - 1 for n in set(self._created[job]))
             claims: dict[tuple[int, int], set[str]] = defaultdict(set)
             for name in set(self._created[job]):
-                _, attempt, rank = name.rsplit("-", 2)
-                claims[(int(attempt[1:]), int(rank))].add(name)
+                claims[attempt_and_rank(name)].add(name)
         return twice + sum(len(names) - 1 for names in claims.values())
 
     def overlaps(self, job: str) -> list[tuple[int, ...]]:
@@ -749,7 +755,7 @@ def storm_expected(status: dict[str, Any], hits: list[tuple[str, int]],
         node = bound_to(pod)
         if not why.startswith("NodeShutdown") or node is None:
             continue
-        attempt = int(pod.rsplit("-", 2)[-2][1:])
+        attempt = attempt_and_rank(pod)[0]
         if any(hit_node == node and hit_attempt < attempt for hit_node, hit_attempt in hits):
             shut_down_by_hit[recovery["attempt"] - 1] = recovery["cause"]
     ended = {attempt: "Preemption" for _, attempt in hits} | shut_down_by_hit
