@@ -75,6 +75,7 @@ import collections
 import dataclasses
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -631,7 +632,15 @@ def run_arms(arms: list[Arm], settings: Settings, args: argparse.Namespace,
                   flush=True)
             if args.out:
                 write_outputs(results, settings, args.out)
+        if args.out:
+            # The pods' own logs, for what the figures cannot say (why a save never came).
+            kept = args.out / f"logs-{_group_name(in_place, in_process)}"
+            shutil.copytree(shipper.directory, kept, dirs_exist_ok=True)
     return results
+
+
+def _group_name(in_place: bool, in_process: bool) -> str:
+    return "in-process" if in_process else "in-place" if in_place else "relaunch"
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import ipaddress
 import json
+import secrets
 import subprocess
 from pathlib import Path
 from types import TracebackType
@@ -71,6 +72,26 @@ def _sysctl(netns: str, key: str, value: str) -> None:
         raise NetworkError(f"sysctl {key}={value} in {netns}: {done.stderr.strip()}")
 
 
+def pin_bridge_address(netns: str, bridge: str) -> str:
+    """Set the bridge's MAC address to the one it has, explicitly, and return it.
+
+    A bridge whose address was never set takes the lowest MAC among its ports and changes it
+    as ports come and go. Here a port goes with every reclaimed VM, and when it was the one
+    whose address the bridge had taken, every node's neighbour entry for the router (and for
+    the DNS, API and GCS addresses on the bridge) points at an address nobody answers: each
+    node's traffic off the node, collectives and saves included, stops until its entry
+    expires and is resolved again (tens of seconds). A VPC's router keeps its address. The
+    CNI bridge plugin pins its bridge for the same reason (`plugins/main/bridge/bridge.go`,
+    `ensureBridge`)."""
+    shown = json.loads(run_ip("-n", netns, "-j", "link", "show", bridge))
+    address = shown[0].get("address", "")
+    if not address or address == "00:00:00:00:00:00":
+        # Older kernels leave a new bridge's address zero until a port joins.
+        address = ":".join(f"{b:02x}" for b in (0x02, *secrets.token_bytes(5)))
+    run_ip("-n", netns, "link", "set", bridge, "address", address)
+    return address
+
+
 class ClusterNetwork:
     """```
     with ClusterNetwork(tmp / "net") as network:
@@ -106,6 +127,7 @@ class ClusterNetwork:
             run_ip("netns", "add", self.id)
             run_ip("-n", self.id, "link", "set", "lo", "up")
             run_ip("-n", self.id, "link", "add", NETWORK_BRIDGE, "type", "bridge")
+            pin_bridge_address(self.id, NETWORK_BRIDGE)
             run_ip("-n", self.id, "addr", "add",
                    f"{ROUTER_ADDRESS}/{NODE_NETWORK.prefixlen}", "dev", NETWORK_BRIDGE)
             for address in (DNS_ADDRESS, API_ADDRESS, GCS_ADDRESS):
