@@ -650,7 +650,9 @@ def main() -> None:
     parser.add_argument("--arms", default="a,b,c,d",
                         help="which arms (a,b,c,d,e,f,g,h,i,j; e to j are opt-in)")
     parser.add_argument("--steps", type=int, help="override the job's step count")
-    parser.add_argument("--out", type=Path, help="write goodput.json/.md/.png here")
+    parser.add_argument("--out", type=Path,
+                        help="write goodput.json/.md/.png here, and the job pods' logs "
+                             "under logs-<relaunch|in-place|in-process>/")
     args = parser.parse_args()
     settings = Settings.quick() if args.quick else Settings()
     if args.steps:
@@ -678,7 +680,7 @@ def main() -> None:
         print("\nseconds from the disruption to each recovery phase (median)\n")
         print(markdown(phase_rows(results)))
     if args.out:
-        print(f"\nwrote {args.out}/goodput.json, goodput.md, goodput.png")
+        print(f"\nwrote {args.out}/goodput.json, goodput.md, goodput.png, logs-*/")
 
 
 if __name__ == "__main__":
