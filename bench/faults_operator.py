@@ -7,9 +7,11 @@ on-demand node, simulated trainers in a test image on 3 spot nodes; run as root)
 scenario of `tests/faults/operator_scenarios.py` runs `--trials` times: the operator
 SIGKILLed at random moments of a launch, a recovery and a resize; the API server restarted
 and all watch connections cut in the middle of a recovery; a storm of 10 spot reclaims; a
-node lost for good. Duplicate pods, orphans and counter mismatches must
-all be 0. Times to converge are also given as a ratio to an undisturbed launch measured in
-the same run (the baseline). Exit status 1 when any trial broke an invariant.
+node lost for good. Duplicate pods, orphans and counter mismatches must all be 0, and the
+storm's 10 reclaims must come within 60 s (a pace the tests do not judge: it is the
+cluster's and the operator's speed). Times to converge are also given as a ratio to an
+undisturbed launch measured in the same run (the baseline). Exit status 1 when any trial
+broke an invariant or missed its pace.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def main() -> int:
                     result = TrialResult(scenario, False, 0, 0, [], float("nan"), str(err))
                     bed.forget_jobs()
                 results.append(result)
-                if not result.ok:
+                if not result.ok or result.pace_missed:
                     failures.append(result)
                     print(f"  FAILED {result.describe()}", flush=True)
             times = [r.seconds for r in results if r.converged]

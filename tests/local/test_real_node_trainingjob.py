@@ -78,6 +78,7 @@ RECLAIM_AFTER_STEP = INTERVAL_STEPS + 5
 TRAIN_TIMEOUT_SECONDS = 600.0
 FINISH_TIMEOUT_SECONDS = 600.0
 POD_TIMEOUT_SECONDS = 180.0
+NAME_RETRY = "(for i in $(seq 60); do nslookup {name} && exit 0; sleep 1; done; exit 1)"
 PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
@@ -239,7 +240,10 @@ def test_a_training_job_forms_its_gang_on_real_nodes_and_checkpoints(
     service = pods[0]["spec"]["subdomain"]
     names = {f"{p['spec']['hostname']}.{service}.{NAMESPACE}.svc.cluster.local":
              p["status"]["podIP"] for p in pods}
-    lookups = " && ".join(f"nslookup {name}" for name in names)
+    # A name is served once the EndpointSlice controller has published the pod's address and
+    # CoreDNS has seen it, which can come after the container runs: each lookup is retried
+    # until it answers (NXDOMAIN is cached for CoreDNS's 5 s TTL), for at most a minute.
+    lookups = " && ".join(NAME_RETRY.format(name=name) for name in names)
     kube.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "resolve"},
                      "spec": {"restartPolicy": "Never",
                               "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
