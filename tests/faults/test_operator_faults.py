@@ -5,6 +5,7 @@ duplicate pod, no orphan and exact counters (see `operator_scenarios`)."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -30,4 +31,7 @@ def test_trial_converges_with_exact_bookkeeping(bed: FaultBed, scenario: str):
     # about 2; 90 s on the process node agents); the bench runs 20 of each.
     result = SCENARIOS[scenario](bed, 0)
     assert result.ok, f"seed {SEED}: {result.describe()}"
+    if result.pace_missed:
+        # A speed figure, not the bookkeeping: said in the run's summary, judged by the bench.
+        warnings.warn(f"seed {SEED}: {result.describe()}", stacklevel=1)
     bed.operator.assert_alive()
