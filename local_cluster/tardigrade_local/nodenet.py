@@ -72,6 +72,11 @@ def _sysctl(netns: str, key: str, value: str) -> None:
         raise NetworkError(f"sysctl {key}={value} in {netns}: {done.stderr.strip()}")
 
 
+def link_address(netns: str, link: str) -> str:
+    """The MAC address of `link` in `netns` ("" when it has none)."""
+    return json.loads(run_ip("-n", netns, "-j", "link", "show", link))[0].get("address", "")
+
+
 def pin_bridge_address(netns: str, bridge: str) -> str:
     """Set the bridge's MAC address to the one it has, explicitly, and return it.
 
@@ -83,8 +88,7 @@ def pin_bridge_address(netns: str, bridge: str) -> str:
     expires and is resolved again (tens of seconds). A VPC's router keeps its address. The
     CNI bridge plugin pins its bridge for the same reason (`plugins/main/bridge/bridge.go`,
     `ensureBridge`)."""
-    shown = json.loads(run_ip("-n", netns, "-j", "link", "show", bridge))
-    address = shown[0].get("address", "")
+    address = link_address(netns, bridge)
     if not address or address == "00:00:00:00:00:00":
         # Older kernels leave a new bridge's address zero until a port joins.
         address = ":".join(f"{b:02x}" for b in (0x02, *secrets.token_bytes(5)))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from tardigrade_local import nodenet
 from tardigrade_local.nodenet import NETWORK_BRIDGE, ROUTER_ADDRESS, ClusterNetwork, run_ip
+from tardigrade_local.realnode import Addresses
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -41,8 +42,7 @@ except OSError:
 
 
 def bridge_address(network: ClusterNetwork) -> str:
-    out = run_ip("-n", network.id, "-o", "link", "show", NETWORK_BRIDGE)
-    return out.split("link/ether")[1].split()[0]
+    return nodenet.link_address(network.id, NETWORK_BRIDGE)
 
 
 def router_reachable(node_ns: str) -> bool:
@@ -64,14 +64,15 @@ class Nodes:
         node_ns = f"{self.prefix}{index}"
         run_ip("netns", "add", node_ns)
         run_ip("-n", node_ns, "link", "set", "lo", "up")
-        self.network.join(node_ns, f"10.250.0.{index}", f"10.251.{index}.0/24")
+        addresses = Addresses.for_index(index)
+        self.network.join(node_ns, addresses.node_ip, addresses.pod_cidr)
         run_ip("-n", self.network.id, "link", "set", node_ns, "address", port_mac)
         self.joined[index] = node_ns
         return node_ns
 
     def leave(self, index: int) -> None:
         node_ns = self.joined.pop(index)
-        self.network.leave(node_ns, f"10.251.{index}.0/24")
+        self.network.leave(node_ns, Addresses.for_index(index).pod_cidr)
         run_ip("netns", "del", node_ns, check=False)
 
     def close(self) -> None:
@@ -98,7 +99,8 @@ def random_mac(rng: random.Random) -> str:
 
 def test_a_node_reaches_the_router_at_once_after_the_port_with_the_lowest_mac_left(nodes):
     pinned = bridge_address(nodes.network)
-    # The lowest MAC a port can have: an unpinned bridge takes it as its own.
+    # Below any MAC the kernel gives a veth (locally administered, 02:...): an unpinned bridge
+    # takes it as its own.
     nodes.join(1, "02:00:00:00:00:01")
     kept = nodes.join(2, "02:ff:ff:ff:ff:fe")
     assert router_reachable(kept)  # its neighbour entry for the router is now cached
